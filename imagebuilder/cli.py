@@ -1,0 +1,267 @@
+"""The imagebuilder command line: parse, call one pipeline function, map errors to exit codes.
+
+Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag), 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__, options
+from .errors import ImageBuilderError
+from .matrix import Matrix, load_matrix
+from .render import RenderedImage, RenderOptions, render, write_tree
+from .resolve import BuildSpec, Request, enumerate_matrix, resolve
+from .resources import default_matrix_path
+
+
+class Context:
+    def __init__(self, matrix_path: Path) -> None:
+        self.matrix_path = matrix_path
+        self._matrix: Matrix | None = None
+
+    @property
+    def matrix(self) -> Matrix:
+        if self._matrix is None:
+            self._matrix = load_matrix(self.matrix_path)
+        return self._matrix
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+def note(message: str) -> None:
+    click.echo(f"note: {message}", err=True)
+
+
+def _source_label() -> str:
+    server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    return f"{server}/{repo}" if server and repo else "imagebuilder"
+
+
+def render_options(matrix: Matrix, kw: dict[str, Any]) -> RenderOptions:
+    return RenderOptions(
+        repository=kw.get("repository") or matrix.defaults.repository,
+        index_url=kw.get("index_url"),
+        extra_index_urls=tuple(kw.get("extra_index_urls") or ()),
+        ca_bundle=kw.get("ca_bundle"),
+        source=_source_label(),
+    )
+
+
+def request_from(kw: dict[str, Any], variant: str | None = None) -> Request:
+    return Request(
+        torch=kw["torch_version"],
+        cuda=kw["cuda_version"],
+        python=kw.get("python_version"),
+        variant=variant or kw.get("variant"),
+        os=kw.get("os_name"),
+        base_image=kw.get("base_image"),
+        strict=bool(kw.get("strict")),
+    )
+
+
+def resolve_and_render(ctx: Context, kw: dict[str, Any], variant: str | None = None) -> RenderedImage:
+    spec = resolve(ctx.matrix, request_from(kw, variant))
+    for notice in spec.notices:
+        note(notice)
+    return render(spec, ctx.matrix, render_options(ctx.matrix, kw))
+
+
+class UserError(click.ClickException):
+    """An ImageBuilderError shown as one `error:` line with its own exit code."""
+
+    def __init__(self, error: ImageBuilderError) -> None:
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class Group(click.Group):
+    """The one place that maps errors to exit codes, for every (sub)command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ImageBuilderError as e:
+            raise UserError(e) from e
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="PATH", help="The matrix to use. Default: the packaged matrix.yaml.")
+@click.version_option(__version__, prog_name="imagebuilder")
+@click.pass_context
+def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
+    """Build, verify and publish PyTorch GPU images from a compatibility matrix.
+
+    \b
+    Examples:
+      imagebuilder matrix --torch 2.6
+      imagebuilder render --torch 2.6 --cuda 12.1 --dry-run
+      imagebuilder build --torch 2.6 --cuda 12.1
+      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
+      imagebuilder publish --torch 2.6 --registry registry.example.com/ml
+    """
+    click_ctx.obj = Context(matrix_path or default_matrix_path())
+
+
+# --- matrix ---------------------------------------------------------------------------------
+
+
+def _row(spec: BuildSpec, ctx: Context) -> dict[str, Any]:
+    from .tags import primary_tag
+
+    return {
+        "torch": str(spec.torch.version),
+        "cuda": str(spec.cuda.key),
+        "wheel": spec.wheel.name,
+        "cudnn": str(spec.wheel.cudnn),
+        "nccl": str(spec.wheel.nccl),
+        "python": str(spec.python),
+        "os": spec.os.name,
+        "variant": spec.variant,
+        "min_driver": str(spec.min_driver),
+        "tag": primary_tag(spec, ctx.matrix),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no images match)"
+    headers = list(rows[0])
+    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in headers]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(str(r[h]).ljust(w) for h, w in zip(headers, widths)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+@cli.group(cls=Group, invoke_without_command=True)
+@options.selection(required=False)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "github"]), default="table",
+              show_default=True, help="github: a strategy.matrix for GitHub Actions ({\"include\": [...]}).")
+@pass_context
+@click.pass_context
+def matrix(click_ctx: click.Context, ctx: Context, fmt: str, **kw: Any) -> None:
+    """List the images the matrix describes, optionally filtered.
+
+    \b
+    Examples:
+      imagebuilder matrix --torch 2.6 --variant runtime
+      imagebuilder matrix --format github > matrix.json
+      imagebuilder matrix check --online
+    """
+    if click_ctx.invoked_subcommand is not None:
+        return
+    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
+                             kw["variant"], kw["os_name"])
+    rows = [_row(spec, ctx) for spec in specs]
+    if fmt == "table":
+        click.echo(_table(rows))
+    elif fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        include = [{k: r[k] for k in ("torch", "cuda", "python", "os", "variant", "tag")} for r in rows]
+        click.echo(json.dumps({"include": include}, separators=(",", ":")))
+
+
+@matrix.command("check")
+@click.option("--online", is_flag=True,
+              help="Also compare the pins with the package index's metadata of each release's PyPI build.")
+@pass_context
+def matrix_check(ctx: Context, online: bool) -> None:
+    """Validate matrix.yaml (offline); with --online, report drift from the index."""
+    m = ctx.matrix
+    images = sum(1 for _ in enumerate_matrix(m))
+    click.echo(f"{m.path}: ok: {len(m.torches)} torch releases, {len(m.cudas)} CUDA versions, "
+               f"{len(m.oses)} OSes, {images} images")
+    if online:
+        from .drift import check_drift
+
+        drifts = check_drift(m, progress=lambda msg: click.echo(msg, err=True))
+        for line in drifts:
+            click.echo(f"drift: {line}")
+        if drifts:
+            raise ImageBuilderError(f"{len(drifts)} pins differ from the index; update {m.path}")
+        click.echo("online: every pin matches the index")
+
+
+# --- render ---------------------------------------------------------------------------------
+
+
+def _render_all(ctx: Context, kw: dict[str, Any]) -> list[RenderedImage]:
+    opts = render_options(ctx.matrix, kw)
+    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
+                             kw["variant"], kw["os_name"])
+    return [render(spec, ctx.matrix, opts) for spec in specs]
+
+
+def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
+    return {
+        "images": [
+            {"dir": image.spec.key, "ref": image.ref, "tags": list(image.tags),
+             "depends_on": image.depends_on, "inputs_hash": image.inputs_hash}
+            for image in images
+        ]
+    }
+
+
+@cli.command("render")
+@options.selection(required=False)
+@options.strict
+@options.rendering
+@click.option("--all", "render_all", is_flag=True,
+              help="Render every image of the matrix (filters apply), one folder per image.")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Folder to write the build context(s) to.")
+@click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
+@pass_context
+def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, **kw: Any) -> None:
+    """Render Dockerfiles and their build contexts.
+
+    \b
+    Examples:
+      imagebuilder render --torch 2.6 --cuda 12.1 --dry-run
+      imagebuilder render --torch 2.6 --cuda 12.4 --variant devel -o build/devel
+      imagebuilder render --all -o build/all
+    """
+    if not dry_run and output is None:
+        raise click.UsageError("give -o DIR to write the build context, or --dry-run to print the Dockerfile")
+    if render_all:
+        if dry_run:
+            raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
+        images = _render_all(ctx, kw)
+        files: dict[str, bytes] = {}
+        for image in images:
+            files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
+            files[f"{image.spec.key}/Dockerfile"] = image.dockerfile.encode()
+        files["index.json"] = (json.dumps(index_document(images), indent=2) + "\n").encode()
+        assert output is not None
+        write_tree(output, files)
+        click.echo(f"wrote {len(images)} images to {output}")
+        return
+    if not kw["torch_version"] or not kw["cuda_version"]:
+        raise click.UsageError("give --torch and --cuda (or --all)")
+    image = resolve_and_render(ctx, kw)
+    if dry_run:
+        click.echo(image.dockerfile, nl=False)
+        return
+    assert output is not None
+    image.write(output)
+    click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+
+
+def main() -> None:
+    cli(prog_name="imagebuilder")

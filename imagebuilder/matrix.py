@@ -1,0 +1,406 @@
+"""matrix.yaml -> a frozen Matrix.
+
+Parse first, then validate everything and report every problem at once, each with the
+file, the key path and the line (the packaging.metadata way). Nothing downstream ever sees
+a half-valid matrix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from .errors import ImageBuilderError
+
+VARIANTS = ("runtime", "devel", "jupyter")
+DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
+KeyPath = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: KeyPath
+    line: int | None
+    message: str
+
+    def render(self, file: Path) -> str:
+        where = f"{file}:{self.line}" if self.line else str(file)
+        return f"{where}: {'.'.join(self.path) or '<top>'}: {self.message}"
+
+
+class MatrixError(ImageBuilderError):
+    def __init__(self, file: Path, problems: list[Problem]) -> None:
+        self.file = file
+        self.problems = problems
+        lines = [p.render(file) for p in problems]
+        noun = "problem" if len(problems) == 1 else "problems"
+        super().__init__(
+            f"{file} has {len(problems)} {noun}; fix them and run `imagebuilder matrix check`:\n  "
+            + "\n  ".join(lines)
+        )
+
+
+@dataclass(frozen=True)
+class OSRelease:
+    name: str
+    family: str
+    python: Version  # the distribution's own python3
+    base: str  # plain OS image, for CUDA versions NVIDIA publishes no image of for this OS
+    source: str
+
+
+@dataclass(frozen=True)
+class CudaRelease:
+    key: Version  # major.minor, e.g. 12.1
+    version: Version  # full toolkit version, e.g. 12.1.1
+    min_driver: str  # the toolkit's own Linux driver floor, as NVIDIA writes it (530.30.02)
+    min_driver_compat: str  # floor through CUDA minor-version compatibility
+    images: Mapping[str, Mapping[str, str]]  # os -> {"runtime"|"devel": nvidia/cuda tag}
+    pip_toolchain: tuple[str, ...]  # PyPI packages giving a working nvcc (CUDA 13+)
+    source: str
+
+    @property
+    def major(self) -> int:
+        return self.key.major
+
+
+@dataclass(frozen=True)
+class WheelVariant:
+    name: str  # e.g. cu124
+    cuda: Version
+    cudnn: Version
+    nccl: Version
+    index: str
+    source: str
+    pythons: tuple[Version, ...] = ()  # only where the variant ships fewer Pythons than its release
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    key: str  # major.minor, e.g. "2.6"
+    version: Version
+    torchvision: Version
+    torchaudio: Version | None
+    triton: Version | None
+    pythons: tuple[Version, ...]
+    pypi_variant: str
+    variants: tuple[WheelVariant, ...]
+    source: str
+
+    def variant(self, name: str) -> WheelVariant:
+        return next(v for v in self.variants if v.name == name)
+
+
+@dataclass(frozen=True)
+class Tools:
+    uv: str
+    jupyterlab: str
+    ipykernel: str
+    ninja: str
+
+
+@dataclass(frozen=True)
+class Defaults:
+    os: str
+    variant: str
+    repository: str
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    defaults: Defaults
+    oses: Mapping[str, OSRelease]
+    cudas: Mapping[Version, CudaRelease]
+    torches: Mapping[str, TorchRelease]
+    tools: Tools
+    text: str = field(repr=False, default="")
+
+    def newest_torch(self) -> TorchRelease:
+        return max(self.torches.values(), key=lambda t: t.version)
+
+
+def driver_key(version: str) -> tuple[int, ...]:
+    """NVIDIA driver versions compare as integers per field; "530.30.02" keeps its zero."""
+    return tuple(int(part) for part in version.split("."))
+
+
+# --- parsing: YAML nodes -> plain data, with a line for every key path ---------------------
+
+
+def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Problem]]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        raise MatrixError(file, [Problem((), line, f"not valid YAML: {getattr(e, 'problem', e)}")]) from e
+    lines: dict[KeyPath, int] = {}
+    problems: list[Problem] = []
+    scalars = yaml.SafeLoader("")
+
+    def convert(node: yaml.Node, path: KeyPath) -> Any:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = str(scalars.construct_object(key_node))
+                if key in out:
+                    problems.append(
+                        Problem(path + (key,), key_node.start_mark.line + 1, "duplicate key")
+                    )
+                lines[path + (key,)] = key_node.start_mark.line + 1
+                out[key] = convert(value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [convert(item, path + (str(i),)) for i, item in enumerate(node.value)]
+        return scalars.construct_object(node)
+
+    data = convert(root, ()) if root is not None else None
+    return data, lines, problems
+
+
+# --- validation: plain data -> model, collecting every problem ----------------------------
+
+
+class _Checker:
+    def __init__(self, lines: dict[KeyPath, int], problems: list[Problem]) -> None:
+        self.lines = lines
+        self.problems = problems
+
+    def problem(self, path: KeyPath, message: str) -> None:
+        line = None
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                line = self.lines[path[:n]]
+                break
+        self.problems.append(Problem(path, line, message))
+
+    def record(
+        self, data: Any, path: KeyPath, required: set[str], optional: set[str] = frozenset()  # type: ignore[assignment]
+    ) -> dict[str, Any] | None:
+        if not isinstance(data, dict):
+            self.problem(path, f"expected a mapping, got {type(data).__name__}")
+            return None
+        for key in data.keys() - required - optional:
+            known = ", ".join(sorted(required | optional))
+            self.problem(path + (key,), f"unknown key; known keys here: {known}")
+        for key in sorted(required - data.keys()):
+            self.problem(path + (key,), "missing")
+        return data
+
+    def text(self, data: dict[str, Any], key: str, path: KeyPath) -> str:
+        value = data.get(key)
+        if not isinstance(value, str) or not value:
+            if key in data:
+                self.problem(path + (key,), f"expected a non-empty string, got {value!r}")
+            return ""
+        return value
+
+    def version(self, data: dict[str, Any], key: str, path: KeyPath, *, nullable: bool = False) -> Version | None:
+        value = data.get(key)
+        if value is None and (nullable or key not in data):
+            return None
+        return self.version_value(value, path + (key,))
+
+    def driver(self, data: dict[str, Any], key: str, path: KeyPath) -> str:
+        value = self.text(data, key, path)
+        if value and not DRIVER_VERSION.fullmatch(value):
+            self.problem(path + (key,), f"not a driver version like \"530.30.02\": {value!r}")
+        return value
+
+    def version_value(self, value: Any, path: KeyPath) -> Version | None:
+        if not isinstance(value, str):
+            hint = " (quote it: YAML reads 12.10 as the number 12.1)" if isinstance(value, float) else ""
+            self.problem(path, f"expected a quoted version string, got {value!r}{hint}")
+            return None
+        try:
+            return Version(value)
+        except InvalidVersion:
+            self.problem(path, f"not a version: {value!r}")
+            return None
+
+    def mapping(self, data: Any, path: KeyPath, item: Callable[[str, Any, KeyPath], Any]) -> dict[str, Any]:
+        if not isinstance(data, dict) or not data:
+            self.problem(path, "expected a non-empty mapping")
+            return {}
+        out = {}
+        for key, value in data.items():
+            parsed = item(key, value, path + (key,))
+            if parsed is not None:
+                out[key] = parsed
+        return out
+
+
+def _parse_os(c: _Checker, name: str, data: Any, path: KeyPath) -> OSRelease | None:
+    d = c.record(data, path, {"family", "python", "base", "source"})
+    if d is None:
+        return None
+    python = c.version(d, "python", path)
+    return OSRelease(name, c.text(d, "family", path), python or Version("0"), c.text(d, "base", path), c.text(d, "source", path))
+
+
+def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease | None:
+    d = c.record(data, path, {"version", "min_driver", "min_driver_compat", "images", "source"}, {"pip_toolchain"})
+    if d is None:
+        return None
+    try:
+        cuda_key = Version(key)
+    except InvalidVersion:
+        c.problem(path, f"not a CUDA version: {key!r}")
+        return None
+    version = c.version(d, "version", path)
+    if version is not None and version.release[:2] != cuda_key.release[:2]:
+        c.problem(path + ("version",), f"{version} is not a {key} release")
+    images: dict[str, dict[str, str]] = {}
+    raw_images = d.get("images") or {}
+    if not isinstance(raw_images, dict):
+        c.problem(path + ("images",), "expected a mapping of OS to {runtime, devel} image names")
+        raw_images = {}
+    for os_name, pair in raw_images.items():
+        p = c.record(pair, path + ("images", os_name), {"runtime", "devel"})
+        if p is not None:
+            images[os_name] = {k: c.text(p, k, path + ("images", os_name)) for k in ("runtime", "devel")}
+    toolchain = d.get("pip_toolchain") or []
+    if not isinstance(toolchain, list) or not all(isinstance(x, str) and "==" in x for x in toolchain):
+        c.problem(path + ("pip_toolchain",), "expected a list of pinned requirements like 'nvidia-cuda-nvcc==13.0.88'")
+        toolchain = []
+    return CudaRelease(
+        key=cuda_key,
+        version=version or cuda_key,
+        min_driver=c.driver(d, "min_driver", path),
+        min_driver_compat=c.driver(d, "min_driver_compat", path),
+        images=images,
+        pip_toolchain=tuple(toolchain),
+        source=c.text(d, "source", path),
+    )
+
+
+def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVariant | None:
+    d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python"})
+    if d is None:
+        return None
+    return WheelVariant(
+        pythons=_parse_pythons(c, d, path),
+        name=name,
+        cuda=c.version(d, "cuda", path) or Version("0"),
+        cudnn=c.version(d, "cudnn", path) or Version("0"),
+        nccl=c.version(d, "nccl", path) or Version("0"),
+        index=c.text(d, "index", path),
+        source=c.text(d, "source", path),
+    )
+
+
+def _parse_pythons(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[Version, ...]:
+    raw = d.get("python")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        c.problem(path + ("python",), 'expected a list of Python versions like ["3.10", "3.11"]')
+        return ()
+    parsed = (c.version_value(v, path + ("python", str(i))) for i, v in enumerate(raw))
+    return tuple(sorted(v for v in parsed if v is not None))
+
+
+def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchRelease | None:
+    d = c.record(
+        data,
+        path,
+        {"version", "torchvision", "python", "pypi_variant", "variants", "source"},
+        {"torchaudio", "triton"},
+    )
+    if d is None:
+        return None
+    version = c.version(d, "version", path)
+    if version is not None and f"{version.major}.{version.minor}" != key:
+        c.problem(path + ("version",), f"{version} is not a {key} release")
+    pythons = _parse_pythons(c, d, path)
+    variants = c.mapping(d.get("variants"), path + ("variants",), lambda n, v, p: _parse_variant(c, n, v, p))
+    pypi_variant = c.text(d, "pypi_variant", path)
+    if pypi_variant and variants and pypi_variant not in variants:
+        c.problem(path + ("pypi_variant",), f"{pypi_variant!r} is not among this release's variants ({', '.join(variants)})")
+    return TorchRelease(
+        key=key,
+        version=version or Version("0"),
+        torchvision=c.version(d, "torchvision", path) or Version("0"),
+        torchaudio=c.version(d, "torchaudio", path, nullable=True),
+        triton=c.version(d, "triton", path, nullable=True),
+        pythons=pythons,
+        pypi_variant=pypi_variant,
+        variants=tuple(sorted(variants.values(), key=lambda v: v.cuda)),
+        source=c.text(d, "source", path),
+    )
+
+
+def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
+                 cudas: dict[str, CudaRelease], torches: dict[str, TorchRelease]) -> None:
+    """Relations between blocks: every reference must name something that exists."""
+    cuda_keys = {cuda.key: name for name, cuda in cudas.items()}
+    if defaults.os and oses and defaults.os not in oses:
+        c.problem(("defaults", "os"), f"unknown OS {defaults.os!r}; known: {', '.join(oses)}")
+    if defaults.variant and defaults.variant not in VARIANTS:
+        c.problem(("defaults", "variant"), f"unknown variant {defaults.variant!r}; known: {', '.join(VARIANTS)}")
+    for name, cuda in cudas.items():
+        for os_name in cuda.images:
+            if oses and os_name not in oses:
+                c.problem(("cuda", name, "images", os_name), f"unknown OS; known: {', '.join(oses)}")
+        if cuda.min_driver and cuda.min_driver_compat and driver_key(cuda.min_driver_compat) > driver_key(cuda.min_driver):
+            c.problem(("cuda", name, "min_driver_compat"), "is above min_driver; the compatibility floor is the lower one")
+    for key, torch in torches.items():
+        for variant in torch.variants:
+            if variant.cuda not in cuda_keys:
+                c.problem(
+                    ("torch", key, "variants", variant.name, "cuda"),
+                    f"unknown CUDA {variant.cuda}; add it under cuda: or use one of {', '.join(cudas)}",
+                )
+            for python in sorted(set(variant.pythons) - set(torch.pythons)):
+                c.problem(
+                    ("torch", key, "variants", variant.name, "python"),
+                    f"torch {torch.version} ships no wheels for Python {python}; "
+                    f"it ships {', '.join(map(str, torch.pythons))}",
+                )
+            expected = f"cu{variant.cuda.major}{variant.cuda.minor}"
+            if variant.name != expected:
+                c.problem(("torch", key, "variants", variant.name), f"a CUDA {variant.cuda} variant is named {expected}")
+
+
+def parse_matrix(text: str, file: Path) -> Matrix:
+    data, lines, problems = _compose(text, file)
+    c = _Checker(lines, problems)
+    top = c.record(data, (), {"schema", "defaults", "os", "cuda", "torch", "tools"}) or {}
+    if top and top.get("schema") != 1:
+        c.problem(("schema",), f"unsupported schema {top.get('schema')!r}; this imagebuilder reads schema 1")
+    d = c.record(top.get("defaults", {}), ("defaults",), {"os", "variant", "repository"}) or {}
+    defaults = Defaults(*(c.text(d, k, ("defaults",)) for k in ("os", "variant", "repository")))
+    t = c.record(top.get("tools", {}), ("tools",), {"uv", "jupyterlab", "ipykernel", "ninja"}) or {}
+    tools = Tools(*(c.text(t, k, ("tools",)) for k in ("uv", "jupyterlab", "ipykernel", "ninja")))
+    oses = c.mapping(top.get("os"), ("os",), lambda k, v, p: _parse_os(c, k, v, p)) if top else {}
+    cudas = c.mapping(top.get("cuda"), ("cuda",), lambda k, v, p: _parse_cuda(c, k, v, p)) if top else {}
+    torches = c.mapping(top.get("torch"), ("torch",), lambda k, v, p: _parse_torch(c, k, v, p)) if top else {}
+    if top:
+        _cross_check(c, defaults, oses, cudas, torches)
+    if problems:
+        raise MatrixError(file, sorted(problems, key=lambda p: (p.line or 0, p.path)))
+    return Matrix(
+        path=file,
+        defaults=defaults,
+        oses=oses,
+        cudas={cuda.key: cuda for cuda in cudas.values()},
+        torches=dict(sorted(torches.items(), key=lambda kv: kv[1].version)),
+        tools=tools,
+        text=text,
+    )
+
+
+def load_matrix(path: Path) -> Matrix:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MatrixError(path, [Problem((), None, f"cannot read: {e.strerror}")]) from e
+    return parse_matrix(text, path)

@@ -1,0 +1,74 @@
+"""Click options shared by several commands, defined once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    def apply(f: F) -> F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+def selection(required: bool) -> Callable[[F], F]:
+    """Which image(s): the coordinates of the matrix. `required` for a single image."""
+    return _stack(
+        click.option("--torch", "torch_version", required=required, metavar="V",
+                     help="PyTorch release: 2.6 or 2.6.0."),
+        click.option("--cuda", "cuda_version", required=required, metavar="V",
+                     help="The image's CUDA toolkit: 12.1 or 12.1.1. The torch wheels come from the same "
+                          "CUDA major (exact minor if published, else the closest; see README)."),
+        click.option("--python", "python_version", metavar="X.Y",
+                     help="Python version. Default: the OS's own python3 when torch ships wheels for it, "
+                          "else the newest Python torch ships."),
+        click.option("--variant", type=click.Choice(["runtime", "devel", "jupyter"]),
+                     help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."),
+        click.option("--os", "os_name", metavar="OS",
+                     help="ubuntu22.04, ubuntu24.04, debian12, ... Default: matrix.yaml's defaults.os."),
+    )
+
+
+strict = click.option("--strict", is_flag=True,
+                      help="Refuse anything but a torch build for exactly this CUDA version.")
+
+
+def rendering(f: F) -> F:
+    return _stack(
+        click.option("--base-image", metavar="IMAGE",
+                     help="Replace the default FROM image (mirrors, air-gapped sites, tests)."),
+        click.option("--index-url", metavar="URL",
+                     help="Package index for the wheels, replacing the default one (a mirror)."),
+        click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
+                     help="Additional package index; repeatable."),
+        click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     metavar="PATH",
+                     help="CA bundle to trust inside the build (TLS-intercepting proxies), e.g. "
+                          "$SSL_CERT_FILE. Not left in the final image."),
+        click.option("--repository", metavar="NAME",
+                     help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
+    )(f)
+
+
+def building(f: F) -> F:
+    return _stack(
+        click.option("--no-cache", is_flag=True, help="Build without the layer cache."),
+        click.option("--pull/--no-pull", default=False, show_default=True,
+                     help="Pull a newer base image before building."),
+        click.option("--quiet", "-q", is_flag=True, help="Print only the result."),
+    )(f)
+
+
+report = click.option("--report", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+                      help="Write a JSON report of what was done to FILE.")
+allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
+                            help="On a host without GPUs, run the CPU mode of the smoke tests instead of failing.")

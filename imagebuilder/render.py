@@ -1,0 +1,280 @@
+"""Pure: BuildSpec -> Dockerfile text and build-context files (Jinja2, StrictUndefined).
+
+Python computes every value and list; the templates only loop and lay out. Same inputs,
+same bytes: nothing here reads the clock, the environment or the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .errors import ImageBuilderError
+from .matrix import Matrix
+from .resolve import BuildSpec
+from .resources import smoke_tests_dir, templates_dir
+from .tags import image_ref, labels_for, primary_tag, tags_for
+
+USER_NAME, USER_ID = "torch", 1000
+VENV = "/opt/venv"
+CA_PATH = "/etc/imagebuilder/ca-bundle.pem"
+DEFAULT_SOURCE = "imagebuilder"
+OUTPUT_MARKERS = ("Dockerfile", "index.json")  # what makes a folder ours to replace
+
+
+class RenderError(ImageBuilderError):
+    pass
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    repository: str = "pytorch"
+    index_url: str | None = None  # replaces the wheel variant's index (mirrors, air-gapped sites)
+    extra_index_urls: tuple[str, ...] = ()
+    ca_bundle: Path | None = None  # trusted inside the build only
+    source: str = DEFAULT_SOURCE  # org.opencontainers.image.source
+
+
+@dataclass(frozen=True)
+class RenderedImage:
+    spec: BuildSpec
+    repository: str
+    tags: tuple[str, ...]
+    dockerfile: str
+    files: Mapping[str, bytes] = field(repr=False)  # context files besides the Dockerfile
+    labels: Mapping[str, str] = field(repr=False)
+    inputs_hash: str = ""
+
+    @property
+    def refs(self) -> tuple[str, ...]:
+        return tuple(image_ref(self.repository, t) for t in self.tags)
+
+    @property
+    def ref(self) -> str:
+        return self.refs[0]
+
+    @property
+    def depends_on(self) -> str | None:
+        """The image this one is built FROM when that image is one of ours (jupyter)."""
+        return self.spec.base_image if self.spec.parent is not None else None
+
+    def write(self, directory: Path) -> None:
+        """Write the build context into `directory`, replacing it whole: a reader never sees
+        a half-written context."""
+        write_tree(directory, {**self.files, "Dockerfile": self.dockerfile.encode()})
+
+
+@lru_cache(maxsize=4)
+def _environment(template_root: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_root),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+@lru_cache(maxsize=1)
+def _smoke_test_files() -> tuple[tuple[str, bytes], ...]:
+    root = smoke_tests_dir()
+    return tuple(
+        (f"imagebuilder/smoke_tests/{p.relative_to(root).as_posix()}", p.read_bytes())
+        for p in sorted(root.rglob("*.py"))
+    )
+
+
+def _python_path(spec: BuildSpec) -> str:
+    return f"{VENV}/lib/python{spec.python}/site-packages"
+
+
+def _requirements(spec: BuildSpec, matrix: Matrix) -> list[str]:
+    reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
+    if spec.torch.torchaudio is not None:
+        reqs.append(f"torchaudio=={spec.torch.torchaudio}")
+    if spec.variant == "devel":
+        reqs.append(f"ninja=={matrix.tools.ninja}")  # torch.utils.cpp_extension builds with ninja
+        if spec.toolchain == "pip":
+            reqs += list(spec.cuda.pip_toolchain)
+    return reqs
+
+
+def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
+    """The PyPI build of a release comes from the default index (the user's own, or a
+    mirror set by --index-url); other CUDA builds come from PyTorch's wheel index."""
+    index = options.index_url
+    if index is None and spec.wheel.name != spec.torch.pypi_variant:
+        index = spec.wheel.index
+    args = [f"--index-url {index}"] if index else []
+    args += [f"--extra-index-url {url}" for url in options.extra_index_urls]
+    if len(args) > 1:
+        args.append("--index-strategy unsafe-best-match")
+    return args
+
+
+def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
+    if stage == "wheels":
+        # python3 + venv only to bootstrap uv; the final stage never sees them unless needed.
+        return ["ca-certificates", "python3", "python3-venv"]
+    packages = ["ca-certificates", "g++"]  # torch.compile (Inductor, Triton) needs a C/C++ compiler
+    if spec.python_from_os:
+        packages += ["python3", "python3-dev"]  # headers: Triton and Inductor build Python extensions
+    if spec.variant == "devel":
+        packages += ["git", "make"]
+    return sorted(packages)
+
+
+def _env(spec: BuildSpec) -> list[tuple[str, str]]:
+    cuda_home = None
+    if spec.variant == "devel":
+        cuda_home = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}" if spec.toolchain == "pip" else "/usr/local/cuda"
+    # One PATH entry: within one ENV instruction $PATH expands to the value before it.
+    path = f"{VENV}/bin:" + (f"{cuda_home}/bin:" if cuda_home else "") + "$PATH"
+    env = [
+        ("VIRTUAL_ENV", VENV),
+        ("PATH", path),
+        # Read by the NVIDIA container runtime: inject the driver, refuse too-old drivers.
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        ("NVIDIA_REQUIRE_CUDA", f"cuda>={spec.cuda.key}"),
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    if cuda_home:
+        env.append(("CUDA_HOME", cuda_home))
+    return env
+
+
+def manifest_for(spec: BuildSpec, matrix: Matrix, inputs_hash: str, tags: Iterable[str], base_image: str) -> dict[str, object]:
+    """What /opt/imagebuilder/manifest.json holds: the resolved spec, read by smoke_tests."""
+    return {
+        "schema": 1,
+        "torch": str(spec.torch.version),
+        "torchvision": str(spec.torch.torchvision),
+        "torchaudio": str(spec.torch.torchaudio) if spec.torch.torchaudio else None,
+        "triton": str(spec.torch.triton) if spec.torch.triton else None,
+        "torch_cuda": str(spec.wheel.cuda),
+        "wheel": spec.wheel.name,
+        "cudnn": str(spec.wheel.cudnn),
+        "nccl": str(spec.wheel.nccl),
+        "python": str(spec.python),
+        "variant": spec.variant,
+        "os": spec.os.name,
+        "image_cuda": str(spec.cuda.key),
+        "image_cuda_version": str(spec.cuda.version),
+        "min_driver": str(spec.min_driver),
+        "min_driver_compat": str(spec.cuda.min_driver_compat),
+        "base_image": base_image,
+        "toolchain": spec.toolchain,
+        "tags": list(tags),
+        "inputs_hash": inputs_hash,
+        "matrix": matrix.path.name,
+    }
+
+
+def _hash(dockerfile: str, files: Mapping[str, bytes]) -> str:
+    digest = hashlib.sha256(dockerfile.encode())
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name] + b"\0")
+    return digest.hexdigest()
+
+
+def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
+    env = _environment(str(templates_dir()))
+    tags = tags_for(spec, matrix)
+    base_image = spec.base_image
+    if spec.parent is not None:
+        base_image = image_ref(options.repository, primary_tag(spec.parent, matrix))
+    files: dict[str, bytes] = dict(_smoke_test_files())
+    files["imagebuilder.pth"] = b"/opt/imagebuilder\n"  # makes `python -m smoke_tests` work
+    ca = None
+    if options.ca_bundle is not None:
+        try:
+            ca = options.ca_bundle.read_bytes()
+        except OSError as e:
+            raise RenderError(f"cannot read --ca-bundle {options.ca_bundle}: {e.strerror}; pass a PEM file") from e
+
+    def render_with(inputs_hash: str) -> tuple[str, dict[str, bytes]]:
+        labels = labels_for(spec, base_image, inputs_hash, options.source)
+        manifest = manifest_for(spec, matrix, inputs_hash, tags, base_image)
+        context = {
+            "generator": f"imagebuilder {__version__}",
+            "matrix_name": matrix.path.name,
+            "spec": spec,
+            "tags": tags,
+            "base_image": base_image,
+            "ca_bundle": ca is not None,
+            "ca_path": CA_PATH,
+            "uv": matrix.tools.uv,
+            "jupyter_requirements": [f"jupyterlab=={matrix.tools.jupyterlab}", f"ipykernel=={matrix.tools.ipykernel}"],
+            "requirements": _requirements(spec, matrix),
+            "index_args": _index_args(spec, options),
+            "build_packages": _apt_packages(spec, "wheels"),
+            "final_packages": _apt_packages(spec, "final"),
+            "python": str(spec.python),
+            "python_path": _python_path(spec),
+            "venv": VENV,
+            "env": _env(spec),
+            "labels": [(k, json.dumps(v)) for k, v in labels.items()],
+            "user": USER_NAME,
+            "uid": USER_ID,
+        }
+        template = env.get_template("jupyter.Dockerfile.j2" if spec.variant == "jupyter" else "Dockerfile.j2")
+        out = dict(files)
+        out["imagebuilder/manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+        return template.render(context), out
+
+    # The hash covers everything rendered except itself, so it changes exactly when the
+    # image's inputs change; publish compares it with the registry's copy.
+    draft, draft_files = render_with("")
+    inputs_hash = _hash(draft, draft_files)
+    dockerfile, final_files = render_with(inputs_hash)
+    if ca is not None:
+        final_files["ca-bundle.pem"] = ca
+    return RenderedImage(
+        spec=spec,
+        repository=options.repository,
+        tags=tags,
+        dockerfile=dockerfile,
+        files=final_files,
+        labels=labels_for(spec, base_image, inputs_hash, options.source),
+        inputs_hash=inputs_hash,
+    )
+
+
+def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Write files under a fresh sibling folder, then swap it into place."""
+    directory = directory.resolve()
+    if directory.exists() and any(directory.iterdir()) and not any(
+        (directory / marker).exists() for marker in OUTPUT_MARKERS
+    ):
+        raise RenderError(
+            f"{directory} exists and holds no imagebuilder output; choose a new or empty folder"
+        )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        for name, data in files.items():
+            path = staging / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        if directory.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+            os.rename(directory, old / "tree")
+            os.rename(staging, directory)
+            shutil.rmtree(old)
+        else:
+            os.rename(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,74 @@
+"""Pure: BuildSpec -> image tags and OCI labels.
+
+Tags follow the official pytorch/pytorch style, `{torch}-cuda{cuda}-cudnn{major}-{variant}`,
+for the default Python and OS; other Pythons and OSes add `-py{X.Y}` and `-{os}`. Every image
+also carries its fully qualified tag (all five coordinates), so no image is ever reachable
+only through a moving alias.
+"""
+
+from __future__ import annotations
+
+from .matrix import Matrix
+from .resolve import BuildSpec
+
+LABEL_PREFIX = "io.imagebuilder"
+
+
+def qualified_tag(spec: BuildSpec) -> str:
+    return spec.key
+
+
+def primary_tag(spec: BuildSpec, matrix: Matrix) -> str:
+    parts = [f"{spec.torch.version}-cuda{spec.cuda.key}-cudnn{spec.cudnn_major}"]
+    if not spec.python_is_default:
+        parts.append(f"py{spec.python}")
+    if spec.os.name != matrix.defaults.os:
+        parts.append(spec.os.name)
+    parts.append(spec.variant)
+    return "-".join(parts)
+
+
+def tags_for(spec: BuildSpec, matrix: Matrix) -> tuple[str, ...]:
+    """All tags of an image, primary first. Short aliases only for the default Python and
+    OS; the release-level aliases (`2.6-runtime`, `latest`) only for the CUDA build that
+    PyPI carries, which is what `pip install torch` gives users."""
+    tags = [primary_tag(spec, matrix), qualified_tag(spec)]
+    if spec.python_is_default and spec.os.name == matrix.defaults.os:
+        torch, minor = spec.torch.version, spec.torch.key
+        tags.append(f"{minor}-cuda{spec.cuda.key}-{spec.variant}")
+        if spec.wheel.name == spec.torch.pypi_variant and spec.wheel.cuda == spec.cuda.key:
+            tags += [f"{torch}-{spec.variant}", f"{minor}-{spec.variant}"]
+            if spec.torch == matrix.newest_torch():
+                tags.append("latest" if spec.variant == "runtime" else f"latest-{spec.variant}")
+    return tuple(dict.fromkeys(tags))
+
+
+def image_ref(repository: str, tag: str) -> str:
+    return f"{repository}:{tag}"
+
+
+def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str) -> dict[str, str]:
+    """Labels that depend only on the rendered inputs (created and revision are added at
+    build time so that rendering stays byte-for-byte deterministic)."""
+    p = LABEL_PREFIX
+    return {
+        "org.opencontainers.image.title": f"PyTorch {spec.torch.version} ({spec.variant})",
+        "org.opencontainers.image.description": (
+            f"PyTorch {spec.torch.version} with {spec.wheel.name} wheels on CUDA {spec.cuda.version}, "
+            f"Python {spec.python}, {spec.os.name}"
+        ),
+        "org.opencontainers.image.version": str(spec.torch.version),
+        "org.opencontainers.image.source": source,
+        "org.opencontainers.image.base.name": base_image,
+        f"{p}.torch": str(spec.torch.version),
+        f"{p}.torch.cuda": str(spec.wheel.cuda),
+        f"{p}.wheel": spec.wheel.name,
+        f"{p}.cuda": str(spec.cuda.version),
+        f"{p}.cudnn": str(spec.wheel.cudnn),
+        f"{p}.nccl": str(spec.wheel.nccl),
+        f"{p}.python": str(spec.python),
+        f"{p}.variant": spec.variant,
+        f"{p}.os": spec.os.name,
+        f"{p}.min-driver": str(spec.min_driver),
+        f"{p}.inputs-hash": inputs_hash,
+    }
