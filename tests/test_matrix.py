@@ -1,0 +1,94 @@
+"""matrix.yaml parsing and validation: every problem reported at once, with key path and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from imagebuilder.matrix import MatrixError, driver_key, load_matrix, parse_matrix
+from imagebuilder.resources import default_matrix_path
+
+SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
+SMALL_TEXT = SMALL.read_text()
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(MatrixError) as e:
+        parse_matrix(text, Path("m.yaml"))
+    return [p.render(Path("m.yaml")) for p in e.value.problems]
+
+
+def test_small_matrix_parses_into_the_model():
+    m = load_matrix(SMALL)
+    assert list(m.torches) == ["2.6", "2.12"]  # ordered by version, not text
+    t26 = m.torches["2.6"]
+    assert t26.version == Version("2.6.0")
+    assert [v.name for v in t26.variants] == ["cu118", "cu124", "cu126"]
+    assert t26.variant("cu124").nccl == Version("2.21.5")
+    assert m.cudas[Version("12.1")].min_driver == "530.30.02"  # the zero NVIDIA writes is kept
+    assert m.newest_torch().key == "2.12"
+
+
+def test_packaged_matrix_is_valid():
+    m = load_matrix(default_matrix_path())
+    assert Version("2.4") <= min(t.version for t in m.torches.values())
+    assert Version("12.1") in m.cudas
+    for release in m.torches.values():
+        assert release.source and all(v.source for v in release.variants)
+
+
+BAD_CASES = [
+    # (name, edit of the small matrix, expected fragments of one problem line)
+    ("syntax error", lambda t: t.replace("schema: 1", "schema: [1"), ["not valid YAML"]),
+    ("unknown key", lambda t: t.replace('    version: "2.6.0"', '    version: "2.6.0"\n    colour: blue'),
+     ["m.yaml:", "torch.2.6.colour: unknown key"]),
+    ("wrong type", lambda t: t.replace('torchvision: "0.21.0"', "torchvision: [1]"),
+     ["torch.2.6.torchvision: expected a quoted version string"]),
+    ("float version", lambda t: t.replace('min_driver: "530.30.02"', "min_driver: 530.30"),
+     ["cuda.12.1.min_driver: expected a non-empty string"]),
+    ("duplicate key", lambda t: t.replace('    torchaudio: "2.6.0"', '    torchaudio: "2.6.0"\n    torchaudio: "2.6.1"'),
+     ["torch.2.6.torchaudio: duplicate key"]),
+    ("unknown CUDA", lambda t: t.replace('cu126: {cuda: "12.6"', 'cu129: {cuda: "12.9"'),
+     ["torch.2.6.variants.cu129.cuda: unknown CUDA 12.9"]),
+    ("python not shipped", lambda t: t.replace('cu124: {cuda: "12.4",', 'cu124: {python: ["3.8"], cuda: "12.4",'),
+     ["torch.2.6.variants.cu124.python: torch 2.6.0 ships no wheels for Python 3.8"]),
+    ("missing key", lambda t: t.replace('    pypi_variant: cu124\n', ""), ["torch.2.6.pypi_variant: missing"]),
+    ("variant misnamed", lambda t: t.replace("cu118: {", "cu117: {"), ["torch.2.6.variants.cu117: a CUDA 11.8 variant is named cu118"]),
+    ("unknown OS in images", lambda t: t.replace("ubuntu22.04: {runtime: \"nvidia/cuda:11.8.0", "rocky9: {runtime: \"nvidia/cuda:11.8.0"),
+     ["cuda.11.8.images.rocky9: unknown OS"]),
+    ("version of another release", lambda t: t.replace('version: "2.6.0"', 'version: "2.7.0"'),
+     ["torch.2.6.version: 2.7.0 is not a 2.6 release"]),
+]
+
+
+@pytest.mark.parametrize("name,edit,fragments", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_matrix_is_reported_with_path_and_line(name, edit, fragments):
+    text = edit(SMALL_TEXT)
+    assert text != SMALL_TEXT, "the edit must change the fixture"
+    lines = problems_of(text)
+    assert any(all(f in line for f in fragments) for line in lines), lines
+    assert all(line.startswith("m.yaml") for line in lines)
+
+
+def test_every_problem_is_reported_at_once_with_lines():
+    text = SMALL_TEXT.replace('cu126: {cuda: "12.6"', 'cu129: {cuda: "12.9"').replace(
+        '    version: "2.6.0"', '    version: "2.6.0"\n    colour: blue'
+    ).replace('torchvision: "0.21.0"', "torchvision: 0.21")
+    with pytest.raises(MatrixError) as e:
+        parse_matrix(text, Path("m.yaml"))
+    assert len(e.value.problems) == 3  # unknown key, unknown CUDA, wrong type
+    colour = next(p for p in e.value.problems if p.path[-1] == "colour")
+    assert text.splitlines()[colour.line - 1].strip() == "colour: blue"
+    assert "has 3 problems" in str(e.value)
+
+
+def test_unreadable_file_is_a_matrix_error(tmp_path):
+    with pytest.raises(MatrixError, match="cannot read"):
+        load_matrix(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("a,b", [("530.30.02", "525.60.13"), ("550.54.15", "550.54.14"), ("1000.1", "999.99.99")])
+def test_driver_versions_compare_as_integers(a, b):
+    assert driver_key(a) > driver_key(b)

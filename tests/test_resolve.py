@@ -1,0 +1,118 @@
+"""Resolution: request x matrix -> BuildSpec, as a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from imagebuilder.errors import BadRequest
+from imagebuilder.matrix import load_matrix
+from imagebuilder.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.tags import tags_for
+
+M = load_matrix(Path(__file__).parent / "data" / "matrix-small.yaml")
+
+# request kwargs -> (wheel, image CUDA, python, base image, toolchain, notice fragment or None)
+OK_CASES = [
+    (dict(torch="2.6", cuda="12.1"), ("cu124", "12.1.1", "3.10", "nvidia/cuda:12.1.1-base-ubuntu22.04", "none", "minor-version compatibility")),
+    (dict(torch="2.6.0", cuda="12.1.1"), ("cu124", "12.1.1", "3.10", "nvidia/cuda:12.1.1-base-ubuntu22.04", "none", "needs driver >= 525.60.13")),
+    (dict(torch="2.6", cuda="12.4"), ("cu124", "12.4.1", "3.10", "nvidia/cuda:12.4.1-base-ubuntu22.04", "none", None)),
+    (dict(torch="2.6", cuda="12.8"), ("cu126", "12.8.1", "3.10", "ubuntu:22.04", "none", "newest older 12.x build")),
+    (dict(torch="2.6", cuda="11.8", variant="devel"), ("cu118", "11.8.0", "3.10", "nvidia/cuda:11.8.0-devel-ubuntu22.04", "base", None)),
+    (dict(torch="2.6", cuda="12.4", os="debian12"), ("cu124", "12.4.1", "3.11", "debian:bookworm-slim", "none", None)),
+    (dict(torch="2.6", cuda="12.4", python="3.12"), ("cu124", "12.4.1", "3.12", "nvidia/cuda:12.4.1-base-ubuntu22.04", "none", "uv python install")),
+    (dict(torch="2.12", cuda="13.0", os="debian12", variant="devel"), ("cu130", "13.0.2", "3.11", "debian:bookworm-slim", "pip", None)),
+    (dict(torch="2.12", cuda="13.0", os="ubuntu24.04", variant="devel"), ("cu130", "13.0.2", "3.12", "nvidia/cuda:13.0.2-devel-ubuntu24.04", "base", None)),
+    (dict(torch="2.12", cuda="13.0", variant="devel", base_image="local/base:1"), ("cu130", "13.0.2", "3.10", "local/base:1", "pip", None)),
+    (dict(torch="2.6", cuda="12.4", variant="devel", base_image="local/base:1"), ("cu124", "12.4.1", "3.10", "local/base:1", "base", "must provide nvcc 12.4")),
+    (dict(torch="2.6", cuda="12.1", strict=False, base_image="local/base:1"), ("cu124", "12.1.1", "3.10", "local/base:1", "none", "minor-version")),
+]
+
+
+@pytest.mark.parametrize("request_kw,expected", OK_CASES, ids=[str(c[0]) for c in OK_CASES])
+def test_resolution(request_kw, expected):
+    wheel, cuda, python, base, toolchain, notice = expected
+    spec = resolve(M, Request(**request_kw))
+    assert spec.wheel.name == wheel
+    assert str(spec.cuda.version) == cuda
+    assert str(spec.python) == python
+    assert spec.base_image == base
+    assert spec.toolchain == toolchain
+    if notice is None:
+        assert [n for n in spec.notices if "wheels" in n] == []
+    else:
+        assert any(notice in n for n in spec.notices), spec.notices
+
+
+BAD_CASES = [
+    (dict(torch="9.9", cuda="12.1"), "torch 9.9 is not in matrix.yaml; known: 2.6.0, 2.12.0"),
+    (dict(torch="2.6.1", cuda="12.1"), "torch 2.6.1 is not in matrix.yaml"),
+    (dict(torch="banana", cuda="12.1"), "torch banana is not in matrix.yaml"),
+    (dict(torch="2.6", cuda="12.3"), "CUDA 12.3 is not in matrix.yaml; known: 11.8, 12.1, 12.4, 12.6, 12.8, 13.0"),
+    (dict(torch="2.6", cuda="12.1", strict=True), "torch 2.6.0 is published for CUDA 11.8, 12.4, 12.6; --strict"),
+    (dict(torch="2.6", cuda="13.0"), "none for CUDA 13.x, and wheels of another CUDA major cannot be used"),
+    (dict(torch="2.12", cuda="11.8"), "torch 2.12.0 is published for CUDA 12.8, 13.0; none for CUDA 11.x"),
+    (dict(torch="2.6", cuda="12.4", python="3.14"), "ships no wheels for Python 3.14; it ships 3.9, 3.10, 3.11, 3.12, 3.13"),
+    (dict(torch="2.6", cuda="12.4", os="plan9"), "OS plan9 is not in matrix.yaml; known: ubuntu22.04, ubuntu24.04, debian12"),
+    (dict(torch="2.6", cuda="12.4", variant="tiny"), "unknown variant 'tiny'"),
+    (dict(torch="2.6", cuda="12.4", variant="devel", os="debian12"), "NVIDIA publishes none for debian12; use --os with one of: ubuntu22.04"),
+]
+
+
+@pytest.mark.parametrize("request_kw,message", BAD_CASES, ids=[str(c[0]) for c in BAD_CASES])
+def test_bad_requests_say_what_is_known(request_kw, message):
+    with pytest.raises(BadRequest) as e:
+        resolve(M, Request(**request_kw))
+    assert message in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_strict_accepts_an_exact_match():
+    assert resolve(M, Request("2.6", "12.6", strict=True)).wheel.name == "cu126"
+
+
+def test_jupyter_is_built_on_the_runtime_image():
+    spec = resolve(M, Request("2.6", "12.4", variant="jupyter", base_image="local/base:1"))
+    assert spec.parent is not None and spec.parent.variant == "runtime"
+    assert spec.parent.base_image == "local/base:1"
+
+
+TAG_CASES = [
+    (dict(torch="2.6", cuda="12.4"), ["2.6.0-cuda12.4-cudnn9-runtime", "2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-runtime",
+                                      "2.6-cuda12.4-runtime", "2.6.0-runtime", "2.6-runtime"]),
+    (dict(torch="2.6", cuda="12.1"), ["2.6.0-cuda12.1-cudnn9-runtime", "2.6.0-cuda12.1-cudnn9-py3.10-ubuntu22.04-runtime",
+                                      "2.6-cuda12.1-runtime"]),
+    (dict(torch="2.6", cuda="12.4", python="3.12"), ["2.6.0-cuda12.4-cudnn9-py3.12-runtime",
+                                                     "2.6.0-cuda12.4-cudnn9-py3.12-ubuntu22.04-runtime"]),
+    (dict(torch="2.6", cuda="12.4", os="debian12"), ["2.6.0-cuda12.4-cudnn9-debian12-runtime",
+                                                                      "2.6.0-cuda12.4-cudnn9-py3.11-debian12-runtime"]),
+    (dict(torch="2.12", cuda="13.0"), ["2.12.0-cuda13.0-cudnn9-runtime", "2.12.0-cuda13.0-cudnn9-py3.10-ubuntu22.04-runtime",
+                                       "2.12-cuda13.0-runtime", "2.12.0-runtime", "2.12-runtime", "latest"]),
+    (dict(torch="2.12", cuda="13.0", variant="jupyter"), ["2.12.0-cuda13.0-cudnn9-jupyter",
+                                                          "2.12.0-cuda13.0-cudnn9-py3.10-ubuntu22.04-jupyter",
+                                                          "2.12-cuda13.0-jupyter", "2.12.0-jupyter", "2.12-jupyter",
+                                                          "latest-jupyter"]),
+]
+
+
+@pytest.mark.parametrize("request_kw,tags", TAG_CASES, ids=[str(c[0]) for c in TAG_CASES])
+def test_tags(request_kw, tags):
+    assert list(tags_for(resolve(M, Request(**request_kw)), M)) == tags
+
+
+def test_every_tag_in_the_matrix_names_one_image():
+    owners: dict[str, str] = {}
+    for spec in enumerate_matrix(M):
+        for tag in tags_for(spec, M):
+            assert owners.setdefault(tag, spec.key) == spec.key, f"{tag} names {owners[tag]} and {spec.key}"
+    assert len(owners) > 20
+
+
+def test_enumeration_leaves_out_what_cannot_be_built_and_filters():
+    specs = list(enumerate_matrix(M, torch="2.6"))
+    assert {s.torch.version for s in specs} == {Version("2.6.0")}
+    assert not any(s.variant == "devel" and s.os.name == "debian12" for s in specs)  # no 12.x nvcc there
+    assert {s.variant for s in enumerate_matrix(M, torch="2.6", variant="jupyter")} == {"jupyter"}
+    assert all(s.cuda.key == Version("12.4") for s in enumerate_matrix(M, cuda="12.4"))
