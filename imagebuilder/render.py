@@ -54,6 +54,7 @@ class RenderedImage:
     files: Mapping[str, bytes] = field(repr=False)  # context files besides the Dockerfile
     labels: Mapping[str, str] = field(repr=False)
     inputs_hash: str = ""
+    base_image: str = ""  # the FROM image; for jupyter, our runtime image
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -66,7 +67,7 @@ class RenderedImage:
     @property
     def depends_on(self) -> str | None:
         """The image this one is built FROM when that image is one of ours (jupyter)."""
-        return self.spec.base_image if self.spec.parent is not None else None
+        return self.base_image if self.spec.parent is not None else None
 
     def write(self, directory: Path) -> None:
         """Write the build context into `directory`, replacing it whole: a reader never sees
@@ -249,6 +250,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         files=final_files,
         labels=labels_for(spec, base_image, inputs_hash, options.source),
         inputs_hash=inputs_hash,
+        base_image=base_image,
     )
 
 
