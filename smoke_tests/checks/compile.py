@@ -1,0 +1,111 @@
+"""torch.compile with Inductor: one graph, generated kernels, same numbers as eager."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List
+
+import torch
+
+from ..context import Context
+from ..result import Result, failed, passed
+from ..toolchain import CompilerProblem, find_cxx
+
+NAME = "compile"
+
+# Small on purpose: the check proves the toolchain, not throughput.
+ROWS, INNER, COLS = 64, 64, 32
+RTOL = 1e-3  # float32 vs float32 with a different summation order (TF32 if enabled)
+
+# A hit in the FX graph cache skips code generation, leaving nothing to inspect; the
+# compiled kernel binaries may still come from Inductor's on-disk cache.
+CACHE_SWITCHES = {"fx_graph_cache": False}
+
+
+def fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x @ weight + bias).sum(dim=-1)
+
+
+def count_kernels(sources: List[str], device: str) -> int:
+    """Kernels in Inductor's output code: async_compile.triton(...) or async_compile.cpp...(...)."""
+    marker = "async_compile.triton(" if device == "cuda" else "async_compile.cpp"
+    return sum(source.count(marker) for source in sources)
+
+
+def graph_breaks() -> int:
+    """Graph breaks dynamo has counted in this process (dynamo.reset() keeps them)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(sum(counters["graph_break"].values()))
+    except Exception:  # the counter's home has moved before; the graph count still proves it
+        return 0
+
+
+def counting_inductor(graphs: List[int]) -> Callable[..., Any]:
+    """Inductor, recording each FX graph it is handed: more than one means a graph break."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: List[torch.Tensor]) -> Any:
+        graphs.append(len(gm.graph.nodes))
+        return compile_fx(gm, example_inputs)
+
+    return backend
+
+
+def check(ctx: Context) -> Result:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # Inductor needs a C++ compiler for CPU kernels and Triton needs one for its launchers.
+    compiler = find_cxx()
+    if isinstance(compiler, CompilerProblem):
+        return failed(NAME, compiler.reason, device=device)
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = (
+        torch.randn(*shape, generator=generator).to(device)
+        for shape in ((ROWS, INNER), (INNER, COLS), (COLS,))
+    )
+    graphs: List[int] = []
+    switches = {k: v for k, v in CACHE_SWITCHES.items() if hasattr(inductor_config, k)}
+    torch._dynamo.reset()
+    breaks_before = graph_breaks()
+    compiled = torch.compile(fused, backend=counting_inductor(graphs))
+    start = time.perf_counter()
+    with inductor_config.patch(switches):
+        # run_and_get_code resets dynamo itself and returns Inductor's output code.
+        out, sources = run_and_get_code(compiled, x, weight, bias)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    eager = fused(x, weight, bias)
+    breaks = graph_breaks() - breaks_before
+    kernels = count_kernels(sources, device)
+    error = float((out - eager).abs().max() / eager.abs().max().clamp_min(1e-12))
+    measurements: Dict[str, Any] = {
+        "device": device,
+        "compile_s": round(compile_s, 2),
+        "graphs": len(graphs),
+        "graph_breaks": breaks,
+        "kernels": kernels,
+        "rel_error": error,
+    }
+
+    problems = []
+    if len(graphs) != 1 or breaks:
+        problems.append(f"expected one graph and no graph break, got {len(graphs)} graph(s), {breaks} break(s)")
+    if kernels < 1:
+        kind = "Triton" if device == "cuda" else "C++"
+        problems.append(f"Inductor generated no {kind} kernel ({len(sources)} output module(s))")
+    if not error < RTOL:
+        problems.append(f"compiled result differs from eager by {error:.3g} relative (limit {RTOL})")
+    if problems:
+        return failed(NAME, "; ".join(problems), **measurements)
+    kind = "Triton" if device == "cuda" else "C++"
+    return passed(
+        NAME,
+        f"Inductor on {device}: 1 graph, {kernels} {kind} kernel(s), matches eager, compiled in {compile_s:.1f}s",
+        **measurements,
+    )

@@ -1,0 +1,73 @@
+"""Results as JSON (for imagebuilder) or as a table (for people). No torch needed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Sequence
+
+from .result import Result
+
+# The measurements worth a glance in the table; the JSON carries all of them.
+HEADLINE = (
+    "torch", "torch_cuda", "cudnn", "nccl", "cxx",
+    "gpu_count", "driver",
+    "backend", "world_size", "bytes", "algbw_GBps", "busbw_GBps",
+    "device", "compile_s", "graphs", "kernels",
+    "max_abs_diff", "seconds",
+)
+
+
+def ok(results: Sequence[Result]) -> bool:
+    return not any(result.failed for result in results)
+
+
+def _host_facts() -> Dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None, "gpu_count": 0}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"torch": torch.__version__, "gpu_count": gpus}
+
+
+def to_document(
+    results: Sequence[Result], torch_version: Optional[str] = None, gpu_count: Optional[int] = None
+) -> Dict[str, Any]:
+    facts = _host_facts() if torch_version is None or gpu_count is None else {}
+    return {
+        "ok": ok(results),
+        "torch": torch_version if torch_version is not None else facts["torch"],
+        "gpu_count": gpu_count if gpu_count is not None else facts["gpu_count"],
+        "checks": [result.to_dict() for result in results],
+    }
+
+
+def to_json(
+    results: Sequence[Result], torch_version: Optional[str] = None, gpu_count: Optional[int] = None
+) -> str:
+    return json.dumps(to_document(results, torch_version, gpu_count), indent=2)
+
+
+def from_json(text: str) -> List[Result]:
+    """The results back from a to_json document, e.g. one printed inside a container."""
+    return [Result.from_dict(check) for check in json.loads(text)["checks"]]
+
+
+def _headline(result: Result) -> str:
+    return " ".join(
+        f"{key}={result.measurements[key]}" for key in HEADLINE if key in result.measurements
+    )
+
+
+def format_table(results: Sequence[Result]) -> str:
+    name_width = max([len("CHECK")] + [len(r.name) for r in results])
+    lines = [f"{'CHECK':<{name_width}}  STATUS  REASON"]
+    for result in results:
+        lines.append(f"{result.name:<{name_width}}  {result.status.upper():<6}  {result.reason}")
+        headline = _headline(result)
+        if headline:
+            lines.append(f"{'':<{name_width}}  {'':<6}  {headline}")
+    verdict = "OK" if ok(results) else "FAILED"
+    failures = sum(result.failed for result in results)
+    lines.append(f"{verdict}: {len(results)} check(s), {failures} failed")
+    return "\n".join(lines)
