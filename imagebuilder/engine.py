@@ -81,7 +81,7 @@ class BuildFailed(EngineError):
         self.log_path = log_path
         self.cause = cause
         exit_code = re.search(r"returned a non-zero code: (\d+)", error)
-        self.exit_code_in_step = int(exit_code[1]) if exit_code else None
+        self.step_exit_code = int(exit_code[1]) if exit_code else None
         where = f"step {step}/{total} `{instruction}`" if step is not None else "the build"
         what = f"exit code {exit_code[1]}" if exit_code else error
         log = f"full log: {log_path}" if log_path else "rerun with a log file for the full output"
@@ -241,7 +241,7 @@ class BuildResult:
 class RunResult:
     exit_code: int
     output: str
-    """stdout and stderr, interleaved as the container wrote them."""
+    """stdout and stderr together; lines of the two streams may come out of order."""
     timed_out: bool
     seconds: float
 

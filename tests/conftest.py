@@ -1,0 +1,106 @@
+"""Shared fixtures. Docker fixtures skip without a daemon, or fail when CI demands one.
+
+CI sets IMAGEBUILDER_REQUIRE_DOCKER=1 so that a missing daemon, base image or registry
+fails the run instead of skipping it: CI can never pass by skipping the real tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import pytest
+
+if TYPE_CHECKING:
+    from imagebuilder.engine import DockerEngine
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BASE_IMAGE = "imagebuilder-base:bookworm"
+TEST_REPOSITORY_PREFIX = "imagebuilder-test"
+
+
+def _require_docker() -> bool:
+    return os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1"
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if _require_docker():
+        pytest.fail(f"{reason} (IMAGEBUILDER_REQUIRE_DOCKER=1: not skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> DockerEngine:
+    """A DockerEngine whose daemon answers; skips (or fails in CI) otherwise."""
+    from imagebuilder.engine import DaemonUnavailable, DockerEngine
+
+    engine = DockerEngine()
+    try:
+        engine.ping()
+    except DaemonUnavailable as e:
+        _unavailable(f"{e} (.ci/docker-up.sh starts one)")
+    return engine
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_engine: DockerEngine) -> str:
+    """A small local Debian image to build FROM; IMAGEBUILDER_BASE_IMAGE overrides it."""
+    ref = os.environ.get("IMAGEBUILDER_BASE_IMAGE", DEFAULT_BASE_IMAGE)
+    if not docker_engine.image_exists(ref):
+        _unavailable(f"base image {ref} does not exist; create it with .ci/base-image.sh {ref}")
+    return ref
+
+
+@pytest.fixture
+def image_repo(docker_engine: DockerEngine, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A repository name unique to this test; every image tagged with it is removed after.
+
+    Tags pushed to a local registry (127.0.0.1:PORT/<repo>) are caught too: cleanup
+    removes every local tag that contains the unique repository name.
+    """
+    import docker
+
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+    repo = f"{TEST_REPOSITORY_PREFIX}/{slug}-{uuid.uuid4().hex[:8]}"
+    yield repo
+    client = docker.DockerClient(base_url=docker_engine.base_url)
+    try:
+        for image in client.images.list():
+            for tag in image.tags:
+                if repo in tag:
+                    docker_engine.remove_image(tag)
+    finally:
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (right now)."""
+    return _free_port()
+
+
+@pytest.fixture
+def registry(docker_engine: DockerEngine) -> Iterator[str]:
+    """A throwaway registry (Debian's docker-registry) on 127.0.0.1:PORT; yields that address."""
+    script = REPO_ROOT / ".ci" / "registry.sh"
+    port = str(_free_port())
+    started = subprocess.run([str(script), "start", port], capture_output=True, text=True,
+                             timeout=90)
+    if started.returncode != 0:
+        _unavailable(f"could not start a local registry with {script}: {started.stderr.strip()}")
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
