@@ -11,6 +11,7 @@ progress of every `Step n/m` reaches the caller and every line reaches the log f
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 import socket
@@ -85,7 +86,7 @@ class BuildFailed(EngineError):
         where = f"step {step}/{total} `{instruction}`" if step is not None else "the build"
         what = f"exit code {exit_code[1]}" if exit_code else error
         log = f"full log: {log_path}" if log_path else "rerun with a log file for the full output"
-        super().__init__(f"{where} failed: {what}; {_CAUSE_HINTS.get(cause, '')}{log}")
+        super().__init__(f"{where} failed: {what}; {_CAUSE_HINTS[cause] if cause else ''}{log}")
 
     def report(self) -> str:
         """The message plus the failing step's last output lines, for a terminal."""
@@ -292,7 +293,7 @@ class _BuildState:
         self.from_steps = 0
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.containers: set[str] = set()
-        self.layers: set[str] = set()
+        self.last_layer: str | None = None
         self.image_id: str | None = None
         self._partial = ""
 
@@ -322,7 +323,7 @@ class _BuildState:
         elif m := _RUNNING_IN.match(line):
             self.containers.add(m[1])
         elif m := _LAYER.match(line):
-            self.layers.add(m[1])
+            self.last_layer = m[1]
         elif m := re.match(r"^Successfully built ([0-9a-f]+)$", line):
             self.image_id = self.image_id or m[1]
         elif self.step is not None and not _BOOKKEEPING.match(line):
@@ -439,7 +440,7 @@ class DockerEngine:
         state = _BuildState(started, on_progress)
         responses: list[requests.Response] = []
         self._response_sink.responses = responses
-        abort = lambda: _close_responses(responses)  # noqa: E731
+        abort: Callable[[], None] = functools.partial(_close_responses, responses)
         log: IO[str] | None = None
         if req.log_path is not None:
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -535,9 +536,11 @@ class DockerEngine:
         """Remove the intermediate containers a cancelled classic build left behind.
 
         The classic builder names its containers nowhere but in the stream ("Running in
-        <id>") and gives them no label; it may also create one more after we stop reading.
-        So: every container created since the build started that the stream named or that
-        was created from one of this build's layers, until none has shown up for a second.
+        <id>") and gives them no label; dockerd removes the running step's container when
+        it sees the connection close, but may have created the next one before it looks.
+        So: every container the stream named, and every container created since the build
+        started from this build's last layer running the current step's command, until
+        none has shown up for a second. Others share the daemon: nothing wider than that.
         """
         import docker
 
@@ -547,12 +550,8 @@ class DockerEngine:
         while time.monotonic() < deadline:
             found = False
             for container in client.api.containers(all=True):
-                cid: str = container["Id"]
-                image: str = container.get("ImageID", "").removeprefix("sha256:")
-                ours = any(cid.startswith(c) for c in state.containers) or any(
-                    image.startswith(layer) for layer in state.layers
-                )
-                if ours and container.get("Created", 0) >= int(since) - 1:
+                if self._is_build_container(container, state, since):
+                    cid: str = container["Id"]
                     found = True
                     try:
                         client.api.remove_container(cid, force=True)
@@ -566,6 +565,19 @@ class DockerEngine:
             elif time.monotonic() - quiet_since > 1:
                 return
             time.sleep(0.2)
+
+    @staticmethod
+    def _is_build_container(container: Mapping[str, Any], state: _BuildState, since: float) -> bool:
+        cid = str(container["Id"])
+        if any(cid.startswith(named) for named in state.containers):
+            return True
+        if state.last_layer is None or int(container.get("Created", 0)) < int(since) - 1:
+            return False
+        image = str(container.get("ImageID", "")).removeprefix("sha256:")
+        _, _, arguments = state.instruction.partition(" ")
+        return image.startswith(state.last_layer) and bool(arguments) and (
+            arguments in str(container.get("Command", ""))
+        )
 
     def _tag_all(self, image_id: str, tags: Sequence[str]) -> Any:
         import docker

@@ -69,7 +69,7 @@ def image_repo(docker_engine: DockerEngine, request: pytest.FixtureRequest) -> I
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
     repo = f"{TEST_REPOSITORY_PREFIX}/{slug}-{uuid.uuid4().hex[:8]}"
     yield repo
-    client = docker.DockerClient(base_url=docker_engine.base_url)
+    client = docker.from_env()
     try:
         for image in client.images.list():
             for tag in image.tags:
