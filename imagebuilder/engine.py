@@ -586,7 +586,7 @@ class DockerEngine:
             image = self._client.images.get(image_id)
             applied: list[str] = []
             for tag in tags:
-                repository, _, name = tag.rpartition(":") if _has_tag(tag) else (tag, "", "latest")
+                repository, name = _split_ref(tag)
                 try:
                     if not image.tag(repository, name):
                         raise docker.errors.APIError(f"the daemon refused tag {tag}")
@@ -694,7 +694,7 @@ class DockerEngine:
         """Push `ref`; the manifest digest the registry stored. Retries transient errors."""
         import docker
 
-        repository, _, tag = ref.rpartition(":") if _has_tag(ref) else (ref, "", "latest")
+        repository, tag = _split_ref(ref)
         attempts = 0
         detail = ""
         while attempts < max(1, retries):
@@ -728,7 +728,7 @@ class DockerEngine:
     def pull(self, ref: str) -> None:
         import docker
 
-        repository, _, tag = ref.rpartition(":") if _has_tag(ref) else (ref, "", "latest")
+        repository, tag = _split_ref(ref)
         with self._daemon_errors():
             try:
                 for event in self._client.api.pull(repository, tag=tag, stream=True, decode=True):
@@ -744,9 +744,13 @@ _PERMANENT_PUSH_ERROR = re.compile(
 )
 
 
-def _has_tag(ref: str) -> bool:
+def _split_ref(ref: str) -> tuple[str, str]:
+    """("host:5000/repo", "tag") from "host:5000/repo:tag"; the tag defaults to latest."""
     # "host:5000/repo" has a port, not a tag; "repo@sha256:..." is a digest reference.
-    return "@" not in ref and ":" in ref.rsplit("/", 1)[-1]
+    if "@" not in ref and ":" in ref.rsplit("/", 1)[-1]:
+        repository, _, tag = ref.rpartition(":")
+        return repository, tag
+    return ref, "latest"
 
 
 def _close_responses(responses: Sequence[requests.Response]) -> None:
