@@ -728,10 +728,10 @@ class DockerEngine:
     def pull(self, ref: str) -> None:
         import docker
 
-        repository, tag = _split_ref(ref)
         with self._daemon_errors():
             try:
-                for event in self._client.api.pull(repository, tag=tag, stream=True, decode=True):
+                # docker-py splits "repo:tag" and "repo@sha256:..." itself when tag is None.
+                for event in self._client.api.pull(ref, stream=True, decode=True):
                     if "errorDetail" in event or "error" in event:
                         detail = event.get("errorDetail") or {}
                         raise PullFailed(ref, _short_text(str(detail.get("message") or event.get("error"))))
