@@ -263,5 +263,132 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     click.echo(f"wrote {output}/Dockerfile for {image.ref}")
 
 
+# --- build ----------------------------------------------------------------------------------
+
+
+def _variants(variant: str | None) -> list[str | None]:
+    return ["runtime", "devel", "jupyter"] if variant == "all" else [variant]
+
+
+def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedImage]:
+    """Everything to build, in order. All of it is resolved before anything is built, so a
+    bad request fails before an hour of building. A jupyter image needs its runtime image:
+    it is built first when it is not there yet."""
+    from .build import build_order
+
+    images = [resolve_and_render(ctx, kw, variant) for variant in _variants(kw.get("variant"))]
+    refs = {image.ref for image in images}
+    for image in list(images):
+        if image.depends_on and image.depends_on not in refs and not engine.image_exists(image.depends_on):
+            images.insert(images.index(image), resolve_and_render(ctx, kw, "runtime"))
+            refs.add(image.depends_on)
+    return build_order(images)
+
+
+@cli.command("build")
+@options.selection(required=True, all_variants=True)
+@options.strict
+@options.rendering
+@options.building
+@options.report
+@pass_context
+def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, **kw: Any) -> None:
+    """Render, build and tag images with the Docker Engine.
+
+    \b
+    Examples:
+      imagebuilder build --torch 2.6 --cuda 12.1
+      imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
+      imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
+    """
+    from .build import ProgressPrinter, build_image, human_size
+    from .engine import DockerEngine
+
+    engine = DockerEngine()
+    engine.ping()
+    plan = build_plan(ctx, kw, engine)
+    done = []
+    try:
+        for n, image in enumerate(plan, 1):
+            if not quiet:
+                click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
+            printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
+            try:
+                built = build_image(engine, image, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
+                                    on_progress=None if quiet else printer)
+            finally:
+                printer.close()
+            done.append(built)
+            r = built.result
+            if quiet:
+                click.echo(built.refs[0])
+                continue
+            click.echo(f"built {built.refs[0]}")
+            click.echo(f"  image  {r.image_id} ({human_size(r.size)})")
+            click.echo(f"  time   {r.seconds:.1f}s, {r.cached_steps}/{r.steps} steps cached")
+            click.echo(f"  tags   {', '.join(built.refs[1:])}")
+            click.echo(f"  log    {r.log_path}")
+    finally:
+        if report is not None:
+            write_json(report, {"ok": len(done) == len(plan), "images": [b.to_json() for b in done],
+                                     "planned": [i.ref for i in plan]})
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write a JSON report atomically: a reader never sees half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# --- verify ---------------------------------------------------------------------------------
+
+
+@cli.command("verify")
+@click.argument("tag", required=False)
+@click.option("--local", is_flag=True,
+              help="Check this Python environment instead of an image (bare-metal hosts, pods).")
+@options.allow_no_gpu
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+              help="Seconds the smoke tests may take in all; the container is killed and removed after.")
+@click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
+              help="With --local: the manifest.json whose versions to expect. Default: none.")
+@click.option("--mount-smoke-tests", is_flag=True,
+              help="Run this imagebuilder's smoke tests in the image, not the image's own copy "
+                   "(images imagebuilder did not build).")
+def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
+               manifest: str | None, mount_smoke_tests: bool) -> None:
+    """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
+
+    Exit 0 only when every check passed.
+
+    \b
+    Examples:
+      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
+      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime --allow-no-gpu --json
+      imagebuilder verify --local --timeout 600
+    """
+    from .verify import verify_image, verify_local
+
+    if local:
+        if mount_smoke_tests:
+            raise click.UsageError("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
+        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest,
+                              target=f"local {tag}" if tag else None)
+    else:
+        if tag is None:
+            raise click.UsageError("give the image TAG to verify, or --local for this environment")
+        if manifest is not None:
+            raise click.UsageError("--manifest is for --local; an image carries its own manifest")
+        from .engine import DockerEngine
+
+        report = verify_image(DockerEngine(), tag, allow_no_gpu=allow_no_gpu, timeout=timeout,
+                              mount_smoke_tests=mount_smoke_tests)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
+    report.raise_if_failed()
+
+
 def main() -> None:
     cli(prog_name="imagebuilder")

@@ -20,8 +20,10 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-def selection(required: bool) -> Callable[[F], F]:
-    """Which image(s): the coordinates of the matrix. `required` for a single image."""
+def selection(required: bool, all_variants: bool = False) -> Callable[[F], F]:
+    """Which image(s): the coordinates of the matrix. `required` for a single image;
+    `all_variants` lets --variant take `all` (runtime, devel, then jupyter)."""
+    variants = ["runtime", "devel", "jupyter"] + (["all"] if all_variants else [])
     return _stack(
         click.option("--torch", "torch_version", required=required, metavar="V",
                      help="PyTorch release: 2.6 or 2.6.0."),
@@ -31,8 +33,9 @@ def selection(required: bool) -> Callable[[F], F]:
         click.option("--python", "python_version", metavar="X.Y",
                      help="Python version. Default: the OS's own python3 when torch ships wheels for it, "
                           "else the newest Python torch ships."),
-        click.option("--variant", type=click.Choice(["runtime", "devel", "jupyter"]),
-                     help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."),
+        click.option("--variant", type=click.Choice(variants),
+                     help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."
+                          + (" `all`: runtime, devel, then jupyter FROM that runtime image." if all_variants else "")),
         click.option("--os", "os_name", metavar="OS",
                      help="ubuntu22.04, ubuntu24.04, debian12, ... Default: matrix.yaml's defaults.os."),
     )

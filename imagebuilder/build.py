@@ -1,0 +1,171 @@
+"""Rendered images -> built, tagged images: the build pipeline over an Engine.
+
+Only the engine talks to Docker; this module decides what to build, in which order, with
+which build-time labels, and where the logs go.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .engine import BuildRequest, BuildResult, Engine, Progress
+from .render import RenderedImage
+
+CREATED = "org.opencontainers.image.created"
+REVISION = "org.opencontainers.image.revision"
+HASH = "io.imagebuilder.inputs-hash"
+
+
+@dataclass(frozen=True)
+class Built:
+    image: RenderedImage
+    result: BuildResult
+    refs: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        spec = self.image.spec
+        return {
+            "image": spec.key,
+            "spec": {
+                "torch": str(spec.torch.version), "wheel": spec.wheel.name, "cuda": str(spec.cuda.version),
+                "cudnn": str(spec.wheel.cudnn), "nccl": str(spec.wheel.nccl), "python": str(spec.python),
+                "os": spec.os.name, "variant": spec.variant, "base_image": self.image.base_image,
+                "min_driver": spec.min_driver,
+            },
+            "tags": list(self.refs),
+            "image_id": self.result.image_id,
+            "size_bytes": self.result.size,
+            "seconds": round(self.result.seconds, 2),
+            "steps": self.result.steps,
+            "cached_steps": self.result.cached_steps,
+            "log": str(self.result.log_path) if self.result.log_path else None,
+            "inputs_hash": self.image.inputs_hash,
+        }
+
+
+def log_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "imagebuilder" / "logs"
+
+
+def build_order(images: Iterable[RenderedImage]) -> list[RenderedImage]:
+    """Runtime images before the jupyter images built FROM them; otherwise as given."""
+    images = list(images)
+    ours = {image.ref for image in images}
+    first = [i for i in images if i.depends_on is None or i.depends_on not in ours]
+    return first + [i for i in images if i not in first]
+
+
+def _revision(matrix_path: Path) -> str | None:
+    for var in ("GITHUB_SHA", "CI_COMMIT_SHA"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        done = subprocess.run(["git", "-C", str(matrix_path.parent), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def build_labels(engine: Engine, image: RenderedImage, matrix_path: Path) -> dict[str, str]:
+    """created and revision, the labels that rendering leaves out to stay deterministic.
+    An image already built from the same inputs keeps its created date, so a rebuild with
+    nothing changed is served whole from the layer cache."""
+    labels: dict[str, str] = {}
+    created = None
+    if engine.image_exists(image.ref):
+        existing = engine.image_labels(image.ref)
+        if existing.get(HASH) == image.inputs_hash:
+            created = existing.get(CREATED)
+    if created is None and os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
+        created = datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).isoformat()
+    labels[CREATED] = created or datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    revision = _revision(matrix_path)
+    if revision:
+        labels[REVISION] = revision
+    return labels
+
+
+def build_image(
+    engine: Engine,
+    image: RenderedImage,
+    *,
+    matrix_path: Path,
+    nocache: bool = False,
+    pull: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
+    logs: Path | None = None,
+    timeout: float = 3 * 3600,
+) -> Built:
+    logs = logs or log_dir()
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    log_path = logs / f"{image.spec.key}-{stamp}.log"
+    with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
+        context = Path(tmp) / "context"
+        image.write(context)
+        result = engine.build(
+            BuildRequest(
+                context=context,
+                tags=image.refs,
+                labels=build_labels(engine, image, matrix_path),
+                nocache=nocache,
+                pull=pull,
+                log_path=log_path,
+                timeout=timeout,
+            ),
+            on_progress=on_progress,
+        )
+    return Built(image, result, image.refs)
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{size} B"
+        value /= 1000
+    return f"{size} B"
+
+
+class ProgressPrinter:
+    """Step n/m, the instruction and the elapsed time: one updating line per step on a
+    terminal, plain lines elsewhere (CI logs)."""
+
+    def __init__(self, label: str, stream: Any = None, tty: bool | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.step = 0
+        self.width = 0
+
+    def __call__(self, p: Progress) -> None:
+        instruction = re.sub(r"\s+", " ", p.instruction)
+        text = f"[{self.label}] step {p.step}/{p.total} {instruction[:70]}"
+        text += " (cached)" if p.cached else ""
+        if self.tty:
+            line = f"{text} {p.elapsed:6.1f}s"
+            if p.step != self.step and self.step:
+                self.stream.write("\n")
+            self.stream.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+            self.stream.flush()
+        elif p.step != self.step:
+            self.stream.write(f"{text} at {p.elapsed:.1f}s\n")
+            self.stream.flush()
+        self.step = p.step
+
+    def close(self) -> None:
+        if self.tty and self.step:
+            self.stream.write("\n")
+            self.stream.flush()
