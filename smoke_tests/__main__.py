@@ -15,7 +15,9 @@ from .expected import DEFAULT_MANIFEST, MANIFEST_ENV, ManifestError, load_expect
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m smoke_tests", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m smoke_tests", description="Prove that this PyTorch image works."
+    )
     parser.add_argument(
         "--manifest",
         help=f"image manifest JSON (default: ${MANIFEST_ENV} or {DEFAULT_MANIFEST}; missing means no expectations)",

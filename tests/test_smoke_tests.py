@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import pytest
 import torch
 
 import smoke_tests
 from smoke_tests import report
+from smoke_tests.__main__ import main as cli_main
 from smoke_tests.allreduce import FAULT_ENV
 from smoke_tests.archs import coverage, parse_entry
 from smoke_tests.checks import CHECK_NAMES, environment
@@ -47,16 +48,20 @@ def correct_manifest() -> Dict[str, Any]:
     }
 
 
-def run_cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240) -> subprocess.CompletedProcess:
+def cli_env(env: Optional[Dict[str, str]]) -> Dict[str, str]:
     base = dict(os.environ)
     base["PYTHONPATH"] = str(REPO)
     # One compile worker: spawning Inductor's worker pool costs more than it saves here.
     base.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     base.pop(FAULT_ENV, None)
     base.update(env or {})
+    return base
+
+
+def run_cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "smoke_tests", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=base, check=False,
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=cli_env(env), check=False,
     )
 
 
@@ -192,14 +197,25 @@ def test_environment_passes_with_the_installed_versions() -> None:
     assert result.measurements["cxx"]
 
 
-def test_environment_reports_every_wrong_expectation() -> None:
-    wrong = {**correct_manifest(), "torch": "2.4.1", "torch_cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5"}
+def test_environment_reports_every_wrong_expectation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VERSION", "12.1.1")  # as NVIDIA's base images set it
+    wrong = {
+        **correct_manifest(),
+        "torch": "2.4.1", "torch_cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5", "image_cuda": "12.4",
+    }
     result = environment.check(Context(expected=Expected.from_manifest(wrong)))
     assert result.status == "fail"
     assert f"torch {torch.__version__} != expected 2.4.1" in result.reason
     assert "CPU build" in result.reason and "expected CUDA 12.4" in result.reason
     assert "cuDNN not available, expected 9.1.0.70" in result.reason
     assert "NCCL not available, expected 2.21.5" in result.reason
+    assert "image CUDA 12.1.1 (CUDA_VERSION) != expected 12.4" in result.reason
+
+
+def test_environment_expecting_cuda_but_finding_cpu_build_fails_alone() -> None:
+    result = environment.check(Context(expected=Expected(torch_cuda="12.4")))
+    assert result.status == "fail"
+    assert result.reason == "torch is a CPU build (torch.version.cuda is None), expected CUDA 12.4"
 
 
 # ---------------------------------------------------------------- GPU checks without a GPU
@@ -302,39 +318,44 @@ def test_cli_allreduce_ran_over_gloo(full_run: subprocess.CompletedProcess) -> N
 def test_cli_fails_on_a_wrong_expectation(tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({**correct_manifest(), "torch": "2.4.1"}))
-    done = run_cli("--manifest", str(manifest), "--checks", "environment,cuda")
+    done = run_cli("--manifest", str(manifest), "--require-gpu", "--checks", "environment,cuda,cuda_graph")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "environment  FAIL" in done.stdout and "!= expected 2.4.1" in done.stdout
-    assert "cuda         SKIP" in done.stdout
+    assert "cuda         FAIL    no CUDA GPU visible" in done.stdout
+    assert "cuda_graph   FAIL    no CUDA GPU visible" in done.stdout
+    assert done.stdout.rstrip().endswith("FAILED: 3 check(s), 3 failed")
 
 
-def test_cli_without_manifest_measures_only(tmp_path: Path) -> None:
-    done = run_cli("--json", "--checks", "environment", env={"SMOKE_TESTS_MANIFEST": str(tmp_path / "none.json")})
-    assert done.returncode == 0, done.stdout + done.stderr
-    (check,) = json.loads(done.stdout)["checks"]
+# In-process from here: main() is the CLI minus the seconds a fresh torch import costs.
+
+def test_cli_without_manifest_measures_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SMOKE_TESTS_MANIFEST", str(tmp_path / "none.json"))
+    assert cli_main(["--json", "--checks", "environment"]) == 0
+    (check,) = json.loads(capsys.readouterr().out)["checks"]
     assert check["status"] == "pass" and "measured only" in check["reason"]
 
 
-def test_cli_without_compiler_fails_environment_and_compile(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CXX"}
-    env.update(PATH=str(tmp_path), PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [sys.executable, "-m", "smoke_tests", "--json", "--checks", "environment,compile"],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=env, check=False,
-    )
-    assert done.returncode == 1, done.stdout + done.stderr
-    checks = by_name(json.loads(done.stdout))
+def test_cli_without_compiler_fails_environment_and_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert cli_main(["--json", "--checks", "environment,compile"]) == 1
+    checks = by_name(json.loads(capsys.readouterr().out))
     for name in ("environment", "compile"):
         assert checks[name]["status"] == "fail"
         assert NO_COMPILER in checks[name]["reason"]
 
 
-def test_cli_require_gpu_fails_here() -> None:
-    done = run_cli("--json", "--require-gpu", "--checks", "cuda,cuda_graph")
-    assert done.returncode == 1
-    assert {c["status"] for c in json.loads(done.stdout)["checks"]} == {"fail"}
+def test_cli_unknown_check_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["--checks", "environment,gpu_burn"]) == 2
+    assert "unknown check(s) gpu_burn" in capsys.readouterr().err
 
 
-def test_cli_unknown_check_is_a_usage_error() -> None:
-    done = run_cli("--checks", "environment,gpu_burn")
-    assert done.returncode == 2 and "unknown check(s) gpu_burn" in done.stderr
+def test_cli_unreadable_manifest_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("{not json")
+    assert cli_main(["--manifest", str(manifest)]) == 2
+    assert f"manifest {manifest}" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -85,6 +86,15 @@ def check(ctx: Context) -> Result:
 
     if expected.python is not None and not release_matches(parse_release(expected.python), python):
         problems.append(f"Python {format_release(python)} != expected {expected.python}")
+
+    # NVIDIA's CUDA base images set CUDA_VERSION (e.g. 12.1.1); other bases may not.
+    image_cuda = os.environ.get("CUDA_VERSION") or None
+    measurements["image_cuda"] = image_cuda
+    if expected.image_cuda is not None and image_cuda is not None:
+        if not release_matches(parse_release(expected.image_cuda), parse_release(image_cuda)):
+            problems.append(f"image CUDA {image_cuda} (CUDA_VERSION) != expected {expected.image_cuda}")
+    if expected.variant is not None:
+        measurements["variant"] = expected.variant
 
     compiler = find_cxx()
     if isinstance(compiler, CompilerProblem):
