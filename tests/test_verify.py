@@ -1,0 +1,538 @@
+"""imagebuilder verify: preflight as a table, output parsing, --local for real, Docker for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from imagebuilder.engine import BuildRequest, GpuUnavailable, RunResult
+from imagebuilder.verify import (
+    NOT_RUN,
+    Gpu,
+    HostFacts,
+    VerificationFailed,
+    VerifyReport,
+    parse_nvidia_smi,
+    parse_output,
+    preflight,
+    run_process,
+    verify_image,
+    verify_local,
+)
+from smoke_tests.result import Result
+
+if TYPE_CHECKING:
+    from imagebuilder.engine import DockerEngine
+
+REPO = Path(__file__).resolve().parent.parent
+H100 = Gpu("NVIDIA H100 80GB HBM3", "550.54.15")
+HOST_HAS_GPU = shutil.which("nvidia-smi") is not None
+
+
+def gpus(driver: str, count: int = 1) -> tuple[Gpu, ...]:
+    return tuple(Gpu("NVIDIA A100-SXM4-80GB", driver) for _ in range(count))
+
+
+# --------------------------------------------------------------------------- preflight table
+
+RUNTIME = "docker info lists the nvidia runtime"
+
+PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str], str]] = [
+    # id, facts, allow_no_gpu, expected statuses, a phrase the failing detail must contain
+    ("all-good", HostFacts(gpus=(H100,), min_driver="530.30.02", nvidia_runtime=RUNTIME), False,
+     {"daemon": "pass", "image": "pass", "gpu": "pass", "runtime": "pass", "driver": "pass"}, ""),
+    ("driver-older", HostFacts(gpus=gpus("525.85.12"), min_driver="530.30.02", cuda="12.1.1",
+                               nvidia_runtime=RUNTIME), False,
+     {"driver": "fail"}, "host driver 525.85.12 is older than 530.30.02, which this image's CUDA "
+                         "12.1.1 needs: upgrade the driver or use an image for an older CUDA"),
+    ("driver-newer", HostFacts(gpus=gpus("535.104.05"), min_driver="530.30.02", nvidia_runtime=RUNTIME),
+     False, {"driver": "pass"}, ""),
+    # Integer fields: "530.30.2" equals "530.30.02"; as strings "2" > "02" would still pass,
+    # but "530.30.10" < "530.30.9" would not, so one of each.
+    ("driver-equal-leading-zero", HostFacts(gpus=gpus("530.30.2"), min_driver="530.30.02",
+                                            nvidia_runtime=RUNTIME), False, {"driver": "pass"}, ""),
+    ("driver-integer-compare", HostFacts(gpus=gpus("530.30.10"), min_driver="530.30.9",
+                                         nvidia_runtime=RUNTIME), False, {"driver": "pass"}, ""),
+    ("driver-oldest-gpu-counts", HostFacts(gpus=(H100, Gpu("x", "470.1")), min_driver="530.30.02",
+                                           nvidia_runtime=RUNTIME), False, {"driver": "fail"},
+     "host driver 470.1 is older"),
+    ("driver-no-label", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME), False, {"driver": "skip"}, ""),
+    ("driver-garbage", HostFacts(gpus=gpus("n/a"), min_driver="530.30.02", nvidia_runtime=RUNTIME), False,
+     {"driver": "fail"}, "cannot compare"),
+    ("no-gpu", HostFacts(gpu_error="nvidia-smi not found: no NVIDIA driver installed"), False,
+     {"gpu": "fail", "runtime": "skip", "driver": "skip"}, "no NVIDIA GPU visible on this host"),
+    ("no-gpu-allowed", HostFacts(gpu_error="nvidia-smi not found"), True,
+     {"gpu": "skip", "runtime": "skip", "driver": "skip"}, ""),
+    ("no-runtime", HostFacts(gpus=(H100,), min_driver="530.30.02"), False,
+     {"gpu": "pass", "runtime": "fail"}, "install the NVIDIA Container Toolkit"),
+    # --allow-no-gpu forgives a host without GPUs, not a GPU host that cannot use them.
+    ("no-runtime-allowed", HostFacts(gpus=(H100,)), True, {"runtime": "fail"}, "nvidia-ctk runtime configure"),
+    ("image-missing", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME,
+                                image_error="image nosuch:1 is not here and could not be pulled: not found"),
+     False, {"daemon": "pass", "image": "fail"}, "nosuch:1"),
+    ("image-pulled", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME, pulled=True), False,
+     {"image": "pass"}, ""),
+    ("no-daemon", HostFacts(gpus=(H100,), daemon_error="could not reach the Docker daemon at unix://x"),
+     False, {"daemon": "fail", "gpu": "pass"}, "could not reach the Docker daemon"),
+    ("local-has-no-docker-items", HostFacts(gpus=(H100,), in_container=False, min_driver="560.28.03"), False,
+     {"gpu": "pass", "driver": "fail"}, "older than 560.28.03, which this image needs"),
+]
+
+
+@pytest.mark.parametrize(("facts", "allow_no_gpu", "statuses", "phrase"),
+                         [case[1:] for case in PREFLIGHT_CASES], ids=[case[0] for case in PREFLIGHT_CASES])
+def test_preflight(facts: HostFacts, allow_no_gpu: bool, statuses: dict[str, str], phrase: str) -> None:
+    result = preflight(facts, allow_no_gpu=allow_no_gpu)
+    got = {item.name: item.status for item in result.items}
+    assert {name: got.get(name) for name in statuses} == statuses
+    assert result.ok == all(status != "fail" for status in got.values())
+    assert result.ok == (not phrase)
+    if phrase:
+        assert any(phrase in item.detail for item in result.problems), result.problems
+    if not facts.in_container:
+        assert not {"daemon", "image", "runtime"} & set(got)
+    assert result.use_gpus == bool(facts.gpus)
+
+
+def test_preflight_reports_every_problem_at_once() -> None:
+    facts = HostFacts(gpus=gpus("525.85.12"), min_driver="530.30.02", image_error="image x is missing")
+    assert [item.name for item in preflight(facts, allow_no_gpu=False).problems] == ["image", "runtime", "driver"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("NVIDIA H100 80GB HBM3, 550.54.15\nNVIDIA H100 80GB HBM3, 550.54.15\n",
+     (Gpu("NVIDIA H100 80GB HBM3", "550.54.15"),) * 2),
+    ("Tesla T4, 470.57.02", (Gpu("Tesla T4", "470.57.02"),)),
+    ("NVIDIA A100-SXM4-40GB, MIG 1g.5gb, 535.129.03", (Gpu("NVIDIA A100-SXM4-40GB, MIG 1g.5gb", "535.129.03"),)),
+    ("", ()),
+    ("No devices were found\n", ()),
+])
+def test_parse_nvidia_smi(text: str, expected: tuple[Gpu, ...]) -> None:
+    assert parse_nvidia_smi(text) == expected
+
+
+# --------------------------------------------------------------------------- output parsing
+
+
+def document(*statuses: str) -> dict[str, Any]:
+    checks = [{"name": f"c{n}", "status": s, "reason": f"why {n}", "measurements": {"seconds": 0.1}}
+              for n, s in enumerate(statuses)]
+    return {"ok": "fail" not in statuses, "torch": "2.6.0+cu124", "gpu_count": 8, "checks": checks}
+
+
+def test_parse_output_finds_the_report_among_warnings() -> None:
+    noise = ("UserWarning: Failed to initialize NumPy\n  cpu = _conversion_method_template(...)\n"
+             "{not json\n")
+    output = noise + json.dumps(document("pass", "skip"), indent=2) + "\nW0101 trailing log {line}\n"
+    parsed = parse_output(output, 0)
+    assert parsed.error is None
+    assert [c.status for c in parsed.checks] == ["pass", "skip"]
+    assert (parsed.torch, parsed.gpu_count) == ("2.6.0+cu124", 8)
+
+
+def test_parse_output_takes_the_last_report() -> None:
+    output = json.dumps(document("fail")) + "\n" + json.dumps(document("pass"), indent=2) + "\n"
+    assert [c.status for c in parse_output(output, 0).checks] == ["pass"]
+
+
+@pytest.mark.parametrize(("output", "exit_code", "timed_out", "phrase"), [
+    ("/usr/bin/python3: No module named smoke_tests\n", 1, False, "has no smoke_tests package"),
+    ("Traceback...\nModuleNotFoundError: No module named 'torch'\n", 1, False, "torch is not importable"),
+    ("", 137, False, "exited with code 137 (killed (out of memory?))"),
+    ("Segmentation fault (core dumped)", 139, False, "segmentation fault"),
+    ("step 3 of a hung compile", None, True, "did not finish within 5s"),
+    (json.dumps({"ok": True, "checks": [{"name": "x"}]}), 0, False, "malformed"),
+    (json.dumps(document("pass")), 3, False, "exited with code 3 although no check failed"),
+])
+def test_parse_output_explains_a_run_without_a_verdict(output: str, exit_code: int | None, timed_out: bool,
+                                                       phrase: str) -> None:
+    parsed = parse_output(output, exit_code, timed_out=timed_out, timeout=5)
+    assert parsed.error is not None and phrase in parsed.error
+
+
+# --------------------------------------------------------------------------- report
+
+
+def test_report_verdicts() -> None:
+    passing = preflight(HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME), allow_no_gpu=False).items
+    results = tuple(Result.from_dict(c) for c in document("pass", "skip", "fail")["checks"])
+    failed = VerifyReport("img:1", "docker", passing, checks=results)
+    assert not failed.ok
+    assert failed.failures == (("c2", "why 2"),)
+    with pytest.raises(VerificationFailed, match=r"img:1 failed verification: c2: why 2") as info:
+        failed.raise_if_failed()
+    assert info.value.failures == (("c2", "why 2"),) and info.value.exit_code == 1
+    assert VerifyReport("img:1", "docker", passing, checks=results[:2]).ok
+    # No checks at all is no proof.
+    assert VerifyReport("img:1", "docker", passing).failures == (("smoke tests", "no check ran"),)
+    blocked = VerifyReport("img:1", "docker", preflight(HostFacts(), allow_no_gpu=False).items, error=NOT_RUN)
+    assert [name for name, _ in blocked.failures] == ["gpu"]
+
+
+def test_report_json_and_table() -> None:
+    items = preflight(HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME), allow_no_gpu=False).items
+    results = tuple(Result.from_dict(c) for c in document("pass", "fail")["checks"])
+    report = VerifyReport("img:1", "docker", items, checks=results, error=None, torch="2.6.0", gpu_count=8,
+                          output_tail=("last line",))
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["ok"] is False and data["target"] == "img:1"
+    assert [p["name"] for p in data["preflight"]] == ["daemon", "image", "gpu", "runtime", "driver"]
+    assert [c["status"] for c in data["checks"]] == ["pass", "fail"]
+    text = report.format()
+    assert "PREFLIGHT  STATUS  DETAIL" in text and "c1           FAIL" not in text
+    assert "c1     FAIL    why 1" in text and "  | last line" in text
+    assert text.endswith("FAILED: img:1 (0.0s)")
+
+
+# --------------------------------------------------------------------------- verify_image, fake engine
+
+
+@dataclass
+class FakeEngine:
+    """The Engine surface verify uses, recording the container it was asked to run."""
+
+    present: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    info_doc: dict[str, Any] = field(default_factory=lambda: {"Runtimes": {"runc": {}, "nvidia": {}}})
+    result: RunResult = RunResult(0, json.dumps(document("pass")), False, 1.0)
+    run_error: Exception | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    pulled: list[str] = field(default_factory=list)
+
+    def ping(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return self.info_doc
+
+    def image_exists(self, ref: str) -> bool:
+        return self.present
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        return self.labels
+
+    def pull(self, ref: str) -> None:
+        from imagebuilder.engine import PullFailed
+
+        self.pulled.append(ref)
+        raise PullFailed(ref, "manifest unknown")
+
+    def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
+            shm_size: str | None = None, environment: Mapping[str, str] | None = None,
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None) -> RunResult:
+        self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
+                          "shm_size": shm_size, "environment": dict(environment or {}),
+                          "volumes": dict(volumes or {})})
+        if self.run_error is not None:
+            raise self.run_error
+        return self.result
+
+
+@pytest.fixture
+def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("imagebuilder.verify.host_gpus", lambda: ((H100, H100), None))
+
+
+@pytest.fixture
+def cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("imagebuilder.verify.host_gpus", lambda: ((), "nvidia-smi not found"))
+
+
+def test_verify_image_runs_the_smoke_tests_with_every_gpu(gpu_host: None) -> None:
+    engine = FakeEngine(labels={"io.imagebuilder.min-driver": "530.30.02", "io.imagebuilder.cuda": "12.4.1"})
+    report = verify_image(engine, "img:1", timeout=60)  # type: ignore[arg-type]
+    assert report.ok, report.format()
+    (run,) = engine.runs
+    assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--require-gpu"]
+    assert run["gpus"] is True and run["shm_size"] == "1g" and run["timeout"] == 60
+    assert run["volumes"] == {}
+
+
+def test_verify_image_cpu_mode_and_mounted_smoke_tests(cpu_host: None) -> None:
+    engine = FakeEngine(info_doc={"Runtimes": {"runc": {}}})
+    report = verify_image(engine, "img:1", allow_no_gpu=True, mount_smoke_tests=True)  # type: ignore[arg-type]
+    assert report.ok and not report.require_gpu
+    (run,) = engine.runs
+    assert "--require-gpu" not in run["command"] and run["gpus"] is False
+    (host_path,) = run["volumes"]
+    assert (Path(host_path) / "__main__.py").is_file()
+    assert run["environment"]["PYTHONPATH"] == "/opt/imagebuilder/host"
+
+
+def test_verify_image_stops_at_a_failed_preflight(gpu_host: None) -> None:
+    engine = FakeEngine(labels={"io.imagebuilder.min-driver": "999.0"})
+    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    assert not report.ok and report.error == NOT_RUN and engine.runs == []
+    assert [name for name, _ in report.failures] == ["driver"]
+
+
+def test_verify_image_names_an_image_it_cannot_pull(gpu_host: None) -> None:
+    engine = FakeEngine(present=False)
+    report = verify_image(engine, "registry.example/ml/pytorch:nope")  # type: ignore[arg-type]
+    assert engine.pulled == ["registry.example/ml/pytorch:nope"]
+    ((name, reason),) = report.failures
+    assert name == "image" and "registry.example/ml/pytorch:nope" in reason and "manifest unknown" in reason
+
+
+def test_verify_image_rejected_device_request_is_a_runtime_problem(gpu_host: None) -> None:
+    engine = FakeEngine(run_error=GpuUnavailable("img:1", 'could not select device driver "" with '
+                                                          "capabilities: [[gpu]]"))
+    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    assert [name for name, _ in report.failures] == ["runtime"]
+    assert "could not select device driver" in report.failures[0][1]
+
+
+def test_verify_image_timeout_keeps_the_output_tail(gpu_host: None) -> None:
+    engine = FakeEngine(result=RunResult(137, "compiling...\n" * 100, True, 30.0))
+    report = verify_image(engine, "img:1", timeout=30)  # type: ignore[arg-type]
+    assert report.failures == (("smoke tests", "the smoke tests did not finish within 30s and were killed; "
+                                               "raise --timeout or look at the output below"),)
+    assert len(report.output_tail) == 40 and report.output_tail[-1] == "compiling..."
+
+
+# --------------------------------------------------------------------------- local processes
+
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    script.chmod(0o755)
+    return str(script)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of an exited parent may linger as a zombie until init reaps it.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "\nState:\tZ" not in status.read_text()
+
+
+def wait_dead(pid: int, within: float = 5) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_local_timeout_kills_the_whole_process_group(tmp_path: Path, cpu_host: None) -> None:
+    python = fake_python(tmp_path, f"""\
+        sleep 300 &
+        echo $! > {tmp_path}/child
+        echo "compiling a kernel"
+        sleep 300
+        """)
+    started = time.monotonic()
+    report = verify_local(allow_no_gpu=True, timeout=2, python=python)
+    assert time.monotonic() - started < 15
+    assert report.error is not None and "did not finish within 2s" in report.error
+    assert report.output_tail == ("compiling a kernel",)
+    assert wait_dead(int((tmp_path / "child").read_text()))
+
+
+def test_local_ctrl_c_kills_the_process_group(tmp_path: Path) -> None:
+    python = fake_python(tmp_path, f"""\
+        sleep 300 &
+        echo $! > {tmp_path}/child
+        sleep 300
+        """)
+    # A real SIGINT, as a terminal's Ctrl-C sends: it wakes the blocked wait.
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_process([python], timeout=60)
+    finally:
+        timer.cancel()
+    assert wait_dead(int((tmp_path / "child").read_text()))
+
+
+def test_local_fake_report_passes(tmp_path: Path, cpu_host: None) -> None:
+    (tmp_path / "report.json").write_text(json.dumps(document("pass", "skip"), indent=2))
+    python = fake_python(tmp_path, f"""\
+        echo "$@" > {tmp_path}/args
+        echo "a warning" >&2
+        cat {tmp_path}/report.json
+        """)
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"torch": "2.6.0", "min_driver": "530.30.02"}))
+    report = verify_local(allow_no_gpu=True, python=python, manifest=str(manifest))
+    assert report.ok and report.mode == "local"
+    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest)]
+
+
+# --------------------------------------------------------------------------- CLI --local, for real
+
+
+def imagebuilder(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "imagebuilder", "verify", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def local_runs() -> dict[str, tuple[int, str, str]]:
+    """`verify --local --allow-no-gpu` as a table and as JSON, run side by side (each takes
+    a minute or two on a CPU host: a real gloo all-reduce and a real Inductor compile)."""
+    procs = {"table": imagebuilder("--local", "--allow-no-gpu", "--timeout", "900"),
+             "json": imagebuilder("--local", "--allow-no-gpu", "--json", "--timeout", "900")}
+    runs = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=1000)
+        runs[name] = (proc.returncode, stdout, stderr)
+    return runs
+
+
+def test_cli_local_cpu_mode_passes(local_runs: dict[str, tuple[int, str, str]]) -> None:
+    code, stdout, stderr = local_runs["table"]
+    assert code == 0, stdout + stderr
+    assert "gpu        SKIP    no NVIDIA GPU visible" in stdout or HOST_HAS_GPU
+    assert "environment  PASS" in stdout and "compile      PASS" in stdout
+    assert stdout.rstrip().splitlines()[-1].startswith("OK: local ")
+
+
+def test_cli_local_json_parses(local_runs: dict[str, tuple[int, str, str]]) -> None:
+    code, stdout, stderr = local_runs["json"]
+    assert code == 0, stdout + stderr
+    data = json.loads(stdout)
+    assert data["ok"] is True and data["mode"] == "local" and data["error"] is None
+    assert [c["name"] for c in data["checks"]] == ["environment", "cuda", "nccl", "compile", "cuda_graph"]
+    assert data["torch"].startswith("2.")
+
+
+@pytest.mark.skipif(HOST_HAS_GPU, reason="this host has GPUs")
+def test_cli_local_without_gpu_fails_saying_so() -> None:
+    from click.testing import CliRunner
+
+    from imagebuilder.cli import cli
+
+    result = CliRunner().invoke(cli, ["verify", "--local"])
+    assert result.exit_code == 1, result.output
+    assert "gpu        FAIL    no NVIDIA GPU visible on this host" in result.stdout
+    assert "--allow-no-gpu" in result.stderr and result.stderr.startswith("error: local ")
+    assert "Traceback" not in result.output
+
+
+def test_cli_usage_errors() -> None:
+    from click.testing import CliRunner
+
+    from imagebuilder.cli import cli
+
+    runner = CliRunner()
+    assert runner.invoke(cli, ["verify"]).exit_code == 2
+    assert "or --local" in runner.invoke(cli, ["verify"]).stderr
+    manifest = str(REPO / "pyproject.toml")
+    assert runner.invoke(cli, ["verify", "img:1", "--manifest", manifest]).exit_code == 2
+
+
+# --------------------------------------------------------------------------- Docker, for real
+
+docker = pytest.mark.docker
+
+
+def containers_from(engine: DockerEngine, ref: str) -> list[str]:
+    import docker as sdk
+
+    client = sdk.DockerClient(base_url=engine.base_url)
+    try:
+        return [c.id for c in client.containers.list(all=True, filters={"ancestor": ref})]
+    finally:
+        client.close()
+
+
+def build(engine: DockerEngine, tmp_path: Path, ref: str, dockerfile: str,
+          files: Mapping[str, str] | None = None) -> str:
+    context = tmp_path / ref.replace("/", "_").replace(":", "_")
+    context.mkdir()
+    (context / "Dockerfile").write_text(textwrap.dedent(dockerfile))
+    for name, text in (files or {}).items():
+        (context / name).write_text(textwrap.dedent(text))
+        (context / name).chmod(0o755)
+    engine.build(BuildRequest(context=context, tags=(ref,), timeout=600))
+    return ref
+
+
+@pytest.fixture(scope="module")
+def python_image(docker_engine: DockerEngine, base_image: str,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base image plus Debian's python3: a Python without torch and without smoke_tests."""
+    ref = "imagebuilder-test/verify-python3:latest"
+    build(docker_engine, tmp_path_factory.mktemp("py3"), ref, f"""\
+        FROM {base_image}
+        RUN apt-get update && apt-get install -y --no-install-recommends python3 \\
+            && rm -rf /var/lib/apt/lists/*
+        """)
+    yield ref
+    docker_engine.remove_image(ref)
+
+
+@docker
+def test_docker_image_without_smoke_tests_fails_clearly(docker_engine: DockerEngine, python_image: str) -> None:
+    report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120)
+    assert report.failures == (("smoke tests", "the image has no smoke_tests package (not built by "
+                                "imagebuilder?); rebuild it with imagebuilder, or verify it with this "
+                                "imagebuilder's smoke tests (--mount-smoke-tests)"),)
+    assert containers_from(docker_engine, python_image) == []
+
+
+@docker
+def test_docker_runs_the_real_smoke_tests_and_reports_missing_torch(docker_engine: DockerEngine,
+                                                                    python_image: str) -> None:
+    report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120, mount_smoke_tests=True)
+    assert [name for name, _ in report.failures] == ["smoke tests"]
+    assert "torch is not importable" in (report.error or "")
+    assert report.output_tail[-1] == "ModuleNotFoundError: No module named 'torch'"
+    assert any("/opt/imagebuilder/host/smoke_tests/" in line for line in report.output_tail)
+    assert containers_from(docker_engine, python_image) == []
+
+
+@docker
+def test_docker_timeout_kills_and_removes_the_container(docker_engine: DockerEngine, base_image: str,
+                                                         image_repo: str, tmp_path: Path) -> None:
+    ref = build(docker_engine, tmp_path, f"{image_repo}:sleeper", f"""\
+        FROM {base_image}
+        COPY python3 /usr/local/bin/python3
+        """, {"python3": "#!/bin/sh\necho 'warming up'\nexec sleep 600\n"})
+    started = time.monotonic()
+    report = verify_image(docker_engine, ref, allow_no_gpu=True, timeout=5)
+    assert time.monotonic() - started < 60
+    assert report.error == "the smoke tests did not finish within 5s and were killed; raise --timeout or " \
+                           "look at the output below"
+    assert report.output_tail == ("warming up",)
+    assert containers_from(docker_engine, ref) == []
+
+
+@docker
+def test_docker_cli_passes_on_a_passing_report(docker_engine: DockerEngine, base_image: str, image_repo: str,
+                                               tmp_path: Path) -> None:
+    """The whole CLI path through a real container: the report is read out of its output."""
+    from click.testing import CliRunner
+
+    from imagebuilder.cli import cli
+
+    ref = build(docker_engine, tmp_path, f"{image_repo}:reporter", f"""\
+        FROM {base_image}
+        COPY python3 /usr/local/bin/python3
+        """, {"python3": "#!/bin/sh\necho \"args: $*\" >&2\necho '" + json.dumps(document("pass", "skip"))
+              + "'\n"})
+    result = CliRunner().invoke(cli, ["verify", ref, "--allow-no-gpu", "--json", "--timeout", "60"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ok"] is True and [c["status"] for c in data["checks"]] == ["pass", "skip"]
+    assert containers_from(docker_engine, ref) == []
