@@ -390,5 +390,117 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     report.raise_if_failed()
 
 
+# --- publish --------------------------------------------------------------------------------
+
+
+def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[RenderedImage]:
+    """Every image the filters select, rendered for the registry; a selected jupyter image
+    brings its runtime image along (publish decides whether that one needs building)."""
+    from dataclasses import replace
+
+    opts = replace(render_options(ctx.matrix, kw), repository=repository)
+    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
+                             kw["variant"], kw["os_name"])
+    images: list[RenderedImage] = []
+    for spec in specs:
+        # enumerate_matrix resolves without --base-image; resolve each again with it.
+        spec = resolve(ctx.matrix, Request(str(spec.torch.version), str(spec.cuda.key), kw["python_version"],
+                                           spec.variant, spec.os.name, base_image=kw.get("base_image")))
+        images.append(render(spec, ctx.matrix, opts))
+    refs = {image.ref for image in images}
+    for image in list(images):
+        if image.depends_on and image.depends_on not in refs and image.spec.parent is not None:
+            images.append(render(image.spec.parent, ctx.matrix, opts))
+            refs.add(image.depends_on)
+    return images
+
+
+@cli.command("publish")
+@options.selection(required=False)
+@options.rendering
+@options.building
+@options.allow_no_gpu
+@options.report
+@click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
+              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. http for loopback "
+                   "registries, https elsewhere; credentials from `docker login`.")
+@click.option("--push/--no-push", default=True, show_default=True,
+              help="--no-push builds and verifies what the plan says, and pushes nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
+@click.option("--keep-going", is_flag=True, help="Continue past a failed image (its jupyter image fails too).")
+@click.option("--force", is_flag=True, help="Rebuild, verify and push even images the registry has unchanged.")
+@click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+              help="Seconds the smoke tests of one image may take.")
+@pass_context
+def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
+                allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
+                report: Path | None, **kw: Any) -> None:
+    """Plan, build, verify and push many images; skip those the registry has from the same inputs.
+
+    Filters select images as `imagebuilder matrix` lists them. Images go to
+    REGISTRY/REPOSITORY:TAG with every tag; an image is pushed only after its smoke tests
+    passed, and counted as pushed only once the registry answers with its digest.
+    Exit 1 when any image failed.
+
+    \b
+    Examples:
+      imagebuilder publish --torch 2.6 --registry ghcr.io/acme --dry-run
+      imagebuilder publish --torch 2.6 --cuda 12.4 --registry 127.0.0.1:5000/ml --allow-no-gpu
+      imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
+    """
+    from . import publish
+    from .build import ProgressPrinter
+    from .registry import HttpRegistry, parse_registry
+
+    host, namespace = parse_registry(registry_name)
+    base = "/".join(part for part in (host, namespace) if part)
+    images = _publish_images(ctx, kw, f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}")
+    if not images:
+        raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+    registry = HttpRegistry()
+    remotes = {} if force else publish.lookup(registry, images)
+    steps = publish.plan(images, remotes, force=force)
+    click.echo(publish.format_plan(steps))
+    if dry_run:
+        return
+    from .engine import DockerEngine
+
+    engine = DockerEngine()
+    engine.ping()
+    run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
+                                     allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
+                                     nocache=no_cache, pull=pull)
+    printer: ProgressPrinter | None = None
+
+    def on_event(phase: str, step: publish.Step) -> None:
+        nonlocal printer
+        if printer is not None:
+            printer.close()
+            printer = None
+        click.echo(f"{phase} {step.image.ref}", err=True)
+        if phase == publish.BUILD and not quiet:
+            printer = ProgressPrinter(step.image.spec.variant, stream=click.get_text_stream("stderr"))
+
+    outcomes: list[publish.Outcome] = []
+    try:
+        for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
+                                       on_event=on_event, on_progress=lambda p: printer and printer(p)):
+            if printer is not None:
+                printer.close()
+                printer = None
+            outcomes.append(outcome)
+            click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
+    finally:
+        if outcomes:
+            click.echo(publish.format_summary(outcomes))
+        if report is not None:
+            write_json(report, {"ok": len(outcomes) == len(steps) and not any(o.failed for o in outcomes),
+                                "registry": base, "push": push,
+                                "images": [o.to_json() for o in outcomes],
+                                "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason}
+                                            for s in steps]})
+    publish.raise_if_failed(outcomes)
+
+
 def main() -> None:
     cli(prog_name="imagebuilder")

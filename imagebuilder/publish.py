@@ -1,0 +1,334 @@
+"""Plan -> build -> verify -> push for many images.
+
+- lookup(): what the registry holds under each image's tags (digests, the inputs-hash label);
+- plan(): pure: rendered images + those lookups -> one Step per image, in build order;
+- publish(): runs the steps over an Engine and a Registry, yielding one Outcome per image.
+
+An image is skipped when the registry's image under its primary tag was built from the same
+rendered inputs (its `io.imagebuilder.inputs-hash` label) and every one of its tags names
+that image. When the image is there but some alias is missing or names another image, the
+alias is pointed at it in the registry (a manifest PUT, no build, no download): the inputs
+prove it is the image that alias should name, and it was verified when it was first pushed.
+
+A tag counts as pushed only once the registry itself answers with the digest the push
+reported: a registry that goes away mid-run never leaves an image reported as published.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .build import HASH, Built, build_image, build_order
+from .errors import ImageBuilderError
+from .registry import Registry, parse_reference
+from .render import RenderedImage
+
+if TYPE_CHECKING:
+    from .engine import Engine, Progress
+    from .verify import VerifyReport
+
+BUILD, RETAG, SKIP = "build", "retag", "skip"
+
+# Outcome statuses.
+PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
+    "pushed", "retagged", "skipped", "verified", "failed", "not run")
+
+
+class PushNotConfirmed(ImageBuilderError):
+    def __init__(self, ref: str, pushed: str, registry_has: str | None) -> None:
+        self.ref = ref
+        self.pushed = pushed
+        self.registry_has = registry_has
+        has = registry_has or "no such tag"
+        super().__init__(f"the push of {ref} reported {pushed} but the registry answers {has}; "
+                         "another job may push the same tag, or the registry lost the upload: rerun")
+
+
+class PublishFailed(ImageBuilderError):
+    def __init__(self, failures: Sequence[tuple[str, str]], total: int) -> None:
+        self.failures = tuple(failures)
+        self.total = total
+        what = "; ".join(f"{ref}: {reason}" for ref, reason in self.failures)
+        super().__init__(f"{len(self.failures)} of {total} images failed: {what}; the images the summary "
+                         "shows as pushed are in the registry, rerun after fixing the rest "
+                         "(published images are skipped)")
+
+
+# --------------------------------------------------------------------------- plan (pure)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """What the registry holds for one image."""
+
+    digests: Mapping[str, str | None]
+    """Each of the image's refs -> the manifest digest that tag names; None: no such tag."""
+    inputs_hash: str | None
+    """The inputs-hash label of the image under the primary tag; None: absent or unlabelled."""
+
+
+@dataclass(frozen=True)
+class Step:
+    image: RenderedImage
+    action: str
+    """BUILD, RETAG or SKIP."""
+    reason: str
+    digest: str | None = None
+    """The published image (RETAG, SKIP)."""
+    retag: tuple[str, ...] = ()
+    """RETAG: the refs to point at `digest`."""
+
+
+def plan(images: Iterable[RenderedImage], remotes: Mapping[str, Remote], *,
+         force: bool = False) -> tuple[Step, ...]:
+    """One Step per image, runtime images before the jupyter images built FROM them.
+    `remotes` is keyed by each image's primary ref; a missing entry means nothing is there."""
+    steps: list[Step] = []
+    rebuilt: set[str] = set()
+    for image in build_order(images):
+        step = _decide(image, remotes.get(image.ref), force, rebuilt)
+        if step.action == BUILD:
+            rebuilt.add(image.ref)
+        steps.append(step)
+    return tuple(steps)
+
+
+def _decide(image: RenderedImage, remote: Remote | None, force: bool, rebuilt: set[str]) -> Step:
+    if force:
+        return Step(image, BUILD, "--force")
+    if image.depends_on in rebuilt:
+        # Its Dockerfile names the runtime by tag: same inputs, yet a different image under it.
+        return Step(image, BUILD, f"its base image {image.depends_on} is rebuilt")
+    digest = remote.digests.get(image.ref) if remote else None
+    if remote is None or digest is None:
+        return Step(image, BUILD, "not in the registry")
+    if remote.inputs_hash is None:
+        return Step(image, BUILD, "the registry's image has no inputs-hash label")
+    if remote.inputs_hash != image.inputs_hash:
+        return Step(image, BUILD, f"inputs changed (registry {_short(remote.inputs_hash)}, "
+                                  f"rendered {_short(image.inputs_hash)})")
+    stale = tuple(ref for ref in image.refs if remote.digests.get(ref) != digest)
+    if stale:
+        names = ", ".join(parse_reference(ref).reference for ref in stale)
+        return Step(image, RETAG, f"unchanged; tags missing or naming another image: {names}", digest, stale)
+    return Step(image, SKIP, f"unchanged, published as {_short(digest)}", digest)
+
+
+def _short(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:12]
+
+
+# --------------------------------------------------------------------------- lookup (I/O)
+
+
+def lookup(registry: Registry, images: Iterable[RenderedImage]) -> dict[str, Remote]:
+    """Ask the registry about every tag of every image (HEADs, and one config blob each)."""
+    remotes: dict[str, Remote] = {}
+    for image in images:
+        digests = {ref: registry.digest(ref) for ref in image.refs}
+        primary = digests[image.ref]
+        labels = None
+        if primary is not None:
+            # By digest: the labels of exactly the image whose digest we compare.
+            labels = registry.labels(f"{image.ref.rsplit(':', 1)[0]}@{primary}")
+        remotes[image.ref] = Remote(digests, (labels or {}).get(HASH))
+    return remotes
+
+
+# --------------------------------------------------------------------------- run (I/O)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    matrix_path: Path
+    push: bool = True
+    keep_going: bool = False
+    allow_no_gpu: bool = False
+    verify_timeout: float = 1800.0
+    nocache: bool = False
+    pull: bool = False
+    push_retries: int = 3
+    push_backoff: float = 2.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    step: Step
+    status: str
+    reason: str
+    built: Built | None = None
+    verify: VerifyReport | None = None
+    pushed: Mapping[str, str] = field(default_factory=dict)
+    """Refs the registry confirmed, with their digests."""
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.status in (FAILED, NOT_RUN)
+
+    def to_json(self) -> dict[str, Any]:
+        image = self.step.image
+        return {
+            "image": image.spec.key,
+            "ref": image.ref,
+            "tags": list(image.refs),
+            "inputs_hash": image.inputs_hash,
+            "action": self.step.action,
+            "plan_reason": self.step.reason,
+            "status": self.status,
+            "reason": self.reason,
+            "built": self.built is not None,
+            "verified": None if self.verify is None else self.verify.ok,
+            "pushed": dict(self.pushed),
+            "digest": next(iter(self.pushed.values()), self.step.digest),
+            "seconds": round(self.seconds, 2),
+            "build": self.built.to_json() if self.built else None,
+            "verify": self.verify.to_json() if self.verify else None,
+        }
+
+
+Event = Callable[[str, Step], None]
+"""Called with "build", "verify", "push" or "retag" before that phase of a step starts."""
+Verifier = Callable[["Engine", str, RunOptions], "VerifyReport"]
+
+
+def smoke_test(engine: Engine, ref: str, options: RunOptions) -> VerifyReport:
+    """The default verifier: the image's smoke tests in a container (verify.verify_image)."""
+    from .verify import verify_image
+
+    return verify_image(engine, ref, allow_no_gpu=options.allow_no_gpu, timeout=options.verify_timeout)
+
+
+def publish(steps: Sequence[Step], *, engine: Engine, registry: Registry, options: RunOptions,
+            on_event: Event | None = None, on_progress: Callable[[Progress], None] | None = None,
+            verifier: Verifier = smoke_test) -> Iterator[Outcome]:
+    """Run the plan, one Outcome per step as it finishes. Without keep_going the first failure
+    stops the run (the rest are NOT_RUN); a jupyter image whose runtime failed fails too."""
+    failed: dict[str, str] = {}
+    local: set[str] = set()  # refs built in this run: a jupyter build uses them as they are
+    stopped_by: str | None = None
+    for step in steps:
+        image = step.image
+        if stopped_by is not None:
+            yield Outcome(step, NOT_RUN, f"not run: {stopped_by} failed (--keep-going runs the rest)")
+            continue
+        if image.depends_on in failed:
+            outcome = Outcome(step, FAILED, f"its base image {image.depends_on} failed")
+        else:
+            started = time.monotonic()
+            outcome = _run(step, engine, registry, options, local, on_event or _quiet, on_progress, verifier)
+            outcome = replace(outcome, seconds=time.monotonic() - started)
+        if outcome.built is not None:
+            local.add(image.ref)
+        if outcome.status == FAILED:
+            failed[image.ref] = outcome.reason
+            if not options.keep_going:
+                stopped_by = image.ref
+        yield outcome
+
+
+def _quiet(phase: str, step: Step) -> None:
+    pass
+
+
+def _run(step: Step, engine: Engine, registry: Registry, options: RunOptions, local: set[str],
+         on_event: Event, on_progress: Callable[[Progress], None] | None, verifier: Verifier) -> Outcome:
+    if step.action == SKIP:
+        return Outcome(step, SKIPPED, step.reason)
+    if step.action == RETAG:
+        return _retag(step, registry, options, on_event)
+    return _build_verify_push(step, engine, registry, options, local, on_event, on_progress, verifier)
+
+
+def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event) -> Outcome:
+    assert step.digest is not None
+    if not options.push:
+        return Outcome(step, SKIPPED, f"{step.reason} (--no-push: left as they are)")
+    on_event(RETAG, step)
+    pushed = {ref: step.digest for ref in step.image.refs if ref not in step.retag}
+    try:
+        for ref in step.retag:
+            now = registry.put_tag(ref, step.digest)
+            if now != step.digest:
+                raise PushNotConfirmed(ref, step.digest, now)
+            pushed[ref] = now
+    except ImageBuilderError as e:
+        return Outcome(step, FAILED, f"retag failed: {e}", pushed=pushed)
+    return Outcome(step, RETAGGED, step.reason, pushed=pushed)
+
+
+def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: RunOptions,
+                       local: set[str], on_event: Event,
+                       on_progress: Callable[[Progress], None] | None, verifier: Verifier) -> Outcome:
+    image = step.image
+    on_event(BUILD, step)
+    try:
+        if image.depends_on and image.depends_on not in local:
+            # Build FROM the runtime image as published, not whatever this host has under its tag.
+            engine.pull(image.depends_on)
+        built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
+                            pull=options.pull, on_progress=on_progress)
+    except ImageBuilderError as e:
+        return Outcome(step, FAILED, f"build failed: {e}")
+    on_event("verify", step)
+    report = verifier(engine, image.ref, options)
+    if not report.ok:
+        why = "; ".join(f"{name}: {reason}" for name, reason in report.failures)
+        return Outcome(step, FAILED, f"verification failed: {why}", built=built, verify=report)
+    if not options.push:
+        return Outcome(step, VERIFIED, "--no-push", built=built, verify=report)
+    on_event("push", step)
+    pushed: dict[str, str] = {}
+    try:
+        for ref in image.refs:
+            digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
+            confirmed = registry.digest(ref)
+            if confirmed != digest:
+                raise PushNotConfirmed(ref, digest, confirmed)
+            pushed[ref] = digest
+    except ImageBuilderError as e:
+        return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed)
+    return Outcome(step, PUSHED, step.reason, built=built, verify=report, pushed=pushed)
+
+
+# --------------------------------------------------------------------------- presenting
+
+
+def format_plan(steps: Sequence[Step]) -> str:
+    rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
+    lines = [_columns(("#", "ACTION", "IMAGE", "WHY"), rows)]
+    for step in steps:
+        aliases = [parse_reference(ref).reference for ref in step.image.refs[1:]]
+        if aliases:
+            lines.append(f"  {step.image.tags[0]} also as: {', '.join(aliases)}")
+    return "\n".join(lines)
+
+
+def format_summary(outcomes: Sequence[Outcome]) -> str:
+    def mark(value: bool | None) -> str:
+        return "-" if value is None else ("yes" if value else "no")
+
+    rows = []
+    for o in outcomes:
+        verified = None if o.verify is None else o.verify.ok
+        pushed = f"{len(o.pushed)}/{len(o.step.image.refs)}" if o.pushed or o.status == FAILED else "-"
+        rows.append((o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
+                     mark(verified), pushed, o.status, o.reason))
+    return _columns(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
+
+
+def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def raise_if_failed(outcomes: Sequence[Outcome]) -> None:
+    failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
+    if failures:
+        raise PublishFailed(failures, len(outcomes))

@@ -1,0 +1,364 @@
+"""Remote registry reads (and one write: pointing a tag at a manifest) over the Registry HTTP API v2.
+
+`publish` asks the registry, before building anything, what each tag holds: the manifest
+digest (HEAD) and the image's labels (manifest, then config blob), so an image published
+from the same rendered inputs is skipped without pulling 6 GB. Stdlib urllib only, kept small:
+
+- Accept headers for Docker v2 and OCI manifests and for manifest lists / OCI indexes (an
+  index is read through its linux/amd64 entry, else its first);
+- http for loopback registries (Docker treats 127.0.0.0/8 as insecure by default), https
+  otherwise;
+- anonymous access, Basic, and Bearer tokens, with the `auths` credentials of
+  ~/.docker/config.json (what `docker login` writes when no credential helper is set).
+  Credential helpers (`credsStore`, `credHelpers`) are not run: CI logs in with a password.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import BadRequest, ImageBuilderError
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+ACCEPT = ", ".join((DOCKER_MANIFEST, OCI_MANIFEST, DOCKER_LIST, OCI_INDEX))
+INDEXES = (DOCKER_LIST, OCI_INDEX)
+TIMEOUT = 30.0
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"
+
+
+class RegistryError(ImageBuilderError):
+    """A registry did not answer as the Registry API v2 says it should."""
+
+
+class BadRegistry(BadRequest):
+    def __init__(self, text: str, why: str) -> None:
+        self.text = text
+        self.why = why
+        super().__init__(f"--registry {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme "
+                         "or 127.0.0.1:5000/ml")
+
+
+class RegistryUnavailable(RegistryError):
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"the registry at {url} did not answer ({detail}); check that it runs and "
+                         "that this machine can reach it")
+
+
+class RegistryDenied(RegistryError):
+    def __init__(self, url: str, status: int, detail: str) -> None:
+        self.url = url
+        self.status = status
+        self.detail = detail
+        host = urllib.parse.urlsplit(url).netloc
+        super().__init__(f"the registry refused {url} (HTTP {status}: {detail}); log in with "
+                         f"`docker login {host}` (imagebuilder reads ~/.docker/config.json)")
+
+
+class RegistryProtocolError(RegistryError):
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"unexpected answer from {url}: {detail}")
+
+
+# --------------------------------------------------------------------------- pure
+
+
+@dataclass(frozen=True)
+class Reference:
+    """host, repository name and tag (or digest) of an image reference."""
+
+    host: str
+    name: str
+    reference: str
+
+    @property
+    def api_host(self) -> str:
+        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
+
+
+def _is_host(part: str) -> bool:
+    return "." in part or ":" in part or part == "localhost"
+
+
+def parse_reference(ref: str) -> Reference:
+    """`127.0.0.1:5000/ml/pytorch:2.6-runtime` -> (127.0.0.1:5000, ml/pytorch, 2.6-runtime)."""
+    rest, at, digest = ref.partition("@")
+    first, slash, remainder = rest.partition("/")
+    if slash and _is_host(first):
+        host, path = first, remainder
+    else:
+        host, path = DOCKER_HUB, rest
+        if "/" not in path:
+            path = f"library/{path}"
+    if at:
+        return Reference(host, path, digest)
+    name, colon, tag = path.rpartition(":")
+    return Reference(host, name, tag) if colon else Reference(host, path, "latest")
+
+
+_NAMESPACE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
+
+
+def parse_registry(text: str) -> tuple[str, str]:
+    """HOST[:PORT]/NAMESPACE -> (host, namespace); the namespace may be empty."""
+    host, _, namespace = text.strip().rstrip("/").partition("/")
+    if "://" in text:
+        raise BadRegistry(text, "no scheme: imagebuilder picks http for loopback, https elsewhere")
+    if not host or not _is_host(host):
+        raise BadRegistry(text, f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
+    if namespace and not _NAMESPACE.match(namespace):
+        raise BadRegistry(text, f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
+    return host, namespace
+
+
+def _hostname(host: str) -> str:
+    """The name or address of HOST[:PORT], IPv6 in brackets included."""
+    if host.startswith("["):
+        return host[1:host.index("]")]
+    return host.split(":")[0] if host.count(":") == 1 else host
+
+
+def scheme_for(host: str) -> str:
+    """http for loopback registries (what Docker allows without TLS by default), else https."""
+    name = _hostname(host)
+    if name == "localhost":
+        return "http"
+    try:
+        return "http" if ipaddress.ip_address(name).is_loopback else "https"
+    except ValueError:
+        return "https"
+
+
+def credentials_for(config: Mapping[str, Any], host: str) -> tuple[str, str] | None:
+    """The (user, password) `docker login` stored for `host` in a config.json document."""
+    auths = config.get("auths") or {}
+    keys = [host, f"https://{host}", f"http://{host}", f"https://{host}/v1/", f"https://{host}/v2/"]
+    if host in (DOCKER_HUB, DOCKER_HUB_API):
+        keys.insert(0, DOCKER_HUB_AUTH_KEY)
+    for key in keys:
+        entry = auths.get(key) or {}
+        if entry.get("auth"):
+            user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            if sep:
+                return user, password
+        if entry.get("username") and entry.get("password"):
+            return str(entry["username"]), str(entry["password"])
+    return None
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """`Bearer realm="https://a/token",service="reg"` -> ("bearer", {"realm": ..., "service": ...})."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {k.lower(): v for k, v in re.findall(r'(\w+)="([^"]*)"', rest)}
+    return scheme.lower(), params
+
+
+def pick_manifest(index: Mapping[str, Any]) -> str:
+    """The digest of an index's linux/amd64 image, else of its first entry."""
+    entries = index.get("manifests") or []
+    if not entries:
+        raise ValueError("the manifest list is empty")
+    for entry in entries:
+        platform = entry.get("platform") or {}
+        if platform.get("os") == "linux" and platform.get("architecture") == "amd64":
+            return str(entry["digest"])
+    return str(entries[0]["digest"])
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+class Registry(Protocol):
+    """What publish needs from a registry."""
+
+    def digest(self, ref: str) -> str | None:
+        """The manifest digest `ref` names now; None when the tag does not exist."""
+
+    def labels(self, ref: str) -> dict[str, str] | None:
+        """The image config's labels; None when the tag does not exist."""
+
+    def put_tag(self, ref: str, digest: str) -> str:
+        """Point tag `ref` at manifest `digest` of the same repository; the digest it now names."""
+
+
+def docker_config() -> dict[str, Any]:
+    path = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+class _NoAuthOnRedirect(urllib.request.HTTPRedirectHandler):
+    """Blob downloads redirect to storage (S3, a CDN) that rejects the registry's token."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.headers.pop("Authorization", None)
+            new.unredirected_hdrs.pop("Authorization", None)
+        return new
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class HttpRegistry:
+    """Registry over HTTP API v2. One instance per run: it caches tokens per repository scope."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT) -> None:
+        self._config = docker_config() if config is None else config
+        self._timeout = timeout
+        self._tokens: dict[tuple[str, str], str] = {}
+        self._opener = urllib.request.build_opener(_NoAuthOnRedirect())
+
+    def digest(self, ref: str) -> str | None:
+        r = parse_reference(ref)
+        response = self._request("HEAD", r, f"manifests/{r.reference}", {"Accept": ACCEPT})
+        if response is None:
+            return None
+        digest = response.headers.get("Docker-Content-Digest")
+        if not digest:  # some registries answer HEAD without it; GET always names the bytes
+            got = self._request("GET", r, f"manifests/{r.reference}", {"Accept": ACCEPT})
+            if got is None:
+                return None
+            digest = "sha256:" + hashlib.sha256(got.body).hexdigest()
+        return digest
+
+    def labels(self, ref: str) -> dict[str, str] | None:
+        r = parse_reference(ref)
+        manifest = self._manifest(r, r.reference)
+        if manifest is None:
+            return None
+        document, media_type = manifest
+        if media_type in INDEXES or document.get("mediaType") in INDEXES:
+            child = self._manifest(r, pick_manifest(document))
+            if child is None:
+                return None
+            document = child[0]
+        config_digest = (document.get("config") or {}).get("digest")
+        if not config_digest:
+            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"), "the manifest names no config blob")
+        blob = self._request("GET", r, f"blobs/{config_digest}", {})
+        if blob is None:
+            return None
+        config = json.loads(blob.body)
+        return dict((config.get("config") or {}).get("Labels") or {})
+
+    def put_tag(self, ref: str, digest: str) -> str:
+        r = parse_reference(ref)
+        got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
+        if got is None:
+            raise RegistryProtocolError(self._url(r, f"manifests/{digest}"), "the manifest to tag is gone")
+        media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
+        self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": media_type}, got.body, push=True)
+        now = self.digest(ref)
+        if now is None:
+            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"), "the tag is missing after PUT")
+        return now
+
+    # -- plumbing
+
+    def _manifest(self, r: Reference, reference: str) -> tuple[dict[str, Any], str] | None:
+        got = self._request("GET", r, f"manifests/{reference}", {"Accept": ACCEPT})
+        if got is None:
+            return None
+        try:
+            return dict(json.loads(got.body)), got.headers.get("Content-Type", "").split(";")[0]
+        except ValueError as e:
+            raise RegistryProtocolError(self._url(r, f"manifests/{reference}"), f"not JSON ({e})") from e
+
+    def _url(self, r: Reference, path: str) -> str:
+        return f"{scheme_for(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
+
+    def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
+                 data: bytes | None = None, push: bool = False) -> _Response | None:
+        """One API call; None on 404. Authenticates on a 401 challenge and retries once."""
+        url = self._url(r, path)
+        scope = f"repository:{r.name}:{'pull,push' if push else 'pull'}"
+        auth = self._tokens.get((r.api_host, scope))
+        for attempt in range(2):
+            request = urllib.request.Request(url, data=data, method=method, headers=dict(headers))
+            if auth:
+                request.add_header("Authorization", auth)
+            try:
+                with self._opener.open(request, timeout=self._timeout) as response:
+                    return _Response(response.status, dict(response.headers.items()), response.read())
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    return None
+                if e.code == 401 and attempt == 0:
+                    auth = self._authenticate(r, scope, e.headers.get("WWW-Authenticate", ""), url)
+                    continue
+                raise self._http_error(url, e) from e
+            except (urllib.error.URLError, OSError) as e:
+                reason = getattr(e, "reason", e)
+                raise RegistryUnavailable(f"{scheme_for(r.api_host)}://{r.api_host}/v2/", str(reason)) from e
+        raise AssertionError("unreachable")
+
+    def _http_error(self, url: str, e: urllib.error.HTTPError) -> RegistryError:
+        try:
+            errors = json.loads(e.read()).get("errors") or []
+            detail = "; ".join(f"{x.get('code')}: {x.get('message')}" for x in errors) or e.reason
+        except (ValueError, AttributeError, OSError):
+            detail = str(e.reason)
+        if e.code in (401, 403):
+            return RegistryDenied(url, e.code, detail)
+        if e.code >= 500:
+            return RegistryUnavailable(url, f"HTTP {e.code}: {detail}")
+        return RegistryProtocolError(url, f"HTTP {e.code}: {detail}")
+
+    def _authenticate(self, r: Reference, scope: str, challenge: str, url: str) -> str:
+        scheme, params = parse_challenge(challenge)
+        creds = credentials_for(self._config, r.host)
+        basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode() if creds else None
+        if scheme == "basic":
+            if basic is None:
+                raise RegistryDenied(url, 401, "the registry wants a login and none is stored")
+            self._tokens[(r.api_host, scope)] = basic
+            return basic
+        if scheme != "bearer" or "realm" not in params:
+            raise RegistryDenied(url, 401, f"unsupported challenge {challenge!r}")
+        query = {"scope": params.get("scope") or scope}
+        if "service" in params:
+            query["service"] = params["service"]
+        token_url = f"{params['realm']}?{urllib.parse.urlencode(query)}"
+        request = urllib.request.Request(token_url, headers={"Authorization": basic} if basic else {})
+        try:
+            with self._opener.open(request, timeout=self._timeout) as response:
+                document = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raise self._http_error(token_url, e) from e
+        except (urllib.error.URLError, OSError) as e:
+            raise RegistryUnavailable(params["realm"], str(getattr(e, "reason", e))) from e
+        token = document.get("token") or document.get("access_token")
+        if not token:
+            raise RegistryProtocolError(token_url, "the token answer holds no token")
+        bearer = f"Bearer {token}"
+        self._tokens[(r.api_host, scope)] = bearer
+        return bearer

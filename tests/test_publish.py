@@ -1,0 +1,468 @@
+"""publish: the planner as tables; the runner and registry client against the real daemon and a
+real local registry (Debian's docker-registry).
+
+The integration tests publish one real torch image, the same one tests/test_e2e.py builds (torch
+2.6, CUDA 12.1, debian12, on the local Debian base, with the host's CA bundle), so the layer
+cache makes its build fast when those ran first. The smoke tests run on it once per session
+(CPU mode); the later runs that need a verdict reuse that recorded one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imagebuilder import publish
+from imagebuilder.build import HASH
+from imagebuilder.errors import BadRequest
+from imagebuilder.matrix import load_matrix
+from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
+from imagebuilder.registry import (
+    HttpRegistry,
+    RegistryUnavailable,
+    credentials_for,
+    parse_challenge,
+    parse_reference,
+    parse_registry,
+    pick_manifest,
+    scheme_for,
+)
+from imagebuilder.render import RenderedImage, RenderOptions, render
+from imagebuilder.resolve import Request, resolve
+from imagebuilder.resources import default_matrix_path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SMALL = REPO_ROOT / "tests" / "data" / "matrix-small.yaml"
+# The image tests/test_e2e.py builds: the same options give the same layers.
+TORCH, CUDA, OS = "2.6", "12.1", "debian12"
+REGISTRY_BIN = Path("/usr/bin/docker-registry")
+
+
+# --------------------------------------------------------------------------- planner tables
+
+
+def _images(repository: str = "reg.example/ml/pytorch") -> tuple[RenderedImage, RenderedImage]:
+    matrix = load_matrix(SMALL)
+    opts = RenderOptions(repository=repository)
+    runtime, jupyter = (render(resolve(matrix, Request("2.6", "12.4", None, v, None)), matrix, opts)
+                        for v in ("runtime", "jupyter"))
+    assert jupyter.depends_on == runtime.ref
+    return runtime, jupyter
+
+
+RUNTIME, JUPYTER = _images()
+D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def published(image: RenderedImage, digest: str = D1, inputs_hash: str | None = "same",
+              missing: tuple[int, ...] = (), elsewhere: tuple[int, ...] = ()) -> Remote:
+    """What the registry holds for `image`: every tag at `digest`, but for the tags whose
+    index is in `missing` (absent) or `elsewhere` (another image)."""
+    digests = {ref: None if n in missing else (D2 if n in elsewhere else digest)
+               for n, ref in enumerate(image.refs)}
+    return Remote(digests, image.inputs_hash if inputs_hash == "same" else inputs_hash)
+
+
+PLAN_CASES = [
+    # (name, remotes, force, expected [(tag of image, action, reason contains)])
+    ("nothing published builds both, runtime first", {}, False,
+     [(RUNTIME, BUILD, "not in the registry"), (JUPYTER, BUILD, "base image")]),
+    ("unchanged and every tag present skips", {RUNTIME.ref: published(RUNTIME), JUPYTER.ref: published(JUPYTER)},
+     False, [(RUNTIME, SKIP, "unchanged"), (JUPYTER, SKIP, "unchanged")]),
+    ("changed runtime hash rebuilds it and the jupyter on it",
+     {RUNTIME.ref: published(RUNTIME, inputs_hash="old"), JUPYTER.ref: published(JUPYTER)}, False,
+     [(RUNTIME, BUILD, "inputs changed (registry old"), (JUPYTER, BUILD, f"its base image {RUNTIME.ref} is rebuilt")]),
+    ("changed jupyter only rebuilds jupyter",
+     {RUNTIME.ref: published(RUNTIME), JUPYTER.ref: published(JUPYTER, inputs_hash="old")}, False,
+     [(RUNTIME, SKIP, "unchanged"), (JUPYTER, BUILD, "inputs changed")]),
+    ("a missing alias is pointed at the published image",
+     {RUNTIME.ref: published(RUNTIME, missing=(2,)), JUPYTER.ref: published(JUPYTER)}, False,
+     [(RUNTIME, RETAG, RUNTIME.tags[2]), (JUPYTER, SKIP, "unchanged")]),
+    ("an alias naming another image is moved",
+     {RUNTIME.ref: published(RUNTIME, elsewhere=(1, 3)), JUPYTER.ref: published(JUPYTER)}, False,
+     [(RUNTIME, RETAG, f"{RUNTIME.tags[1]}, {RUNTIME.tags[3]}"), (JUPYTER, SKIP, "unchanged")]),
+    ("a missing primary tag rebuilds even with aliases present",
+     {RUNTIME.ref: published(RUNTIME, missing=(0,)), JUPYTER.ref: published(JUPYTER)}, False,
+     [(RUNTIME, BUILD, "not in the registry"), (JUPYTER, BUILD, "base image")]),
+    ("an unlabelled image is rebuilt",
+     {RUNTIME.ref: published(RUNTIME, inputs_hash=None), JUPYTER.ref: published(JUPYTER)}, False,
+     [(RUNTIME, BUILD, "no inputs-hash label"), (JUPYTER, BUILD, "base image")]),
+    ("--force rebuilds what is published", {RUNTIME.ref: published(RUNTIME), JUPYTER.ref: published(JUPYTER)},
+     True, [(RUNTIME, BUILD, "--force"), (JUPYTER, BUILD, "--force")]),
+]
+
+
+@pytest.mark.parametrize("name, remotes, force, expected", PLAN_CASES, ids=[c[0] for c in PLAN_CASES])
+def test_plan(name: str, remotes: dict[str, Remote], force: bool, expected: list[tuple[Any, str, str]]) -> None:
+    # Jupyter first on purpose: the plan orders runtime before the image built FROM it.
+    steps = publish.plan([JUPYTER, RUNTIME], remotes, force=force)
+    assert [(s.image, s.action) for s in steps] == [(image, action) for image, action, _ in expected]
+    for step, (_, _, reason) in zip(steps, expected):
+        assert reason in step.reason
+    for step in steps:
+        if step.action == RETAG:
+            assert step.digest == D1 and step.retag and set(step.retag) < set(step.image.refs)
+
+
+def test_plan_lists_every_tag_in_order() -> None:
+    text = publish.format_plan(publish.plan([JUPYTER, RUNTIME], {}))
+    assert text.index(RUNTIME.ref) < text.index(JUPYTER.ref)
+    assert all(tag in text for tag in RUNTIME.tags + JUPYTER.tags)
+
+
+# --------------------------------------------------------------------------- registry tables
+
+
+@pytest.mark.parametrize("ref, expected", [
+    ("127.0.0.1:5000/ml/pytorch:2.6-runtime", ("127.0.0.1:5000", "ml/pytorch", "2.6-runtime")),
+    ("ghcr.io/acme/pytorch", ("ghcr.io", "acme/pytorch", "latest")),
+    ("localhost/pytorch@sha256:abc", ("localhost", "pytorch", "sha256:abc")),
+    ("pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", ("docker.io", "pytorch/pytorch", "2.6.0-cuda12.4-cudnn9-runtime")),
+    ("ubuntu:22.04", ("docker.io", "library/ubuntu", "22.04")),
+])
+def test_parse_reference(ref: str, expected: tuple[str, str, str]) -> None:
+    r = parse_reference(ref)
+    assert (r.host, r.name, r.reference) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.1:5000/ib", ("127.0.0.1:5000", "ib")),
+    ("ghcr.io/acme/ml/", ("ghcr.io", "acme/ml")),
+    ("localhost:5000", ("localhost:5000", "")),
+    ("acme", BadRequest),  # a Docker Hub user: not a host
+    ("https://ghcr.io/acme", BadRequest),
+    ("ghcr.io/Acme", BadRequest),
+])
+def test_parse_registry(text: str, expected: Any) -> None:
+    if expected is BadRequest:
+        with pytest.raises(BadRequest, match="HOST\\[:PORT\\]/NAMESPACE"):
+            parse_registry(text)
+    else:
+        assert parse_registry(text) == expected
+
+
+@pytest.mark.parametrize("host, scheme", [
+    ("127.0.0.1:5000", "http"), ("127.8.0.1", "http"), ("localhost:5000", "http"), ("[::1]:5000", "http"),
+    ("ghcr.io", "https"), ("10.0.0.5:5000", "https"), ("registry.local:443", "https"),
+])
+def test_scheme(host: str, scheme: str) -> None:
+    assert scheme_for(host) == scheme
+
+
+def _auth(user: str, password: str) -> dict[str, str]:
+    return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@pytest.mark.parametrize("config, host, expected", [
+    ({"auths": {"ghcr.io": _auth("bot", "s3:cret")}}, "ghcr.io", ("bot", "s3:cret")),
+    ({"auths": {"https://reg.example:5000": _auth("a", "b")}}, "reg.example:5000", ("a", "b")),
+    ({"auths": {"https://index.docker.io/v1/": _auth("hub", "pw")}}, "docker.io", ("hub", "pw")),
+    ({"auths": {"ghcr.io": {}}, "credsStore": "desktop"}, "ghcr.io", None),
+    ({}, "ghcr.io", None),
+])
+def test_credentials_for(config: dict[str, Any], host: str, expected: tuple[str, str] | None) -> None:
+    assert credentials_for(config, host) == expected
+
+
+def test_parse_challenge_and_pick_manifest() -> None:
+    assert parse_challenge('Bearer realm="https://a.io/token",service="a.io",scope="repository:x:pull"') == (
+        "bearer", {"realm": "https://a.io/token", "service": "a.io", "scope": "repository:x:pull"})
+    index = {"manifests": [{"digest": "sha256:arm", "platform": {"os": "linux", "architecture": "arm64"}},
+                           {"digest": "sha256:amd", "platform": {"os": "linux", "architecture": "amd64"}}]}
+    assert pick_manifest(index) == "sha256:amd"
+    assert pick_manifest({"manifests": index["manifests"][:1]}) == "sha256:arm"
+
+
+# --------------------------------------------------------------------------- a registry we can stop
+
+
+class LocalRegistry:
+    """Debian's docker-registry on 127.0.0.1:PORT that can be stopped and started again with its
+    storage kept (.ci/registry.sh stop throws the storage away)."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.process: subprocess.Popen[bytes] | None = None
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        (root / "config.yml").write_text(
+            f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {root / 'data'}}}\n"
+            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'}}\n")
+
+    def start(self) -> None:
+        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
+        self.process = subprocess.Popen([str(REGISTRY_BIN), "serve", str(self.root / "config.yml")],
+                                        stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    pytest.fail(f"docker-registry did not answer on {self.address}: "
+                                f"{(self.root / 'registry.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+
+def _remove_local(docker_engine: Any, marker: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        for image in client.images.list():
+            for tag in image.tags:
+                if marker in tag:
+                    docker_engine.remove_image(tag)
+    finally:
+        client.close()
+
+
+def _imagebuilder(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as the workflow runs it."""
+    return subprocess.run([sys.executable, "-m", "imagebuilder", *args], capture_output=True, text=True,
+                          timeout=3600, cwd=REPO_ROOT)
+
+
+def _ca_args() -> list[str]:
+    ca = os.environ.get("SSL_CERT_FILE")
+    return ["--ca-bundle", ca] if ca and Path(ca).is_file() else []
+
+
+def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
+    return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
+            "--base-image", base_image, *_ca_args(), "--allow-no-gpu", "--registry", registry,
+            "--report", str(report), *extra]
+
+
+@pytest.fixture(scope="module")
+def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    if not REGISTRY_BIN.exists():
+        if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"{REGISTRY_BIN} is missing: apt-get install docker-registry", pytrace=False)
+        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry"), port)
+    reg.start()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+@pytest.fixture(scope="module")
+def first_run(docker_engine: Any, base_image: str, local_registry: LocalRegistry,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """`imagebuilder publish` of the real runtime image to an empty registry: build, smoke
+    tests (CPU mode), push of every tag. Yields its report (and how long it took); removes
+    every local image it tagged afterwards."""
+    namespace = f"imagebuilder-test/pub-{uuid.uuid4().hex[:8]}"
+    registry = f"{local_registry.address}/{namespace}"
+    report = tmp_path_factory.mktemp("publish") / "first.json"
+    started = time.monotonic()
+    done = _imagebuilder(*_publish_args(base_image, registry, report))
+    seconds = time.monotonic() - started
+    try:
+        assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+        yield {"report": json.loads(report.read_text()), "registry": registry, "stdout": done.stdout,
+               "seconds": seconds}
+    finally:
+        _remove_local(docker_engine, local_registry.address)
+
+
+def _head(ref: str) -> str | None:
+    return HttpRegistry(config={}).digest(ref)
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any]) -> None:
+    (image,) = first_run["report"]["images"]
+    assert first_run["report"]["ok"] is True
+    assert (image["action"], image["status"], image["built"], image["verified"]) == (BUILD, PUSHED, True, True)
+    assert image["verify"]["require_gpu"] is False or image["verify"]["gpu_count"]
+    assert set(image["pushed"]) == set(image["tags"]) and len(image["tags"]) >= 2
+    assert len(set(image["pushed"].values())) == 1  # every tag names the one image
+    for ref, digest in image["pushed"].items():
+        assert _head(ref) == digest
+    labels = HttpRegistry(config={}).labels(image["ref"])
+    assert labels is not None and labels[HASH] == image["inputs_hash"]
+    summary = first_run["stdout"]
+    assert "RESULT" in summary and "pushed" in summary and f"{len(image['tags'])}/{len(image['tags'])}" in summary
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_pulled_images_have_the_reported_digests(docker_engine: Any, first_run: dict[str, Any]) -> None:
+    import docker
+
+    (image,) = first_run["report"]["images"]
+    client = docker.from_env()
+    try:
+        for ref, digest in image["pushed"].items():
+            docker_engine.remove_image(ref, force=False)  # untag only: the other tags keep the layers
+            docker_engine.pull(ref)
+            repo_digests = client.images.get(ref).attrs["RepoDigests"]
+            assert f"{ref.rsplit(':', 1)[0]}@{digest}" in repo_digests
+    finally:
+        client.close()
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_second_run_skips_and_pushes_nothing(base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
+    (before,) = first_run["report"]["images"]
+    started = time.monotonic()
+    done = _imagebuilder(*_publish_args(base_image, first_run["registry"], tmp_path / "second.json"))
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-4000:]
+    (image,) = json.loads((tmp_path / "second.json").read_text())["images"]
+    assert (image["action"], image["status"], image["built"], image["pushed"]) == (SKIP, SKIPPED, False, {})
+    assert image["digest"] == next(iter(before["pushed"].values()))
+    assert seconds < 30, f"an unchanged nightly run took {seconds:.0f}s"
+    for ref, digest in before["pushed"].items():
+        assert _head(ref) == digest
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, base_image: str,
+                                                           first_run: dict[str, Any]) -> None:
+    (before,) = first_run["report"]["images"]
+    digest = next(iter(before["pushed"].values()))
+    image = _rendered(first_run["registry"], base_image)
+    assert image.inputs_hash == before["inputs_hash"]
+    alias = f"alias-{uuid.uuid4().hex[:6]}"
+    with_alias = replace(image, tags=(*image.tags, alias))  # an alias the registry never saw
+    registry = HttpRegistry(config={})
+    (step,) = publish.plan([with_alias], publish.lookup(registry, [with_alias]))
+    assert (step.action, step.retag) == (RETAG, (with_alias.refs[-1],))
+    (outcome,) = publish.publish([step], engine=docker_engine, registry=registry,
+                                 options=publish.RunOptions(matrix_path=default_matrix_path()))
+    assert outcome.status == RETAGGED and outcome.pushed[with_alias.refs[-1]] == digest
+    assert _head(with_alias.refs[-1]) == digest
+
+
+def _rendered(registry: str, base_image: str) -> RenderedImage:
+    """The image `publish` renders for the test's options (the CA bundle is outside the hash)."""
+    from imagebuilder.cli import _source_label
+
+    matrix = load_matrix(default_matrix_path())
+    ca = os.environ.get("SSL_CERT_FILE")
+    spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
+    opts = RenderOptions(repository=f"{registry}/pytorch", source=_source_label(),
+                         ca_bundle=Path(ca) if ca and Path(ca).is_file() else None)
+    return render(spec, matrix, opts)
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
+        docker_engine: Any, base_image: str, local_registry: LocalRegistry, first_run: dict[str, Any]) -> None:
+    from smoke_tests.result import Result
+
+    from imagebuilder.verify import VerifyReport
+
+    (verified,) = first_run["report"]["images"]
+    # A fresh namespace of the same registry: nothing there yet, and Docker mounts the layers
+    # it pushed for the first run instead of uploading 6 GB again.
+    image = _rendered(f"{local_registry.address}/imagebuilder-test/down-{uuid.uuid4().hex[:8]}", base_image)
+    registry = HttpRegistry(config={})
+    steps = publish.plan([image], publish.lookup(registry, [image]))
+    assert [s.action for s in steps] == [BUILD]
+    options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=2, push_backoff=0.2)
+
+    def recorded(engine: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+        # The same image the first run smoke-tested (same rendered inputs, same layers): its verdict.
+        checks = tuple(Result.from_dict(c) for c in verified["verify"]["checks"])
+        return VerifyReport(ref, "docker", (), checks, require_gpu=False)
+
+    def stop_before_push(phase: str, step: publish.Step) -> None:
+        if phase == "push":
+            local_registry.stop()
+
+    try:
+        outcomes = list(publish.publish(steps, engine=docker_engine, registry=registry, options=options,
+                                        on_event=stop_before_push, verifier=recorded))
+    finally:
+        local_registry.start()
+    (outcome,) = outcomes
+    assert outcome.status == FAILED and outcome.pushed == {}
+    assert "push failed" in outcome.reason and image.ref in outcome.reason
+    with pytest.raises(publish.PublishFailed, match="1 of 1 images failed"):
+        publish.raise_if_failed(outcomes)
+    assert all(_head(ref) is None for ref in image.refs)  # the registry is back: nothing is there
+
+    # Back up: the same plan completes, and names exactly the first run's image.
+    (outcome,) = publish.publish(publish.plan([image], publish.lookup(registry, [image])), engine=docker_engine,
+                                 registry=registry, options=options, verifier=recorded)
+    assert outcome.status == PUSHED and set(outcome.pushed) == set(image.refs)
+    assert set(outcome.pushed.values()) == set(verified["pushed"].values())
+
+
+def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:
+    done = _imagebuilder("--matrix", str(SMALL), "publish", "--torch", "2.6", "--cuda", "12.4",
+                         "--registry", f"127.0.0.1:{free_port}/ml", "--dry-run")
+    assert done.returncode == 1
+    assert f"http://127.0.0.1:{free_port}/v2/" in done.stderr and "did not answer" in done.stderr
+    with pytest.raises(RegistryUnavailable):
+        HttpRegistry(config={}).digest(f"127.0.0.1:{free_port}/ml/pytorch:x")
+
+
+# --------------------------------------------------------------------------- failures in the runner
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("keep_going, jupyter_status, other_status", [
+    (True, FAILED, SKIPPED),
+    (False, NOT_RUN, NOT_RUN),
+])
+def test_a_failed_runtime_fails_its_jupyter(docker_engine: Any, base_image: str, image_repo: str,
+                                            keep_going: bool, jupyter_status: str, other_status: str) -> None:
+    runtime, jupyter = _images(f"{image_repo}/pytorch")
+    broken = replace(runtime, dockerfile=f"FROM {base_image}\nRUN echo broken-{uuid.uuid4().hex} && exit 3\n", files={})
+    other = replace(runtime, tags=("other",))  # published already: skipped, never built
+    steps = [publish.Step(broken, BUILD, "not in the registry"), publish.Step(jupyter, BUILD, "base image rebuilt"),
+             publish.Step(other, SKIP, "unchanged", D1)]
+    outcomes = list(publish.publish(steps, engine=docker_engine, registry=HttpRegistry(config={}),
+                                    options=publish.RunOptions(matrix_path=SMALL, keep_going=keep_going)))
+    assert [o.status for o in outcomes] == [FAILED, jupyter_status, other_status]
+    assert "build failed" in outcomes[0].reason and "exit code 3" in outcomes[0].reason
+    if keep_going:
+        assert outcomes[1].reason == f"its base image {runtime.ref} failed"
+    else:
+        assert "--keep-going" in outcomes[1].reason
+    assert not docker_engine.image_exists(runtime.ref) and not docker_engine.image_exists(jupyter.ref)
+    summary = publish.format_summary(outcomes)
+    assert all(o.step.image.tags[0] in summary for o in outcomes)
+    with pytest.raises(publish.PublishFailed):
+        publish.raise_if_failed(outcomes)
