@@ -125,15 +125,63 @@ def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
 
 
 def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
+    # python3 and its venv module bootstrap uv.
+    packages = ["ca-certificates", "python3", "python3-venv"]
     if stage == "wheels":
-        # python3 + venv only to bootstrap uv; the final stage never sees them unless needed.
-        return ["ca-certificates", "python3", "python3-venv"]
-    packages = ["ca-certificates", "g++"]  # torch.compile (Inductor, Triton) needs a C/C++ compiler
+        return packages
+    packages.append("g++")  # torch.compile (Inductor, Triton) needs a C/C++ compiler
     if spec.python_from_os:
-        packages += ["python3", "python3-dev"]  # headers: Triton and Inductor build Python extensions
+        packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
     if spec.variant == "devel":
         packages += ["git", "make"]
     return sorted(packages)
+
+
+UV = "/tmp/uv"
+SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def _uv_env(trust_system_store: bool) -> str:
+    """Environment of the install RUN. Without --ca-bundle, pip and uv trust the image's own
+    CA store (which a site's base image may extend) rather than their bundled roots."""
+    env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
+    return env + (f" SSL_CERT_FILE={SYSTEM_CA} PIP_CERT={SYSTEM_CA}" if trust_system_store else "")
+
+
+def _pip_install(args: list[str]) -> str:
+    return f"{UV}/bin/uv pip install --python {VENV}/bin/python" + "".join(f" \\\n        {a}" for a in args)
+
+
+def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool) -> list[str]:
+    """The one RUN that makes the venv: uv comes and goes within it."""
+    commands = [_uv_env(single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
+    if spec.python_from_os:
+        commands.append(f"{UV}/bin/uv venv --seed --python /usr/bin/python{spec.python} {VENV}")
+    else:
+        commands += [f"{UV}/bin/uv python install {spec.python}", f"{UV}/bin/uv venv --seed --python {spec.python} {VENV}"]
+    commands.append(_pip_install(_index_args(spec, options) + _requirements(spec, matrix)))
+    if spec.toolchain == "pip":
+        # torch.utils.cpp_extension links -lcudart; the wheel ships only the versioned soname.
+        lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
+        commands.append(f"ln -s libcudart.so.{spec.cuda.major} {lib}/libcudart.so")
+    commands.append(f"rm -rf {UV}")
+    if single_stage:
+        # In the same layer, so ownership costs no second copy of the venv.
+        commands.append(f"chown -R {USER_ID}:{USER_ID} {VENV}")
+    return commands
+
+
+def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool) -> list[str]:
+    """Add JupyterLab to the venv without changing anything already in it: everything
+    installed is pinned to what is there."""
+    reqs = [f"jupyterlab=={matrix.tools.jupyterlab}", f"ipykernel=={matrix.tools.ipykernel}"]
+    return [
+        _uv_env(single_stage),
+        f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
+        f"{UV}/bin/uv pip freeze --python {VENV}/bin/python > /tmp/constraints.txt",
+        _pip_install(["--constraint /tmp/constraints.txt"] + _index_args(spec, options) + reqs),
+        f"rm -rf {UV} /tmp/constraints.txt",
+    ]
 
 
 def _env(spec: BuildSpec) -> list[tuple[str, str]]:
@@ -216,10 +264,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "base_image": base_image,
             "ca_bundle": ca is not None,
             "ca_path": CA_PATH,
-            "uv": matrix.tools.uv,
-            "jupyter_requirements": [f"jupyterlab=={matrix.tools.jupyterlab}", f"ipykernel=={matrix.tools.ipykernel}"],
-            "requirements": _requirements(spec, matrix),
-            "index_args": _index_args(spec, options),
+            "install_commands": _install_commands(spec, matrix, options, single_stage=ca is None),
+            "jupyter_commands": _jupyter_commands(spec, matrix, options, single_stage=ca is None),
             "build_packages": _apt_packages(spec, "wheels"),
             "final_packages": _apt_packages(spec, "final"),
             "python": str(spec.python),

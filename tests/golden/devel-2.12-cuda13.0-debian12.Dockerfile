@@ -5,42 +5,31 @@
 
 ARG BASE_IMAGE=debian:bookworm-slim
 
-# Stage 1: install Python packages into /opt/venv with uv.
-FROM ${BASE_IMAGE} AS wheels
+FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
- && rm -rf /var/lib/apt/lists/*
-ENV UV_NO_CACHE=1 \
-    UV_LINK_MODE=copy \
-    UV_PYTHON_INSTALL_DIR=/opt/python \
-    PIP_NO_CACHE_DIR=1
-RUN python3 -m venv /opt/uv \
- && /opt/uv/bin/pip install --no-cache-dir uv==0.13.9
-RUN /opt/uv/bin/uv venv --seed --python /usr/bin/python3.11 /opt/venv
-RUN /opt/uv/bin/uv pip install --python /opt/venv/bin/python \
+ && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && (userdel --remove ubuntu 2>/dev/null || true) \
+ && groupadd --gid 1000 torch \
+ && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
+# One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
+RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+ && python3 -m venv /tmp/uv \
+ && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
+ && /tmp/uv/bin/uv venv --seed --python /usr/bin/python3.11 /opt/venv \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         torch==2.12.0 \
         torchvision==0.27.0 \
         ninja==1.13.2 \
         nvidia-cuda-nvcc==13.0.88 \
         nvidia-cuda-crt==13.0.88 \
         nvidia-nvvm==13.0.88 \
-        nvidia-cuda-cccl==13.0.85
-# torch.utils.cpp_extension links -lcudart; the wheel ships only the versioned soname.
-RUN ln -s libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so
-
-# Stage 2: the image. Stage 1 passes on /opt/venv and nothing else.
-FROM ${BASE_IMAGE}
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev \
- && rm -rf /var/lib/apt/lists/* \
- && (userdel --remove ubuntu 2>/dev/null || true) \
- && groupadd --gid 1000 torch \
- && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
-COPY --from=wheels --chown=1000:1000 /opt/venv /opt/venv
+        nvidia-cuda-cccl==13.0.85 \
+ && ln -s libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so \
+ && rm -rf /tmp/uv \
+ && chown -R 1000:1000 /opt/venv
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.11/site-packages/imagebuilder.pth
@@ -67,6 +56,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="e2dfceff679ed9e7f36aa64c0bbc390a382b8381450a3de20be69f2b49c38061"
+    io.imagebuilder.inputs-hash="c58b0e2b97b924ca0422e0bec86b92ec5d3ab331ee5b10f480575eacbc6fee2f"
 WORKDIR /workspace
 CMD ["/bin/bash"]

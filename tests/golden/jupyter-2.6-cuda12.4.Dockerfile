@@ -5,25 +5,18 @@
 
 ARG BASE_IMAGE=pytorch:2.6.0-cuda12.4-cudnn9-runtime
 
-# Stage 1: add JupyterLab to the runtime image's venv, pinned against what is already
-# there so nothing of it changes, and collect only the files it added.
-FROM ${BASE_IMAGE} AS jupyter
+FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-USER 0
-ENV UV_NO_CACHE=1 UV_LINK_MODE=copy PIP_NO_CACHE_DIR=1
-RUN /opt/venv/bin/python -m pip install --no-cache-dir --target /tmp/uv uv==0.13.9 \
+# As the venv's owner: this layer adds JupyterLab's files and changes nothing else.
+USER 1000
+RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+ && /opt/venv/bin/python -m pip install --no-cache-dir --target /tmp/uv uv==0.13.9 \
  && /tmp/uv/bin/uv pip freeze --python /opt/venv/bin/python > /tmp/constraints.txt \
- && (cd /opt/venv && find . | sort > /tmp/before.txt) \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --constraint /tmp/constraints.txt \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
+        --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
- && mkdir /opt/added \
- && (cd /opt/venv && find . | sort > /tmp/after.txt \
-     && comm -13 /tmp/before.txt /tmp/after.txt | tar --no-recursion -cf - -T - | tar -xf - -C /opt/added)
-
-# Stage 2: the runtime image plus JupyterLab's files: the torch layers are shared.
-FROM ${BASE_IMAGE}
-COPY --from=jupyter --chown=1000:1000 /opt/added/ /opt/venv/
+ && rm -rf /tmp/uv /tmp/constraints.txt
 COPY imagebuilder/manifest.json /opt/imagebuilder/manifest.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (jupyter)" \
@@ -41,7 +34,7 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="7fe179c42edbc572cc426f4ab1e96a3bf7a6e1c9a16d570881854f530b5649b8"
+    io.imagebuilder.inputs-hash="e0dd53e332cf55f4d2b1ed68e976640eee246b4edc02e9f703fe3a1e452d50cd"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

@@ -6,36 +6,26 @@
 
 ARG BASE_IMAGE=nvidia/cuda:12.1.1-base-ubuntu22.04
 
-# Stage 1: install Python packages into /opt/venv with uv.
-FROM ${BASE_IMAGE} AS wheels
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
- && rm -rf /var/lib/apt/lists/*
-ENV UV_NO_CACHE=1 \
-    UV_LINK_MODE=copy \
-    UV_PYTHON_INSTALL_DIR=/opt/python \
-    PIP_NO_CACHE_DIR=1
-RUN python3 -m venv /opt/uv \
- && /opt/uv/bin/pip install --no-cache-dir uv==0.13.9
-RUN /opt/uv/bin/uv venv --seed --python /usr/bin/python3.10 /opt/venv
-RUN /opt/uv/bin/uv pip install --python /opt/venv/bin/python \
-        torch==2.6.0 \
-        torchvision==0.21.0 \
-        torchaudio==2.6.0
-
-# Stage 2: the image. Stage 1 passes on /opt/venv and nothing else.
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev \
+ && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
-COPY --from=wheels --chown=1000:1000 /opt/venv /opt/venv
+# One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
+RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+ && python3 -m venv /tmp/uv \
+ && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
+ && /tmp/uv/bin/uv venv --seed --python /usr/bin/python3.10 /opt/venv \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
+        torch==2.6.0 \
+        torchvision==0.21.0 \
+        torchaudio==2.6.0 \
+ && rm -rf /tmp/uv \
+ && chown -R 1000:1000 /opt/venv
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
@@ -61,7 +51,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="8a318eb7b5c202ba9d3f53a8b013d585708eda631b727ba604457d0713c7060f"
+    io.imagebuilder.inputs-hash="13088cbd9051f1f517c0e4fb186c0ecac9350d5b53cea7f76badc75fffbffb3b"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
