@@ -411,9 +411,13 @@ class DockerEngine:
         import docker
         import requests
 
+        import urllib3
+
         try:
             yield
-        except requests.exceptions.ConnectionError as e:
+        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
+                urllib3.exceptions.ProtocolError) as e:
+            # Also a daemon that dies mid-stream: the streamed response breaks off.
             raise DaemonUnavailable(self.base_url, _short(e)) from e
         except docker.errors.DockerException as e:
             if "Error while fetching server API version" in str(e):

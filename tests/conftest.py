@@ -104,3 +104,48 @@ def registry(docker_engine: DockerEngine) -> Iterator[str]:
         yield started.stdout.strip().splitlines()[-1]
     finally:
         subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
+
+
+# --- real images, built once per test session -------------------------------------------
+
+E2E_TORCH, E2E_CUDA, E2E_OS = "2.6", "12.1", "debian12"
+
+
+def ca_bundle_args() -> list[str]:
+    """Behind a TLS-intercepting proxy (these machines) pip inside the build needs the host's CA."""
+    ca = os.environ.get("SSL_CERT_FILE")
+    return ["--ca-bundle", ca] if ca and Path(ca).is_file() else []
+
+
+def imagebuilder(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, as a user runs it."""
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "imagebuilder", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO_ROOT)
+
+
+def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> dict:
+    import json
+
+    done = imagebuilder("build", "--torch", E2E_TORCH, "--cuda", E2E_CUDA, "--os", E2E_OS,
+                        "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
+                        "--report", str(report), *extra)
+    assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
+    return json.loads(report.read_text())
+
+
+@pytest.fixture(scope="session")
+def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The issue's main job for real: torch 2.6 for CUDA 12.1, runtime, on the local Debian
+    base, through the CLI. Yields the build report's image entry; removes the image after."""
+    repository = f"{TEST_REPOSITORY_PREFIX}/e2e-{uuid.uuid4().hex[:8]}"
+    report = build_cli(base_image, repository, tmp_path_factory.mktemp("build") / "report.json",
+                       "--variant", "runtime")
+    entry = report["images"][0]
+    entry["repository"] = repository
+    try:
+        yield entry
+    finally:
+        for ref in entry["tags"]:
+            docker_engine.remove_image(ref)

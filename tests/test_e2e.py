@@ -1,0 +1,161 @@
+"""End to end on a real Docker Engine: build real torch images with the CLI and look inside.
+
+These build images of several GB; they run in CI (IMAGEBUILDER_REQUIRE_DOCKER=1) and skip
+elsewhere when no daemon answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+PROBE = """
+import json, os, shutil, torch
+print(json.dumps({
+    "torch": torch.__version__,
+    "cuda": torch.version.cuda,
+    "cudnn": torch.backends.cudnn.version(),
+    "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    "cxx": shutil.which("g++"),
+    "uid": os.getuid(),
+    "ssl_cert_file": os.environ.get("SSL_CERT_FILE"),
+    "ca_left": os.path.exists("/etc/imagebuilder/ca-bundle.pem"),
+    "manifest": json.load(open("/opt/imagebuilder/manifest.json")),
+}))
+"""
+
+
+def run_in(docker_engine, image: str, command: list[str], timeout: float = 300, **kw) -> str:
+    result = docker_engine.run(image, command, timeout=timeout, **kw)
+    assert not result.timed_out and result.exit_code == 0, result.output[-3000:]
+    return result.output
+
+
+def test_runtime_image_has_what_its_labels_say(docker_engine, runtime_image):
+    ref = runtime_image["tags"][0]
+    assert ref.endswith(":2.6.0-cuda12.1-cudnn9-debian12-runtime")
+    labels = docker_engine.image_labels(ref)
+    out = json.loads(run_in(docker_engine, ref, ["python", "-c", PROBE]).strip().splitlines()[-1])
+
+    assert out["torch"].split("+")[0] == labels["io.imagebuilder.torch"] == "2.6.0"
+    assert out["cuda"] == labels["io.imagebuilder.torch.cuda"] == "12.4"  # cu124 wheels on a 12.1 image
+    assert labels["io.imagebuilder.cuda"] == "12.1.1"
+    cudnn = labels["io.imagebuilder.cudnn"].split(".")
+    assert out["cudnn"] == int(cudnn[0]) * 10000 + int(cudnn[1]) * 100 + int(cudnn[2])  # 9.1.0 -> 90100
+    assert labels["io.imagebuilder.cudnn"].startswith("9.1.")
+    assert out["nccl"] == labels["io.imagebuilder.nccl"] == "2.21.5"
+    assert out["cxx"] == "/usr/bin/g++"  # torch.compile needs it
+    assert out["uid"] == 1000  # not root by default
+    assert out["ssl_cert_file"] is None and not out["ca_left"]  # the build's CA stays in the build
+    manifest = out["manifest"]
+    assert manifest["inputs_hash"] == labels["io.imagebuilder.inputs-hash"] == runtime_image["inputs_hash"]
+    assert (manifest["torch"], manifest["cudnn"], manifest["nccl"]) == ("2.6.0", labels["io.imagebuilder.cudnn"], "2.21.5")
+    for key in ("version", "created", "source", "base.name", "title"):
+        assert labels[f"org.opencontainers.image.{key}"], key
+    assert labels["org.opencontainers.image.base.name"] == runtime_image["spec"]["base_image"]
+    # Every tag of the scheme points at the image.
+    ids = {docker_engine.image_labels(t) == labels for t in runtime_image["tags"]}
+    assert ids == {True} and len(runtime_image["tags"]) >= 2
+
+
+def test_smoke_tests_travel_with_the_image(docker_engine, runtime_image):
+    result = docker_engine.run(runtime_image["tags"][0], ["python", "-m", "smoke_tests", "--json",
+                                                          "--checks", "environment"], timeout=300)
+    doc = json.loads(result.output.strip().splitlines()[-1])
+    assert result.exit_code == 0, result.output[-2000:]
+    assert [c["status"] for c in doc["checks"]] == ["pass"]
+
+
+def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, runtime_image, tmp_path):
+    report = build_cli(base_image, runtime_image["repository"], tmp_path / "again.json", "--variant", "runtime")
+    again = report["images"][0]
+    assert again["image_id"] == runtime_image["image_id"]
+    assert again["cached_steps"] >= again["steps"] - 3  # the FROM lines are never "cached"
+    assert again["seconds"] < 30
+
+
+def test_build_failure_names_the_step_and_leaves_no_tag(docker_engine, base_image, tmp_path):
+    repository = f"{TEST_REPOSITORY_PREFIX}/fail-{uuid.uuid4().hex[:8]}"
+    done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--base-image", base_image,
+                        "--repository", repository, "--index-url", "http://127.0.0.1:9/simple", *ca_bundle_args())
+    assert done.returncode == 1
+    assert "step" in done.stderr and "uv pip install" in done.stderr and "log" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not docker_engine.image_exists(f"{repository}:2.6.0-cuda12.1-cudnn9-debian12-runtime")
+
+
+def test_missing_base_image_suggests_base_image(docker_engine):
+    done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12",
+                        "--base-image", "imagebuilder-test/no-such-base:1")
+    assert done.returncode == 1
+    assert "imagebuilder-test/no-such-base:1" in done.stderr and "--base-image" in done.stderr
+
+
+def test_jupyter_runs_as_non_root_with_a_token(docker_engine, base_image, runtime_image, tmp_path):
+    import docker
+
+    report = build_cli(base_image, runtime_image["repository"], tmp_path / "jupyter.json", "--variant", "jupyter")
+    refs = [t for image in report["images"] for t in image["tags"]]
+    jupyter = report["images"][-1]
+    assert jupyter["spec"]["variant"] == "jupyter"
+    assert jupyter["spec"]["base_image"] == runtime_image["tags"][0]  # built FROM the runtime image
+    assert len(report["images"]) == 1  # the runtime image was there: not built again
+    client = docker.from_env()
+    container = client.containers.run(jupyter["tags"][0], detach=True, ports={"8888/tcp": ("127.0.0.1", None)})
+    try:
+        container.reload()
+        port = container.attrs["NetworkSettings"]["Ports"]["8888/tcp"][0]["HostPort"]
+        base = f"http://127.0.0.1:{port}"
+        token = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and token is None:
+            match = re.search(r"token=([0-9a-f]{20,})", container.logs().decode())
+            token = match.group(1) if match else None
+            time.sleep(1)
+        assert token, container.logs().decode()[-2000:]
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(f"{base}/api/contents", timeout=10)
+        assert denied.value.code == 403
+        with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=10) as ok:
+            assert ok.status == 200
+        exit_code, out = container.exec_run(["id", "-u"])
+        assert out.decode().strip() == "1000"
+        exit_code, out = container.exec_run(["python", "-c", "import torch, jupyterlab; print(torch.__version__)"])
+        assert exit_code == 0 and out.decode().startswith("2.6.0")
+    finally:
+        container.remove(force=True)
+        for ref in refs:
+            docker_engine.remove_image(ref)
+
+
+def test_devel_image_compiles_a_cuda_extension(docker_engine, base_image, tmp_path):
+    """CUDA 13's nvcc comes from PyPI, so this works on the plain Debian base; compiling
+    needs no GPU."""
+    repository = f"{TEST_REPOSITORY_PREFIX}/devel-{uuid.uuid4().hex[:8]}"
+    report_path = tmp_path / "devel.json"
+    done = imagebuilder("build", "--torch", "2.12", "--cuda", "13.0", "--os", "debian12", "--variant", "devel",
+                        "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
+                        "--report", str(report_path))
+    assert done.returncode == 0, done.stderr[-4000:]
+    refs = json.loads(report_path.read_text())["images"][0]["tags"]
+    source = Path(__file__).parent / "data" / "cuda_extension.py"
+    try:
+        out = run_in(docker_engine, refs[0], ["python", "/probe/cuda_extension.py"], timeout=900,
+                     volumes={str(source.parent): "/probe"}, environment={"TORCH_CUDA_ARCH_LIST": "9.0"})
+        assert "extension built" in out
+        nvcc = run_in(docker_engine, refs[0], ["nvcc", "--version"])
+        assert "release 13.0" in nvcc
+    finally:
+        for ref in refs:
+            docker_engine.remove_image(ref)
