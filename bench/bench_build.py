@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from imagebuilder.engine import BuildRequest, DockerEngine  # noqa: E402
+from bench.floor import build_floor  # noqa: E402
+from imagebuilder.engine import DockerEngine  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 
@@ -58,19 +58,10 @@ def cli(*args: str) -> dict:
 
 
 def floor(engine: DockerEngine, ca: str | None) -> tuple[float, int, str]:
-    m = load_matrix(default_matrix_path())
-    t = m.torches["2.6"]
-    reqs = f"torch=={t.version} torchvision=={t.torchvision} torchaudio=={t.torchaudio}"
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = Path(tmp)
-        shutil.copy(ROOT / "bench" / "floor" / "Dockerfile", ctx / "Dockerfile")
-        (ctx / "ca-bundle.pem").write_bytes(Path(ca).read_bytes() if ca else b"")
-        ref = f"{REPO}:floor"
-        start = time.perf_counter()
-        result = engine.build(BuildRequest(context=ctx, tags=(ref,), nocache=True,
-                                           buildargs={"BASE_IMAGE": BASE, "REQUIREMENTS": reqs,
-                                                      "UV_VERSION": m.tools.uv}))
-        return time.perf_counter() - start, result.size, ref
+    ref = f"{REPO}:floor"
+    start = time.perf_counter()
+    result = build_floor(engine, load_matrix(default_matrix_path()), "2.6", BASE, ref, Path(ca) if ca else None)
+    return time.perf_counter() - start, result.size, ref
 
 
 def layers(ref: str) -> list[str]:

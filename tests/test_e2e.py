@@ -159,3 +159,33 @@ def test_devel_image_compiles_a_cuda_extension(docker_engine, base_image, tmp_pa
     finally:
         for ref in refs:
             docker_engine.remove_image(ref)
+
+
+def test_verify_passes_the_built_image_in_cpu_mode(runtime_image):
+    done = imagebuilder("verify", runtime_image["tags"][0], "--allow-no-gpu", "--json", timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "compile": "pass", "cuda_graph": "skip"}
+
+
+def test_verify_fails_a_plain_pip_install_image_for_want_of_a_compiler(docker_engine, base_image):
+    """A venv + `pip install torch` on the same base: what users get without imagebuilder."""
+    from bench.floor import build_floor
+    from imagebuilder.matrix import load_matrix
+    from imagebuilder.resources import default_matrix_path
+
+    ref = f"{TEST_REPOSITORY_PREFIX}/plain-{uuid.uuid4().hex[:8]}:2.6.0"
+    ca = ca_bundle_args()
+    build_floor(docker_engine, load_matrix(default_matrix_path()), "2.6", base_image, ref,
+                Path(ca[1]) if ca else None, nocache=False)
+    try:
+        done = imagebuilder("verify", ref, "--allow-no-gpu", "--mount-smoke-tests", "--json", timeout=1200)
+        assert done.returncode == 1
+        doc = json.loads(done.stdout)
+        checks = {c["name"]: c for c in doc["checks"]}
+        assert checks["compile"]["status"] == "fail"
+        assert "no C++ compiler" in checks["compile"]["reason"]
+        assert "error:" in done.stderr and "compile" in done.stderr
+    finally:
+        docker_engine.remove_image(ref)
