@@ -1,9 +1,11 @@
 """publish: the planner as tables; the runner and registry client against the real daemon and a
 real local registry (Debian's docker-registry).
 
-The integration tests publish one real torch image, the same one tests/test_e2e.py builds (torch
-2.6, CUDA 12.1, debian12, on the local Debian base, with the host's CA bundle), so the layer
-cache makes its build fast when those ran first. The smoke tests run on it once per session
+The integration tests publish one real torch image: torch 2.6 for CUDA 12.4 on debian12, on the
+local Debian base, with the host's CA bundle. tests/test_e2e.py builds the CUDA 12.1 image of the
+same release with the same options: both install the cu124 wheels, so every heavy layer is shared
+and the layer cache makes this build fast when those ran first (publish takes images as the
+matrix lists them, image CUDA = wheel CUDA, so 12.1 is not one of them). The smoke tests run on it once per session
 (CPU mode); the later runs that need a verdict reuse that recorded one.
 """
 
@@ -46,8 +48,8 @@ from imagebuilder.resources import default_matrix_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = REPO_ROOT / "tests" / "data" / "matrix-small.yaml"
-# The image tests/test_e2e.py builds: the same options give the same layers.
-TORCH, CUDA, OS = "2.6", "12.1", "debian12"
+# tests/test_e2e.py builds 2.6/12.1/debian12: the same wheels stage and final layers but the last.
+TORCH, CUDA, OS = "2.6", "12.4", "debian12"
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
 
 

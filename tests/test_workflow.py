@@ -1,0 +1,246 @@
+""".github/workflows/publish.yml: valid for GitHub Actions, and what it runs is what imagebuilder accepts.
+
+No schema file can be fetched here, so the checks are structural (triggers, cron syntax, jobs,
+needs, expressions and the contexts they may use); then the plan job's script runs for real
+(imagebuilder + jq) and one generated matrix entry goes through the publish job's command line
+with `--dry-run --force`. actionlint runs too where it is installed (it is not on PyPI as a
+wheel that works offline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"
+CONTEXTS = {"github", "env", "vars", "job", "jobs", "steps", "runner", "secrets", "strategy", "matrix",
+            "needs", "inputs"}
+FUNCTIONS = {"contains", "startsWith", "endsWith", "format", "join", "toJSON", "fromJSON", "hashFiles",
+             "success", "always", "cancelled", "failure"}
+EXPRESSION = re.compile(r"\$\{\{(.*?)\}\}", re.S)
+PUBLISH_KEYS = ("torch", "cuda", "python", "os")
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict[str, Any]:
+    document = yaml.safe_load(WORKFLOW.read_text())
+    # YAML 1.1 reads the key `on` as True.
+    document["on"] = document.pop(True, document.get("on"))
+    return dict(document)
+
+
+def _strings(node: Any, path: str = "") -> list[tuple[str, str]]:
+    if isinstance(node, dict):
+        return [item for key, value in node.items() for item in _strings(value, f"{path}.{key}")]
+    if isinstance(node, list):
+        return [item for n, value in enumerate(node) for item in _strings(value, f"{path}[{n}]")]
+    return [(path, node)] if isinstance(node, str) else []
+
+
+# --------------------------------------------------------------------------- cron
+
+
+CRON_FIELDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
+CRON_ITEM = re.compile(r"^(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?$")
+
+
+def cron_problems(expression: str) -> list[str]:
+    """What is wrong with a POSIX cron expression as GitHub Actions takes it (5 fields)."""
+    fields = expression.split()
+    if len(fields) != 5:
+        return [f"{len(fields)} fields, not 5"]
+    problems = []
+    for text, (low, high) in zip(fields, CRON_FIELDS):
+        for item in text.split(","):
+            m = CRON_ITEM.match(item)
+            if not m:
+                problems.append(f"{item!r} is not *, N, N-M or a step of one")
+                continue
+            values = [int(v) for v in (m[2], m[3]) if v is not None]
+            if any(not low <= v <= high for v in values) or (len(values) == 2 and values[0] > values[1]):
+                problems.append(f"{item!r} is outside {low}-{high}")
+            if m[4] is not None and int(m[4]) == 0:
+                problems.append(f"{item!r} steps by 0")
+    return problems
+
+
+@pytest.mark.parametrize("expression, ok", [
+    ("17 2 * * *", True), ("*/15 0-6 1,15 * 1-5", True), ("0 0 * * 7", False), ("60 * * * *", False),
+    ("* * *", False), ("0 0 * * mon", False), ("5-1 * * * *", False), ("*/0 * * * *", False),
+])
+def test_cron_checker(expression: str, ok: bool) -> None:
+    assert (cron_problems(expression) == []) == ok
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_triggers(workflow: dict[str, Any]) -> None:
+    on = workflow["on"]
+    assert set(on) == {"schedule", "workflow_dispatch"}
+    for entry in on["schedule"]:
+        assert cron_problems(entry["cron"]) == [], entry["cron"]
+    inputs = on["workflow_dispatch"]["inputs"]
+    assert inputs["torch"]["type"] == "string" and inputs["torch"]["required"] is False
+    assert inputs["force"]["type"] == "boolean" and inputs["force"]["default"] is False
+    for spec in inputs.values():
+        assert spec["description"]
+
+
+def test_jobs_are_complete_and_needs_exist(workflow: dict[str, Any]) -> None:
+    jobs = workflow["jobs"]
+    for name, job in jobs.items():
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name)
+        assert job.get("runs-on"), f"{name} has no runs-on"
+        assert job.get("steps"), f"{name} has no steps"
+        needs = job.get("needs", [])
+        for needed in [needs] if isinstance(needs, str) else needs:
+            assert needed in jobs and needed != name, f"{name} needs unknown job {needed}"
+        ids = [step["id"] for step in job["steps"] if "id" in step]
+        assert len(ids) == len(set(ids))
+        for step in job["steps"]:
+            assert ("uses" in step) != ("run" in step), f"{name}: a step needs exactly one of uses/run: {step}"
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w./-]+@[\w.-]+", step["uses"]), step["uses"]
+
+
+def test_publish_job_fans_out_on_gpu_runners(workflow: dict[str, Any]) -> None:
+    job = workflow["jobs"]["publish"]
+    assert job["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
+    assert job["strategy"]["fail-fast"] is False
+    assert job["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert "plan" in ([job["needs"]] if isinstance(job["needs"], str) else job["needs"])
+    plan = workflow["jobs"]["plan"]
+    output = plan["outputs"]["matrix"]
+    step_id, name = re.fullmatch(r"\$\{\{ steps\.([\w-]+)\.outputs\.([\w-]+) \}\}", output).groups()  # type: ignore[union-attr]
+    (step,) = [s for s in plan["steps"] if s.get("id") == step_id]
+    assert f"echo \"{name}=" in step["run"] and "$GITHUB_OUTPUT" in step["run"]
+    login = " ".join(step.get("run", "") + str(step.get("with", "")) for step in job["steps"])
+    assert "--password-stdin" in login or "docker/login-action" in login
+    assert "secrets." in json.dumps(job["steps"])  # the password comes from a secret, not the file
+
+
+def _job_of(path: str) -> str | None:
+    m = re.match(r"^\.jobs\.([^.\[]+)", path)
+    return m[1] if m else None
+
+
+def test_expressions_use_known_contexts(workflow: dict[str, Any]) -> None:
+    jobs = workflow["jobs"]
+    for path, text in _strings(workflow):
+        for body in EXPRESSION.findall(text):
+            code = re.sub(r"'(?:[^']|'')*'", "''", body)  # string literals say nothing here
+            for name in re.findall(r"([A-Za-z_][\w-]*)\s*\(", code):
+                assert name in FUNCTIONS, f"{path}: unknown function {name}"
+            job_name = _job_of(path)
+            job = jobs.get(job_name) if job_name else None
+            for context, rest in re.findall(r"(?<![\w.])([A-Za-z_][\w-]*)((?:\.[\w-]+)*)", code):
+                if context in FUNCTIONS or context in {"true", "false", "null"}:
+                    continue
+                assert context in CONTEXTS, f"{path}: unknown context {context} in {body!r}"
+                parts = rest.lstrip(".").split(".")
+                if context == "needs":
+                    assert job is not None
+                    needs = job.get("needs", [])
+                    assert parts[0] in ([needs] if isinstance(needs, str) else needs), f"{path}: {body}"
+                    assert parts[1] == "outputs" and parts[2] in jobs[parts[0]]["outputs"], f"{path}: {body}"
+                if context == "steps":
+                    assert job is not None
+                    assert parts[0] in {s.get("id") for s in job["steps"]}, f"{path}: no step id {parts[0]}"
+                if context == "matrix":
+                    assert job is not None and "strategy" in job, f"{path}: matrix outside a matrix job"
+                    assert parts[0] in PUBLISH_KEYS, f"{path}: the generated matrix has no {parts[0]}"
+                if context == "inputs":
+                    assert parts[0] in workflow["on"]["workflow_dispatch"]["inputs"], f"{path}: {body}"
+                if context in ("secrets", "vars"):
+                    assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", parts[0]), f"{path}: {body}"
+
+
+def test_actionlint_where_installed() -> None:
+    actionlint = shutil.which("actionlint")
+    if actionlint is None:
+        pytest.skip("actionlint is not installed (no offline wheel on PyPI); the structural checks stand in")
+    done = subprocess.run([actionlint, "-no-color", str(WORKFLOW)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --------------------------------------------------------------------------- the scripts, run
+
+
+def _shim(directory: Path, extra: str = "") -> Path:
+    """An `imagebuilder` on PATH that is this checkout's CLI (+ `extra` arguments)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shim = directory / "imagebuilder"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m imagebuilder "$@" {extra}\n')
+    shim.chmod(0o755)
+    return directory
+
+
+def _run_step(script: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env})
+
+
+@pytest.fixture(scope="module")
+def generated(workflow: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plan job's matrix step, run with this checkout's imagebuilder and jq, for torch 2.6."""
+    if shutil.which("jq") is None:
+        pytest.skip("jq is not installed (GitHub's runners have it)")
+    tmp = tmp_path_factory.mktemp("plan")
+    (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
+    output = tmp / "github_output"
+    done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": "2.6",
+                                   "GITHUB_OUTPUT": str(output)}, tmp)
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    images = json.loads((tmp / "images.json").read_text())["include"]
+    return {"matrix": json.loads(outputs["matrix"]), "count": outputs["count"], "images": images}
+
+
+def test_the_plan_job_groups_images_by_combination(generated: dict[str, Any]) -> None:
+    combos = generated["matrix"]["include"]
+    images = generated["images"]
+    assert int(generated["count"]) == len(combos) > 0
+    assert all(set(entry) == set(PUBLISH_KEYS) for entry in combos)
+    assert {tuple(e[k] for k in PUBLISH_KEYS) for e in images} == {tuple(c[k] for k in PUBLISH_KEYS) for c in combos}
+    assert len(combos) < len(images)  # variants share a job
+    assert len(combos) <= 256  # GitHub's limit of jobs per matrix
+
+
+def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, Any], generated: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """The publish step's exact command line, for a generated entry, is accepted by imagebuilder
+    and plans that combination's images (--dry-run --force: no registry, nothing built)."""
+    job = workflow["jobs"]["publish"]
+    (step,) = [s for s in job["steps"] if s.get("name") == "Publish"]
+    combos = generated["matrix"]["include"]
+    entry = next(c for c in combos
+                 if {i["variant"] for i in generated["images"] if all(i[k] == c[k] for k in PUBLISH_KEYS)} >= {"runtime", "jupyter"})
+    env = {name.upper(): entry[name] for name in PUBLISH_KEYS}
+    assert set(step["env"]) == {*env, "FORCE"}
+    assert all(step["env"][name] == f"${{{{ matrix.{name.lower()} }}}}" for name in env)
+    env.update(FORCE="", REGISTRY="127.0.0.1:1/ci", PATH=f"{_shim(tmp_path / 'bin', '--dry-run --force')}:{os.environ['PATH']}")
+    done = _run_step(step["run"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    wanted = [i for i in generated["images"] if all(i[k] == entry[k] for k in PUBLISH_KEYS)]
+    positions = {i["variant"]: done.stdout.index(f"127.0.0.1:1/ci/pytorch:{i['tag']} ") for i in wanted}
+    assert positions["runtime"] < positions["jupyter"]
+    plan_lines = [line for line in done.stdout.splitlines() if re.match(r"^\d+\s", line)]
+    assert len(plan_lines) == len(wanted)
+
+
+def test_force_input_becomes_the_flag(workflow: dict[str, Any]) -> None:
+    (step,) = [s for s in workflow["jobs"]["publish"]["steps"] if s.get("name") == "Publish"]
+    assert step["env"]["FORCE"] == "${{ inputs.force && '--force' || '' }}"
+    assert "$FORCE" in step["run"] and "--registry \"$REGISTRY\"" in step["run"]
+    assert workflow["jobs"]["publish"]["env"]["REGISTRY"] == "${{ vars.REGISTRY }}"
