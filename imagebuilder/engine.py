@@ -252,6 +252,8 @@ class Engine(Protocol):
 
     def ping(self) -> None: ...
 
+    def info(self) -> dict[str, Any]: ...
+
     def build(self, req: BuildRequest,
               on_progress: Callable[[Progress], None] | None = None) -> BuildResult: ...
 
@@ -427,6 +429,11 @@ class DockerEngine:
     def ping(self) -> None:
         with self._daemon_errors():
             self._client.ping()
+
+    def info(self) -> dict[str, Any]:
+        """The daemon's `docker info` (runtimes, CDI devices, ...)."""
+        with self._daemon_errors():
+            return dict(self._client.info())
 
     # -- build
 

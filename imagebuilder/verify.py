@@ -255,19 +255,12 @@ def _mentions_gpu(spec: Path) -> bool:
 
 
 def _docker_info(engine: Engine) -> Mapping[str, Any]:
-    # The Engine protocol has no info(); ask the daemon ourselves until it does.
-    info = getattr(engine, "info", None)
-    if callable(info):
-        return dict(info())
     import docker
 
-    client = docker.DockerClient(base_url=getattr(engine, "base_url", None))
     try:
-        return dict(client.info())
+        return engine.info()
     except docker.errors.DockerException:
         return {}
-    finally:
-        client.close()
 
 
 def collect_facts(engine: Engine, ref: str) -> HostFacts:
