@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.version import InvalidVersion, Version
 
 from .errors import ImageBuilderError
@@ -135,6 +134,8 @@ def driver_key(version: str) -> tuple[int, ...]:
 
 
 def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Problem]]:
+    import yaml  # here, not at the top: `imagebuilder --help` should not pay for it
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
@@ -145,7 +146,7 @@ def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Probl
     problems: list[Problem] = []
     scalars = yaml.SafeLoader("")
 
-    def convert(node: yaml.Node, path: KeyPath) -> Any:
+    def convert(node: Any, path: KeyPath) -> Any:
         lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}

@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-
-import jinja2
+from typing import Any
 
 from . import __version__
 from .errors import ImageBuilderError
@@ -76,7 +75,9 @@ class RenderedImage:
 
 
 @lru_cache(maxsize=4)
-def _environment(template_root: str) -> jinja2.Environment:
+def _environment(template_root: str) -> Any:
+    import jinja2  # here, not at the top: `imagebuilder --help` should not pay for it
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(template_root),
         undefined=jinja2.StrictUndefined,
