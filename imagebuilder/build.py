@@ -142,8 +142,11 @@ class ProgressPrinter:
     """Step n/m, the instruction and the elapsed time: one updating line per step on a
     terminal, plain lines elsewhere (CI logs)."""
 
+    HEARTBEAT = 30.0  # seconds between lines for a long step, when not on a terminal
+
     def __init__(self, label: str, stream: Any = None, tty: bool | None = None) -> None:
         self.label = label
+        self.printed_at = 0.0
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.step = 0
@@ -160,9 +163,11 @@ class ProgressPrinter:
             self.stream.write("\r" + line.ljust(self.width))
             self.width = len(line)
             self.stream.flush()
-        elif p.step != self.step:
-            self.stream.write(f"{text} at {p.elapsed:.1f}s\n")
+        elif p.step != self.step or p.elapsed - self.printed_at >= self.HEARTBEAT:
+            still = "" if p.step != self.step else " still running"
+            self.stream.write(f"{text}{still} at {p.elapsed:.1f}s\n")
             self.stream.flush()
+            self.printed_at = p.elapsed
         self.step = p.step
 
     def close(self) -> None:
