@@ -50,7 +50,8 @@ def _pinned(reqs: list[Requirement], prefix: str) -> Version | None:
     for req in reqs:
         if req.name.startswith(prefix) and (req.marker is None or req.marker.evaluate({"extra": ""})):
             for spec in req.specifier:
-                if spec.operator == "==":
+                # ~= is how newer releases pin triton ("~=3.8.0": the 3.8 series from 3.8.0).
+                if spec.operator in ("==", "~="):
                     return Version(spec.version)
     return None
 
@@ -64,7 +65,9 @@ def release_drift(release: TorchRelease) -> list[str]:
         "cudnn": _pinned(reqs, f"nvidia-cudnn-cu{major}"),
         "nccl": _pinned(reqs, f"nvidia-nccl-cu{major}"),
         "triton": _pinned(reqs, "triton"),
-        "cuda": _pinned(reqs, f"nvidia-cuda-runtime-cu{major}") or _pinned(reqs, "nvidia-cuda-runtime"),
+        # 2.11 and later pin the CUDA runtime through the cuda-toolkit meta-package.
+        "cuda": _pinned(reqs, f"nvidia-cuda-runtime-cu{major}") or _pinned(reqs, "nvidia-cuda-runtime")
+        or _pinned(reqs, "cuda-toolkit"),
     }
     expected = {"cudnn": variant.cudnn, "nccl": variant.nccl, "triton": release.triton, "cuda": variant.cuda}
     drifts = []
