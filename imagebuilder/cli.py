@@ -81,9 +81,12 @@ class UserError(click.ClickException):
     def __init__(self, error: ImageBuilderError) -> None:
         super().__init__(str(error))
         self.exit_code = error.exit_code
+        self.details = error.details()
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
+        for line in self.details:
+            click.echo(line, err=True)
 
 
 class Group(click.Group):
@@ -463,7 +466,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     click.echo(publish.format_plan(steps))
     if dry_run:
         return
-    from .engine import DockerEngine
+    from .engine import DockerEngine, Progress
 
     engine = DockerEngine()
     engine.ping()
@@ -481,10 +484,14 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         if phase == publish.BUILD and not quiet:
             printer = ProgressPrinter(step.image.spec.variant, stream=click.get_text_stream("stderr"))
 
+    def on_progress(progress: Progress) -> None:
+        if printer is not None:
+            printer(progress)
+
     outcomes: list[publish.Outcome] = []
     try:
         for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
-                                       on_event=on_event, on_progress=lambda p: printer and printer(p)):
+                                       on_event=on_event, on_progress=on_progress):
             if printer is not None:
                 printer.close()
                 printer = None

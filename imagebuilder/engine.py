@@ -88,13 +88,15 @@ class BuildFailed(EngineError):
         log = f"full log: {log_path}" if log_path else "rerun with a log file for the full output"
         super().__init__(f"{where} failed: {what}; {_CAUSE_HINTS[cause] if cause else ''}{log}")
 
+    def details(self) -> list[str]:
+        """The failing step's last output lines."""
+        if not self.tail:
+            return []
+        return [f"last {len(self.tail)} lines of the failing step:", *(f"  | {line}" for line in self.tail)]
+
     def report(self) -> str:
         """The message plus the failing step's last output lines, for a terminal."""
-        lines = [str(self)]
-        if self.tail:
-            lines.append(f"last {len(self.tail)} lines of the failing step:")
-            lines.extend(f"  | {line}" for line in self.tail)
-        return "\n".join(lines)
+        return "\n".join([str(self), *self.details()])
 
 
 class BuildTimedOut(EngineError):

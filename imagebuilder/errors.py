@@ -12,6 +12,10 @@ class ImageBuilderError(Exception):
 
     exit_code = 1
 
+    def details(self) -> list[str]:
+        """Lines shown under the one-line message (a failing step's last output, say)."""
+        return []
+
 
 class BadRequest(ImageBuilderError):
     """The request names something that does not exist or cannot be combined (exit 2)."""
