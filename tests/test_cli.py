@@ -97,3 +97,23 @@ def test_a_failed_render_all_leaves_nothing_behind(tmp_path):
 def test_help_has_examples():
     result = CliRunner().invoke(cli, ["render", "--help"])
     assert result.exit_code == 0 and "Examples:" in result.output and "--base-image" in result.output
+
+
+def test_build_without_a_daemon_says_which_socket_and_how_to_start_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
+    code, out, err = run("build", "--torch", "2.6", "--cuda", "12.4")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert f"{tmp_path}/docker.sock" in lines[0] and "dockerd" in lines[0]
+
+
+def test_ctrl_c_exits_130(monkeypatch):
+    import imagebuilder.cli as cli_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "resolve_and_render", interrupted)
+    code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
+    assert code == 130 and "interrupted" in err
