@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ import pytest
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
-from imagebuilder.errors import BadRequest
+from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.matrix import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.registry import (
@@ -195,15 +196,16 @@ class LocalRegistry:
     """Debian's docker-registry on 127.0.0.1:PORT that can be stopped and started again with its
     storage kept (.ci/registry.sh stop throws the storage away)."""
 
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, htpasswd: Path | None = None) -> None:
         self.root = root
         self.port = port
         self.address = f"127.0.0.1:{port}"
         self.process: subprocess.Popen[bytes] | None = None
         (root / "data").mkdir(parents=True, exist_ok=True)
+        auth = f"auth:\n  htpasswd: {{realm: imagebuilder-test, path: '{htpasswd}'}}\n" if htpasswd else ""
         (root / "config.yml").write_text(
             f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {root / 'data'}}}\n"
-            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'}}\n")
+            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'}}\n{auth}")
 
     def start(self) -> None:
         log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
@@ -214,6 +216,8 @@ class LocalRegistry:
             try:
                 urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
                 return
+            except urllib.error.HTTPError:
+                return  # it answers (401 when it wants a login)
             except OSError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
                     self.stop()
@@ -429,6 +433,27 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
                                  registry=registry, options=options, verifier=recorded)
     assert outcome.status == PUSHED and set(outcome.pushed) == set(image.refs)
     assert set(outcome.pushed.values()) == set(verified["pushed"].values())
+
+
+@pytest.mark.registry
+def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int) -> None:
+    crypt = pytest.importorskip("crypt", reason="the crypt module makes the bcrypt htpasswd entry")
+    if not REGISTRY_BIN.exists():
+        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+    htpasswd = tmp_path / "htpasswd"
+    htpasswd.write_text(f"bot:{crypt.crypt('s3cret', crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+    reg = LocalRegistry(tmp_path / "registry", free_port, htpasswd=htpasswd)
+    reg.start()
+    try:
+        ref = f"{reg.address}/ml/pytorch:2.6-runtime"
+        with pytest.raises(ImageBuilderError, match=f"docker login {reg.address}"):
+            HttpRegistry(config={}).digest(ref)
+        logged_in = HttpRegistry(config={"auths": {reg.address: _auth("bot", "s3cret")}})
+        assert logged_in.digest(ref) is None and logged_in.labels(ref) is None  # in, and nothing there
+        with pytest.raises(ImageBuilderError, match="HTTP 401"):
+            HttpRegistry(config={"auths": {reg.address: _auth("bot", "wrong")}}).digest(ref)
+    finally:
+        reg.stop()
 
 
 def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:
