@@ -121,8 +121,10 @@ def imagebuilder(*args: str, timeout: float = 3600) -> subprocess.CompletedProce
     """The real CLI in a subprocess, as a user runs it."""
     import sys
 
+    # A fixed revision label: a commit made while the tests run must not change the images.
+    env = {**os.environ, "GITHUB_SHA": "0" * 40}
     return subprocess.run([sys.executable, "-m", "imagebuilder", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO_ROOT)
+                          timeout=timeout, cwd=REPO_ROOT, env=env)
 
 
 def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> dict:
