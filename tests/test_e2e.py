@@ -94,6 +94,8 @@ def test_build_failure_names_the_step_and_leaves_no_tag(docker_engine, base_imag
                         "--repository", repository, "--index-url", "http://127.0.0.1:9/simple", *ca_bundle_args())
     assert done.returncode == 1
     assert "step" in done.stderr and "uv pip install" in done.stderr and "log" in done.stderr
+    assert "could not reach the index" in done.stderr  # a network error is named as such
+    assert "last " in done.stderr and "lines of the failing step" in done.stderr
     assert "Traceback" not in done.stderr
     assert not docker_engine.image_exists(f"{repository}:2.6.0-cuda12.1-cudnn9-debian12-runtime")
 
