@@ -156,19 +156,17 @@ def _pip_install(args: list[str]) -> str:
 def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool) -> list[str]:
     """The one RUN that makes the venv: uv comes and goes within it."""
     commands = [_uv_env(single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
-    if spec.python_from_os:
-        commands.append(f"{UV}/bin/uv venv --seed --python /usr/bin/python{spec.python} {VENV}")
-    else:
-        commands += [f"{UV}/bin/uv python install {spec.python}", f"{UV}/bin/uv venv --seed --python {spec.python} {VENV}"]
+    python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
+    if not spec.python_from_os:
+        commands.append(f"{UV}/bin/uv python install {spec.python}")
+    # --allow-existing: in a single stage the (empty) venv folder is made beforehand, owned by the user.
+    commands.append(f"{UV}/bin/uv venv --seed --allow-existing --python {python} {VENV}")
     commands.append(_pip_install(_index_args(spec, options) + _requirements(spec, matrix)))
     if spec.toolchain == "pip":
         # torch.utils.cpp_extension links -lcudart; the wheel ships only the versioned soname.
         lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
         commands.append(f"ln -s libcudart.so.{spec.cuda.major} {lib}/libcudart.so")
     commands.append(f"rm -rf {UV}")
-    if single_stage:
-        # In the same layer, so ownership costs no second copy of the venv.
-        commands.append(f"chown -R {USER_ID}:{USER_ID} {VENV}")
     return commands
 
 

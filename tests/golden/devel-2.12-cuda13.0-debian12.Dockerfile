@@ -13,12 +13,15 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
- && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
+ && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 1000 /opt/venv
+# As the venv's owner, so no second pass over its files is needed to hand it over.
+USER 1000
 # One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
 RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
  && python3 -m venv /tmp/uv \
  && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
- && /tmp/uv/bin/uv venv --seed --python /usr/bin/python3.11 /opt/venv \
+ && /tmp/uv/bin/uv venv --seed --allow-existing --python /usr/bin/python3.11 /opt/venv \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         torch==2.12.0 \
         torchvision==0.27.0 \
@@ -28,8 +31,8 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         nvidia-nvvm==13.0.88 \
         nvidia-cuda-cccl==13.0.85 \
  && ln -s libcudart.so.13 /opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so \
- && rm -rf /tmp/uv \
- && chown -R 1000:1000 /opt/venv
+ && rm -rf /tmp/uv
+USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.11/site-packages/imagebuilder.pth
@@ -56,6 +59,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="c58b0e2b97b924ca0422e0bec86b92ec5d3ab331ee5b10f480575eacbc6fee2f"
+    io.imagebuilder.inputs-hash="fd3b2b878028889644586693c0437c811280a751a41a8232edea7df7bf299ae7"
 WORKDIR /workspace
 CMD ["/bin/bash"]

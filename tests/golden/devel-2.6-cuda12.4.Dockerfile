@@ -13,19 +13,22 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
- && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
+ && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 1000 /opt/venv
+# As the venv's owner, so no second pass over its files is needed to hand it over.
+USER 1000
 # One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
 RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
  && python3 -m venv /tmp/uv \
  && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
- && /tmp/uv/bin/uv venv --seed --python /usr/bin/python3.10 /opt/venv \
+ && /tmp/uv/bin/uv venv --seed --allow-existing --python /usr/bin/python3.10 /opt/venv \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         torch==2.6.0 \
         torchvision==0.21.0 \
         torchaudio==2.6.0 \
         ninja==1.13.2 \
- && rm -rf /tmp/uv \
- && chown -R 1000:1000 /opt/venv
+ && rm -rf /tmp/uv
+USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
@@ -52,6 +55,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="156a32d5648f41d4f00f322ce90d562247de4bed5ace67ca0bd2860adf06f740"
+    io.imagebuilder.inputs-hash="e367cfb05d9722c3e4f0af175d0ae4375bb24a1dade86ac444043000e9ecbd6b"
 WORKDIR /workspace
 CMD ["/bin/bash"]

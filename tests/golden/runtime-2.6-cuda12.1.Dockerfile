@@ -14,18 +14,21 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
- && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
+ && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 1000 /opt/venv
+# As the venv's owner, so no second pass over its files is needed to hand it over.
+USER 1000
 # One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
 RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
  && python3 -m venv /tmp/uv \
  && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
- && /tmp/uv/bin/uv venv --seed --python /usr/bin/python3.10 /opt/venv \
+ && /tmp/uv/bin/uv venv --seed --allow-existing --python /usr/bin/python3.10 /opt/venv \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         torch==2.6.0 \
         torchvision==0.21.0 \
         torchaudio==2.6.0 \
- && rm -rf /tmp/uv \
- && chown -R 1000:1000 /opt/venv
+ && rm -rf /tmp/uv
+USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
@@ -51,7 +54,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="13088cbd9051f1f517c0e4fb186c0ecac9350d5b53cea7f76badc75fffbffb3b"
+    io.imagebuilder.inputs-hash="b04d3253054a394c59500bc852c594961f24f7eb4e178d49fe73ff9f7ac8b7f6"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

@@ -14,19 +14,22 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
- && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch
+ && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 1000 /opt/venv /opt/python
+# As the venv's owner, so no second pass over its files is needed to hand it over.
+USER 1000
 # One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
 RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
  && python3 -m venv /tmp/uv \
  && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
  && /tmp/uv/bin/uv python install 3.12 \
- && /tmp/uv/bin/uv venv --seed --python 3.12 /opt/venv \
+ && /tmp/uv/bin/uv venv --seed --allow-existing --python 3.12 /opt/venv \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         torch==2.6.0 \
         torchvision==0.21.0 \
         torchaudio==2.6.0 \
- && rm -rf /tmp/uv \
- && chown -R 1000:1000 /opt/venv
+ && rm -rf /tmp/uv
+USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.12/site-packages/imagebuilder.pth
@@ -52,7 +55,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="40b2d44f3f22c32ae25f5e28f0ea71de7082fe2f5a374c12fa85965adb1908da"
+    io.imagebuilder.inputs-hash="377a6411728430b012038e6e51dcea411f7733cea0e44ebafcff042e3b49380e"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
