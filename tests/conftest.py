@@ -69,11 +69,18 @@ def image_repo(docker_engine: DockerEngine, request: pytest.FixtureRequest) -> I
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
     repo = f"{TEST_REPOSITORY_PREFIX}/{slug}-{uuid.uuid4().hex[:8]}"
     yield repo
+    remove_local_tags(docker_engine, repo)
+
+
+def remove_local_tags(docker_engine: DockerEngine, marker: str) -> None:
+    """Remove every local tag that contains `marker` (images are GBs; the disk is shared)."""
+    import docker
+
     client = docker.from_env()
     try:
         for image in client.images.list():
             for tag in image.tags:
-                if repo in tag:
+                if marker in tag:
                     docker_engine.remove_image(tag)
     finally:
         client.close()

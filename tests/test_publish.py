@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ca_bundle_args, imagebuilder, remove_local_tags
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
@@ -236,33 +236,9 @@ class LocalRegistry:
         self.process = None
 
 
-def _remove_local(docker_engine: Any, marker: str) -> None:
-    import docker
-
-    client = docker.from_env()
-    try:
-        for image in client.images.list():
-            for tag in image.tags:
-                if marker in tag:
-                    docker_engine.remove_image(tag)
-    finally:
-        client.close()
-
-
-def _imagebuilder(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real CLI, as the workflow runs it."""
-    return subprocess.run([sys.executable, "-m", "imagebuilder", *args], capture_output=True, text=True,
-                          timeout=3600, cwd=REPO_ROOT)
-
-
-def _ca_args() -> list[str]:
-    ca = os.environ.get("SSL_CERT_FILE")
-    return ["--ca-bundle", ca] if ca and Path(ca).is_file() else []
-
-
 def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
     return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
-            "--base-image", base_image, *_ca_args(), "--allow-no-gpu", "--registry", registry,
+            "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
 
 
@@ -295,14 +271,14 @@ def first_run(docker_engine: Any, base_image: str, local_registry: LocalRegistry
     registry = f"{local_registry.address}/{namespace}"
     report = tmp_path_factory.mktemp("publish") / "first.json"
     started = time.monotonic()
-    done = _imagebuilder(*_publish_args(base_image, registry, report))
+    done = imagebuilder(*_publish_args(base_image, registry, report))
     seconds = time.monotonic() - started
     try:
         assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
         yield {"report": json.loads(report.read_text()), "registry": registry, "stdout": done.stdout,
                "seconds": seconds}
     finally:
-        _remove_local(docker_engine, local_registry.address)
+        remove_local_tags(docker_engine, local_registry.address)
 
 
 def _head(ref: str) -> str | None:
@@ -348,7 +324,7 @@ def test_pulled_images_have_the_reported_digests(docker_engine: Any, first_run: 
 def test_second_run_skips_and_pushes_nothing(base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
     (before,) = first_run["report"]["images"]
     started = time.monotonic()
-    done = _imagebuilder(*_publish_args(base_image, first_run["registry"], tmp_path / "second.json"))
+    done = imagebuilder(*_publish_args(base_image, first_run["registry"], tmp_path / "second.json"))
     seconds = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-4000:]
     (image,) = json.loads((tmp_path / "second.json").read_text())["images"]
@@ -458,7 +434,7 @@ def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int
 
 
 def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:
-    done = _imagebuilder("--matrix", str(SMALL), "publish", "--torch", "2.6", "--cuda", "12.4",
+    done = imagebuilder("--matrix", str(SMALL), "publish", "--torch", "2.6", "--cuda", "12.4",
                          "--registry", f"127.0.0.1:{free_port}/ml", "--dry-run")
     assert done.returncode == 1
     assert f"http://127.0.0.1:{free_port}/v2/" in done.stderr and "did not answer" in done.stderr
