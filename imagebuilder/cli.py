@@ -359,8 +359,9 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 @click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
               help="With --local: the manifest.json whose versions to expect. Default: none.")
 @click.option("--mount-smoke-tests", is_flag=True,
-              help="Run this imagebuilder's smoke tests in the image, not the image's own copy "
-                   "(images imagebuilder did not build).")
+              help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
+                   "(an image an older imagebuilder built). Images without imagebuilder's labels "
+                   "get them anyway.")
 def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
                manifest: str | None, mount_smoke_tests: bool) -> None:
     """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
@@ -389,6 +390,8 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 
         report = verify_image(DockerEngine(), tag, allow_no_gpu=allow_no_gpu, timeout=timeout,
                               mount_smoke_tests=mount_smoke_tests)
+    for notice in report.notices:
+        click.echo(notice, err=True)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
     report.raise_if_failed()
 

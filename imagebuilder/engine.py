@@ -268,7 +268,8 @@ class Engine(Protocol):
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
-            volumes: Mapping[str, str] | None = None, workdir: str | None = None) -> RunResult: ...
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult: ...
 
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str: ...
 
@@ -647,11 +648,14 @@ class DockerEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
-            volumes: Mapping[str, str] | None = None, workdir: str | None = None) -> RunResult:
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult:
         """Run `command` in a new container; the container is removed in every case.
 
-        `volumes` maps host paths to container paths (mounted read-only). On timeout the
-        container is killed and `timed_out` is True (exit code 137 or -1).
+        `volumes` maps host paths to container paths (mounted read-only): they must be on the
+        daemon's host. `archives` maps a container directory to a tar unpacked there before
+        the container starts (what `docker cp` does), so files reach a remote daemon too.
+        On timeout the container is killed and `timed_out` is True (exit code 137 or -1).
         """
         import docker
         import requests
@@ -671,13 +675,18 @@ class DockerEngine:
                         device_requests=device_requests, volumes=binds or None,
                         working_dir=workdir, labels={"org.imagebuilder.run": "1"},
                     )
+                    for directory, tar in (archives or {}).items():
+                        if not container.put_archive(directory, tar):
+                            raise ContainerFailed(image, f"the daemon refused files for {directory}")
                     container.start()
                 except docker.errors.ImageNotFound as e:
                     raise ImageMissing(image) from e
                 except docker.errors.APIError as e:
-                    if gpus and ("gpu" in str(e).lower() or "nvidia" in str(e).lower()):
-                        raise GpuUnavailable(image, _short(e)) from e
-                    raise ContainerFailed(image, _short(e)) from e
+                    # The daemon's own words, without docker-py's status line and URL.
+                    said = _short_text(str(e.explanation or e))
+                    if gpus and ("gpu" in said.lower() or "nvidia" in said.lower()):
+                        raise GpuUnavailable(image, said) from e
+                    raise ContainerFailed(image, said) from e
                 timed_out = False
                 try:
                     status = container.wait(timeout=timeout)

@@ -3,11 +3,15 @@
 Two steps, each a pure function beside a thin I/O wrapper:
 
 - preflight(): HostFacts (daemon, image, NVIDIA runtime, GPUs, driver) -> items that pass,
-  fail or skip; collect_facts() gathers the facts. A failed preflight stops there: the
-  smoke tests would only fail again, slower and less clearly.
+  fail or skip; collect_facts() gathers the facts from the daemon's host, never from this
+  client (DOCKER_HOST may be another machine): the runtimes from the daemon's info, the GPUs
+  and driver from nvidia-smi in a short container of the image itself. A failed preflight
+  stops there: the smoke tests would only fail again, slower and less clearly.
 - the smoke tests run in a container with every GPU (verify_image) or in this Python
   environment (verify_local), always under a time limit; parse_output() reads their JSON
-  report out of whatever else the process printed.
+  report out of whatever else the process printed. An image imagebuilder did not build is
+  lent this imagebuilder's smoke tests, copied in through the API, with the versions its own
+  torch reports as the expectations.
 
 Both return a VerifyReport; the CLI prints it and `raise_if_failed()` turns a failure into
 VerificationFailed (exit 1). `publish` calls verify_image() once per image.
@@ -15,21 +19,22 @@ VerificationFailed (exit 1). `publish` calls verify_image() once per image.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import smoke_tests
-from smoke_tests.expected import ManifestError, load_expected
+from smoke_tests.expected import DEFAULT_MANIFEST, ManifestError, load_expected
 from smoke_tests.report import format_table
 from smoke_tests.result import FAIL, PASS, SKIP, Result
 
@@ -38,21 +43,26 @@ from .matrix import driver_key
 from .tags import LABEL_PREFIX
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import Engine, RunResult
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds for the whole smoke-test run; smoke_tests gives each check 300s of its own."""
 SHM_SIZE = "1g"
 """NCCL's shared-memory transport needs more than Docker's 64 MiB default."""
 NVIDIA_SMI_TIMEOUT = 30.0
-"""nvidia-smi hangs rather than fails on some broken drivers."""
+"""nvidia-smi hangs rather than fails on some broken drivers; also covers the container start."""
+NVIDIA_SMI = ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
+PROBE_TIMEOUT = 120.0
+"""Seconds for the torch probe of an image without a manifest (importing torch takes a few)."""
 TAIL_LINES = 40
-CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 CONTAINER_SMOKE_TESTS = "/opt/imagebuilder/host"
-"""Where mount_smoke_tests puts this imagebuilder's smoke_tests package in the container."""
+"""Where this imagebuilder's smoke_tests package goes in a container of an image that is lent them."""
+LENT_MANIFEST = f"{CONTAINER_SMOKE_TESTS}/manifest.json"
 
 MIN_DRIVER_LABEL = f"{LABEL_PREFIX}.min-driver"
 CUDA_LABEL = f"{LABEL_PREFIX}.cuda"
+BUILT_LABEL = f"{LABEL_PREFIX}.inputs-hash"
+"""Every image imagebuilder builds carries it, and with it smoke_tests and a manifest."""
 
 
 class VerificationFailed(ImageBuilderError):
@@ -80,7 +90,7 @@ class HostFacts:
 
     gpus: tuple[Gpu, ...] = ()
     gpu_error: str | None = None
-    """Why no GPU is listed: nvidia-smi missing, failing or hanging."""
+    """Why no GPU is listed: no GPU runtime, nvidia-smi missing, failing or hanging."""
     min_driver: str | None = None
     """The image's (or manifest's) minimum NVIDIA driver; None: not declared."""
     cuda: str | None = None
@@ -91,7 +101,9 @@ class HostFacts:
     image_error: str | None = None
     pulled: bool = False
     nvidia_runtime: str | None = None
-    """How containers get GPUs: "runtime nvidia", a CDI spec's path, or the runtime hook."""
+    """How the daemon gives containers GPUs: its nvidia runtime, a CDI device, or device requests."""
+    built_by_imagebuilder: bool = True
+    """The image carries imagebuilder's labels, and so its own smoke_tests and manifest."""
 
 
 @dataclass(frozen=True)
@@ -124,33 +136,42 @@ class Preflight:
         return tuple(item for item in self.items if item.failed)
 
 
+INSTALL_TOOLKIT = (
+    "install the NVIDIA Container Toolkit on the Docker daemon's host, then `sudo nvidia-ctk "
+    "runtime configure --runtime=docker && sudo systemctl restart docker`"
+)
 NO_RUNTIME = (
-    "no NVIDIA container runtime: docker info lists no `nvidia` runtime, no CDI spec for "
-    "nvidia.com/gpu is in /etc/cdi or /var/run/cdi, and nvidia-container-runtime-hook is not "
-    "installed; install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime configure "
-    "--runtime=docker && sudo systemctl restart docker`"
+    "no NVIDIA container runtime: the daemon's info lists no `nvidia` runtime and no CDI device "
+    f"nvidia.com/gpu, and it refused a GPU device request; {INSTALL_TOOLKIT}"
 )
 
 
 def preflight(facts: HostFacts, *, allow_no_gpu: bool) -> Preflight:
-    """Judge the host: every item that can be judged, so all problems show at once."""
+    """Judge the host: every item that can be judged, so all problems show at once.
+
+    In a container the GPUs are read through the daemon from the image, so nothing past a
+    failed daemon or image item can be judged.
+    """
     items: list[PreflightItem] = []
     if facts.in_container:
         items += _container_items(facts)
+        if any(item.failed for item in items):
+            return Preflight(tuple(items), use_gpus=False)
     gpus = facts.gpus
     if gpus:
         names = sorted({gpu.name for gpu in gpus})
         items.append(PreflightItem("gpu", PASS, f"{len(gpus)} GPU(s): {', '.join(names)}"))
     else:
         why = facts.gpu_error or "nvidia-smi lists none"
+        host = "the Docker daemon's host" if facts.in_container else "this host"
         if allow_no_gpu:
             items.append(PreflightItem("gpu", SKIP, f"no NVIDIA GPU visible ({why}); "
                                                     "--allow-no-gpu: running the CPU mode"))
         else:
-            items.append(PreflightItem("gpu", FAIL, f"no NVIDIA GPU visible on this host ({why}); run "
+            items.append(PreflightItem("gpu", FAIL, f"no NVIDIA GPU visible on {host} ({why}); run "
                                                     "on a GPU host, or pass --allow-no-gpu for the CPU "
                                                     "mode (CI runners)"))
-    if facts.in_container and facts.daemon_error is None:
+    if facts.in_container:
         items.append(_runtime_item(facts))
     items.append(_driver_item(facts))
     return Preflight(tuple(items), use_gpus=bool(gpus))
@@ -232,60 +253,92 @@ def host_gpus() -> tuple[tuple[Gpu, ...], str | None]:
     return gpus, None if gpus else "nvidia-smi lists none"
 
 
-def nvidia_runtime(info: Mapping[str, Any]) -> str | None:
-    """How the daemon can hand GPUs to containers, from `docker info` and this host's files."""
+def daemon_runtime(info: Mapping[str, Any]) -> str | None:
+    """How the daemon says it gives containers GPUs, from its info (None: it does not say).
+
+    The daemon's host may be another machine: its info is the only view of its runtimes and
+    CDI devices (DiscoveredDevices, Engine API 1.50+); the CDI spec files are not ours to read.
+    """
     if "nvidia" in (info.get("Runtimes") or {}):
-        return "docker info lists the nvidia runtime"
-    for directory in info.get("CDISpecDirs") or CDI_DIRS:
-        for spec in sorted(Path(directory).glob("*")):
-            if spec.suffix in (".yaml", ".yml", ".json") and _mentions_gpu(spec):
-                return f"CDI spec for nvidia.com/gpu in {spec}"
-    # dockerd serves --gpus device requests itself when it finds this hook on its PATH.
-    hook = shutil.which("nvidia-container-runtime-hook")
-    if hook:
-        return f"the daemon accepts GPU device requests ({hook})"
+        return "the daemon lists the nvidia runtime"
+    for device in info.get("DiscoveredDevices") or ():
+        name = str(device.get("ID", "")) if isinstance(device, Mapping) else ""
+        if name.startswith("nvidia.com/gpu"):
+            return f"the daemon lists the CDI device {name}"
     return None
 
 
-def _mentions_gpu(spec: Path) -> bool:
+@dataclass(frozen=True)
+class GpuProbe:
+    """What nvidia-smi said in a container of the image run with every GPU."""
+
+    gpus: tuple[Gpu, ...]
+    error: str | None
+    accepted: bool
+    """The daemon started a container with a GPU device request."""
+
+
+def read_gpu_probe(outcome: RunResult | str) -> GpuProbe:
+    """Pure: the GPU probe's run, or the daemon's refusal to start it with GPUs -> GPUs or why none."""
+    if isinstance(outcome, str):
+        if "executable file not found" in outcome:
+            return GpuProbe((), "the NVIDIA runtime mounted no nvidia-smi into the container: no "
+                                "NVIDIA driver on the daemon's host?", accepted=True)
+        return GpuProbe((), f"the daemon could not start a container with GPUs ({outcome}): no GPU "
+                            f"there, or {INSTALL_TOOLKIT}", accepted=False)
+    if outcome.timed_out:
+        return GpuProbe((), f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT:g}s: the driver is "
+                            "stuck", accepted=True)
+    if outcome.exit_code != 0:
+        said = " ".join(outcome.output.split())[:200]
+        return GpuProbe((), f"nvidia-smi failed with exit code {outcome.exit_code}: {said}", accepted=True)
+    gpus = parse_nvidia_smi(outcome.output)
+    return GpuProbe(gpus, None if gpus else "nvidia-smi lists none", accepted=True)
+
+
+def probe_gpus(engine: Engine, ref: str) -> GpuProbe:
+    """nvidia-smi in a container of `ref` with every GPU: the NVIDIA runtime mounts it in, so
+    this sees the GPUs and driver of the daemon's host, whatever image and client."""
+    from .engine import ContainerFailed, GpuUnavailable
+
     try:
-        return "nvidia.com/gpu" in spec.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-
-
-def _docker_info(engine: Engine) -> Mapping[str, Any]:
-    import docker
-
-    try:
-        return engine.info()
-    except docker.errors.DockerException:
-        return {}
+        run = engine.run(ref, list(NVIDIA_SMI), timeout=NVIDIA_SMI_TIMEOUT, gpus=True)
+    except (GpuUnavailable, ContainerFailed) as e:
+        return read_gpu_probe(e.detail)
+    return read_gpu_probe(run)
 
 
 def collect_facts(engine: Engine, ref: str) -> HostFacts:
-    """The I/O half of preflight for an image: ask the daemon and the host; pull if needed."""
+    """The I/O half of preflight for an image: ask the daemon, pull if needed, probe the GPUs."""
+    import docker
+
     from .engine import DaemonUnavailable, PullFailed
 
-    gpus, gpu_error = host_gpus()
     try:
         engine.ping()
     except DaemonUnavailable as e:
-        return HostFacts(gpus=gpus, gpu_error=gpu_error, daemon_error=str(e))
-    image_error, pulled, labels = None, False, {}
+        return HostFacts(daemon_error=str(e))
+    pulled = False
     if not engine.image_exists(ref):
         try:
             engine.pull(ref)
             pulled = True
         except PullFailed as e:
-            image_error = f"image {ref} is not here and could not be pulled: {e.detail}; build it " \
-                          "or check the reference and `docker login`"
-    if image_error is None:
-        labels = engine.image_labels(ref)
+            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
+                                         "build it or check the reference and `docker login`")
+    labels = engine.image_labels(ref)
+    try:
+        info: Mapping[str, Any] = engine.info()
+    except docker.errors.DockerException:
+        info = {}
+    probe = probe_gpus(engine, ref)
+    runtime = daemon_runtime(info)
+    if runtime is None and probe.accepted:
+        runtime = "the daemon accepted a GPU device request"
     return HostFacts(
-        gpus=gpus, gpu_error=gpu_error,
+        gpus=probe.gpus, gpu_error=probe.error,
         min_driver=labels.get(MIN_DRIVER_LABEL), cuda=labels.get(CUDA_LABEL),
-        image_error=image_error, pulled=pulled, nvidia_runtime=nvidia_runtime(_docker_info(engine)),
+        pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
     )
 
 
@@ -297,6 +350,88 @@ def collect_local_facts(manifest: str | None) -> HostFacts:
     gpus, gpu_error = host_gpus()
     return HostFacts(gpus=gpus, gpu_error=gpu_error, min_driver=expected.min_driver,
                      cuda=expected.image_cuda, in_container=False)
+
+
+# --------------------------------------------------------------------------- lent smoke tests
+
+
+PROBE_PREFIX = "IMAGEBUILDER_PROBE "
+TORCH_PROBE = f"""
+import json, sys
+found = {{"python": ".".join(map(str, sys.version_info[:3]))}}
+try:
+    import torch
+    found.update(torch=torch.__version__, torch_cuda=torch.version.cuda)
+except Exception as e:
+    found["error"] = repr(e)
+print({PROBE_PREFIX!r} + json.dumps(found))
+"""
+
+
+def expected_from_torch(output: str) -> dict[str, Any] | None:
+    """Pure: the torch probe's output -> a manifest of what the image's own torch reports.
+
+    Without a manifest that is the best statement of what the image is; None when the probe
+    found no torch (the smoke tests then say why, in their own words).
+    """
+    for line in reversed(output.splitlines()):
+        if line.startswith(PROBE_PREFIX):
+            try:
+                found = json.loads(line[len(PROBE_PREFIX):])
+            except ValueError:
+                return None
+            if not isinstance(found, dict) or not found.get("torch"):
+                return None
+            return {"torch": found["torch"], "torch_cuda": found.get("torch_cuda"), "python": found.get("python")}
+    return None
+
+
+def probe_torch(engine: Engine, ref: str) -> dict[str, Any] | None:
+    from .engine import ContainerFailed
+
+    try:
+        run = engine.run(ref, ["python3", "-c", TORCH_PROBE], timeout=PROBE_TIMEOUT)
+    except ContainerFailed:
+        return None
+    return None if run.timed_out else expected_from_torch(run.output)
+
+
+def smoke_tests_archive(manifest: Mapping[str, Any] | None) -> bytes:
+    """This imagebuilder's smoke_tests package, and the lent manifest, as a tar to unpack at /.
+
+    Copied into the container through the API rather than bind-mounted: a remote daemon
+    (DOCKER_HOST=ssh://...) has no such host path. Files only, so that unpacking creates
+    what is missing and changes no directory the image has.
+    """
+    package = Path(smoke_tests.__file__).resolve().parent
+    root = CONTAINER_SMOKE_TESTS.lstrip("/")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(package.rglob("*.py")):
+            _add_file(tar, f"{root}/smoke_tests/{path.relative_to(package).as_posix()}", path.read_bytes())
+        if manifest is not None:
+            _add_file(tar, LENT_MANIFEST.lstrip("/"), json.dumps(manifest, indent=2).encode())
+    return buffer.getvalue()
+
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    # Readable by whatever user the image runs as.
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def lend_notice(ref: str, expected: Mapping[str, Any] | None, *, asked: bool) -> str:
+    why = "--mount-smoke-tests" if asked else "it carries no imagebuilder labels"
+    if expected is not None:
+        cuda = f"CUDA {expected['torch_cuda']}" if expected.get("torch_cuda") else "CPU build"
+        expecting = f"expecting what its own torch reports: torch {expected['torch']} ({cuda})"
+    elif asked:
+        expecting = f"expecting what its manifest ({DEFAULT_MANIFEST}) says"
+    else:
+        expecting = "its torch could not be read, so there are no expectations"
+    return (f"notice: {ref}: {why}, so it is verified with this imagebuilder's smoke tests, copied into "
+            f"the container; {expecting}")
 
 
 # --------------------------------------------------------------------------- smoke test output
@@ -315,8 +450,8 @@ class SmokeOutput:
 # Recognisable ways the run dies before printing its report, and what to say.
 _DEATHS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"No module named smoke_tests|No module named 'smoke_tests'"),
-     "the image has no smoke_tests package (not built by imagebuilder?); rebuild it with "
-     "imagebuilder, or verify it with this imagebuilder's smoke tests (--mount-smoke-tests)"),
+     "the image has no smoke_tests package although it carries imagebuilder's labels; verify it "
+     "with this imagebuilder's smoke tests (--mount-smoke-tests)"),
     (re.compile(r"No module named 'torch'"),
      "torch is not importable in the image's Python; install torch into the Python on its PATH"),
     (re.compile(r"executable file not found|python3: not found|No such file or directory.*python3"),
@@ -395,6 +530,8 @@ class VerifyReport:
     gpu_count: int | None = None
     seconds: float = 0.0
     require_gpu: bool = True
+    notices: tuple[str, ...] = ()
+    """What the reader should know about how the image was judged (lent smoke tests)."""
 
     @property
     def ok(self) -> bool:
@@ -430,6 +567,7 @@ class VerifyReport:
             "checks": [check.to_dict() for check in self.checks],
             "error": self.error,
             "output_tail": list(self.output_tail),
+            "notices": list(self.notices),
         }
 
     def format(self) -> str:
@@ -465,40 +603,49 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
 
 def verify_image(engine: Engine, ref: str, *, allow_no_gpu: bool = False,
                  timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False) -> VerifyReport:
-    """Preflight this host for `ref`, then run the smoke tests in a container from it.
+    """Preflight the daemon's host for `ref`, then run the smoke tests in a container from it.
 
     The container gets every GPU, a 1 GiB /dev/shm and `timeout` seconds; it is removed
     afterwards in every case (the engine's run() guarantees it, Ctrl-C included).
-    mount_smoke_tests runs this imagebuilder's smoke_tests instead of the image's own copy:
-    for images imagebuilder did not build (a plain `pip install torch` image).
+    An image without imagebuilder's labels (a plain `pip install torch` image, pytorch/pytorch)
+    has no smoke tests of its own: it is lent this imagebuilder's, with what its own torch
+    reports as the expectations, and the report carries a notice saying so. mount_smoke_tests
+    lends them to any image, e.g. one an older imagebuilder built.
     """
     from .engine import ContainerFailed, GpuUnavailable, ImageMissing
 
     started = time.monotonic()
-    checked = preflight(collect_facts(engine, ref), allow_no_gpu=allow_no_gpu)
+    facts = collect_facts(engine, ref)
+    checked = preflight(facts, allow_no_gpu=allow_no_gpu)
     require_gpu = checked.use_gpus or not allow_no_gpu
     if not checked.ok:
         return VerifyReport(ref, "docker", checked.items, error=NOT_RUN, require_gpu=require_gpu,
                             seconds=time.monotonic() - started)
     environment = {"PYTHONDONTWRITEBYTECODE": "1"}
-    volumes: dict[str, str] = {}
-    if mount_smoke_tests:
-        package = Path(smoke_tests.__file__).resolve().parent
-        volumes[str(package)] = f"{CONTAINER_SMOKE_TESTS}/smoke_tests"
+    archives: dict[str, bytes] = {}
+    manifest: str | None = None
+    notices: tuple[str, ...] = ()
+    if mount_smoke_tests or not facts.built_by_imagebuilder:
+        expected = None if facts.built_by_imagebuilder else probe_torch(engine, ref)
+        archives["/"] = smoke_tests_archive(expected)
+        # Ahead of the image's own copy, which a .pth file puts on sys.path.
         environment["PYTHONPATH"] = CONTAINER_SMOKE_TESTS
+        manifest = LENT_MANIFEST if expected is not None else None
+        notices = (lend_notice(ref, expected, asked=mount_smoke_tests),)
     try:
-        run = engine.run(ref, smoke_command("python3", require_gpu=require_gpu), timeout=timeout,
-                         gpus=checked.use_gpus, shm_size=SHM_SIZE, environment=environment,
-                         volumes=volumes or None)
+        run = engine.run(ref, smoke_command("python3", require_gpu=require_gpu, manifest=manifest),
+                         timeout=timeout, gpus=checked.use_gpus, shm_size=SHM_SIZE,
+                         environment=environment, archives=archives or None)
     except GpuUnavailable as e:
         items = checked.items + (PreflightItem("runtime", FAIL, str(e)),)
         return VerifyReport(ref, "docker", items, error=NOT_RUN, require_gpu=require_gpu,
-                            seconds=time.monotonic() - started)
+                            seconds=time.monotonic() - started, notices=notices)
     except (ContainerFailed, ImageMissing) as e:
         return VerifyReport(ref, "docker", checked.items, error=str(e), require_gpu=require_gpu,
-                            seconds=time.monotonic() - started)
+                            seconds=time.monotonic() - started, notices=notices)
     parsed = parse_output(run.output, run.exit_code, timed_out=run.timed_out, timeout=timeout)
-    return _report(ref, "docker", checked, parsed, run.output, require_gpu, time.monotonic() - started)
+    report = _report(ref, "docker", checked, parsed, run.output, require_gpu, time.monotonic() - started)
+    return replace(report, notices=notices)
 
 
 def verify_local(*, allow_no_gpu: bool = False, timeout: float = DEFAULT_TIMEOUT,

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
-from .checks import CHECK_NAMES, CHECKS, Check
+from .checks import CHECK_NAMES, CHECKS, Check, checks_for
 from .context import DEFAULT_TIMEOUT, Context
 from .expected import NOTHING_EXPECTED, Expected
 from .result import Result, failed
@@ -66,13 +66,13 @@ def run_checks(
     timeout: float = DEFAULT_TIMEOUT,
     require_gpu: bool = False,
 ) -> List[Result]:
-    """Run the named checks (all by default) in registry order.
+    """Run the named checks (by default those for the expected variant) in registry order.
 
     expected is an Expected or the manifest's dict; None means no expectations.
     """
-    wanted = list(CHECK_NAMES if names is None else names)
+    ctx = Context(expected=as_expected(expected), require_gpu=require_gpu, timeout=timeout)
+    wanted = list(checks_for(ctx.expected.variant) if names is None else names)
     unknown = [name for name in wanted if name not in CHECK_NAMES]
     if unknown:
         raise UnknownCheck(unknown)
-    ctx = Context(expected=as_expected(expected), require_gpu=require_gpu, timeout=timeout)
     return [run_one(name, check, ctx) for name, check in CHECKS if name in wanted]
