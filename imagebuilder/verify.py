@@ -386,11 +386,11 @@ def expected_from_torch(output: str) -> dict[str, Any] | None:
     return None
 
 
-def probe_torch(engine: Engine, ref: str) -> dict[str, Any] | None:
+def probe_torch(engine: Engine, ref: str, timeout: float) -> dict[str, Any] | None:
     from .engine import ContainerFailed
 
     try:
-        run = engine.run(ref, ["python3", "-c", TORCH_PROBE], timeout=PROBE_TIMEOUT)
+        run = engine.run(ref, ["python3", "-c", TORCH_PROBE], timeout=min(PROBE_TIMEOUT, timeout))
     except ContainerFailed:
         return None
     return None if run.timed_out else expected_from_torch(run.output)
@@ -626,7 +626,7 @@ def verify_image(engine: Engine, ref: str, *, allow_no_gpu: bool = False,
     manifest: str | None = None
     notices: tuple[str, ...] = ()
     if mount_smoke_tests or not facts.built_by_imagebuilder:
-        expected = None if facts.built_by_imagebuilder else probe_torch(engine, ref)
+        expected = None if facts.built_by_imagebuilder else probe_torch(engine, ref, timeout)
         archives["/"] = smoke_tests_archive(expected)
         # Ahead of the image's own copy, which a .pth file puts on sys.path.
         environment["PYTHONPATH"] = CONTAINER_SMOKE_TESTS

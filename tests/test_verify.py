@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import threading
 import time
@@ -18,16 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from imagebuilder.engine import BuildRequest, GpuUnavailable, RunResult
+from imagebuilder.engine import BuildRequest, ContainerFailed, GpuUnavailable, RunResult
 from imagebuilder.verify import (
+    LENT_MANIFEST,
     NOT_RUN,
+    PROBE_PREFIX,
     Gpu,
     HostFacts,
     VerificationFailed,
     VerifyReport,
+    daemon_runtime,
+    expected_from_torch,
     parse_nvidia_smi,
     parse_output,
     preflight,
+    read_gpu_probe,
     run_process,
     verify_image,
     verify_local,
@@ -50,7 +57,7 @@ def gpus(driver: str, count: int = 1) -> tuple[Gpu, ...]:
 
 RUNTIME = "docker info lists the nvidia runtime"
 
-PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str], str]] = [
+PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str | None], str]] = [
     # id, facts, allow_no_gpu, expected statuses, a phrase the failing detail must contain
     ("all-good", HostFacts(gpus=(H100,), min_driver="530.30.02", nvidia_runtime=RUNTIME), False,
      {"daemon": "pass", "image": "pass", "gpu": "pass", "runtime": "pass", "driver": "pass"}, ""),
@@ -72,21 +79,21 @@ PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str], str]] = [
     ("driver-no-label", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME), False, {"driver": "skip"}, ""),
     ("driver-garbage", HostFacts(gpus=gpus("n/a"), min_driver="530.30.02", nvidia_runtime=RUNTIME), False,
      {"driver": "fail"}, "cannot compare"),
-    ("no-gpu", HostFacts(gpu_error="nvidia-smi not found: no NVIDIA driver installed"), False,
-     {"gpu": "fail", "runtime": "skip", "driver": "skip"}, "no NVIDIA GPU visible on this host"),
+    ("no-gpu", HostFacts(gpu_error="nvidia-smi lists none"), False,
+     {"gpu": "fail", "runtime": "skip", "driver": "skip"}, "no NVIDIA GPU visible on the Docker daemon's host"),
     ("no-gpu-allowed", HostFacts(gpu_error="nvidia-smi not found"), True,
      {"gpu": "skip", "runtime": "skip", "driver": "skip"}, ""),
     ("no-runtime", HostFacts(gpus=(H100,), min_driver="530.30.02"), False,
      {"gpu": "pass", "runtime": "fail"}, "install the NVIDIA Container Toolkit"),
     # --allow-no-gpu forgives a host without GPUs, not a GPU host that cannot use them.
     ("no-runtime-allowed", HostFacts(gpus=(H100,)), True, {"runtime": "fail"}, "nvidia-ctk runtime configure"),
-    ("image-missing", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME,
-                                image_error="image nosuch:1 is not here and could not be pulled: not found"),
-     False, {"daemon": "pass", "image": "fail"}, "nosuch:1"),
+    # The GPUs are read from the image through the daemon: nothing past either can be judged.
+    ("image-missing", HostFacts(image_error="image nosuch:1 is not here and could not be pulled: not found"),
+     False, {"daemon": "pass", "image": "fail", "gpu": None}, "nosuch:1"),
     ("image-pulled", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME, pulled=True), False,
      {"image": "pass"}, ""),
-    ("no-daemon", HostFacts(gpus=(H100,), daemon_error="could not reach the Docker daemon at unix://x"),
-     False, {"daemon": "fail", "gpu": "pass"}, "could not reach the Docker daemon"),
+    ("no-daemon", HostFacts(daemon_error="could not reach the Docker daemon at unix://x"),
+     False, {"daemon": "fail", "image": None, "gpu": None}, "could not reach the Docker daemon"),
     ("local-has-no-docker-items", HostFacts(gpus=(H100,), in_container=False, min_driver="560.28.03"), False,
      {"gpu": "pass", "driver": "fail"}, "older than 560.28.03, which this image needs"),
 ]
@@ -94,7 +101,7 @@ PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str], str]] = [
 
 @pytest.mark.parametrize(("facts", "allow_no_gpu", "statuses", "phrase"),
                          [case[1:] for case in PREFLIGHT_CASES], ids=[case[0] for case in PREFLIGHT_CASES])
-def test_preflight(facts: HostFacts, allow_no_gpu: bool, statuses: dict[str, str], phrase: str) -> None:
+def test_preflight(facts: HostFacts, allow_no_gpu: bool, statuses: dict[str, str | None], phrase: str) -> None:
     result = preflight(facts, allow_no_gpu=allow_no_gpu)
     got = {item.name: item.status for item in result.items}
     assert {name: got.get(name) for name in statuses} == statuses
@@ -108,8 +115,8 @@ def test_preflight(facts: HostFacts, allow_no_gpu: bool, statuses: dict[str, str
 
 
 def test_preflight_reports_every_problem_at_once() -> None:
-    facts = HostFacts(gpus=gpus("525.85.12"), min_driver="530.30.02", image_error="image x is missing")
-    assert [item.name for item in preflight(facts, allow_no_gpu=False).problems] == ["image", "runtime", "driver"]
+    facts = HostFacts(gpus=gpus("525.85.12"), min_driver="530.30.02")
+    assert [item.name for item in preflight(facts, allow_no_gpu=False).problems] == ["runtime", "driver"]
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -122,6 +129,59 @@ def test_preflight_reports_every_problem_at_once() -> None:
 ])
 def test_parse_nvidia_smi(text: str, expected: tuple[Gpu, ...]) -> None:
     assert parse_nvidia_smi(text) == expected
+
+
+# --------------------------------------------------------------------------- the daemon's host
+
+NO_DEVICE_DRIVER = 'could not select device driver "" with capabilities: [[gpu]]'
+
+
+@pytest.mark.parametrize(("outcome", "found", "accepted", "phrase"), [
+    (RunResult(0, "NVIDIA H100 80GB HBM3, 550.54.15\nNVIDIA H100 80GB HBM3, 550.54.15\n", False, 1.0),
+     (H100, H100), True, None),
+    (RunResult(0, "No devices were found\n", False, 1.0), (), True, "nvidia-smi lists none"),
+    (RunResult(9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", False, 1.0),
+     (), True, "nvidia-smi failed with exit code 9: NVIDIA-SMI has failed because"),
+    (RunResult(137, "", True, 30.0), (), True, "did not answer within 30s"),
+    # A daemon without the NVIDIA Container Toolkit (this CI's), in its own words.
+    (NO_DEVICE_DRIVER, (), False, "could not start a container with GPUs (could not select device driver"),
+    ('failed to create shim task: OCI runtime create failed: exec: "nvidia-smi": executable file not found '
+     "in $PATH: unknown", (), True, "mounted no nvidia-smi"),
+])
+def test_read_gpu_probe(outcome: RunResult | str, found: tuple[Gpu, ...], accepted: bool, phrase: str | None) -> None:
+    probe = read_gpu_probe(outcome)
+    assert (probe.gpus, probe.accepted) == (found, accepted)
+    assert probe.error is None if phrase is None else phrase in (probe.error or "")
+    if not accepted:
+        assert "NVIDIA Container Toolkit on the Docker daemon's host" in (probe.error or "")
+
+
+@pytest.mark.parametrize(("info", "runtime"), [
+    ({"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}}, "the daemon lists the nvidia runtime"),
+    # Engine API 1.50+: the CDI devices the daemon found on its own host.
+    ({"Runtimes": {"runc": {}}, "CDISpecDirs": ["/etc/cdi"],
+      "DiscoveredDevices": [{"Source": "cdi", "ID": "vendor.com/fpga=0"}, {"Source": "cdi", "ID": "nvidia.com/gpu=0"}]},
+     "the daemon lists the CDI device nvidia.com/gpu=0"),
+    ({"Runtimes": {"runc": {}}, "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}, None),
+    ({}, None),
+])
+def test_daemon_runtime_reads_only_the_daemons_info(info: dict[str, Any], runtime: str | None) -> None:
+    assert daemon_runtime(info) == runtime
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    ("Warning: no NumPy\n" + PROBE_PREFIX + json.dumps({"python": "3.11.2", "torch": "2.6.0+cu124",
+                                                         "torch_cuda": "12.4"}) + "\n",
+     {"torch": "2.6.0+cu124", "torch_cuda": "12.4", "python": "3.11.2"}),
+    (PROBE_PREFIX + json.dumps({"python": "3.12.1", "torch": "2.13.0+cpu", "torch_cuda": None}),
+     {"torch": "2.13.0+cpu", "torch_cuda": None, "python": "3.12.1"}),
+    (PROBE_PREFIX + json.dumps({"python": "3.11.2", "error": "ModuleNotFoundError(\"No module named 'torch'\")"}),
+     None),
+    (PROBE_PREFIX + "{broken", None),
+    ("python3: not found", None),
+])
+def test_expected_from_torch(output: str, expected: dict[str, Any] | None) -> None:
+    assert expected_from_torch(output) == expected
 
 
 # --------------------------------------------------------------------------- output parsing
@@ -200,13 +260,21 @@ def test_report_json_and_table() -> None:
 # --------------------------------------------------------------------------- verify_image, fake engine
 
 
+SMI_TWO_H100 = RunResult(0, "NVIDIA H100 80GB HBM3, 550.54.15\n" * 2, False, 0.5)
+BUILT_BY_IMAGEBUILDER = {"io.imagebuilder.inputs-hash": "0" * 64}
+TORCH_PROBE_OUTPUT = PROBE_PREFIX + json.dumps({"python": "3.11.2", "torch": "2.6.0+cu124", "torch_cuda": "12.4"})
+
+
 @dataclass
 class FakeEngine:
-    """The Engine surface verify uses, recording the container it was asked to run."""
+    """The Engine surface verify uses, recording every container it was asked to run: the GPU
+    probe (nvidia-smi), the torch probe (python3 -c) and the smoke tests."""
 
     present: bool = True
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=lambda: dict(BUILT_BY_IMAGEBUILDER))
     info_doc: dict[str, Any] = field(default_factory=lambda: {"Runtimes": {"runc": {}, "nvidia": {}}})
+    smi: RunResult | Exception = SMI_TWO_H100
+    probe: RunResult = RunResult(0, TORCH_PROBE_OUTPUT + "\n", False, 2.0)
     result: RunResult = RunResult(0, json.dumps(document("pass")), False, 1.0)
     run_error: Exception | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -232,70 +300,173 @@ class FakeEngine:
 
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
-            volumes: Mapping[str, str] | None = None, workdir: str | None = None) -> RunResult:
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult:
         self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
                           "shm_size": shm_size, "environment": dict(environment or {}),
-                          "volumes": dict(volumes or {})})
+                          "volumes": dict(volumes or {}), "archives": dict(archives or {})})
+        if command[0] == "nvidia-smi":
+            if isinstance(self.smi, Exception):
+                raise self.smi
+            return self.smi
+        if list(command[:2]) == ["python3", "-c"]:
+            return self.probe
         if self.run_error is not None:
             raise self.run_error
         return self.result
 
-
-@pytest.fixture
-def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("imagebuilder.verify.host_gpus", lambda: ((H100, H100), None))
+    @property
+    def smoke_run(self) -> dict[str, Any]:
+        (run,) = [run for run in self.runs if "smoke_tests" in run["command"]]
+        return run
 
 
 @pytest.fixture
 def cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For --local: this machine's nvidia-smi finds nothing."""
     monkeypatch.setattr("imagebuilder.verify.host_gpus", lambda: ((), "nvidia-smi not found"))
 
 
-def test_verify_image_runs_the_smoke_tests_with_every_gpu(gpu_host: None) -> None:
-    engine = FakeEngine(labels={"io.imagebuilder.min-driver": "530.30.02", "io.imagebuilder.cuda": "12.4.1"})
+def cpu_daemon() -> FakeEngine:
+    """A daemon without the NVIDIA Container Toolkit, as docker 20.10 refuses `--gpus all`."""
+    return FakeEngine(info_doc={"Runtimes": {"runc": {}}}, smi=GpuUnavailable("img:1", NO_DEVICE_DRIVER))
+
+
+@pytest.fixture(autouse=True)
+def no_client_reads(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Image verification reads the daemon's host only: nvidia-smi on this client is an error
+    (--local, which is about this machine, is the exception)."""
+    if "local" in request.node.name:
+        return
+
+    def client_nvidia_smi() -> None:
+        raise AssertionError("verify of an image ran nvidia-smi on the client")
+
+    monkeypatch.setattr("imagebuilder.verify.host_gpus", client_nvidia_smi)
+
+
+def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
+    engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "530.30.02",
+                                "io.imagebuilder.cuda": "12.4.1"})
     report = verify_image(engine, "img:1", timeout=60)  # type: ignore[arg-type]
     assert report.ok, report.format()
-    (run,) = engine.runs
+    probe, run = engine.runs
+    assert probe["command"] == ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    assert probe["image"] == "img:1" and probe["gpus"] is True and probe["timeout"] == 30
     assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--require-gpu"]
     assert run["gpus"] is True and run["shm_size"] == "1g" and run["timeout"] == 60
-    assert run["volumes"] == {}
+    # Its own smoke tests: nothing lent, nothing said about it.
+    assert run["volumes"] == {} and run["archives"] == {} and report.notices == ()
+    gpu = {item.name: item for item in report.preflight}["gpu"]
+    assert gpu.detail == "2 GPU(s): NVIDIA H100 80GB HBM3"
 
 
-def test_verify_image_cpu_mode_and_mounted_smoke_tests(cpu_host: None) -> None:
-    engine = FakeEngine(info_doc={"Runtimes": {"runc": {}}})
+def test_gpus_and_runtime_come_from_the_daemons_host(tmp_path: Path) -> None:
+    """A CDI spec on this client says nothing about the daemon's host (DOCKER_HOST=ssh://...)."""
+    (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    engine = FakeEngine(info_doc={"Runtimes": {"runc": {}}, "CDISpecDirs": [str(tmp_path)]})
+    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    items = {item.name: item for item in report.preflight}
+    assert items["runtime"].detail == "the daemon accepted a GPU device request"
+    assert str(tmp_path) not in report.format()
+
+
+def test_a_daemon_without_gpu_support_is_a_host_without_gpus() -> None:
+    engine = cpu_daemon()
+    refused = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    assert [name for name, _ in refused.failures] == ["gpu"]
+    assert "the Docker daemon's host" in refused.failures[0][1] and NO_DEVICE_DRIVER in refused.failures[0][1]
+    allowed = verify_image(cpu_daemon(), "img:1", allow_no_gpu=True)  # type: ignore[arg-type]
+    assert allowed.ok and not allowed.require_gpu
+    statuses = {item.name: item.status for item in allowed.preflight}
+    assert statuses == {"daemon": "pass", "image": "pass", "gpu": "skip", "runtime": "skip", "driver": "skip"}
+
+
+def unpacked(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()  # type: ignore[union-attr]
+                if member.isfile()}
+
+
+def test_a_foreign_image_is_lent_the_smoke_tests_and_judged_by_its_own_torch() -> None:
+    """pytorch/pytorch, or a venv with `pip install torch`: no labels, no smoke_tests, no manifest."""
+    engine = cpu_daemon()
+    engine.labels = {"maintainer": "someone"}
+    report = verify_image(engine, "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", allow_no_gpu=True)  # type: ignore[arg-type]
+    assert report.ok, report.format()
+    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3", "python3"]
+    run = engine.smoke_run
+    assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--manifest", LENT_MANIFEST]
+    # Copied in through the API, not bind-mounted: a remote daemon has no such host path.
+    assert run["volumes"] == {} and list(run["archives"]) == ["/"]
+    files = unpacked(run["archives"]["/"])
+    assert files["opt/imagebuilder/host/smoke_tests/__main__.py"].startswith(b'"""python -m smoke_tests')
+    assert "opt/imagebuilder/host/smoke_tests/checks/devel.py" in files
+    assert not any("__pycache__" in name for name in files)
+    assert json.loads(files[LENT_MANIFEST.lstrip("/")]) == {"torch": "2.6.0+cu124", "torch_cuda": "12.4",
+                                                            "python": "3.11.2"}
+    assert run["environment"]["PYTHONPATH"] == "/opt/imagebuilder/host"
+    (notice,) = report.notices
+    assert notice == ("notice: pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime: it carries no imagebuilder labels, so "
+                      "it is verified with this imagebuilder's smoke tests, copied into the container; expecting "
+                      "what its own torch reports: torch 2.6.0+cu124 (CUDA 12.4)")
+    assert report.to_json()["notices"] == [notice]
+
+
+def test_a_foreign_image_without_torch_is_still_judged() -> None:
+    engine = cpu_daemon()
+    engine.labels = {}
+    engine.probe = RunResult(0, PROBE_PREFIX + json.dumps({"python": "3.11.2", "error": "no torch"}), False, 1.0)
+    report = verify_image(engine, "python:3.11", allow_no_gpu=True)  # type: ignore[arg-type]
+    run = engine.smoke_run
+    assert "--manifest" not in run["command"] and LENT_MANIFEST.lstrip("/") not in unpacked(run["archives"]["/"])
+    assert report.notices[0].endswith("its torch could not be read, so there are no expectations")
+
+
+def test_mount_smoke_tests_lends_them_to_an_imagebuilder_image_too() -> None:
+    """The explicit way, kept: for an image whose own copy is older. Its manifest still counts."""
+    engine = cpu_daemon()
     report = verify_image(engine, "img:1", allow_no_gpu=True, mount_smoke_tests=True)  # type: ignore[arg-type]
     assert report.ok and not report.require_gpu
-    (run,) = engine.runs
-    assert "--require-gpu" not in run["command"] and run["gpus"] is False
-    (host_path,) = run["volumes"]
-    assert (Path(host_path) / "__main__.py").is_file()
+    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3"]  # no torch probe
+    run = engine.smoke_run
+    assert "--require-gpu" not in run["command"] and "--manifest" not in run["command"] and run["gpus"] is False
+    assert "opt/imagebuilder/host/smoke_tests/__main__.py" in unpacked(run["archives"]["/"])
     assert run["environment"]["PYTHONPATH"] == "/opt/imagebuilder/host"
+    assert "--mount-smoke-tests" in report.notices[0] and "/opt/imagebuilder/manifest.json" in report.notices[0]
 
 
-def test_verify_image_stops_at_a_failed_preflight(gpu_host: None) -> None:
-    engine = FakeEngine(labels={"io.imagebuilder.min-driver": "999.0"})
+def test_verify_image_stops_at_a_failed_preflight() -> None:
+    engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "999.0"})
     report = verify_image(engine, "img:1")  # type: ignore[arg-type]
-    assert not report.ok and report.error == NOT_RUN and engine.runs == []
+    assert not report.ok and report.error == NOT_RUN
+    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi"]
     assert [name for name, _ in report.failures] == ["driver"]
 
 
-def test_verify_image_names_an_image_it_cannot_pull(gpu_host: None) -> None:
+def test_verify_image_names_an_image_it_cannot_pull() -> None:
     engine = FakeEngine(present=False)
     report = verify_image(engine, "registry.example/ml/pytorch:nope")  # type: ignore[arg-type]
-    assert engine.pulled == ["registry.example/ml/pytorch:nope"]
+    assert engine.pulled == ["registry.example/ml/pytorch:nope"] and engine.runs == []
     ((name, reason),) = report.failures
     assert name == "image" and "registry.example/ml/pytorch:nope" in reason and "manifest unknown" in reason
 
 
-def test_verify_image_rejected_device_request_is_a_runtime_problem(gpu_host: None) -> None:
-    engine = FakeEngine(run_error=GpuUnavailable("img:1", 'could not select device driver "" with '
-                                                          "capabilities: [[gpu]]"))
+def test_verify_image_rejected_device_request_is_a_runtime_problem() -> None:
+    engine = FakeEngine(run_error=GpuUnavailable("img:1", NO_DEVICE_DRIVER))
     report = verify_image(engine, "img:1")  # type: ignore[arg-type]
     assert [name for name, _ in report.failures] == ["runtime"]
     assert "could not select device driver" in report.failures[0][1]
 
 
-def test_verify_image_timeout_keeps_the_output_tail(gpu_host: None) -> None:
+def test_verify_image_container_that_cannot_start() -> None:
+    engine = FakeEngine(run_error=ContainerFailed("img:1", 'exec: "python3": executable file not found in $PATH'))
+    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    assert report.failures == (("smoke tests", 'could not run a container from img:1: exec: "python3": '
+                                               "executable file not found in $PATH"),)
+
+
+def test_verify_image_timeout_keeps_the_output_tail() -> None:
     engine = FakeEngine(result=RunResult(137, "compiling...\n" * 100, True, 30.0))
     report = verify_image(engine, "img:1", timeout=30)  # type: ignore[arg-type]
     assert report.failures == (("smoke tests", "the smoke tests did not finish within 30s and were killed; "
@@ -483,23 +654,51 @@ def python_image(docker_engine: DockerEngine, base_image: str,
 
 
 @docker
-def test_docker_image_without_smoke_tests_fails_clearly(docker_engine: DockerEngine, python_image: str) -> None:
+def test_docker_lends_the_smoke_tests_to_an_image_without_them(docker_engine: DockerEngine,
+                                                               python_image: str) -> None:
+    """No --mount-smoke-tests: the smoke tests are copied in through the API and run, and say
+    what they find (here: no torch). The GPU probe ran in the image and was refused by this
+    daemon; every container is gone."""
     report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120)
-    assert report.failures == (("smoke tests", "the image has no smoke_tests package (not built by "
-                                "imagebuilder?); rebuild it with imagebuilder, or verify it with this "
-                                "imagebuilder's smoke tests (--mount-smoke-tests)"),)
-    assert containers_from(docker_engine, python_image) == []
-
-
-@docker
-def test_docker_runs_the_real_smoke_tests_and_reports_missing_torch(docker_engine: DockerEngine,
-                                                                    python_image: str) -> None:
-    report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120, mount_smoke_tests=True)
     assert [name for name, _ in report.failures] == ["smoke tests"]
     assert "torch is not importable" in (report.error or "")
     assert report.output_tail[-1] == "ModuleNotFoundError: No module named 'torch'"
     assert any("/opt/imagebuilder/host/smoke_tests/" in line for line in report.output_tail)
+    (notice,) = report.notices
+    assert "carries no imagebuilder labels" in notice and "its torch could not be read" in notice
+    gpu = {item.name: item for item in report.preflight}["gpu"]
+    assert (gpu.status == "skip" and "could not select device driver" in gpu.detail) or HOST_HAS_GPU
     assert containers_from(docker_engine, python_image) == []
+
+
+@docker
+def test_docker_mount_smoke_tests_still_works(docker_engine: DockerEngine, python_image: str) -> None:
+    report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120, mount_smoke_tests=True)
+    assert "torch is not importable" in (report.error or "")
+    assert "--mount-smoke-tests" in report.notices[0]
+    assert containers_from(docker_engine, python_image) == []
+
+
+@docker
+def test_docker_archives_reach_the_container_as_a_non_root_user(docker_engine: DockerEngine, base_image: str,
+                                                                image_repo: str, tmp_path: Path) -> None:
+    """The lent package is readable by the image's user and lands where PYTHONPATH points,
+    without touching the image's own directories."""
+    from imagebuilder.verify import smoke_tests_archive
+
+    ref = build(docker_engine, tmp_path, f"{image_repo}:user", f"""\
+        FROM {base_image}
+        RUN mkdir -m 0700 /opt/private
+        USER 4242
+        """)
+    run = docker_engine.run(ref, ["sh", "-c", "stat -c %a /opt/private && head -n 1 /opt/imagebuilder/host/"
+                                              "smoke_tests/__main__.py && cat /opt/imagebuilder/host/manifest.json"],
+                            timeout=60, archives={"/": smoke_tests_archive({"torch": "2.6.0"})})
+    assert run.exit_code == 0, run.output
+    lines = run.output.splitlines()
+    assert lines[0] == "700" and lines[1].startswith('"""python -m smoke_tests')
+    assert json.loads("\n".join(lines[2:])) == {"torch": "2.6.0"}
+    assert containers_from(docker_engine, ref) == []
 
 
 @docker
