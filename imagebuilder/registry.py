@@ -48,36 +48,22 @@ class RegistryError(ImageBuilderError):
 
 
 class BadRegistry(BadRequest):
-    def __init__(self, text: str, why: str) -> None:
-        self.text = text
-        self.why = why
-        super().__init__(f"--registry {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme "
-                         "or 127.0.0.1:5000/ml")
+    template = "--registry {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme or 127.0.0.1:5000/ml"
 
 
 class RegistryUnavailable(RegistryError):
-    def __init__(self, url: str, detail: str) -> None:
-        self.url = url
-        self.detail = detail
-        super().__init__(f"the registry at {url} did not answer ({detail}); check that it runs and "
-                         "that this machine can reach it")
+    template = "the registry at {url} did not answer ({detail}); check that it runs and that this machine can reach it"
 
 
 class RegistryDenied(RegistryError):
-    def __init__(self, url: str, status: int, detail: str) -> None:
-        self.url = url
-        self.status = status
-        self.detail = detail
-        host = urllib.parse.urlsplit(url).netloc
-        super().__init__(f"the registry refused {url} (HTTP {status}: {detail}); log in with "
-                         f"`docker login {host}` (imagebuilder reads ~/.docker/config.json)")
+    def describe(self) -> str:
+        host = urllib.parse.urlsplit(self.fields["url"]).netloc
+        return (f"the registry refused {self.fields['url']} (HTTP {self.fields['status']}: {self.fields['detail']}); "
+                f"log in with `docker login {host}` (imagebuilder uses docker's stored credentials)")
 
 
 class RegistryProtocolError(RegistryError):
-    def __init__(self, url: str, detail: str) -> None:
-        self.url = url
-        self.detail = detail
-        super().__init__(f"unexpected answer from {url}: {detail}")
+    template = "unexpected answer from {url}: {detail}"
 
 
 # --------------------------------------------------------------------------- pure
@@ -123,11 +109,11 @@ def parse_registry(text: str) -> tuple[str, str]:
     """HOST[:PORT]/NAMESPACE -> (host, namespace); the namespace may be empty."""
     host, _, namespace = text.strip().rstrip("/").partition("/")
     if "://" in text:
-        raise BadRegistry(text, "no scheme: imagebuilder picks http for loopback, https elsewhere")
+        raise BadRegistry(text=text, why="no scheme: imagebuilder picks http for loopback, https elsewhere")
     if not host or not _is_host(host):
-        raise BadRegistry(text, f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
+        raise BadRegistry(text=text, why=f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
     if namespace and not _NAMESPACE.match(namespace):
-        raise BadRegistry(text, f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
+        raise BadRegistry(text=text, why=f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
     return host, namespace
 
 
@@ -263,7 +249,7 @@ class HttpRegistry:
             document = child[0]
         config_digest = (document.get("config") or {}).get("digest")
         if not config_digest:
-            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"), "the manifest names no config blob")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the manifest names no config blob")
         blob = self._request("GET", r, f"blobs/{config_digest}", {})
         if blob is None:
             return None
@@ -274,12 +260,12 @@ class HttpRegistry:
         r = parse_reference(ref)
         got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
         if got is None:
-            raise RegistryProtocolError(self._url(r, f"manifests/{digest}"), "the manifest to tag is gone")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{digest}"), detail="the manifest to tag is gone")
         media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
         self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": media_type}, got.body, push=True)
         now = self.digest(ref)
         if now is None:
-            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"), "the tag is missing after PUT")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the tag is missing after PUT")
         return now
 
     # -- plumbing
@@ -291,7 +277,7 @@ class HttpRegistry:
         try:
             return dict(json.loads(got.body)), got.headers.get("Content-Type", "").split(";")[0]
         except ValueError as e:
-            raise RegistryProtocolError(self._url(r, f"manifests/{reference}"), f"not JSON ({e})") from e
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{reference}"), detail=f"not JSON ({e})") from e
 
     def _url(self, r: Reference, path: str) -> str:
         return f"{scheme_for(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
@@ -318,7 +304,7 @@ class HttpRegistry:
                 raise self._http_error(url, e) from e
             except (urllib.error.URLError, OSError) as e:
                 reason = getattr(e, "reason", e)
-                raise RegistryUnavailable(f"{scheme_for(r.api_host)}://{r.api_host}/v2/", str(reason)) from e
+                raise RegistryUnavailable(url=f"{scheme_for(r.api_host)}://{r.api_host}/v2/", detail=str(reason)) from e
         raise AssertionError("unreachable")
 
     def _http_error(self, url: str, e: urllib.error.HTTPError) -> RegistryError:
@@ -328,10 +314,10 @@ class HttpRegistry:
         except (ValueError, AttributeError, OSError):
             detail = str(e.reason)
         if e.code in (401, 403):
-            return RegistryDenied(url, e.code, detail)
+            return RegistryDenied(url=url, status=e.code, detail=detail)
         if e.code >= 500:
-            return RegistryUnavailable(url, f"HTTP {e.code}: {detail}")
-        return RegistryProtocolError(url, f"HTTP {e.code}: {detail}")
+            return RegistryUnavailable(url=url, detail=f"HTTP {e.code}: {detail}")
+        return RegistryProtocolError(url=url, detail=f"HTTP {e.code}: {detail}")
 
     def _authenticate(self, r: Reference, scope: str, challenge: str, url: str) -> str:
         scheme, params = parse_challenge(challenge)
@@ -339,11 +325,11 @@ class HttpRegistry:
         basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode() if creds else None
         if scheme == "basic":
             if basic is None:
-                raise RegistryDenied(url, 401, "the registry wants a login and none is stored")
+                raise RegistryDenied(url=url, status=401, detail="the registry wants a login and none is stored")
             self._tokens[(r.api_host, scope)] = basic
             return basic
         if scheme != "bearer" or "realm" not in params:
-            raise RegistryDenied(url, 401, f"unsupported challenge {challenge!r}")
+            raise RegistryDenied(url=url, status=401, detail=f"unsupported challenge {challenge!r}")
         query = {"scope": params.get("scope") or scope}
         if "service" in params:
             query["service"] = params["service"]
@@ -355,10 +341,10 @@ class HttpRegistry:
         except urllib.error.HTTPError as e:
             raise self._http_error(token_url, e) from e
         except (urllib.error.URLError, OSError) as e:
-            raise RegistryUnavailable(params["realm"], str(getattr(e, "reason", e))) from e
+            raise RegistryUnavailable(url=params["realm"], detail=str(getattr(e, "reason", e))) from e
         token = document.get("token") or document.get("access_token")
         if not token:
-            raise RegistryProtocolError(token_url, "the token answer holds no token")
+            raise RegistryProtocolError(url=token_url, detail="the token answer holds no token")
         bearer = f"Bearer {token}"
         self._tokens[(r.api_host, scope)] = bearer
         return bearer
