@@ -114,6 +114,6 @@ def test_ctrl_c_exits_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module, "resolve_and_render", interrupted)
+    monkeypatch.setattr(cli_module.pipeline, "render_request", interrupted)
     code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
     assert code == 130 and "interrupted" in err

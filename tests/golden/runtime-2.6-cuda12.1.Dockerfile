@@ -53,8 +53,8 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="b04d3253054a394c59500bc852c594961f24f7eb4e178d49fe73ff9f7ac8b7f6"
+    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.inputs-hash="0e33f59082743f899fd8cd944eb655ee5a57b9676467de0467534961cbbf70f7"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
