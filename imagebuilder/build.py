@@ -50,6 +50,7 @@ class Built:
             "steps": self.result.steps,
             "cached_steps": self.result.cached_steps,
             "log": str(self.result.log_path) if self.result.log_path else None,
+            "removed": list(self.result.removed),
             "inputs_hash": self.image.inputs_hash,
         }
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -372,8 +371,11 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.allow_no_gpu
 @options.report
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
-              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. http for loopback "
-                   "registries, https elsewhere; credentials from `docker login`.")
+              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
+                   "(http for a loopback registry without TLS); credentials as docker finds them.")
+@click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+              help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
+                   "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs.")
 @click.option("--push/--no-push", default=True, show_default=True,
               help="--no-push builds and verifies what the plan says, and pushes nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
@@ -384,7 +386,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, selection: Selection, rendering: Rendering) -> None:
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -418,7 +420,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, selection, opts), ctx.matrix, opts)
     if not images:
         raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-    registry = HttpRegistry()
+    registry = HttpRegistry(ca_file=registry_ca)
     remotes = {} if force else publish.lookup(registry, images)
     steps = publish.plan(images, remotes, force=force)
     click.echo(publish.format_plan(steps))

@@ -6,11 +6,12 @@ from the same rendered inputs is skipped without pulling 6 GB. Stdlib urllib onl
 
 - Accept headers for Docker v2 and OCI manifests and for manifest lists / OCI indexes (an
   index is read through its linux/amd64 entry, else its first);
-- http for loopback registries (Docker treats 127.0.0.0/8 as insecure by default), https
-  otherwise;
-- anonymous access, Basic, and Bearer tokens, with the `auths` credentials of
-  ~/.docker/config.json (what `docker login` writes when no credential helper is set).
-  Credential helpers (`credsStore`, `credHelpers`) are not run: CI logs in with a password.
+- TLS as dockerd does it: https everywhere, trusting /etc/docker/certs.d/HOST/ca.crt (or
+  --registry-ca); a loopback registry that does not speak TLS is asked over http (dockerd's
+  fallback for insecure registries, which 127.0.0.0/8 is by default);
+- anonymous access, Basic, and Bearer tokens, with the credentials docker itself would use:
+  docker-py's `docker.auth` reads ~/.docker/config.json and runs its credential helpers
+  (`credsStore`, `credHelpers`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import ipaddress
 import json
 import os
 import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -124,32 +126,54 @@ def _hostname(host: str) -> str:
     return host.split(":")[0] if host.count(":") == 1 else host
 
 
-def scheme_for(host: str) -> str:
-    """http for loopback registries (what Docker allows without TLS by default), else https."""
+def is_insecure_by_default(host: str) -> bool:
+    """Loopback registries, which dockerd talks to over http when they do not speak https."""
     name = _hostname(host)
     if name == "localhost":
-        return "http"
+        return True
     try:
-        return "http" if ipaddress.ip_address(name).is_loopback else "https"
+        return ipaddress.ip_address(name).is_loopback
     except ValueError:
-        return "https"
+        return False
+
+
+def scheme_for(host: str) -> str:
+    """The scheme to try first where no answer told otherwise: http for loopback, else https."""
+    return "http" if is_insecure_by_default(host) else "https"
+
+
+def daemon_ca(host: str, certs_root: Path = Path("/etc/docker/certs.d")) -> Path | None:
+    """The CA dockerd trusts for `host` (/etc/docker/certs.d/HOST[:PORT]/ca.crt), if any."""
+    ca = certs_root / host / "ca.crt"
+    return ca if ca.is_file() else None
+
+
+class RegistryTlsError(RegistryError):
+    template = ("the registry at {url} presents a certificate this machine does not trust ({detail}); pass "
+                "--registry-ca PATH, or install its CA as /etc/docker/certs.d/{host}/ca.crt as dockerd expects")
+
+
+class CredentialsUnavailable(RegistryError):
+    template = ("could not read the credentials docker stores for {host} ({detail}); check the credential "
+                "helper named in your docker config (`credsStore`/`credHelpers`), or `docker login {host}` again")
 
 
 def credentials_for(config: Mapping[str, Any], host: str) -> tuple[str, str] | None:
-    """The (user, password) `docker login` stored for `host` in a config.json document."""
-    auths = config.get("auths") or {}
-    keys = [host, f"https://{host}", f"http://{host}", f"https://{host}/v1/", f"https://{host}/v2/"]
+    """The (user, password) docker uses for `host`: the config's `auths`, or its credential
+    helper (`credsStore`, `credHelpers`), resolved by docker-py exactly as docker does."""
+    import docker.auth
+    import docker.errors
+
     if host in (DOCKER_HUB, DOCKER_HUB_API):
-        keys.insert(0, DOCKER_HUB_AUTH_KEY)
-    for key in keys:
-        entry = auths.get(key) or {}
-        if entry.get("auth"):
-            user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
-            if sep:
-                return user, password
-        if entry.get("username") and entry.get("password"):
-            return str(entry["username"]), str(entry["password"])
-    return None
+        host = docker.auth.INDEX_NAME
+    try:
+        found = docker.auth.load_config(config_dict=dict(config)).resolve_authconfig(host)
+    except docker.errors.DockerException as e:
+        raise CredentialsUnavailable(host=host, detail=str(e)) from e
+    if not found:
+        return None
+    user, password = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
+    return (str(user), str(password)) if user and password else None
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -217,11 +241,15 @@ class _Response:
 class HttpRegistry:
     """Registry over HTTP API v2. One instance per run: it caches tokens per repository scope."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT,
+                 ca_file: Path | None = None, certs_root: Path = Path("/etc/docker/certs.d")) -> None:
         self._config = docker_config() if config is None else config
         self._timeout = timeout
         self._tokens: dict[tuple[str, str], str] = {}
-        self._opener = urllib.request.build_opener(_NoAuthOnRedirect())
+        self._ca_file = ca_file
+        self._certs_root = certs_root
+        self._openers: dict[str, urllib.request.OpenerDirector] = {}
+        self._schemes: dict[str, str] = {}  # api host -> the scheme it answered on
 
     def digest(self, ref: str) -> str | None:
         r = parse_reference(ref)
@@ -280,7 +308,37 @@ class HttpRegistry:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{reference}"), detail=f"not JSON ({e})") from e
 
     def _url(self, r: Reference, path: str) -> str:
-        return f"{scheme_for(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
+        return f"{self._scheme(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
+
+    def _opener(self, host: str) -> urllib.request.OpenerDirector:
+        """https trusting what dockerd trusts for this host: --registry-ca, else certs.d, else the system."""
+        if host not in self._openers:
+            ca = self._ca_file or daemon_ca(host, self._certs_root)
+            context = ssl.create_default_context(cafile=str(ca) if ca else None)
+            self._openers[host] = urllib.request.build_opener(
+                _NoAuthOnRedirect(), urllib.request.HTTPSHandler(context=context))
+        return self._openers[host]
+
+    def _scheme(self, host: str) -> str:
+        """https, as dockerd uses it; for a loopback registry that does not speak TLS, http
+        (dockerd's fallback for insecure registries). Asked once per host."""
+        if host in self._schemes:
+            return self._schemes[host]
+        if not is_insecure_by_default(host):
+            self._schemes[host] = "https"
+            return "https"
+        try:
+            self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._timeout).close()
+            scheme = "https"
+        except urllib.error.HTTPError:
+            scheme = "https"  # it answered over TLS (401 wants a login)
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
+            scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
+        self._schemes[host] = scheme
+        return scheme
 
     def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
                  data: bytes | None = None, push: bool = False) -> _Response | None:
@@ -293,7 +351,7 @@ class HttpRegistry:
             if auth:
                 request.add_header("Authorization", auth)
             try:
-                with self._opener.open(request, timeout=self._timeout) as response:
+                with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
                     return _Response(response.status, dict(response.headers.items()), response.read())
             except urllib.error.HTTPError as e:
                 if e.code == 404:
@@ -304,7 +362,9 @@ class HttpRegistry:
                 raise self._http_error(url, e) from e
             except (urllib.error.URLError, OSError) as e:
                 reason = getattr(e, "reason", e)
-                raise RegistryUnavailable(url=f"{scheme_for(r.api_host)}://{r.api_host}/v2/", detail=str(reason)) from e
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise RegistryTlsError(url=url, host=r.api_host, detail=str(reason)) from e
+                raise RegistryUnavailable(url=f"{self._scheme(r.api_host)}://{r.api_host}/v2/", detail=str(reason)) from e
         raise AssertionError("unreachable")
 
     def _http_error(self, url: str, e: urllib.error.HTTPError) -> RegistryError:
@@ -336,7 +396,7 @@ class HttpRegistry:
         token_url = f"{params['realm']}?{urllib.parse.urlencode(query)}"
         request = urllib.request.Request(token_url, headers={"Authorization": basic} if basic else {})
         try:
-            with self._opener.open(request, timeout=self._timeout) as response:
+            with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
                 document = json.loads(response.read())
         except urllib.error.HTTPError as e:
             raise self._http_error(token_url, e) from e
