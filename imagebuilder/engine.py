@@ -278,8 +278,8 @@ class DockerEngine:
             for tag in tags:
                 try:
                     found.append(str(self._client.api.inspect_image(tag)["Id"]))
-                except docker.errors.ImageNotFound:
-                    pass
+                except docker.errors.APIError:
+                    pass  # no such image, or a tag the daemon cannot parse (tagging will say so)
         return found
 
     def _remove_leftovers(self, candidates: Sequence[str], keep: str) -> tuple[str, ...]:
