@@ -17,11 +17,15 @@ class EngineError(ImageBuilderError):
 
 
 class DaemonUnavailable(EngineError):
+    base_url: str
+    reason: str
     template = ("could not reach the Docker daemon at {base_url}: {reason}; start it with "
                 "`sudo systemctl start docker` or `dockerd &`, or point DOCKER_HOST at a running one")
 
 
 class BaseImageMissing(EngineError):
+    image: str
+    detail: str
     template = ("base image {image} is not available locally and could not be pulled ({detail}); "
                 "build or pull it first, or pass --base-image with one that exists")
 
@@ -31,6 +35,15 @@ class BuildFailed(EngineError):
 
     Fields: step, total, instruction, error, tail (the step's last lines), log_path, cause,
     hint (what to do about a network cause, from the build's own options)."""
+
+    step: int | None
+    total: int | None
+    instruction: str | None
+    error: str
+    tail: tuple[str, ...]
+    log_path: Path | None
+    cause: str | None
+    step_exit_code: int | None
 
     def __init__(self, *, step: int | None, total: int | None, instruction: str | None, error: str,
                  tail: tuple[str, ...], log_path: Path | None, cause: str | None = None,
@@ -74,29 +87,42 @@ class BuildTimedOut(EngineError):
 
 
 class TagFailed(EngineError):
+    image_id: str
+    tag: str
+    detail: str
     template = ("built {image_id} but could not tag it {tag} ({detail}); no tag was left applied; "
                 "check the tag's spelling (lowercase repository, tag of [A-Za-z0-9_.-])")
 
 
 class ImageMissing(EngineError):
+    ref: str
     template = "image {ref} does not exist locally; build or pull it first"
 
 
 class GpuUnavailable(EngineError):
+    image: str
+    detail: str
     template = ("could not start {image} with GPUs ({detail}); install the NVIDIA Container "
                 "Toolkit and restart dockerd, or run without GPUs")
 
 
 class ContainerFailed(EngineError):
+    image: str
+    detail: str
     template = "could not run a container from {image}: {detail}"
 
 
 class PushFailed(EngineError):
+    ref: str
+    attempts: int
+    detail: str
     template = ("pushing {ref} failed after {attempts} attempt(s): {detail}; check that the "
                 "registry answers and that you are logged in (`docker login <registry>`)")
 
 
 class PullFailed(EngineError):
+    ref: str
+    detail: str
     template = "pulling {ref} failed: {detail}; check the reference and that the registry answers"
 
 
