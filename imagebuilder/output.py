@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -70,16 +71,38 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     for name in files:
         if not _is_inside(name) or name == OUTPUT_LIST:
             raise ValueError(f"refusing to write {name!r}: not a relative path inside the output folder")
+    listing = {"format": _FORMAT, "generator": "imagebuilder", "files": sorted(files)}
+    listing_bytes = (json.dumps(listing, indent=2) + "\n").encode()
+    if not previous and not (directory.exists() and any(directory.iterdir())):
+        _write_new(directory, {**files, OUTPUT_LIST: listing_bytes})
+        return
     directory.mkdir(parents=True, exist_ok=True)
     for name in sorted(files):
         _replace_file(directory / name, files[name])
-    listing = {"format": _FORMAT, "generator": "imagebuilder", "files": sorted(files)}
-    _replace_file(directory / OUTPUT_LIST, (json.dumps(listing, indent=2) + "\n").encode())
+    _replace_file(directory / OUTPUT_LIST, listing_bytes)
     for stale in sorted(previous - set(files), reverse=True):
         path = directory / stale
         if path.is_file() or path.is_symlink():
             path.unlink()
         _remove_empty_parents(path.parent, directory)
+
+
+def _write_new(directory: Path, files: Mapping[str, bytes]) -> None:
+    """A new (or empty) folder: written beside it and renamed into place, so it appears whole."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        for name, data in files.items():
+            path = staging / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        staging.chmod(0o755)
+        if directory.exists():
+            directory.rmdir()  # empty, checked above; a file appearing meanwhile stops us here
+        os.rename(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _replace_file(path: Path, data: bytes) -> None:
