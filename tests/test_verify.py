@@ -296,7 +296,7 @@ class FakeEngine:
         from imagebuilder.engine import PullFailed
 
         self.pulled.append(ref)
-        raise PullFailed(ref, "manifest unknown")
+        raise PullFailed(ref=ref, detail="manifest unknown")
 
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
@@ -329,7 +329,7 @@ def cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def cpu_daemon() -> FakeEngine:
     """A daemon without the NVIDIA Container Toolkit, as docker 20.10 refuses `--gpus all`."""
-    return FakeEngine(info_doc={"Runtimes": {"runc": {}}}, smi=GpuUnavailable("img:1", NO_DEVICE_DRIVER))
+    return FakeEngine(info_doc={"Runtimes": {"runc": {}}}, smi=GpuUnavailable(image="img:1", detail=NO_DEVICE_DRIVER))
 
 
 @pytest.fixture(autouse=True)
@@ -453,14 +453,14 @@ def test_verify_image_names_an_image_it_cannot_pull() -> None:
 
 
 def test_verify_image_rejected_device_request_is_a_runtime_problem() -> None:
-    engine = FakeEngine(run_error=GpuUnavailable("img:1", NO_DEVICE_DRIVER))
+    engine = FakeEngine(run_error=GpuUnavailable(image="img:1", detail=NO_DEVICE_DRIVER))
     report = verify_image(engine, "img:1")  # type: ignore[arg-type]
     assert [name for name, _ in report.failures] == ["runtime"]
     assert "could not select device driver" in report.failures[0][1]
 
 
 def test_verify_image_container_that_cannot_start() -> None:
-    engine = FakeEngine(run_error=ContainerFailed("img:1", 'exec: "python3": executable file not found in $PATH'))
+    engine = FakeEngine(run_error=ContainerFailed(image="img:1", detail='exec: "python3": executable file not found in $PATH'))
     report = verify_image(engine, "img:1")  # type: ignore[arg-type]
     assert report.failures == (("smoke tests", 'could not run a container from img:1: exec: "python3": '
                                                "executable file not found in $PATH"),)
