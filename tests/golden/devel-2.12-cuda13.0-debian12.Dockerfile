@@ -59,6 +59,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="fd3b2b878028889644586693c0437c811280a751a41a8232edea7df7bf299ae7"
+    io.imagebuilder.min-driver-compat="580.65.06" \
+    io.imagebuilder.inputs-hash="a5648e4b1305a4007165c38159d2895ba94c1d05a51e36eb72080c2440454c9f"
 WORKDIR /workspace
 CMD ["/bin/bash"]

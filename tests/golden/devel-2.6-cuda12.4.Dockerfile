@@ -36,7 +36,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
     CUDA_HOME=/usr/local/cuda
 LABEL \
@@ -55,6 +55,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e367cfb05d9722c3e4f0af175d0ae4375bb24a1dade86ac444043000e9ecbd6b"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="c3ff2b871ba36e7eaa9a677f88d64bf8b123fef3d891785646c5e4183a144e30"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -36,7 +36,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.1 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
@@ -54,7 +54,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="b04d3253054a394c59500bc852c594961f24f7eb4e178d49fe73ff9f7ac8b7f6"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="2d6345122509eb1d1a63ae98832d4d4f2c934e72109c0b332cb562e01e3a49c9"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

@@ -37,7 +37,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
@@ -55,7 +55,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="377a6411728430b012038e6e51dcea411f7733cea0e44ebafcff042e3b49380e"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="fc32685e4761622d364d3c5c1762787c13868bd9e7aa6a1b0e91e939c38aba55"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
