@@ -10,6 +10,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -60,6 +61,6 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="a5648e4b1305a4007165c38159d2895ba94c1d05a51e36eb72080c2440454c9f"
+    io.imagebuilder.inputs-hash="ff153f661da767d11df689b5bcc9a9e8b7d88e85f2362a6950c95835a9b088d2"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -10,6 +10,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -56,6 +57,6 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="c3ff2b871ba36e7eaa9a677f88d64bf8b123fef3d891785646c5e4183a144e30"
+    io.imagebuilder.inputs-hash="acca7de00c4d4e7bbab0b58f381f1ab6f03d8b032129ce29a0e8245ac9a25f19"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -11,6 +11,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -56,7 +57,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="fc32685e4761622d364d3c5c1762787c13868bd9e7aa6a1b0e91e939c38aba55"
+    io.imagebuilder.inputs-hash="510d2546ef15912690671f50dbf017f4e306f3e06a774cef51f4cb65be8c7628"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
