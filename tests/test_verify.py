@@ -411,7 +411,8 @@ def test_local_fake_report_passes(tmp_path: Path, cpu_host: None) -> None:
     manifest.write_text(json.dumps({"torch": "2.6.0", "min_driver": "530.30.02"}))
     report = verify_local(allow_no_gpu=True, python=python, manifest=str(manifest))
     assert report.ok and report.mode == "local"
-    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest)]
+    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest),
+                                                       "--allow-no-gpu"]
 
 
 # --------------------------------------------------------------------------- CLI --local, for real
