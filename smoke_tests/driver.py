@@ -40,6 +40,17 @@ def _load(library: str, loader: Loader) -> Any:
         return None
 
 
+def _call(library: Any, *names_and_args: Any) -> int:
+    """library.NAME(*args) for the first NAME it exports (NVML's _v2 entry points before the
+    old ones); -1 when it exports none (a stub or a very old driver)."""
+    *names, args = names_and_args
+    for name in names:
+        function = getattr(library, name, None)  # ctypes raises AttributeError for a missing symbol
+        if function is not None:
+            return int(function(*args))
+    return -1
+
+
 def decode_cuda_version(code: int) -> str:
     """cuDriverGetVersion's integer -> 'major.minor' (12040 -> '12.4', 13000 -> '13.0')."""
     return f"{code // 1000}.{code % 1000 // 10}"
@@ -53,25 +64,25 @@ def cuda_driver_version(
     This, not the toolkit's version, decides whether the driver can JIT-compile PTX.
     """
     cuda = _load(libcuda, loader)
-    if cuda is not None:
-        code = ctypes.c_int(0)
-        if cuda.cuDriverGetVersion(ctypes.byref(code)) == 0 and code.value:
-            return decode_cuda_version(code.value), "cuDriverGetVersion"
+    code = ctypes.c_int(0)
+    if cuda is not None and _call(cuda, "cuDriverGetVersion", (ctypes.byref(code),)) == 0 and code.value:
+        return decode_cuda_version(code.value), "cuDriverGetVersion"
     library = _nvml(nvml, loader)
     if library is not None:
-        code = ctypes.c_int(0)
-        getter = getattr(library, "nvmlSystemGetCudaDriverVersion_v2", None) or library.nvmlSystemGetCudaDriverVersion
-        if getter(ctypes.byref(code)) == 0 and code.value:
+        found = _call(library, "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion",
+                      (ctypes.byref(code),))
+        _call(library, "nvmlShutdown", ())
+        if found == 0 and code.value:
             return decode_cuda_version(code.value), "NVML"
-    return None, f"neither {libcuda} nor {nvml} could be loaded (no driver mounted?)"
+    return None, f"neither {libcuda} nor {nvml} could be loaded and asked (no driver mounted?)"
 
 
 def _nvml(path: str, loader: Loader) -> Any:
+    """NVML, initialised (the caller shuts it down), or None."""
     library = _load(path, loader)
     if library is None:
         return None
-    init = getattr(library, "nvmlInit_v2", None) or library.nvmlInit
-    return library if init() == 0 else None
+    return library if _call(library, "nvmlInit_v2", "nvmlInit", ()) == 0 else None
 
 
 def display_driver_version(nvml: str = NVML_LIBRARY, loader: Loader = ctypes.CDLL) -> Tuple[Optional[str], str]:
@@ -79,7 +90,9 @@ def display_driver_version(nvml: str = NVML_LIBRARY, loader: Loader = ctypes.CDL
     library = _nvml(nvml, loader)
     if library is not None:
         buffer = ctypes.create_string_buffer(96)
-        if library.nvmlSystemGetDriverVersion(buffer, ctypes.c_uint(len(buffer))) == 0 and buffer.value:
+        found = _call(library, "nvmlSystemGetDriverVersion", (buffer, ctypes.c_uint(len(buffer))))
+        _call(library, "nvmlShutdown", ())
+        if found == 0 and buffer.value:
             return buffer.value.decode(), "NVML"
     smi = shutil.which("nvidia-smi")
     if smi is not None:
@@ -111,23 +124,23 @@ def devices(libcuda: str = CUDA_LIBRARY, loader: Loader = ctypes.CDLL) -> Tuple[
     cuda = _load(libcuda, loader)
     if cuda is None:
         return [], f"{libcuda} could not be loaded"
-    status = cuda.cuInit(0)
+    status = _call(cuda, "cuInit", (0,))
     if status != 0:
         return [], f"cuInit failed with CUresult {status}"
     count = ctypes.c_int(0)
-    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    if _call(cuda, "cuDeviceGetCount", (ctypes.byref(count),)) != 0:
         return [], "cuDeviceGetCount failed"
     found = []
     for index in range(count.value):
         handle = ctypes.c_int(0)
-        if cuda.cuDeviceGet(ctypes.byref(handle), index) != 0:
+        if _call(cuda, "cuDeviceGet", (ctypes.byref(handle), index)) != 0:
             return found, f"cuDeviceGet({index}) failed"
         name = ctypes.create_string_buffer(256)
         bus = ctypes.create_string_buffer(64)
         mode = ctypes.c_int(-1)
-        cuda.cuDeviceGetName(name, len(name), handle)
-        cuda.cuDeviceGetPCIBusId(bus, len(bus), handle)
-        cuda.cuDeviceGetAttribute(ctypes.byref(mode), COMPUTE_MODE_ATTRIBUTE, handle)
+        _call(cuda, "cuDeviceGetName", (name, len(name), handle))
+        _call(cuda, "cuDeviceGetPCIBusId", (bus, len(bus), handle))
+        _call(cuda, "cuDeviceGetAttribute", (ctypes.byref(mode), COMPUTE_MODE_ATTRIBUTE, handle))
         found.append(Device(index, name.value.decode(errors="replace"), bus.value.decode(errors="replace"),
                             COMPUTE_MODES.get(mode.value, f"unknown ({mode.value})")))
     return found, None

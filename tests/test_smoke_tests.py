@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -508,6 +509,14 @@ def test_fake_libcuda_lists_devices_mig_and_compute_mode(tmp_path: Path) -> None
     assert driver.devices(str(tmp_path / "absent.so")) == ([], f"{tmp_path / 'absent.so'} could not be loaded")
 
 
+def test_a_library_without_the_entry_points_is_an_answer_not_a_crash(tmp_path: Path) -> None:
+    stub = compile_library(tmp_path, "libstub.so", "int unrelated(void) { return 0; }\n")
+    assert driver.cuda_driver_version(stub, stub)[0] is None
+    if shutil.which("nvidia-smi") is None:  # else it answers in NVML's place
+        assert driver.display_driver_version(stub) == (None, "unknown")
+    assert driver.devices(stub) == ([], "cuInit failed with CUresult -1")
+
+
 @pytest.mark.parametrize(
     "devices, visible, slices",
     [([Device(0, "NVIDIA H200", "0:17:00.0", "DEFAULT"), Device(1, "NVIDIA H200", "0:65:00.0", "DEFAULT")], "", []),
@@ -587,14 +596,15 @@ CU128_IMAGE = Expected(min_driver="570.124.06", min_driver_compat="525.60.13", i
      (probe_facts(gpu(0, error=0.7)), "fail", "GPU 0 NVIDIA H200: matmul off by 0.7"),
      (probe_facts(gpu(0, error=None, raised="RuntimeError: CUDA error: no kernel image is available")), "fail",
       "a matmul on the GPU raised RuntimeError: CUDA error: no kernel image"),
-     (probe_facts(gpu(0, mode="EXCLUSIVE_PROCESS")), "pass", "GPU(s) [0] in EXCLUSIVE_PROCESS compute mode")],
+     (probe_facts(gpu(0, mode="EXCLUSIVE_PROCESS")), "pass", "GPU(s) [0] in EXCLUSIVE_PROCESS compute mode"),
+     (probe_facts(), "fail", "the per-GPU probe saw no GPU")],
 )
 def test_cuda_judge(torch: Any, facts, status, phrase) -> None:
     from smoke_tests.checks.cuda import judge
 
     result = judge(facts, CU128_IMAGE)
     assert result.status == status and phrase in result.reason, result.reason
-    assert result.measurements["driver_cuda_source"] == "cuDriverGetVersion"
+    assert result.measurements.get("driver_cuda_source", "cuDriverGetVersion") == "cuDriverGetVersion"
 
 
 def test_cuda_check_reports_a_probe_that_hangs_or_dies(torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,6 +46,9 @@ def device_problem(device: Mapping[str, Any], probe: Mapping[str, Any]) -> "str 
 def judge(probe: Mapping[str, Any], expected: Expected) -> Result:
     """The verdict on what gpu_probe found."""
     devices: List[Mapping[str, Any]] = probe["devices"]
+    if not devices:
+        return failed(NAME, "torch.cuda.is_available() is True here but the per-GPU probe saw no GPU "
+                            f"({probe.get('devices_error') or 'device_count() is 0 in a child process'})")
     problems: List[str] = []
     notes: List[str] = []
     host = probe.get("driver")
