@@ -565,7 +565,8 @@ def test_ptx_jit_needs_a_driver_as_new_as_the_ptx(covered, driver_cuda, torch_cu
 
 # ---------------------------------------------------------------- the cuda check's judge, on recorded facts
 
-def probe_facts(*devices: Dict[str, Any], driver_version: str = "550.54.15", driver_cuda: str = "12.4") -> Dict[str, Any]:
+def probe_facts(*devices: Dict[str, Any], driver_version: str = "550.54.15",
+                driver_cuda: str = "12.4") -> Dict[str, Any]:
     return {"torch_cuda": "12.8", "arch_list": ["sm_80", "sm_90", "compute_90"], "driver": driver_version,
             "driver_source": "NVML", "driver_cuda": driver_cuda, "driver_cuda_source": "cuDriverGetVersion",
             "devices_error": None, "mig": [], "devices": list(devices)}
@@ -597,7 +598,8 @@ CU128_IMAGE = Expected(min_driver="570.124.06", min_driver_compat="525.60.13", i
      (probe_facts(gpu(0, error=None, raised="RuntimeError: CUDA error: no kernel image is available")), "fail",
       "a matmul on the GPU raised RuntimeError: CUDA error: no kernel image"),
      (probe_facts(gpu(0, mode="EXCLUSIVE_PROCESS")), "pass", "GPU(s) [0] in EXCLUSIVE_PROCESS compute mode"),
-     (probe_facts(), "fail", "the per-GPU probe saw no GPU")],
+     (probe_facts(), "fail", "the per-GPU probe saw no GPU"),
+     (probe_facts(gpu(0), driver_version="N/A"), "fail", "cannot compare driver 'N/A'")],
 )
 def test_cuda_judge(torch: Any, facts, status, phrase) -> None:
     from smoke_tests.checks.cuda import judge

@@ -13,7 +13,7 @@ import torch
 
 from ..child import run_module
 from ..context import Context, no_gpu_reason
-from ..driver import EXCLUSIVE_PROCESS, judge_driver
+from ..driver import EXCLUSIVE_PROCESS, DriverVerdict, judge_driver
 from ..expected import Expected
 from ..result import FAIL, Result, failed, passed, skipped
 
@@ -53,7 +53,11 @@ def judge(probe: Mapping[str, Any], expected: Expected) -> Result:
     notes: List[str] = []
     host = probe.get("driver")
     if expected.min_driver is not None and host is not None:
-        verdict = judge_driver(host, expected.min_driver, expected.min_driver_compat, expected.image_cuda)
+        try:
+            verdict = judge_driver(host, expected.min_driver, expected.min_driver_compat, expected.image_cuda)
+        except ValueError:
+            verdict = DriverVerdict(FAIL, f"cannot compare driver {host!r} with the image's minimum "
+                                          f"{expected.min_driver!r}: not a dotted number")
         if verdict.status == FAIL:
             problems.append(verdict.detail)
         elif verdict.minor_version_compat:

@@ -1,4 +1,8 @@
-"""An exactly checked all-reduce across every visible GPU, under a hard time limit."""
+"""An exactly checked all-reduce across every visible GPU, under a hard time limit.
+
+Runs before the checks that keep a CUDA context in this process (compile, cuda_graph): on
+GPUs in exclusive-process compute mode such a context would lock the workers out.
+"""
 
 from __future__ import annotations
 
@@ -122,7 +126,8 @@ def run_workers(plan: Plan, timeout: float, devices: Sequence[driver.Device] = (
                 "--backend", plan.backend, "--bytes", str(plan.nbytes),
                 "--iterations", str(plan.iterations), "--timeout", str(timeout),
             ]
-            workers.append(subprocess.Popen(module_command("smoke_tests.allreduce", args), stdout=out, stderr=err, env=env))
+            command = module_command("smoke_tests.allreduce", args)
+            workers.append(subprocess.Popen(command, stdout=out, stderr=err, env=env))
         exits = _watch(workers)
 
         deadline = time.monotonic() + timeout
