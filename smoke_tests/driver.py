@@ -17,7 +17,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .versions import parse_release
 
@@ -30,12 +30,10 @@ COMPUTE_MODE_ATTRIBUTE = 20
 COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 EXCLUSIVE_PROCESS = "EXCLUSIVE_PROCESS"
 
-Loader = Callable[[str], Any]
-
-
-def _load(library: str, loader: Loader) -> Any:
+def _load(library: str) -> Any:
+    """The library (a name the dynamic linker finds, or a path: the tests' stand-ins), or None."""
     try:
-        return loader(library)
+        return ctypes.CDLL(library)
     except OSError:
         return None
 
@@ -57,17 +55,17 @@ def decode_cuda_version(code: int) -> str:
 
 
 def cuda_driver_version(
-    libcuda: str = CUDA_LIBRARY, nvml: str = NVML_LIBRARY, loader: Loader = ctypes.CDLL
+    libcuda: str = CUDA_LIBRARY, nvml: str = NVML_LIBRARY
 ) -> Tuple[Optional[str], str]:
     """(the newest CUDA version the driver supports, e.g. '12.4', where it came from).
 
     This, not the toolkit's version, decides whether the driver can JIT-compile PTX.
     """
-    cuda = _load(libcuda, loader)
+    cuda = _load(libcuda)
     code = ctypes.c_int(0)
     if cuda is not None and _call(cuda, "cuDriverGetVersion", (ctypes.byref(code),)) == 0 and code.value:
         return decode_cuda_version(code.value), "cuDriverGetVersion"
-    library = _nvml(nvml, loader)
+    library = _nvml(nvml)
     if library is not None:
         found = _call(library, "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion",
                       (ctypes.byref(code),))
@@ -77,17 +75,17 @@ def cuda_driver_version(
     return None, f"neither {libcuda} nor {nvml} could be loaded and asked (no driver mounted?)"
 
 
-def _nvml(path: str, loader: Loader) -> Any:
+def _nvml(path: str) -> Any:
     """NVML, initialised (the caller shuts it down), or None."""
-    library = _load(path, loader)
+    library = _load(path)
     if library is None:
         return None
     return library if _call(library, "nvmlInit_v2", "nvmlInit", ()) == 0 else None
 
 
-def display_driver_version(nvml: str = NVML_LIBRARY, loader: Loader = ctypes.CDLL) -> Tuple[Optional[str], str]:
+def display_driver_version(nvml: str = NVML_LIBRARY) -> Tuple[Optional[str], str]:
     """(the driver's own version such as '550.54.15', where it came from)."""
-    library = _nvml(nvml, loader)
+    library = _nvml(nvml)
     if library is not None:
         buffer = ctypes.create_string_buffer(96)
         found = _call(library, "nvmlSystemGetDriverVersion", (buffer, ctypes.c_uint(len(buffer))))
@@ -119,9 +117,9 @@ class Device:
     compute_mode: str
 
 
-def devices(libcuda: str = CUDA_LIBRARY, loader: Loader = ctypes.CDLL) -> Tuple[List[Device], Optional[str]]:
+def devices(libcuda: str = CUDA_LIBRARY) -> Tuple[List[Device], Optional[str]]:
     """The visible CUDA devices, or why they cannot be listed."""
-    cuda = _load(libcuda, loader)
+    cuda = _load(libcuda)
     if cuda is None:
         return [], f"{libcuda} could not be loaded"
     status = _call(cuda, "cuInit", (0,))
