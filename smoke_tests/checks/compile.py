@@ -59,8 +59,8 @@ def dynamo_unsupported() -> "str | None":
     try:
         from torch._dynamo.eval_frame import check_if_dynamo_supported
     except ImportError:  # private API moved: the public predicate, without its reason
-        supported = getattr(torch._dynamo, "is_dynamo_supported", lambda: True)
-        return None if supported() else "torch._dynamo.is_dynamo_supported() is False"
+        supported = getattr(getattr(torch, "_dynamo", None), "is_dynamo_supported", None)
+        return None if supported is None or supported() else "torch._dynamo.is_dynamo_supported() is False"
     try:
         check_if_dynamo_supported()
     except Exception as e:  # noqa: BLE001 - Dynamo raises RuntimeError with the reason
