@@ -61,6 +61,6 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="ff153f661da767d11df689b5bcc9a9e8b7d88e85f2362a6950c95835a9b088d2"
+    io.imagebuilder.inputs-hash="1cf7481ccd5f3e7402e573f715fe64ff1bd08c9eda7d09e6ead45e2fcc47ce29"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -57,6 +57,6 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="acca7de00c4d4e7bbab0b58f381f1ab6f03d8b032129ce29a0e8245ac9a25f19"
+    io.imagebuilder.inputs-hash="9a3f6700c960c807f4896b11cdd36023d86401c978c7a6028b4d292771a70f82"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -35,7 +35,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="f54120c5bbd514a08d032a357d37f638e4f1c7cc76bbbabb3c66620bec091743"
+    io.imagebuilder.inputs-hash="07d19ff9c03e80ee59d152fcc3c121a7e13bb97dec75c4fed4e8227275b9d50d"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

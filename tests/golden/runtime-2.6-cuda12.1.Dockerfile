@@ -56,7 +56,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="e1b0d5a28bbe654e67d8eab43643d3f2c3b28deed6c146caaa2bd369b79d834e"
+    io.imagebuilder.inputs-hash="a8fc39ed2e5e0e482e3f21a35759f9944f91ca81d3df9cc747a511b950b40deb"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

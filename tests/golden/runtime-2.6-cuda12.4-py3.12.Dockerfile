@@ -57,7 +57,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="510d2546ef15912690671f50dbf017f4e306f3e06a774cef51f4cb65be8c7628"
+    io.imagebuilder.inputs-hash="9b3218335c627ea19fcedaa9888857620f3a566d5c0e4aca38dbf602d6876b2e"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
