@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from packaging.requirements import Requirement
 from packaging.version import Version
 
-from .index import applies, cuda_pins, pinned, versions_with_wheels, wheel_metadata
+from .index import applies, cuda_pins, cuda_platforms, pinned, versions_with_wheels, wheel_metadata
 from .matrix import Matrix, TorchRelease
 
 
@@ -37,26 +38,33 @@ def release_drift(release: TorchRelease) -> list[str]:
             pin = Version(f"{pin.major}.{pin.minor}")
         if pin != want:
             drifts.append(f"torch {release.version} ({variant.name}) {key}: matrix.yaml has {want}, the index's wheel pins {pin}")
+    platforms = cuda_platforms(release.version, python)
+    if set(platforms) != set(release.platforms):
+        drifts.append(f"torch {release.version} platforms: matrix.yaml has {', '.join(release.platforms)}, "
+                      f"the index has CUDA wheels for {', '.join(platforms)}")
     return drifts
 
 
-def missing_wheels(release: TorchRelease, python: Version, platform: str = "linux/amd64") -> list[str]:
-    """The packages of a release that have no wheel for `python`, as `name version` (empty: all there)."""
-    reqs = wheel_metadata("torch", release.version, probe_python(release), platform).requires_dist
-    wanted: list[tuple[str, Version | None]] = [("torch", release.version), ("torchvision", release.torchvision)]
-    if release.torchaudio is not None:
-        wanted.append(("torchaudio", release.torchaudio))
-    if release.triton is not None:
-        # torch leaves triton out by marker where no triton wheel exists (2.5.1: python<3.13).
-        required = any(r.name == "triton" and applies(r, python, platform) for r in reqs)
-        wanted.append(("triton", release.triton if required else None))
-    missing = []
-    for project, version in wanted:
-        if version is None:
-            missing.append(f"triton (torch {release.version} requires none on Python {python}: no torch.compile on GPU)")
-        elif version not in versions_with_wheels(project, python, platform):
-            missing.append(f"{project} {version}")
+def lacking(torch_reqs: tuple[Requirement, ...], packages: dict[str, Version], triton: Version | None,
+            python: Version) -> list[str]:
+    """What of a release has no wheel for `python`: each package without one as `name version`,
+    and triton where torch requires none (2.5.1 leaves it out by marker on 3.13)."""
+    missing = [f"{name} {version}" for name, version in packages.items()
+               if version not in versions_with_wheels(name, python)]
+    if triton is not None:
+        if not any(r.name == "triton" and applies(r, python) for r in torch_reqs):
+            missing.append(f"triton (torch requires none on Python {python}: no torch.compile on GPU)")
+        elif triton not in versions_with_wheels("triton", python):
+            missing.append(f"triton {triton}")
     return missing
+
+
+def missing_wheels(release: TorchRelease, python: Version) -> list[str]:
+    reqs = wheel_metadata("torch", release.version, probe_python(release)).requires_dist
+    packages = {"torch": release.version, "torchvision": release.torchvision}
+    if release.torchaudio is not None:
+        packages["torchaudio"] = release.torchaudio
+    return lacking(reqs, packages, release.triton, python)
 
 
 def python_problems(release: TorchRelease) -> list[str]:

@@ -3,8 +3,8 @@
 pip answers without downloading a wheel: `install --dry-run --report` gives one wheel's
 metadata (Requires-Dist, Requires-Python), `index versions --json` lists the versions that
 have a wheel for a Python, ABI and platform. So what we read is exactly what pip would
-install. `--isolated` steps around a site's pip configuration (constraints that cap torch,
-extra local indexes); a TLS-intercepting proxy's CA comes from SSL_CERT_FILE.
+install. No pip configuration is read (constraints that cap torch, extra local indexes); the
+index is pip's default or the one given; a TLS-intercepting proxy's CA comes from SSL_CERT_FILE.
 
 `matrix check --online` (drift.py) and `matrix add` (matrix_add.py) both read through here.
 """
@@ -55,8 +55,12 @@ def _pip(args: list[str], index_url: str | None) -> subprocess.CompletedProcess[
         cmd += ["--index-url", index_url]
     if os.environ.get("SSL_CERT_FILE"):
         cmd += ["--cert", os.environ["SSL_CERT_FILE"]]
+    # --isolated skips the user's configuration but not the site's, where a constraint file may
+    # cap torch (this project's own machines cap it at 2.14.1): metadata of newer releases must
+    # still be readable, so no configuration file is read at all.
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as e:
         raise IndexUnavailable(f"pip did not answer within {TIMEOUT_S} s: {' '.join(args[:3])}") from e
 
@@ -153,3 +157,12 @@ def cuda_pins(reqs: tuple[Requirement, ...], python: Version, platform: str = "l
         "cudnn": first(f"nvidia-cudnn-{major}") if cuda else None,
         "nccl": first(f"nvidia-nccl-{major}") if cuda else None,
     }
+
+
+def cuda_platforms(version: Version, python: Version) -> tuple[str, ...]:
+    """The platforms whose torch wheel on the index is a CUDA build (it pins a CUDA runtime)."""
+    return tuple(
+        platform for platform in PLATFORM_TAGS
+        if version in versions_with_wheels("torch", python, platform)
+        and cuda_pins(wheel_metadata("torch", version, python, platform).requires_dist, python, platform)["cuda"]
+    )

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .drift import missing_releases
+from .drift import lacking, missing_releases
 from .errors import ImageBuilderError
-from .index import (IndexUnavailable, WheelMetadata, applies, cuda_pins, pinned, versions_with_wheels,
-                    wheel_metadata)
+from .index import (IndexUnavailable, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned,
+                    versions_with_wheels, wheel_metadata)
 from .matrix import Matrix, MatrixError, parse_matrix
 
 # Pythons probed for wheels; a release outside this range would need this line to move.
@@ -98,10 +98,6 @@ def _companion(project: str, torch: Version, python: Version) -> tuple[Version, 
     return None
 
 
-def _missing(project: str, version: Version | None, python: Version) -> bool:
-    return version is not None and version not in versions_with_wheels(project, python)
-
-
 def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRelease:
     """Everything the index's metadata says about one torch release (raises CannotAdd where it
     says too little to write a block)."""
@@ -118,25 +114,17 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
         raise CannotAdd(version, f"none of the {COMPANION_TRIES} newest torchvision releases declares "
                                  "that it accepts it; wait for its torchvision or add the block by hand")
     audio = _companion("torchaudio", version, probe)
+    packages = {"torchvision": vision[0], **({"torchaudio": audio[0]} if audio else {})}
     pythons, left_out = [], []
     for python in shipped:
-        triton_here = triton is not None and any(r.name == "triton" and applies(r, python) for r in torch.requires_dist)
-        lacking = [f"{name} {v}" for name, v in (("torchvision", vision[0]), ("torchaudio", audio and audio[0]),
-                                                 ("triton", triton if triton_here else None))
-                   if _missing(name, v, python)]
-        if triton is not None and not triton_here:
-            lacking.append("triton (torch requires none there)")
-        if lacking:
-            left_out.append(f"{python}: no wheel of {', '.join(lacking)}")
+        missing = lacking(torch.requires_dist, packages, triton, python)
+        if missing:
+            left_out.append(f"{python}: no wheel of {', '.join(missing)}")
         else:
             pythons.append(python)
     if not pythons:
         raise CannotAdd(version, "no Python has wheels of all its packages: " + "; ".join(left_out))
-    platforms = ["linux/amd64"]
-    if version in versions_with_wheels("torch", probe, "linux/arm64"):
-        arm = wheel_metadata("torch", version, probe, "linux/arm64")
-        if cuda_pins(arm.requires_dist, probe, "linux/arm64")["cuda"] is not None:
-            platforms.append("linux/arm64")
+    platforms = cuda_platforms(version, probe)
     extras = tuple(_pytorch_index_variant(version, name, probe) for name in cuda_variants if name != pypi.name)
     tags = f"cp{shipped[0].major}{shipped[0].minor}-cp{shipped[-1].major}{shipped[-1].minor} " + \
         torch.filename.rsplit("-", 1)[-1].removesuffix(".whl")
@@ -147,7 +135,7 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
               + (f"; left out: Python {'; '.join(left_out)}" if left_out else "")
               + (f"; PyPI aarch64 wheel is a CUDA build" if "linux/arm64" in platforms else ""))
     return NewRelease(version=version, torchvision=vision[0], torchaudio=audio[0] if audio else None,
-                      triton=triton, pythons=tuple(pythons), platforms=tuple(platforms), pypi_variant=pypi,
+                      triton=triton, pythons=tuple(pythons), platforms=platforms, pypi_variant=pypi,
                       extra_variants=extras, source=source, left_out=tuple(left_out))
 
 

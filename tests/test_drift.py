@@ -39,7 +39,7 @@ def test_a_python_without_companion_wheels_is_reported():
     with_313 = dataclasses.replace(release, pythons=(*release.pythons, Version("3.13")))
     assert python_problems(with_313) == [
         "torch 2.5.1 lists Python 3.13, but there is no wheel of torchvision 0.20.1, torchaudio 2.5.1, "
-        "triton (torch 2.5.1 requires none on Python 3.13: no torch.compile on GPU) for it"
+        "triton (torch requires none on Python 3.13: no torch.compile on GPU) for it"
     ]
 
 

@@ -70,5 +70,5 @@ def test_python_check_reads_every_package_not_torch_alone(monkeypatch):
     release = dataclasses.replace(load_matrix(default_matrix_path()).torches["2.5"], pythons=(V("3.12"), V("3.13")))
     assert drift.python_problems(release) == [
         "torch 2.5.1 lists Python 3.13, but there is no wheel of torchvision 0.20.1, torchaudio 2.5.1, "
-        "triton (torch 2.5.1 requires none on Python 3.13: no torch.compile on GPU) for it"
+        "triton (torch requires none on Python 3.13: no torch.compile on GPU) for it"
     ]
