@@ -182,7 +182,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, **kw: Any) -> None:
 
 @matrix.command("check")
 @click.option("--online", is_flag=True,
-              help="Also compare the pins with the package index's metadata of each release's PyPI build.")
+              help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
 @pass_context
 def matrix_check(ctx: Context, online: bool) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
@@ -197,8 +197,8 @@ def matrix_check(ctx: Context, online: bool) -> None:
         for line in drifts:
             click.echo(f"drift: {line}")
         if drifts:
-            raise ImageBuilderError(f"{len(drifts)} pins differ from the index; update {m.path}")
-        click.echo("online: every pin matches the index")
+            raise ImageBuilderError(f"{len(drifts)} differences from the index; update {m.path}")
+        click.echo("online: pins, Pythons, platforms and releases match the index")
 
 
 @matrix.command("add")

@@ -98,3 +98,17 @@ def test_matrix_add_writes_2_14_equal_in_every_pin_to_todays(tmp_path):
     assert "PyPI torch 2.14.1 wheels" in added.source
     # Only the block went in: the file minus the new block is the file it was.
     assert remove_block(path.read_text(), "2.14") == remove_block(today.text, "2.14")
+
+
+def test_an_unreachable_pytorch_index_is_named_and_nothing_is_guessed(monkeypatch):
+    from imagebuilder import matrix_add
+    from imagebuilder.index import IndexUnavailable
+
+    def unreachable(project, version, python, platform="linux/amd64", index_url=None):
+        raise IndexUnavailable(f"pip could not resolve {project}=={version} from the index: network is unreachable")
+
+    monkeypatch.setattr(matrix_add, "wheel_metadata", unreachable)
+    with pytest.raises(CannotAdd) as e:
+        matrix_add._pytorch_index_variant(Version("2.14.1"), "cu126", Version("3.11"))
+    assert str(e.value) == ("cannot add torch 2.14.1: cu126: pip could not resolve torch==2.14.1 from the index: "
+                            "network is unreachable; add that variant by hand from a primary source")
