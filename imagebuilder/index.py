@@ -37,7 +37,7 @@ TIMEOUT_S = 300
 
 
 class IndexUnavailable(ImageBuilderError):
-    pass
+    template = "pip could not {action} from the index: {detail}"
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _pip(args: list[str], index_url: str | None) -> subprocess.CompletedProcess[
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as e:
-        raise IndexUnavailable(f"pip did not answer within {TIMEOUT_S} s: {' '.join(args[:3])}") from e
+        raise IndexUnavailable(action=" ".join(args[:2]), detail=f"no answer within {TIMEOUT_S} s") from e
 
 
 def _last_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -85,7 +85,7 @@ def wheel_metadata(project: str, version: Version, python: Version, platform: st
                      "--target", os.path.join(scratch, "t"), "--report", report,
                      *_target(python, platform, None), f"{project}=={version}"], index_url)
         if done.returncode != 0:
-            raise IndexUnavailable(f"pip could not resolve {project}=={version} from the index: {_last_line(done)}")
+            raise IndexUnavailable(action=f"resolve {project}=={version}", detail=_last_line(done))
         with open(report) as f:
             install = json.load(f)["install"][0]
     metadata = install["metadata"]
@@ -107,7 +107,7 @@ def versions_with_wheels(project: str, python: Version, platform: str = "linux/a
     if done.returncode != 0:
         if "No matching distribution found" in done.stderr:
             return ()
-        raise IndexUnavailable(f"pip could not list {project} on the index: {_last_line(done)}")
+        raise IndexUnavailable(action=f"list {project}", detail=_last_line(done))
     versions = []
     for text in json.loads(done.stdout)["versions"]:
         try:

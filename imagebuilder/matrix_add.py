@@ -36,9 +36,7 @@ BLOCK_START = re.compile(r'^  "(\d+\.\d+)":')
 
 
 class CannotAdd(ImageBuilderError):
-    def __init__(self, version: Version | str, reason: str) -> None:
-        self.version, self.reason = version, reason
-        super().__init__(f"cannot add torch {version}: {reason}")
+    template = "cannot add torch {version}: {reason}"
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ def _variant(meta: WheelMetadata, python: Version, where: str) -> Variant:
     pins = cuda_pins(meta.requires_dist, python)
     lacking = [name for name, pin in pins.items() if pin is None]
     if lacking:
-        raise CannotAdd(meta.version, f"the {where} wheel's Requires-Dist pins no {', '.join(lacking)} "
+        raise CannotAdd(version=meta.version, reason=f"the {where} wheel's Requires-Dist pins no {', '.join(lacking)} "
                                       "(a CPU build?); fill the variant in by hand from a primary source")
     cuda, cudnn, nccl = pins["cuda"], pins["cudnn"], pins["nccl"]
     assert cuda is not None and cudnn is not None and nccl is not None
@@ -103,7 +101,7 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
     says too little to write a block)."""
     shipped = tuple(p for p in CANDIDATE_PYTHONS if version in versions_with_wheels("torch", p))
     if not shipped:
-        raise CannotAdd(version, "the index has no Linux x86_64 wheel of it for Python "
+        raise CannotAdd(version=version, reason="the index has no Linux x86_64 wheel of it for Python "
                                  f"{CANDIDATE_PYTHONS[0]}-{CANDIDATE_PYTHONS[-1]}")
     probe = Version("3.11") if Version("3.11") in shipped else max(shipped)
     torch = wheel_metadata("torch", version, probe)
@@ -111,7 +109,7 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
     triton = pinned(torch.requires_dist, "triton", probe)
     vision = _companion("torchvision", version, probe)
     if vision is None:
-        raise CannotAdd(version, f"none of the {COMPANION_TRIES} newest torchvision releases declares "
+        raise CannotAdd(version=version, reason=f"none of the {COMPANION_TRIES} newest torchvision releases declares "
                                  "that it accepts it; wait for its torchvision or add the block by hand")
     audio = _companion("torchaudio", version, probe)
     packages = {"torchvision": vision[0], **({"torchaudio": audio[0]} if audio else {})}
@@ -123,7 +121,7 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
         else:
             pythons.append(python)
     if not pythons:
-        raise CannotAdd(version, "no Python has wheels of all its packages: " + "; ".join(left_out))
+        raise CannotAdd(version=version, reason="no Python has wheels of all its packages: " + "; ".join(left_out))
     platforms = cuda_platforms(version, probe)
     extras = tuple(_pytorch_index_variant(version, name, probe) for name in cuda_variants if name != pypi.name)
     tags = f"cp{shipped[0].major}{shipped[0].minor}-cp{shipped[-1].major}{shipped[-1].minor} " + \
@@ -148,10 +146,10 @@ def _pytorch_index_variant(version: Version, name: str, python: Version) -> Vari
     try:
         meta = wheel_metadata("torch", version, python, index_url=url)
     except IndexUnavailable as e:
-        raise CannotAdd(version, f"{name}: {e}; add that variant by hand from a primary source") from e
+        raise CannotAdd(version=version, reason=f"{name}: {e}; add that variant by hand from a primary source") from e
     variant = _variant(meta, python, f"PyTorch index {name}:")
     if variant.name != name:
-        raise CannotAdd(version, f"{url} serves a {variant.name} build, not {name}")
+        raise CannotAdd(version=version, reason=f"{url} serves a {variant.name} build, not {name}")
     return variant
 
 
@@ -190,7 +188,7 @@ def insert_block(text: str, key: str, block: str) -> str:
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.rstrip() == "torch:"), None)
     if start is None:
-        raise CannotAdd(key, "the matrix has no top-level `torch:` section")
+        raise CannotAdd(version=key, reason="the matrix has no top-level `torch:` section")
     end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ", "\n", "#")), len(lines))
     for i in range(start + 1, end):
         match = BLOCK_START.match(lines[i])
@@ -210,7 +208,7 @@ def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...]
     still reports (a CUDA block the metadata cannot give, say)."""
     key = f"{version.major}.{version.minor}"
     if key in matrix.torches:
-        raise CannotAdd(version, f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
+        raise CannotAdd(version=version, reason=f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
                                  "remove that block first to write it anew")
     block = block_text(read_release(version, cuda_variants))
     text = insert_block(matrix.text, key, block)

@@ -105,7 +105,7 @@ def test_an_unreachable_pytorch_index_is_named_and_nothing_is_guessed(monkeypatc
     from imagebuilder.index import IndexUnavailable
 
     def unreachable(project, version, python, platform="linux/amd64", index_url=None):
-        raise IndexUnavailable(f"pip could not resolve {project}=={version} from the index: network is unreachable")
+        raise IndexUnavailable(action=f"resolve {project}=={version}", detail="network is unreachable")
 
     monkeypatch.setattr(matrix_add, "wheel_metadata", unreachable)
     with pytest.raises(CannotAdd) as e:
