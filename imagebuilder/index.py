@@ -120,7 +120,7 @@ def versions_with_wheels(project: str, python: Version, platform: str = "linux/a
 def marker_environment(python: Version, platform: str = "linux/amd64") -> dict[str, str]:
     """The environment Requires-Dist markers see on a Linux host of that Python and machine,
     whatever host we run on."""
-    env = dict(default_environment())
+    env: dict[str, str] = {key: str(value) for key, value in default_environment().items()}
     env.update(python_version=f"{python.major}.{python.minor}", python_full_version=f"{python.major}.{python.minor}.0",
                implementation_name="cpython", platform_python_implementation="CPython",
                sys_platform="linux", platform_system="Linux", os_name="posix",
@@ -129,7 +129,7 @@ def marker_environment(python: Version, platform: str = "linux/amd64") -> dict[s
 
 
 def applies(req: Requirement, python: Version, platform: str = "linux/amd64") -> bool:
-    return req.marker is None or req.marker.evaluate(marker_environment(python, platform))  # type: ignore[arg-type]
+    return req.marker is None or req.marker.evaluate(marker_environment(python, platform))
 
 
 def pinned(reqs: tuple[Requirement, ...], name: str, python: Version, platform: str = "linux/amd64") -> Version | None:

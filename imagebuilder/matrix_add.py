@@ -216,7 +216,7 @@ def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...]
         parse_matrix(text, matrix.path)
         todo: list[str] = []
     except MatrixError as e:
-        todo = [p.render(matrix.path) for p in e.problems]
+        todo = [p.render(matrix.path) for p in e.fields["problems"]]
     if not dry_run:
         _replace(matrix.path, text)
     return block, todo

@@ -112,3 +112,20 @@ def test_an_unreachable_pytorch_index_is_named_and_nothing_is_guessed(monkeypatc
         matrix_add._pytorch_index_variant(Version("2.14.1"), "cu126", Version("3.11"))
     assert str(e.value) == ("cannot add torch 2.14.1: cu126: pip could not resolve torch==2.14.1 from the index: "
                             "network is unreachable; add that variant by hand from a primary source")
+
+
+def test_what_metadata_cannot_say_is_left_for_the_user_and_named(tmp_path, monkeypatch):
+    """A release on a CUDA the matrix has no block for: the block is written, and the problem
+    `matrix check` reports is handed back instead of a guessed CUDA block."""
+    from imagebuilder import matrix_add
+
+    new = release("2.9.1", cuda="12.9.79")
+    new = NewRelease(**{**new.__dict__, "pypi_variant": Variant("cu129", Version("12.9.79"), Version("9.10.2.21"),
+                                                                Version("2.27.5"), "https://download.pytorch.org/whl/cu129", "test")})
+    monkeypatch.setattr(matrix_add, "read_release", lambda version, cuda_variants=(): new)
+    path = tmp_path / "m.yaml"
+    path.write_text(SMALL.read_text())
+    block, todo = add_release(load_matrix(path), Version("2.9.1"))
+    assert block in path.read_text()
+    assert len(todo) == 1 and "torch.2.9.variants.cu129.cuda: unknown CUDA 12.9; add it under cuda:" in todo[0]
+    assert list(tmp_path.iterdir()) == [path]  # replaced in place, no temporary file left
