@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import date
@@ -71,8 +72,9 @@ def _variant(meta: WheelMetadata, python: Version, where: str) -> Variant:
     pins = cuda_pins(meta.requires_dist, python)
     lacking = [name for name, pin in pins.items() if pin is None]
     if lacking:
-        raise CannotAdd(version=meta.version, reason=f"the {where} wheel's Requires-Dist pins no {', '.join(lacking)} "
-                                      "(a CPU build?); fill the variant in by hand from a primary source")
+        raise CannotAdd(version=meta.version,
+                        reason=f"the {where} wheel's Requires-Dist pins no {', '.join(lacking)} (a CPU build?); "
+                               "fill the variant in by hand from a primary source")
     cuda, cudnn, nccl = pins["cuda"], pins["cudnn"], pins["nccl"]
     assert cuda is not None and cudnn is not None and nccl is not None
     name = f"cu{cuda.major}{cuda.minor}"
@@ -102,15 +104,15 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
     shipped = tuple(p for p in CANDIDATE_PYTHONS if version in versions_with_wheels("torch", p))
     if not shipped:
         raise CannotAdd(version=version, reason="the index has no Linux x86_64 wheel of it for Python "
-                                 f"{CANDIDATE_PYTHONS[0]}-{CANDIDATE_PYTHONS[-1]}")
+                                                f"{CANDIDATE_PYTHONS[0]}-{CANDIDATE_PYTHONS[-1]}")
     probe = Version("3.11") if Version("3.11") in shipped else max(shipped)
     torch = wheel_metadata("torch", version, probe)
     pypi = _variant(torch, probe, "PyPI")
     triton = pinned(torch.requires_dist, "triton", probe)
     vision = _companion("torchvision", version, probe)
     if vision is None:
-        raise CannotAdd(version=version, reason=f"none of the {COMPANION_TRIES} newest torchvision releases declares "
-                                 "that it accepts it; wait for its torchvision or add the block by hand")
+        raise CannotAdd(version=version, reason=f"none of the {COMPANION_TRIES} newest torchvision releases "
+                                                "declares that it accepts it; wait for its torchvision or add the block by hand")
     audio = _companion("torchaudio", version, probe)
     packages = {"torchvision": vision[0], **({"torchaudio": audio[0]} if audio else {})}
     pythons, left_out = [], []
@@ -166,8 +168,8 @@ def block_text(release: NewRelease, today: date | None = None) -> str:
                 f"nccl: {_q(v.nccl)}, index: {_q(v.index)}, source: {_q(v.source)}}}")
 
     lines = [
-        f"  # `imagebuilder matrix add` {(today or date.today()).isoformat()}: what the index's metadata declares;",
-        "  # not yet proven by a build or a smoke test.",
+        f"  # `imagebuilder matrix add` {(today or date.today()).isoformat()}: what the index's metadata declares",
+        "  # (torchvision/torchaudio by their Requires-Dist alone); not yet built or smoke-tested.",
         f"  {_q(release.key)}:",
         f"    version: {_q(release.version)}",
         f"    torchvision: {_q(release.torchvision)}",
@@ -208,8 +210,9 @@ def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...]
     still reports (a CUDA block the metadata cannot give, say)."""
     key = f"{version.major}.{version.minor}"
     if key in matrix.torches:
-        raise CannotAdd(version=version, reason=f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
-                                 "remove that block first to write it anew")
+        raise CannotAdd(version=version,
+                        reason=f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
+                               "remove that block first to write it anew")
     block = block_text(read_release(version, cuda_variants))
     text = insert_block(matrix.text, key, block)
     try:
@@ -233,6 +236,7 @@ def _replace(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is not the file's mode
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
