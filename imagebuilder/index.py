@@ -4,8 +4,9 @@ pip answers without installing anything: `install --dry-run --report` gives one 
 metadata (Requires-Dist, Requires-Python; where the index serves no separate metadata file pip
 fetches the wheel into a temporary folder, about 0.5 GB for a CUDA torch), `index versions
 --json` lists the versions that have a wheel for a Python, ABI and platform. So what we read is
-exactly what pip would install. No pip configuration is read (constraints that cap torch, extra local indexes); the
-index is pip's default or the one given; a TLS-intercepting proxy's CA comes from SSL_CERT_FILE.
+exactly what pip would install. No pip configuration is read (constraints that cap torch,
+extra local indexes): the index is pip's default or the one given, and a TLS-intercepting
+proxy's CA comes from SSL_CERT_FILE.
 
 `matrix check --online` (drift.py) and `matrix add` (matrix_add.py) both read through here.
 """
