@@ -128,7 +128,7 @@ def devices(libcuda: str = CUDA_LIBRARY) -> Tuple[List[Device], Optional[str]]:
     count = ctypes.c_int(0)
     if _call(cuda, "cuDeviceGetCount", (ctypes.byref(count),)) != 0:
         return [], "cuDeviceGetCount failed"
-    found = []
+    found: List[Device] = []
     for index in range(count.value):
         handle = ctypes.c_int(0)
         if _call(cuda, "cuDeviceGet", (ctypes.byref(handle), index)) != 0:

@@ -61,6 +61,6 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="1cf7481ccd5f3e7402e573f715fe64ff1bd08c9eda7d09e6ead45e2fcc47ce29"
+    io.imagebuilder.inputs-hash="f2b0f76bdbac2eaf9914597e785338637435a3329dc5409e179b1bd925a147c2"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -57,6 +57,6 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="9a3f6700c960c807f4896b11cdd36023d86401c978c7a6028b4d292771a70f82"
+    io.imagebuilder.inputs-hash="6883bced23bbb98d32185acf79c362e85d8606176e628ce76181c7c30d8aca40"
 WORKDIR /workspace
 CMD ["/bin/bash"]

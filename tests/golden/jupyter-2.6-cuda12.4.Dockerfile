@@ -35,7 +35,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="07d19ff9c03e80ee59d152fcc3c121a7e13bb97dec75c4fed4e8227275b9d50d"
+    io.imagebuilder.inputs-hash="5cdbaf02aa2cfbd8699c1cff4416125607178f3165bfbbfb145381093eb841ec"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

@@ -56,7 +56,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="a8fc39ed2e5e0e482e3f21a35759f9944f91ca81d3df9cc747a511b950b40deb"
+    io.imagebuilder.inputs-hash="294aba9165fa73de4f4705b70c437d42130f033ce66a29f31dd1cd0a09b334db"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

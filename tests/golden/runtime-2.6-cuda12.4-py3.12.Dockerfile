@@ -57,7 +57,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="9b3218335c627ea19fcedaa9888857620f3a566d5c0e4aca38dbf602d6876b2e"
+    io.imagebuilder.inputs-hash="7521128c6a486f38b421866a612917816d36974f8824574da719ba99aafe5528"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
