@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -751,7 +752,7 @@ def test_gpu_verify_script_keeps_what_finished_when_a_check_hangs(torch: Any, tm
     fake_python.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_VERIFY_PYTHON": str(fake_python), "GPU_VERIFY_CHECK_S": "15",
-           "GPU_VERIFY_TOTAL_S": "40", "GPU_VERIFY_CHECKS": "environment,nccl,cuda,cuda_graph",
+           "GPU_VERIFY_TOTAL_S": "30", "GPU_VERIFY_CHECKS": "environment,nccl,cuda",
            "GPU_VERIFY_GPU_FLAG": "--allow-no-gpu"}
     env.pop(FAULT_ENV, None)
     start = time.monotonic()
@@ -760,17 +761,18 @@ def test_gpu_verify_script_keeps_what_finished_when_a_check_hangs(torch: Any, tm
     elapsed = time.monotonic() - start
     assert done.returncode == 1, done.stdout + done.stderr
     checks = {check["name"]: check for check in json.loads((out / "verify.json").read_text())["checks"]}
-    assert list(checks) == ["environment", "nccl", "cuda", "cuda_graph"]
+    assert list(checks) == ["environment", "nccl", "cuda"]
     assert checks["environment"]["status"] == "pass"
     assert checks["nccl"]["status"] == "fail"
-    assert checks["nccl"]["reason"].startswith("killed at the check's limit of 15s")
-    # 15s + 5s for SIGKILL spent on nccl: the last check no longer fits in the 40s.
-    assert checks["cuda_graph"]["reason"] == "not run: the run's total limit of 40s is spent"
+    limit = int(re.match(r"killed at the check's limit of (\d+)s", checks["nccl"]["reason"]).group(1))
+    # Whatever this host's speed: nccl got min(15s, what was left) and 5s more for SIGKILL,
+    # so at most 9 of the 30s remain, too few for another check.
+    assert checks["cuda"]["reason"] == "not run: the run's total limit of 30s is spent"
     # The environment result was on disk while nccl still hung, not only at the end.
     written = {name: (out / "checks" / f"{name}.json").stat().st_mtime for name in checks}
-    assert written["nccl"] - written["environment"] >= 15
-    assert elapsed < 40 + 30, done.stdout
-    assert "FAILED: " in done.stdout and "total limit of 40s is spent" in done.stdout
+    assert written["nccl"] - written["environment"] >= limit
+    assert elapsed < 30 + 20, done.stdout
+    assert "FAILED: 2 failed, 1 passed" in done.stdout
 
 
 def test_gpu_verify_script_stops_at_its_total_limit(torch: Any, tmp_path: Path) -> None:
