@@ -34,10 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import smoke_tests
+from smoke_tests.driver import FAIL as DRIVER_FAIL
+from smoke_tests.driver import judge_driver
 from smoke_tests.expected import DEFAULT_MANIFEST, ManifestError, load_expected
 from smoke_tests.report import format_table
 from smoke_tests.result import FAIL, PASS, SKIP, Result
 
+from .engine_errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed
 from .errors import BadRequest, ImageBuilderError
 from .matrix import driver_key
 from .tags import LABEL_PREFIX
@@ -60,6 +63,7 @@ CONTAINER_SMOKE_TESTS = "/opt/imagebuilder/host"
 LENT_MANIFEST = f"{CONTAINER_SMOKE_TESTS}/manifest.json"
 
 MIN_DRIVER_LABEL = f"{LABEL_PREFIX}.min-driver"
+MIN_DRIVER_COMPAT_LABEL = f"{LABEL_PREFIX}.min-driver-compat"
 CUDA_LABEL = f"{LABEL_PREFIX}.cuda"
 BUILT_LABEL = f"{LABEL_PREFIX}.inputs-hash"
 """Every image imagebuilder builds carries it, and with it smoke_tests and a manifest."""
@@ -91,6 +95,8 @@ class HostFacts:
     """Why no GPU is listed: no GPU runtime, nvidia-smi missing, failing or hanging."""
     min_driver: str | None = None
     """The image's (or manifest's) minimum NVIDIA driver; None: not declared."""
+    min_driver_compat: str | None = None
+    """Its floor through CUDA minor-version compatibility; None: not declared (min_driver rules)."""
     cuda: str | None = None
     """The image's CUDA version, to say what needs the driver."""
     in_container: bool = True
@@ -202,16 +208,13 @@ def _driver_item(facts: HostFacts) -> PreflightItem:
         return PreflightItem("driver", SKIP, f"host driver {host}; the image declares no minimum "
                                              f"({MIN_DRIVER_LABEL} label or manifest min_driver)")
     try:
-        too_old = driver_key(host) < driver_key(facts.min_driver)
+        verdict = judge_driver(host, facts.min_driver, facts.min_driver_compat, facts.cuda)
     except ValueError:
         return PreflightItem("driver", FAIL, f"cannot compare host driver {host!r} with the image's "
                                              f"minimum {facts.min_driver!r}: not a dotted number")
-    if too_old:
-        needs = f"this image's CUDA {facts.cuda}" if facts.cuda else "this image"
-        return PreflightItem("driver", FAIL, f"host driver {host} is older than {facts.min_driver}, "
-                                             f"which {needs} needs: upgrade the driver or use an "
-                                             "image for an older CUDA")
-    return PreflightItem("driver", PASS, f"host driver {host} >= {facts.min_driver}")
+    # Between the compatibility floor and min_driver the image runs without PTX JIT; only
+    # the smoke tests' cuda check knows whether a GPU needs it (it has torch's arch list).
+    return PreflightItem("driver", FAIL if verdict.status == DRIVER_FAIL else PASS, verdict.detail)
 
 
 def _driver_or_zero(version: str) -> tuple[int, ...]:
@@ -297,8 +300,6 @@ def read_gpu_probe(outcome: RunResult | str) -> GpuProbe:
 def probe_gpus(engine: Engine, ref: str) -> GpuProbe:
     """nvidia-smi in a container of `ref` with every GPU: the NVIDIA runtime mounts it in, so
     this sees the GPUs and driver of the daemon's host, whatever image and client."""
-    from .engine import ContainerFailed, GpuUnavailable
-
     try:
         run = engine.run(ref, list(NVIDIA_SMI), timeout=NVIDIA_SMI_TIMEOUT, gpus=True)
     except (GpuUnavailable, ContainerFailed) as e:
@@ -309,8 +310,6 @@ def probe_gpus(engine: Engine, ref: str) -> GpuProbe:
 def collect_facts(engine: Engine, ref: str) -> HostFacts:
     """The I/O half of preflight for an image: ask the daemon, pull if needed, probe the GPUs."""
     import docker
-
-    from .engine import DaemonUnavailable, PullFailed
 
     try:
         engine.ping()
@@ -335,7 +334,8 @@ def collect_facts(engine: Engine, ref: str) -> HostFacts:
         runtime = "the daemon accepted a GPU device request"
     return HostFacts(
         gpus=probe.gpus, gpu_error=probe.error,
-        min_driver=labels.get(MIN_DRIVER_LABEL), cuda=labels.get(CUDA_LABEL),
+        min_driver=labels.get(MIN_DRIVER_LABEL), min_driver_compat=labels.get(MIN_DRIVER_COMPAT_LABEL),
+        cuda=labels.get(CUDA_LABEL),
         pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
     )
 
@@ -347,7 +347,8 @@ def collect_local_facts(manifest: str | None) -> HostFacts:
         raise BadRequest(f"{e}; pass --manifest with the image's manifest.json, or none") from e
     gpus, gpu_error = host_gpus()
     return HostFacts(gpus=gpus, gpu_error=gpu_error, min_driver=expected.min_driver,
-                     cuda=expected.image_cuda, in_container=False)
+                     min_driver_compat=expected.min_driver_compat, cuda=expected.image_cuda,
+                     in_container=False)
 
 
 # --------------------------------------------------------------------------- lent smoke tests
@@ -385,8 +386,6 @@ def expected_from_torch(output: str) -> dict[str, Any] | None:
 
 
 def probe_torch(engine: Engine, ref: str, timeout: float) -> dict[str, Any] | None:
-    from .engine import ContainerFailed
-
     try:
         run = engine.run(ref, ["python3", "-c", TORCH_PROBE], timeout=min(PROBE_TIMEOUT, timeout))
     except ContainerFailed:
@@ -594,8 +593,8 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
     command = [python, "-m", "smoke_tests", "--json"]
     if manifest:
         command += ["--manifest", manifest]
-    if require_gpu:
-        command.append("--require-gpu")
+    # Explicit both ways: in an image built for CUDA the smoke tests require a GPU by default.
+    command.append("--require-gpu" if require_gpu else "--allow-no-gpu")
     return command
 
 
@@ -610,8 +609,6 @@ def verify_image(engine: Engine, ref: str, *, allow_no_gpu: bool = False,
     reports as the expectations, and the report carries a notice saying so. mount_smoke_tests
     lends them to any image, e.g. one an older imagebuilder built.
     """
-    from .engine import ContainerFailed, GpuUnavailable, ImageMissing
-
     started = time.monotonic()
     facts = collect_facts(engine, ref)
     checked = preflight(facts, allow_no_gpu=allow_no_gpu)

@@ -77,6 +77,20 @@ PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str | None], str]] =
                                            nvidia_runtime=RUNTIME), False, {"driver": "fail"},
      "host driver 470.1 is older"),
     ("driver-no-label", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME), False, {"driver": "skip"}, ""),
+    # Minor-version compatibility: a cu128 image on the 535 branch (DGX H100/H200) runs.
+    ("driver-between-floors", HostFacts(gpus=gpus("535.183.01"), min_driver="570.124.06",
+                                        min_driver_compat="525.60.13", cuda="12.8.1", nvidia_runtime=RUNTIME),
+     False, {"driver": "pass"}, ""),
+    ("driver-at-compat-floor", HostFacts(gpus=gpus("525.60.13"), min_driver="570.124.06",
+                                         min_driver_compat="525.60.13", nvidia_runtime=RUNTIME),
+     False, {"driver": "pass"}, ""),
+    ("driver-below-compat-floor", HostFacts(gpus=gpus("520.61.05"), min_driver="570.124.06",
+                                            min_driver_compat="525.60.13", cuda="12.8.1", nvidia_runtime=RUNTIME),
+     False, {"driver": "fail"}, "host driver 520.61.05 is older than 525.60.13, the oldest that runs this "
+                                "image's CUDA 12.8.1 even through minor-version compatibility"),
+    ("driver-cuda13-on-a-12-driver", HostFacts(gpus=gpus("575.57.08"), min_driver="580.95.05",
+                                               min_driver_compat="580.65.06", nvidia_runtime=RUNTIME),
+     False, {"driver": "fail"}, "older than 580.65.06"),
     ("driver-garbage", HostFacts(gpus=gpus("n/a"), min_driver="530.30.02", nvidia_runtime=RUNTIME), False,
      {"driver": "fail"}, "cannot compare"),
     ("no-gpu", HostFacts(gpu_error="nvidia-smi lists none"), False,
@@ -112,6 +126,17 @@ def test_preflight(facts: HostFacts, allow_no_gpu: bool, statuses: dict[str, str
     if not facts.in_container:
         assert not {"daemon", "image", "runtime"} & set(got)
     assert result.use_gpus == bool(facts.gpus)
+
+
+def test_preflight_between_the_floors_passes_with_the_ptx_jit_note() -> None:
+    facts = HostFacts(gpus=gpus("550.54.15"), min_driver="570.124.06", min_driver_compat="525.60.13",
+                      cuda="12.8.1", nvidia_runtime=RUNTIME)
+    (driver,) = [item for item in preflight(facts, allow_no_gpu=False).items if item.name == "driver"]
+    assert driver.status == "pass"
+    assert driver.detail == (
+        "host driver 550.54.15 runs this image's CUDA 12.8.1 through minor-version compatibility "
+        "(>= 525.60.13); below 570.124.06 the driver cannot JIT-compile the image's PTX, so a GPU that "
+        "needs PTX JIT fails")
 
 
 def test_preflight_reports_every_problem_at_once() -> None:
@@ -396,7 +421,7 @@ def test_a_foreign_image_is_lent_the_smoke_tests_and_judged_by_its_own_torch() -
     assert report.ok, report.format()
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3", "python3"]
     run = engine.smoke_run
-    assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--manifest", LENT_MANIFEST]
+    assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--manifest", LENT_MANIFEST, "--allow-no-gpu"]
     # Copied in through the API, not bind-mounted: a remote daemon has no such host path.
     assert run["volumes"] == {} and list(run["archives"]) == ["/"]
     files = unpacked(run["archives"]["/"])
@@ -431,9 +456,20 @@ def test_mount_smoke_tests_lends_them_to_an_imagebuilder_image_too() -> None:
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3"]  # no torch probe
     run = engine.smoke_run
     assert "--require-gpu" not in run["command"] and "--manifest" not in run["command"] and run["gpus"] is False
+    assert run["command"][-1] == "--allow-no-gpu"  # a CUDA image's smoke tests require a GPU otherwise
     assert "opt/imagebuilder/host/smoke_tests/__main__.py" in unpacked(run["archives"]["/"])
     assert run["environment"]["PYTHONPATH"] == "/opt/imagebuilder/host"
     assert "--mount-smoke-tests" in report.notices[0] and "/opt/imagebuilder/manifest.json" in report.notices[0]
+
+
+def test_verify_image_reads_the_compat_floor_label() -> None:
+    """A cu128 image on a 550 driver: the min-driver label alone would refuse it."""
+    engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "570.124.06",
+                                "io.imagebuilder.min-driver-compat": "525.60.13", "io.imagebuilder.cuda": "12.8.1"})
+    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    assert report.ok, report.format()
+    (driver,) = [item for item in report.preflight if item.name == "driver"]
+    assert "through minor-version compatibility (>= 525.60.13)" in driver.detail
 
 
 def test_verify_image_stops_at_a_failed_preflight() -> None:
@@ -546,7 +582,8 @@ def test_local_fake_report_passes(tmp_path: Path, cpu_host: None) -> None:
     manifest.write_text(json.dumps({"torch": "2.6.0", "min_driver": "530.30.02"}))
     report = verify_local(allow_no_gpu=True, python=python, manifest=str(manifest))
     assert report.ok and report.mode == "local"
-    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest)]
+    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest),
+                                                       "--allow-no-gpu"]
 
 
 # --------------------------------------------------------------------------- CLI --local, for real
