@@ -107,8 +107,7 @@ class Engine(Protocol):
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
-            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None) -> RunResult: ...
+            workdir: str | None = None, archives: Mapping[str, bytes] | None = None) -> RunResult: ...
 
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str: ...
 
@@ -508,13 +507,12 @@ class DockerEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
-            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None) -> RunResult:
+            workdir: str | None = None, archives: Mapping[str, bytes] | None = None) -> RunResult:
         """Run `command` in a new container; the container is removed in every case.
 
-        `volumes` maps host paths to container paths (mounted read-only): they must be on the
-        daemon's host. `archives` maps a container directory to a tar unpacked there before
-        the container starts (what `docker cp` does), so files reach a remote daemon too.
+        `archives` maps a container directory to a tar unpacked there before the container
+        starts (what `docker cp` does): files reach a remote daemon too, where a bind mount
+        would name a path on the wrong machine.
         On timeout the container is killed and `timed_out` is True (exit code 137 or -1).
         """
         import docker
@@ -524,7 +522,6 @@ class DockerEngine:
         device_requests = (
             [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
         )
-        binds = {host: {"bind": inside, "mode": "ro"} for host, inside in (volumes or {}).items()}
         started = time.monotonic()
         container = None
         try:
@@ -532,8 +529,8 @@ class DockerEngine:
                 try:
                     container = client.containers.create(
                         image, command, environment=dict(environment or {}), shm_size=shm_size,
-                        device_requests=device_requests, volumes=binds or None,
-                        working_dir=workdir, labels={"org.imagebuilder.run": "1"},
+                        device_requests=device_requests, working_dir=workdir,
+                        labels={"org.imagebuilder.run": "1"},
                     )
                     for directory, tar in (archives or {}).items():
                         if not container.put_archive(directory, tar):
