@@ -53,6 +53,7 @@ def render_options(matrix: Matrix, kw: dict[str, Any]) -> RenderOptions:
         extra_index_urls=tuple(kw.get("extra_index_urls") or ()),
         ca_bundle=kw.get("ca_bundle"),
         source=_source_label(),
+        buildkit=bool(kw.get("buildkit")),
     )
 
 
@@ -293,6 +294,7 @@ def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedIm
 @options.strict
 @options.rendering
 @options.building
+@options.builders
 @options.report
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, **kw: Any) -> None:
@@ -305,10 +307,15 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
     from .build import ProgressPrinter, build_image, human_size
+    from .builder import select_builder
     from .engine import DockerEngine
 
     engine = DockerEngine()
     engine.ping()
+    builder = select_builder(kw.pop("builder_choice"), engine, kw.pop("buildx_builder"))
+    kw["buildkit"] = builder.name == "buildkit"
+    if not quiet:
+        click.echo(f"builder: {builder.describe()}", err=True)
     plan = build_plan(ctx, kw, engine)
     done = []
     try:
@@ -318,7 +325,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
             try:
                 built = build_image(engine, image, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-                                    on_progress=None if quiet else printer)
+                                    on_progress=None if quiet else printer, builder=builder)
             finally:
                 printer.close()
             done.append(built)

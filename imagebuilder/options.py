@@ -75,3 +75,17 @@ report = click.option("--report", type=click.Path(dir_okay=False, path_type=Path
                       help="Write a JSON report of what was done to FILE.")
 allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
                             help="On a host without GPUs, run the CPU mode of the smoke tests instead of failing.")
+
+
+def builders(f: F) -> F:
+    return _stack(
+        click.option("--builder", "builder_choice", type=click.Choice(["auto", "buildkit", "classic"]),
+                     default="auto", show_default=True, envvar="IMAGEBUILDER_BUILDER",
+                     help="auto: BuildKit when a docker CLI here builds with it (buildx, or a CLI with "
+                          "BuildKit built in), else the classic builder of the Engine API. BuildKit "
+                          "mounts --ca-bundle as a secret and shares uv's and apt's caches across images. "
+                          "Env: IMAGEBUILDER_BUILDER."),
+        click.option("--buildx-builder", metavar="NAME", envvar="BUILDX_BUILDER",
+                     help="The buildx builder instance to build with (a remote BuildKit, say). "
+                          "Default: $BUILDX_BUILDER, else buildx's current one."),
+    )(f)

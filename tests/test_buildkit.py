@@ -1,0 +1,279 @@
+"""The BuildKit builder: its progress parser on canned `--progress=plain` output, the choice
+of builder, the BuildKit templates, and real BuildKit builds on the shared daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from imagebuilder.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
+from imagebuilder.builder import ClassicBuilder, NoBuildKit, detect_buildkit, select_builder
+from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, Progress
+from imagebuilder.matrix import load_matrix
+from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
+from imagebuilder.resolve import Request, resolve
+
+from conftest import TEST_REPOSITORY_PREFIX, imagebuilder, remove_local_tags
+
+HERE = Path(__file__).parent
+M = load_matrix(HERE / "data" / "matrix-small.yaml")
+GOLDEN = HERE / "golden"
+
+TWO_STAGES = """\
+ARG BASE=imagebuilder-base:bookworm
+FROM ${BASE} AS a
+ENV X=1
+RUN echo hello; \\
+    echo world
+FROM ${BASE}
+COPY --from=a /etc/hostname /x
+LABEL a=b
+RUN echo bad >&2; exit 3
+"""
+
+# What Debian's docker 20.10 CLI printed for TWO_STAGES (sha256 lines trimmed).
+FAILED_OUTPUT = """\
+#1 [internal] load build definition from Dockerfile
+#1 transferring dockerfile: 218B 0.0s done
+#1 DONE 0.1s
+
+#3 [internal] load metadata for docker.io/library/imagebuilder-base:bookworm
+#3 DONE 0.0s
+
+#4 [stage-1 1/3] FROM docker.io/library/imagebuilder-base:bookworm
+#4 DONE 0.0s
+
+#5 [a 2/2] RUN echo hello;     echo world
+#5 0.992 hello
+#5 1.997 world
+#5 DONE 3.4s
+
+#6 [stage-1 2/3] COPY --from=a /etc/hostname /x
+#6 CACHED
+
+#7 [stage-1 3/3] RUN --mount=type=secret,id=ca,target=/run/secrets/ca echo bad >&2; exit 3
+#7 0.511 bad
+#7 0.512 pip: Could not fetch URL https://pypi.example/simple/torch/
+#7 ERROR: executor failed running [/bin/sh -c echo bad >&2; exit 3]: exit code: 3
+------
+ > [stage-1 3/3] RUN echo bad >&2; exit 3:
+------
+executor failed running [/bin/sh -c echo bad >&2; exit 3]: exit code: 3
+"""
+
+CACHED_OUTPUT = """\
+#3 [internal] load metadata for docker.io/library/imagebuilder-base:bookworm
+#3 DONE 0.0s
+
+#4 [stage-0 1/6] FROM docker.io/library/imagebuilder-base:bookworm
+#4 CACHED
+
+#3 [internal] load metadata for docker.io/library/imagebuilder-base:bookworm
+#3 DONE 0.0s
+
+#5 [a 2/2] RUN echo hello;     echo world
+#5 CACHED
+
+#6 [stage-1 2/3] COPY --from=a /etc/hostname /x
+#6 CACHED
+
+#7 [stage-1 3/3] RUN echo fine
+#7 CACHED
+
+#8 exporting to image
+#8 exporting layers done
+#8 writing image sha256:06accd0653c8568307f63d43bc3e46ece6147af3d45cb72e323ff35ce3e5ec5f done
+#8 DONE 0.0s
+"""
+
+MISSING_BASE_OUTPUT = """\
+#3 [internal] load metadata for docker.io/library/no-such-image:1
+#3 ERROR: pull access denied, repository does not exist or may require authorization
+------
+ > [internal] load metadata for docker.io/library/no-such-image:1:
+------
+failed to solve: no-such-image:1: pull access denied
+"""
+
+
+def parse(output: str, dockerfile: str = TWO_STAGES) -> tuple[PlainProgress, list[Progress]]:
+    events: list[Progress] = []
+    state = PlainProgress(dockerfile, time.monotonic(), events.append)
+    for line in output.splitlines(keepends=True):
+        state.feed(line)
+    return state, events
+
+
+@pytest.mark.parametrize("dockerfile, stages", [
+    (TWO_STAGES, (("a", 2), ("stage-1", 3))),
+    ("FROM x\nRUN a\nENV b=1\nWORKDIR /w\nCOPY . .\nCMD [\"x\"]\n", (("stage-0", 4),)),
+    ("# c\nARG B\nFROM --platform=linux/arm64 x AS wheels\nRUN a\nFROM wheels\nADD f /\n",
+     (("wheels", 2), ("stage-1", 2))),
+])
+def test_stages_count_the_steps_buildkit_counts(dockerfile, stages):
+    assert dockerfile_stages(dockerfile) == stages
+
+
+def test_plain_progress_numbers_steps_over_the_whole_dockerfile():
+    state, events = parse(FAILED_OUTPUT)
+    starts = [(e.step, e.total, e.instruction, e.cached) for e in events if e.line is None]
+    assert starts == [
+        (3, 5, "FROM docker.io/library/imagebuilder-base:bookworm", False),
+        (2, 5, "RUN echo hello;     echo world", False),
+        (4, 5, "COPY --from=a /etc/hostname /x", False),
+        (4, 5, "COPY --from=a /etc/hostname /x", True),
+        (5, 5, "RUN echo bad >&2; exit 3", False),  # the mount flags are not shown
+    ]
+    assert [(e.step, e.line) for e in events if e.line is not None][:2] == [(2, "hello"), (2, "world")]
+    assert state.cached_steps == 1 and state.executed_steps == 1
+
+
+def test_a_failed_step_is_a_build_failed_with_its_last_lines_and_cause():
+    state, _ = parse(FAILED_OUTPUT)
+    error = state.error(1, Path("/tmp/x.log"))
+    assert isinstance(error, BuildFailed)
+    assert (error.step, error.total, error.step_exit_code) == (5, 5, 3)
+    assert error.tail == ("bad", "pip: Could not fetch URL https://pypi.example/simple/torch/")
+    assert error.cause == "network"
+    assert str(error).startswith("step 5/5 `RUN echo bad >&2; exit 3` failed: exit code 3;")
+    assert "full log: /tmp/x.log" in str(error)
+
+
+def test_a_fully_cached_build_counts_its_cached_steps():
+    state, events = parse(CACHED_OUTPUT)
+    assert state.cached_steps == 4 and state.executed_steps == 0
+    assert sorted(e.step for e in events if e.cached) == [1, 2, 4, 5]
+    assert state.failed is None
+
+
+def test_a_missing_base_image_is_named():
+    state, _ = parse(MISSING_BASE_OUTPUT, "FROM no-such-image:1\nRUN true\n")
+    error = state.error(1, None)
+    assert isinstance(error, BaseImageMissing) and error.image == "no-such-image:1"
+    assert "pull access denied" in error.detail
+
+
+def test_a_cli_that_died_without_output_still_says_so():
+    state, _ = parse("")
+    error = state.error(125, None)
+    assert isinstance(error, BuildFailed) and "exited with code 125" in str(error)
+
+
+def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
+    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build", "--load")), engine=None)  # type: ignore[arg-type]
+    req = BuildRequest(context=tmp_path, tags=("r:a", "r:b"), labels={"k": "v"},
+                       secrets={"ca": tmp_path / "ca.pem"}, platform="linux/arm64", nocache=True)
+    argv = builder.command(req, tmp_path / "iid")
+    assert argv[:5] == ["docker", "buildx", "build", "--load", "--progress=plain"]
+    joined = " ".join(argv)
+    for part in ("--tag r:a --tag r:b", "--label k=v", f"--secret id=ca,src={tmp_path}/ca.pem",
+                 "--platform linux/arm64", "--no-cache", f"--iidfile {tmp_path}/iid"):
+        assert part in joined
+    assert argv[-1] == str(tmp_path)
+
+
+# --- choosing a builder -----------------------------------------------------------------
+
+
+def _fake_docker(folder: Path, *, buildx: bool, buildkit: bool) -> None:
+    folder.mkdir(parents=True)
+    script = folder / "docker"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = buildx ]; then {"echo github.com/docker/buildx v0.99 x; exit 0" if buildx else "echo unknown command: docker buildx >&2; exit 1"}; fi\n'
+        f'if [ "$1" = build ]; then {"exit 0" if buildkit else "echo ERROR: BuildKit is enabled but the buildx component is missing or broken. >&2; exit 1"}; fi\n'
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("clis, choice, expected", [
+    # docker 23+ without buildx first on PATH, Debian's 20.10 CLI behind it: that one.
+    ([("new", False, False), ("old", False, True)], "auto", ("old/docker", "build")),
+    ([("new", True, False)], "auto", ("new/docker", "buildx", "build", "--load")),
+    ([("new", False, False)], "auto", "classic"),
+    ([("new", False, False)], "classic", "classic"),
+    ([("new", True, True)], "classic", "classic"),
+])
+def test_auto_detects_a_buildkit_cli_and_falls_back_to_classic(tmp_path, monkeypatch, clis, choice, expected):
+    for name, buildx, buildkit in clis:
+        _fake_docker(tmp_path / name, buildx=buildx, buildkit=buildkit)
+    monkeypatch.setenv("PATH", os.pathsep.join(str(tmp_path / name) for name, _, _ in clis))
+    monkeypatch.delenv("BUILDX_BUILDER", raising=False)
+    detect_buildkit.cache_clear()
+    builder = select_builder(choice, engine=None)  # type: ignore[arg-type]
+    if expected == "classic":
+        assert isinstance(builder, ClassicBuilder)
+    else:
+        assert isinstance(builder, BuildKitBuilder)
+        assert builder.cli.command == tuple(str(tmp_path / p) if i == 0 else p for i, p in enumerate(expected))
+    detect_buildkit.cache_clear()
+
+
+def test_buildkit_without_a_buildkit_cli_is_a_bad_request(tmp_path, monkeypatch):
+    _fake_docker(tmp_path / "new", buildx=False, buildkit=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "new"))
+    detect_buildkit.cache_clear()
+    with pytest.raises(NoBuildKit, match="install the buildx plugin") as e:
+        select_builder("buildkit", engine=None)  # type: ignore[arg-type]
+    assert e.value.exit_code == 2 and "buildx component is missing" in str(e.value)
+    detect_buildkit.cache_clear()
+
+
+def test_a_buildx_builder_instance_goes_to_buildx(tmp_path, monkeypatch):
+    _fake_docker(tmp_path / "new", buildx=True, buildkit=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "new"))
+    detect_buildkit.cache_clear()
+    builder = select_builder("auto", engine=None, buildx_builder="k8s")  # type: ignore[arg-type]
+    assert isinstance(builder, BuildKitBuilder) and builder.cli.command[-2:] == ("--builder", "k8s")
+    detect_buildkit.cache_clear()
+
+
+# --- BuildKit templates -------------------------------------------------------------------
+
+BUILDKIT_GOLDEN = {
+    "buildkit-runtime-2.6-cuda12.1-ca.Dockerfile": (Request("2.6", "12.1"), True),
+    "buildkit-runtime-2.6-cuda12.4-py3.12.Dockerfile": (Request("2.6", "12.4", python="3.12"), False),
+    "buildkit-jupyter-2.6-cuda12.4-ca.Dockerfile": (Request("2.6", "12.4", variant="jupyter"), True),
+}
+FAKE_CA = b"-----BEGIN CERTIFICATE-----\nMIIBbuildkit\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize("name", sorted(BUILDKIT_GOLDEN))
+def test_buildkit_golden_dockerfiles(name, tmp_path):
+    """Set UPDATE_GOLDEN=1 to rewrite them after an intended template change; review the diff."""
+    request, with_ca = BUILDKIT_GOLDEN[name]
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(FAKE_CA)
+    image = render(resolve(M, request), M, RenderOptions(buildkit=True, ca_bundle=ca if with_ca else None))
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(image.dockerfile)
+    assert image.dockerfile == path.read_text()
+
+
+@pytest.mark.parametrize("variant", ["runtime", "devel", "jupyter"])
+def test_buildkit_mounts_the_ca_as_a_secret_in_one_stage(tmp_path, variant):
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(FAKE_CA)
+    image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(buildkit=True, ca_bundle=ca))
+    text = image.dockerfile
+    assert text.count("\nFROM ") == 1 and "# syntax=" not in text
+    assert "ca-bundle.pem" not in image.files and image.secrets == {"ca": FAKE_CA}
+    assert "--mount=type=secret,id=ca" in text and "--mount=type=cache,id=imagebuilder-uv" in text
+    assert "UV_NO_CACHE" not in text
+    # The bundle is named only inside the RUN that mounts it: no ENV, no COPY.
+    assert not any(line.startswith(("ENV", "COPY")) and CA_SECRET_PATH in line for line in text.splitlines())
+
+
+def test_buildkit_without_a_ca_trusts_the_system_store():
+    text = render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(buildkit=True)).dockerfile
+    assert "type=secret" not in text and "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in text
+    assert "--mount=type=cache,id=imagebuilder-apt" in text
