@@ -46,7 +46,12 @@ say "importing the rootfs as $image (linux/arm64)"
 # /usr/bin/docker: Debian's 20.10 CLI has BuildKit built in; a newer CLI first on PATH may not.
 docker_cli=/usr/bin/docker
 [ -x "$docker_cli" ] || docker_cli=docker
-DOCKER_BUILDKIT=1 "$docker_cli" build --platform linux/arm64 --tag "$image" "$work" >/dev/null
+DOCKER_BUILDKIT=1 "$docker_cli" build --progress=plain --platform linux/arm64 --tag "$image" "$work" \
+    >/tmp/arm64-base-build.log 2>&1 || {
+    say "the image build failed; last lines of /tmp/arm64-base-build.log:" >&2
+    tail -n 30 /tmp/arm64-base-build.log >&2
+    exit 1
+}
 
 arch="$(docker image inspect --format '{{.Os}}/{{.Architecture}}' "$image")"
 [ "$arch" = "linux/arm64" ] || { say "$image records $arch, not linux/arm64" >&2; exit 1; }

@@ -64,9 +64,16 @@ def request_from(kw: dict[str, Any], variant: str | None = None) -> Request:
         python=kw.get("python_version"),
         variant=variant or kw.get("variant"),
         os=kw.get("os_name"),
-        base_image=kw.get("base_image"),
+        base_image=base_image_for(kw),
         strict=bool(kw.get("strict")),
     )
+
+
+def base_image_for(kw: dict[str, Any]) -> str | None:
+    """The --base-image for the platform being planned (kw["platform"], else the host's)."""
+    from .platforms import base_for, host_platform, parse_base_images
+
+    return base_for(parse_base_images(kw.get("base_image") or ()), kw.get("platform") or host_platform())
 
 
 def resolve_and_render(ctx: Context, kw: dict[str, Any], variant: str | None = None) -> RenderedImage:
@@ -289,12 +296,32 @@ def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedIm
     return build_order(images)
 
 
+def plan_platforms(ctx: Context, kw: dict[str, Any], engine: Any, builder: str) -> list[tuple[str, RenderedImage]]:
+    """build_plan for each --platform, checked against the matrix before anything is built."""
+    from .platforms import check_platform, for_platform, host_platform, parse_platforms
+
+    host = host_platform()
+    planned: list[tuple[str, RenderedImage]] = []
+    for platform in parse_platforms(kw.get("platforms")):
+        if platform != host and builder != "buildkit":
+            raise click.UsageError(f"building for {platform} on a {host} host needs --builder buildkit")
+        images = build_plan(ctx, {**kw, "platform": platform}, engine)
+        for image in images:
+            check_platform(ctx.matrix, image.spec.torch, platform)
+            if platform != host and image.spec.parent is not None:
+                raise click.UsageError(f"a jupyter image for {platform} is not supported yet; "
+                                       "build its runtime image")
+        planned += [(platform, for_platform(image, platform, host)) for image in images]
+    return planned
+
+
 @cli.command("build")
 @options.selection(required=True, all_variants=True)
 @options.strict
 @options.rendering
 @options.building
 @options.builders
+@options.platforms
 @options.report
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, **kw: Any) -> None:
@@ -316,16 +343,18 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     kw["buildkit"] = builder.name == "buildkit"
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    plan = build_plan(ctx, kw, engine)
+    platform_plan = plan_platforms(ctx, kw, engine, builder.name)
+    plan = [image for _, image in platform_plan]
     done = []
     try:
-        for n, image in enumerate(plan, 1):
+        for n, (platform, image) in enumerate(platform_plan, 1):
             if not quiet:
                 click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
             printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
             try:
                 built = build_image(engine, image, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-                                    on_progress=None if quiet else printer, builder=builder)
+                                    on_progress=None if quiet else printer, builder=builder,
+                                    platform=platform)
             finally:
                 printer.close()
             done.append(built)
@@ -340,8 +369,10 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             click.echo(f"  log    {r.log_path}")
     finally:
         if report is not None:
-            write_json(report, {"ok": len(done) == len(plan), "images": [b.to_json() for b in done],
-                                     "planned": [i.ref for i in plan]})
+            write_json(report, {"ok": len(done) == len(plan),
+                                "images": [{**b.to_json(), "platform": platform}
+                                           for b, (platform, _) in zip(done, platform_plan)],
+                                "planned": [i.ref for i in plan]})
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
@@ -415,7 +446,7 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
     for spec in specs:
         # enumerate_matrix resolves without --base-image; resolve each again with it.
         spec = resolve(ctx.matrix, Request(str(spec.torch.version), str(spec.cuda.key), kw["python_version"],
-                                           spec.variant, spec.os.name, base_image=kw.get("base_image")))
+                                           spec.variant, spec.os.name, base_image=base_image_for(kw)))
         images.append(render(spec, ctx.matrix, opts))
     refs = {image.ref for image in images}
     for image in list(images):

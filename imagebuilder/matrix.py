@@ -20,6 +20,7 @@ from .errors import ImageBuilderError
 VARIANTS = ("runtime", "devel", "jupyter")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
+ARM64_CUDA_WHEELS = Version("2.11")  # the first torch with aarch64 CUDA wheels on PyPI
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ class TorchRelease:
     pypi_variant: str
     variants: tuple[WheelVariant, ...]
     source: str
+    # Where the PyPI wheels are CUDA builds: aarch64 CUDA wheels start with torch 2.11 (before,
+    # PyPI's aarch64 torch is CPU-only). Set from the version until matrix.yaml records it.
+    platforms: tuple[str, ...] = ("linux/amd64",)
 
     def variant(self, name: str) -> WheelVariant:
         return next(v for v in self.variants if v.name == name)
@@ -336,6 +340,7 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         pypi_variant=pypi_variant,
         variants=tuple(sorted(variants.values(), key=lambda v: v.cuda)),
         source=c.text(d, "source", path),
+        platforms=("linux/amd64", "linux/arm64") if version and version >= ARM64_CUDA_WHEELS else ("linux/amd64",),
     )
 
 

@@ -47,8 +47,9 @@ strict = click.option("--strict", is_flag=True,
 
 def rendering(f: F) -> F:
     return _stack(
-        click.option("--base-image", metavar="IMAGE",
-                     help="Replace the default FROM image (mirrors, air-gapped sites, tests)."),
+        click.option("--base-image", metavar="[PLATFORM=]IMAGE", multiple=True,
+                     help="Replace the default FROM image (mirrors, air-gapped sites, tests); "
+                          "linux/arm64=IMAGE for one platform only. Repeatable."),
         click.option("--index-url", metavar="URL",
                      help="Package index for the wheels, replacing the default one (a mirror)."),
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
@@ -89,3 +90,9 @@ def builders(f: F) -> F:
                      help="The buildx builder instance to build with (a remote BuildKit, say). "
                           "Default: $BUILDX_BUILDER, else buildx's current one."),
     )(f)
+
+
+platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]",
+                         help="linux/amd64, linux/arm64 or both (comma list). Default: the host's. "
+                              "Another platform than the host's needs BuildKit (and QEMU to run); "
+                              "its local tags end in -arm64 / -amd64.")

@@ -277,3 +277,95 @@ def test_buildkit_without_a_ca_trusts_the_system_store():
     text = render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(buildkit=True)).dockerfile
     assert "type=secret" not in text and "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in text
     assert "--mount=type=cache,id=imagebuilder-apt" in text
+
+
+# --- real BuildKit builds ----------------------------------------------------------------
+
+E2E = ("--torch", "2.6", "--cuda", "12.1", "--os", "debian12")
+
+
+@pytest.fixture(scope="module")
+def buildkit_cli(docker_engine):
+    """The BuildKit CLI this host has; skips (or fails in CI) where there is none."""
+    from conftest import _unavailable
+
+    cli, tried = detect_buildkit()
+    if cli is None:
+        _unavailable(f"no docker CLI here builds with BuildKit ({'; '.join(tried)})")
+    return cli
+
+
+@pytest.fixture(scope="module")
+def marked_ca(tmp_path_factory) -> tuple[Path, bytes]:
+    """A CA bundle pip can use (the proxy's where there is one) with a unique line appended:
+    PEM readers skip text between certificates, and the line can be looked for in the image."""
+    source = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    marker = f"# imagebuilder-ca-marker-{uuid.uuid4().hex}".encode()
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    path.write_bytes(source.read_bytes() + b"\n" + marker + b"\n")
+    return path, marker
+
+
+def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str) -> dict:
+    done = imagebuilder("build", *E2E, "--base-image", base_image, "--repository", repository,
+                        "--builder", "buildkit", "--ca-bundle", str(ca), "--report", str(report), *extra)
+    assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
+    assert done.stderr.startswith("builder: BuildKit"), done.stderr[:300]
+    return json.loads(report.read_text())["images"][0]
+
+
+@pytest.fixture(scope="module")
+def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory):
+    """torch 2.6 runtime, then the devel image that needs the same wheels, both with BuildKit
+    and --ca-bundle on the local Debian base. Removed after the module."""
+    repository = f"{TEST_REPOSITORY_PREFIX}/buildkit-{uuid.uuid4().hex[:8]}"
+    reports = tmp_path_factory.mktemp("buildkit")
+    try:
+        runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime")
+        devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel")
+        yield {"runtime": runtime, "devel": devel}
+    finally:
+        remove_local_tags(docker_engine, repository)
+
+
+def _stream_contains(argv: list[str], needle: bytes, chunk: int = 1 << 24) -> bool:
+    """Whether a command's stdout holds `needle`, read in chunks (an image save is GBs)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    tail, found = b"", False
+    while block := proc.stdout.read(chunk):
+        if needle in tail + block:
+            found = True
+            break
+        tail = block[-len(needle):]
+    proc.kill()
+    proc.wait()
+    return found
+
+
+@pytest.mark.docker
+def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images, docker_engine, marked_ca):
+    image = buildkit_images["runtime"]
+    ref = image["tags"][0]
+    _, marker = marked_ca
+    # docker save holds every layer (uncompressed tars) and the config with its history.
+    assert not _stream_contains(["docker", "save", ref], marker)
+    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", ref],
+                             capture_output=True, text=True, check=True).stdout
+    assert marker.decode() not in history and "BEGIN CERTIFICATE" not in history
+    env = docker_engine.inspect_image(ref)["Config"]["Env"]
+    assert not [e for e in env if e.startswith(("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"))], env
+    assert image["steps"] == 6  # one stage: FROM, apt, install, 2 COPY, WORKDIR
+    run = docker_engine.run(ref, ["bash", "-c", "test ! -e /run/secrets/ca && python -c 'import torch; print(torch.__version__)'"],
+                            timeout=300)
+    assert run.exit_code == 0 and "2.6.0" in run.output, run.output
+
+
+@pytest.mark.docker
+def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
+    devel_log = Path(buildkit_images["devel"]["log"]).read_text()
+    # uv installed torch in this build (the step ran, it was not a cached layer) ...
+    assert "+ torch==2.6.0" in devel_log and "+ ninja==" in devel_log
+    # ... from the shared cache mount: no wheel of torch or its CUDA libraries came down.
+    downloads = [line for line in devel_log.splitlines() if " Downloaded " in line or " Downloading " in line]
+    assert not [line for line in downloads if "torch" in line or "nvidia" in line], downloads
