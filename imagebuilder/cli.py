@@ -456,11 +456,20 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
     return images
 
 
+def _index_refs(per_platform: list[tuple[str, list[RenderedImage]]]) -> list[str]:
+    """The plain refs the indexes go under: the first platform's refs without their -{arch}."""
+    platform, images = per_platform[0]
+    suffix = "-" + platform.rpartition("/")[2]
+    return [ref.removesuffix(suffix) for image in images for ref in image.refs]
+
+
 @cli.command("publish")
 @options.selection(required=False)
 @options.rendering
 @options.building
 @options.allow_no_gpu
+@options.builders
+@options.platforms
 @options.report
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
               help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. http for loopback "
@@ -470,12 +479,18 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
 @click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
 @click.option("--keep-going", is_flag=True, help="Continue past a failed image (its jupyter image fails too).")
 @click.option("--force", is_flag=True, help="Rebuild, verify and push even images the registry has unchanged.")
+@click.option("--merge/--no-merge", default=True, show_default=True,
+              help="With --platform: make every tag an image index over the platforms' images "
+                   "(TAG-amd64, TAG-arm64) once they are pushed. --no-merge: push only this host's "
+                   "platforms (native runners), and let a later --merge-only job write the indexes.")
+@click.option("--merge-only", is_flag=True,
+              help="Build nothing: write the indexes over the --platform images already in the registry.")
 @click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
               help="Seconds the smoke tests of one image may take.")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, **kw: Any) -> None:
+                report: Path | None, merge: bool, merge_only: bool, **kw: Any) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -493,24 +508,53 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from .build import ProgressPrinter
     from .registry import HttpRegistry, parse_registry
 
+    from dataclasses import replace
+
+    from .platforms import check_platform, host_platform, parse_platforms, platform_tags
+
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    images = _publish_images(ctx, kw, f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}")
-    if not images:
-        raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+    repository = f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}"
+    multi = bool(kw.get("platforms"))
+    platforms = parse_platforms(kw.pop("platforms"))
+    builder_choice, buildx_builder = kw.pop("builder_choice"), kw.pop("buildx_builder")
+    per_platform: list[tuple[str, list[RenderedImage]]] = []
+    for platform in platforms:
+        images = _publish_images(ctx, {**kw, "platform": platform}, repository)
+        if not images:
+            raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+        for image in images:
+            check_platform(ctx.matrix, image.spec.torch, platform)
+        # With --platform, each platform's images go under their own tags; the indexes join them.
+        per_platform.append((platform, [replace(i, tags=platform_tags(i.tags, platform)) if multi else i
+                                        for i in images]))
     registry = HttpRegistry()
-    remotes = {} if force else publish.lookup(registry, images)
-    steps = publish.plan(images, remotes, force=force)
-    click.echo(publish.format_plan(steps))
-    if dry_run:
+    if merge_only:
+        if not multi:
+            raise click.UsageError("--merge-only needs --platform with the platforms to join")
+        for index in publish.write_indexes(registry, _index_refs(per_platform), platforms):
+            click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
         return
+    from .builder import select_builder
     from .engine import DockerEngine, Progress
 
-    engine = DockerEngine()
-    engine.ping()
-    run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
-                                     allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
-                                     nocache=no_cache, pull=pull)
+    engine = None if dry_run else DockerEngine()
+    if engine is not None:
+        engine.ping()
+    builder = None if engine is None else select_builder(builder_choice, engine, buildx_builder)
+    plans = []
+    for platform, images in per_platform:
+        remotes = {} if force else publish.lookup(registry, images)
+        steps = publish.plan(images, remotes, force=force)
+        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
+        plans.append((platform, steps))
+    if dry_run:
+        return
+    assert engine is not None and builder is not None
+    if any(p != host_platform() for p in platforms) and builder.name != "buildkit":
+        raise click.UsageError(f"building for another platform than {host_platform()} needs --builder buildkit")
+    if builder.name == "buildkit" and not quiet:
+        click.echo(f"builder: {builder.describe()}", err=True)
     printer: ProgressPrinter | None = None
 
     def on_event(phase: str, step: publish.Step) -> None:
@@ -527,23 +571,38 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
             printer(progress)
 
     outcomes: list[publish.Outcome] = []
+    indexes: list[publish.Index] = []
     try:
-        for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
-                                       on_event=on_event, on_progress=on_progress):
-            if printer is not None:
-                printer.close()
-                printer = None
-            outcomes.append(outcome)
-            click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
+        for platform, steps in plans:
+            run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
+                                             allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
+                                             nocache=no_cache, pull=pull, builder=builder,
+                                             platform=platform if multi else None,
+                                             verify=platform == host_platform())
+            for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
+                                           on_event=on_event, on_progress=on_progress):
+                if printer is not None:
+                    printer.close()
+                    printer = None
+                outcomes.append(outcome)
+                click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
+        if multi and merge and push and not any(o.failed for o in outcomes):
+            indexes = publish.write_indexes(registry, _index_refs(per_platform), platforms)
+            for index in indexes:
+                click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}", err=True)
     finally:
         if outcomes:
             click.echo(publish.format_summary(outcomes))
         if report is not None:
-            write_json(report, {"ok": len(outcomes) == len(steps) and not any(o.failed for o in outcomes),
+            write_json(report, {"ok": len(outcomes) == sum(len(steps) for _, steps in plans)
+                                      and not any(o.failed for o in outcomes),
                                 "registry": base, "push": push,
                                 "images": [o.to_json() for o in outcomes],
+                                "indexes": [{"ref": i.ref, "digest": i.digest,
+                                             "manifests": [{"digest": d, "platform": p} for d, p in i.children]}
+                                            for i in indexes],
                                 "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason}
-                                            for s in steps]})
+                                            for _, steps in plans for s in steps]})
     publish.raise_if_failed(outcomes)
 
 

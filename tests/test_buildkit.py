@@ -369,3 +369,101 @@ def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
     # ... from the shared cache mount: no wheel of torch or its CUDA libraries came down.
     downloads = [line for line in devel_log.splitlines() if " Downloaded " in line or " Downloading " in line]
     assert not [line for line in downloads if "torch" in line or "nvidia" in line], downloads
+
+
+# --- arm64 under QEMU ---------------------------------------------------------------------
+
+ARM64_BASE = "imagebuilder-base:bookworm-arm64"
+EM_AARCH64 = "b7 00"  # ELF e_machine 183, little-endian
+
+
+@pytest.fixture(scope="module")
+def arm64_image(docker_engine, buildkit_cli, tmp_path_factory):
+    """torch 2.11 (the first release with aarch64 CUDA wheels) runtime for linux/arm64, built
+    under QEMU on the local arm64 Debian base (.ci/arm64-base.sh). Removed after."""
+    from conftest import _unavailable, ca_bundle_args
+
+    if not docker_engine.image_exists(ARM64_BASE):
+        _unavailable(f"{ARM64_BASE} does not exist; create it with .ci/arm64-base.sh {ARM64_BASE}")
+    if not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
+        _unavailable("arm64 binaries do not run here; .ci/qemu.sh registers qemu-aarch64")
+    repository = f"{TEST_REPOSITORY_PREFIX}/arm64-{uuid.uuid4().hex[:8]}"
+    report = tmp_path_factory.mktemp("arm64") / "report.json"
+    try:
+        done = imagebuilder("build", "--torch", "2.11", "--cuda", "13.0", "--os", "debian12",
+                            "--platform", "linux/arm64", "--base-image", f"linux/arm64={ARM64_BASE}",
+                            "--repository", repository, "--builder", "buildkit", *ca_bundle_args(),
+                            "--report", str(report))
+        assert done.returncode == 0, f"arm64 build failed:\n{done.stderr[-4000:]}"
+        yield json.loads(report.read_text())["images"][0]
+    finally:
+        remove_local_tags(docker_engine, repository)
+
+
+@pytest.mark.docker
+def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
+    """By content: `import torch` under QEMU hangs, so nothing here runs Python."""
+    ref = arm64_image["tags"][0]
+    assert ref.endswith("-arm64") and arm64_image["platform"] == "linux/arm64"
+    attrs = docker_engine.inspect_image(ref)
+    assert (attrs["Os"], attrs["Architecture"]) == ("linux", "arm64")
+    site = "/opt/venv/lib/python3.11/site-packages"
+    script = (f"cd {site} && uname -m && cat torch-2.11.0.dist-info/WHEEL && ls -d *.dist-info"
+              " && od -An -tx1 -j18 -N2 torch/lib/libtorch_cuda.so")
+    run = docker_engine.run(ref, ["bash", "-c", script], timeout=600)
+    assert run.exit_code == 0, run.output
+    lines = [line.strip() for line in run.output.splitlines()]
+    assert lines[0] == "aarch64"
+    tags = [line.removeprefix("Tag: ") for line in lines if line.startswith("Tag: ")]
+    assert tags and all(t.startswith("cp311-cp311-manylinux_") and t.endswith("_aarch64") for t in tags), tags
+    manifest = json.loads(docker_engine.run(ref, ["cat", "/opt/imagebuilder/manifest.json"], timeout=300).output)
+    for pin in (f"torch-{manifest['torch']}", f"torchvision-{manifest['torchvision']}",
+                f"nvidia_cudnn_cu13-{manifest['cudnn']}", f"nvidia_nccl_cu13-{manifest['nccl']}"):
+        assert f"{pin}.dist-info" in lines, (pin, lines)
+    assert lines[-1] == EM_AARCH64  # libtorch_cuda.so is an aarch64 CUDA build
+
+
+# --- multi-arch index -----------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_image, registry):
+    """Both platforms' images pushed as TAG-amd64 / TAG-arm64 (the local Debian bases stand in
+    for built images), then TAG written as an OCI index through the registry API."""
+    import urllib.request
+
+    from conftest import _unavailable
+
+    from imagebuilder.publish import write_indexes
+    from imagebuilder.registry import ACCEPT, OCI_INDEX, HttpRegistry
+
+    if not docker_engine.image_exists(ARM64_BASE):
+        _unavailable(f"{ARM64_BASE} does not exist; create it with .ci/arm64-base.sh {ARM64_BASE}")
+    name = f"{TEST_REPOSITORY_PREFIX}/index-{uuid.uuid4().hex[:8]}"
+    ref = f"{registry}/{name}:2.11.0-runtime"
+    try:
+        pushed = {}
+        for source, platform in ((base_image, "linux/amd64"), (ARM64_BASE, "linux/arm64")):
+            child = f"{ref}-{platform.rpartition('/')[2]}"
+            subprocess.run(["docker", "tag", source, child], check=True)
+            pushed[platform] = docker_engine.push(child)
+        client = HttpRegistry()
+        first = write_indexes(client, [ref], ["linux/amd64", "linux/arm64"])
+        again = write_indexes(client, [ref], ["linux/amd64", "linux/arm64"])
+        assert first[0].digest == again[0].digest == client.digest(ref)
+
+        def get(path: str) -> tuple[str, dict]:
+            request = urllib.request.Request(f"http://{registry}/v2/{name}/{path}", headers={"Accept": ACCEPT})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.headers["Content-Type"], json.loads(response.read())
+
+        media_type, index = get("manifests/2.11.0-runtime")
+        assert media_type == OCI_INDEX and index["mediaType"] == OCI_INDEX
+        platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+        assert platforms == pushed
+        for platform, digest in platforms.items():
+            _, manifest = get(f"manifests/{digest}")  # the digest resolves ...
+            _, config = get(f"blobs/{manifest['config']['digest']}")
+            assert f"{config['os']}/{config['architecture']}" == platform  # ... to that platform's image
+    finally:
+        remove_local_tags(docker_engine, name)
