@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .buildkit import BuildKitBuilder, BuildKitCli
-from .engine import BuildRequest, BuildResult, DockerEngine, EngineError, Progress
+from .engine import BuildRequest, BuildResult, DockerEngine, Progress
 from .errors import BadRequest
 
 CHOICES = ("auto", "buildkit", "classic")
@@ -56,13 +56,9 @@ class ClassicBuilder:
 
 
 class NoBuildKit(BadRequest):
-    def __init__(self, tried: list[str]) -> None:
-        self.tried = tried
-        super().__init__(
-            f"--builder buildkit needs a docker CLI with BuildKit; none here builds with it "
-            f"(tried: {'; '.join(tried) or 'no docker CLI on PATH'}); install the buildx plugin "
-            "(docker-buildx-plugin) or use --builder classic"
-        )
+    tried: str
+    template = ("--builder buildkit needs a docker CLI with BuildKit; none here builds with it "
+                "(tried: {tried}); install the buildx plugin (docker-buildx-plugin) or use --builder classic")
 
 
 def docker_clis() -> list[str]:
@@ -128,9 +124,6 @@ def select_builder(choice: str, engine: DockerEngine, buildx_builder: str | None
     if cli is not None:
         return BuildKitBuilder(cli, engine)
     if choice == "buildkit" or buildx_builder:
-        raise NoBuildKit(list(tried))
+        raise NoBuildKit(tried="; ".join(tried) or "no docker CLI on PATH")
     return ClassicBuilder(engine)
 
-
-__all__ = ["CHOICES", "Builder", "BuildKitBuilder", "ClassicBuilder", "EngineError", "NoBuildKit",
-           "detect_buildkit", "docker_clis", "select_builder"]

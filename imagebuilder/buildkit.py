@@ -27,19 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from .engine import (
-    TAIL_LINES,
-    BaseImageMissing,
-    BuildFailed,
-    BuildRequest,
-    BuildResult,
-    BuildTimedOut,
-    DockerEngine,
-    EngineError,
-    Progress,
-    check_request,
-    classify_failure,
-)
+from .classic_stream import TAIL_LINES, Progress
+from .engine import BuildRequest, BuildResult, DockerEngine, check_request
+from .engine_errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
 _COUNTED = frozenset({"FROM", "RUN", "COPY", "ADD", "WORKDIR"})
@@ -187,7 +177,7 @@ class PlainProgress:
             metadata = _METADATA.match(vertex.name)
             if metadata or vertex.instruction.upper().startswith("FROM "):
                 base = metadata[1] if metadata else _from_image(vertex.instruction)
-                return BaseImageMissing(base.removeprefix("docker.io/library/"), message)
+                return BaseImageMissing(image=base.removeprefix("docker.io/library/"), detail=message)
         tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
         return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
                            instruction=vertex.instruction if vertex else None, error=message,

@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from . import __version__, options
+from . import __version__, options, pipeline
 from .errors import ImageBuilderError
 from .matrix import Matrix, load_matrix
-from .render import RenderedImage, RenderOptions, render, write_tree
-from .resolve import BuildSpec, Request, enumerate_matrix, resolve
+from .options import Rendering
+from .pipeline import Selection
+from .render import RenderedImage, RenderOptions
+from .resolve import BuildSpec, enumerate_matrix
 from .resources import default_matrix_path
 
 
@@ -46,41 +47,16 @@ def _source_label() -> str:
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 
 
-def render_options(matrix: Matrix, kw: dict[str, Any]) -> RenderOptions:
+def render_options(matrix: Matrix, rendering: Rendering, repository: str | None = None,
+                   buildkit: bool = False) -> RenderOptions:
     return RenderOptions(
-        repository=kw.get("repository") or matrix.defaults.repository,
-        index_url=kw.get("index_url"),
-        extra_index_urls=tuple(kw.get("extra_index_urls") or ()),
-        ca_bundle=kw.get("ca_bundle"),
+        repository=repository or rendering.repository or matrix.defaults.repository,
+        index_url=rendering.index_url,
+        extra_index_urls=rendering.extra_index_urls,
+        ca_bundle=rendering.ca_bundle,
         source=_source_label(),
-        buildkit=bool(kw.get("buildkit")),
+        buildkit=buildkit,
     )
-
-
-def request_from(kw: dict[str, Any], variant: str | None = None) -> Request:
-    return Request(
-        torch=kw["torch_version"],
-        cuda=kw["cuda_version"],
-        python=kw.get("python_version"),
-        variant=variant or kw.get("variant"),
-        os=kw.get("os_name"),
-        base_image=base_image_for(kw),
-        strict=bool(kw.get("strict")),
-    )
-
-
-def base_image_for(kw: dict[str, Any]) -> str | None:
-    """The --base-image for the platform being planned (kw["platform"], else the host's)."""
-    from .platforms import base_for, host_platform, parse_base_images
-
-    return base_for(parse_base_images(kw.get("base_image") or ()), kw.get("platform") or host_platform())
-
-
-def resolve_and_render(ctx: Context, kw: dict[str, Any], variant: str | None = None) -> RenderedImage:
-    spec = resolve(ctx.matrix, request_from(kw, variant))
-    for notice in spec.notices:
-        note(notice)
-    return render(spec, ctx.matrix, render_options(ctx.matrix, kw))
 
 
 class UserError(click.ClickException):
@@ -165,20 +141,23 @@ def _table(rows: list[dict[str, Any]]) -> str:
               show_default=True, help="github: a strategy.matrix for GitHub Actions ({\"include\": [...]}).")
 @pass_context
 @click.pass_context
-def matrix(click_ctx: click.Context, ctx: Context, fmt: str, **kw: Any) -> None:
+def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selection) -> None:
     """List the images the matrix describes, optionally filtered.
+
+    A --torch and --cuda pair lists the image(s) `build` makes for it, also where the
+    release has no wheels of exactly that CUDA.
 
     \b
     Examples:
       imagebuilder matrix --torch 2.6 --variant runtime
+      imagebuilder matrix --torch 2.6 --cuda 12.1
       imagebuilder matrix --format github > matrix.json
       imagebuilder matrix check --online
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    rows = [_row(spec, ctx) for spec in specs]
+    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    rows = [_row(spec, ctx) for spec in pipeline.select_specs(ctx.matrix, selection)]
     if fmt == "table":
         click.echo(_table(rows))
     elif fmt == "json":
@@ -212,13 +191,6 @@ def matrix_check(ctx: Context, online: bool) -> None:
 # --- render ---------------------------------------------------------------------------------
 
 
-def _render_all(ctx: Context, kw: dict[str, Any]) -> list[RenderedImage]:
-    opts = render_options(ctx.matrix, kw)
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    return [render(spec, ctx.matrix, opts) for spec in specs]
-
-
 def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
     return {
         "images": [
@@ -230,16 +202,17 @@ def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
 
 
 @cli.command("render")
-@options.selection(required=False)
-@options.strict
+@options.selection(required=False, strict=True)
 @options.rendering
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Folder to write the build context(s) to.")
+              help="Folder to write the build context(s) to: a new or empty folder, or one imagebuilder "
+                   "wrote (only the files it wrote there are replaced).")
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
-def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, **kw: Any) -> None:
+def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
+               rendering: Rendering) -> None:
     """Render Dockerfiles and their build contexts.
 
     \b
@@ -250,10 +223,18 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     """
     if not dry_run and output is None:
         raise click.UsageError("give -o DIR to write the build context, or --dry-run to print the Dockerfile")
+    if render_all and dry_run:
+        raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
+    if not render_all and (not selection.torch or not selection.cuda):
+        raise click.UsageError("give --torch and --cuda (or --all)")
+    from .output import write_tree
+
+    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    opts = render_options(ctx.matrix, rendering)
     if render_all:
-        if dry_run:
-            raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
-        images = _render_all(ctx, kw)
+        images = pipeline.render_selected(ctx.matrix, selection, opts)
+        if not images:
+            raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
         files: dict[str, bytes] = {}
         for image in images:
             files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
@@ -263,9 +244,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         write_tree(output, files)
         click.echo(f"wrote {len(images)} images to {output}")
         return
-    if not kw["torch_version"] or not kw["cuda_version"]:
-        raise click.UsageError("give --torch and --cuda (or --all)")
-    image = resolve_and_render(ctx, kw)
+    (image,) = pipeline.render_request(ctx.matrix, selection, opts, note)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
         return
@@ -277,54 +256,16 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 # --- build ----------------------------------------------------------------------------------
 
 
-def _variants(variant: str | None) -> list[str | None]:
-    return ["runtime", "devel", "jupyter"] if variant == "all" else [variant]
-
-
-def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedImage]:
-    """Everything to build, in order. All of it is resolved before anything is built, so a
-    bad request fails before an hour of building. A jupyter image needs its runtime image:
-    it is built first when it is not there yet."""
-    from .build import build_order
-
-    images = [resolve_and_render(ctx, kw, variant) for variant in _variants(kw.get("variant"))]
-    refs = {image.ref for image in images}
-    for image in list(images):
-        if image.depends_on and image.depends_on not in refs and not engine.image_exists(image.depends_on):
-            images.insert(images.index(image), resolve_and_render(ctx, kw, "runtime"))
-            refs.add(image.depends_on)
-    return build_order(images)
-
-
-def plan_platforms(ctx: Context, kw: dict[str, Any], engine: Any, builder: str) -> list[tuple[str, RenderedImage]]:
-    """build_plan for each --platform, checked against the matrix before anything is built."""
-    from .platforms import check_platform, for_platform, host_platform, parse_platforms
-
-    host = host_platform()
-    planned: list[tuple[str, RenderedImage]] = []
-    for platform in parse_platforms(kw.get("platforms")):
-        if platform != host and builder != "buildkit":
-            raise click.UsageError(f"building for {platform} on a {host} host needs --builder buildkit")
-        images = build_plan(ctx, {**kw, "platform": platform}, engine)
-        for image in images:
-            check_platform(ctx.matrix, image.spec.torch, platform)
-            if platform != host and image.spec.parent is not None:
-                raise click.UsageError(f"a jupyter image for {platform} is not supported yet; "
-                                       "build its runtime image")
-        planned += [(platform, for_platform(image, platform, host)) for image in images]
-    return planned
-
-
 @cli.command("build")
-@options.selection(required=True, all_variants=True)
-@options.strict
+@options.selection(required=True, all_variants=True, strict=True)
 @options.rendering
 @options.building
 @options.builders
 @options.platforms
 @options.report
 @pass_context
-def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, **kw: Any) -> None:
+def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
+              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -336,14 +277,21 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .build import ProgressPrinter, build_image, human_size
     from .builder import select_builder
     from .engine import DockerEngine
+    from .platforms import for_platforms, parse_platforms
 
+    wanted = parse_platforms(platforms)
     engine = DockerEngine()
     engine.ping()
-    builder = select_builder(kw.pop("builder_choice"), engine, kw.pop("buildx_builder"))
-    kw["buildkit"] = builder.name == "buildkit"
+    builder = select_builder(builder_choice, engine, buildx_builder)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    platform_plan = plan_platforms(ctx, kw, engine, builder.name)
+    opts = render_options(ctx.matrix, rendering, buildkit=builder.name == "buildkit")
+    platform_plan = []
+    for platform in wanted:
+        chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform), engine.os_release, note)
+        images = pipeline.render_request(ctx.matrix, chosen, opts, note, exists=engine.image_exists)
+        platform_plan += [(platform, image) for image in
+                          for_platforms(ctx.matrix, images, platform, buildkit=builder.name == "buildkit")]
     plan = [image for _, image in platform_plan]
     done = []
     try:
@@ -353,8 +301,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
             try:
                 built = build_image(engine, image, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-                                    on_progress=None if quiet else printer, builder=builder,
-                                    platform=platform)
+                                    on_progress=None if quiet else printer, builder=builder, platform=platform)
             finally:
                 printer.close()
             done.append(built)
@@ -434,35 +381,6 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 # --- publish --------------------------------------------------------------------------------
 
 
-def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[RenderedImage]:
-    """Every image the filters select, rendered for the registry; a selected jupyter image
-    brings its runtime image along (publish decides whether that one needs building)."""
-    from dataclasses import replace
-
-    opts = replace(render_options(ctx.matrix, kw), repository=repository)
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    images: list[RenderedImage] = []
-    for spec in specs:
-        # enumerate_matrix resolves without --base-image; resolve each again with it.
-        spec = resolve(ctx.matrix, Request(str(spec.torch.version), str(spec.cuda.key), kw["python_version"],
-                                           spec.variant, spec.os.name, base_image=base_image_for(kw)))
-        images.append(render(spec, ctx.matrix, opts))
-    refs = {image.ref for image in images}
-    for image in list(images):
-        if image.depends_on and image.depends_on not in refs and image.spec.parent is not None:
-            images.append(render(image.spec.parent, ctx.matrix, opts))
-            refs.add(image.depends_on)
-    return images
-
-
-def _index_refs(per_platform: list[tuple[str, list[RenderedImage]]]) -> list[str]:
-    """The plain refs the indexes go under: the first platform's refs without their -{arch}."""
-    platform, images = per_platform[0]
-    suffix = "-" + platform.rpartition("/")[2]
-    return [ref.removesuffix(suffix) for image in images for ref in image.refs]
-
-
 @cli.command("publish")
 @options.selection(required=False)
 @options.rendering
@@ -472,25 +390,30 @@ def _index_refs(per_platform: list[tuple[str, list[RenderedImage]]]) -> list[str
 @options.platforms
 @options.report
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
-              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. http for loopback "
-                   "registries, https elsewhere; credentials from `docker login`.")
+              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
+                   "(http for a loopback registry without TLS); credentials as docker finds them.")
+@click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+              help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
+                   "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs.")
 @click.option("--push/--no-push", default=True, show_default=True,
               help="--no-push builds and verifies what the plan says, and pushes nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
 @click.option("--keep-going", is_flag=True, help="Continue past a failed image (its jupyter image fails too).")
 @click.option("--force", is_flag=True, help="Rebuild, verify and push even images the registry has unchanged.")
 @click.option("--merge/--no-merge", default=True, show_default=True,
-              help="With --platform: make every tag an image index over the platforms' images "
-                   "(TAG-amd64, TAG-arm64) once they are pushed. --no-merge: push only this host's "
-                   "platforms (native runners), and let a later --merge-only job write the indexes.")
+              help="With --platform: once every platform's images are pushed (TAG-amd64, TAG-arm64), "
+                   "make each TAG an image index over them. --no-merge for runners that publish one "
+                   "platform each; a --merge-only job writes the indexes after them.")
 @click.option("--merge-only", is_flag=True,
-              help="Build nothing: write the indexes over the --platform images already in the registry.")
+              help="Build nothing: make each TAG an index over the --platform images already pushed.")
 @click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
               help="Seconds the smoke tests of one image may take.")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, merge: bool, merge_only: bool, **kw: Any) -> None:
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
+                builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
+                merge_only: bool) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -506,55 +429,58 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     """
     from . import publish
     from .build import ProgressPrinter
-    from .registry import HttpRegistry, parse_registry
-
     from dataclasses import replace
 
-    from .platforms import check_platform, host_platform, parse_platforms, platform_tags
+    from .platforms import for_platforms, host_platform, parse_platforms, platform_tags
+    from .registry import HttpRegistry, parse_registry
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    repository = f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}"
-    multi = bool(kw.get("platforms"))
-    platforms = parse_platforms(kw.pop("platforms"))
-    builder_choice, buildx_builder = kw.pop("builder_choice"), kw.pop("buildx_builder")
-    per_platform: list[tuple[str, list[RenderedImage]]] = []
-    for platform in platforms:
-        images = _publish_images(ctx, {**kw, "platform": platform}, repository)
+    # With --platform, each platform's images go under their own tags (TAG-arm64), planned,
+    # skipped and pushed per platform; then every TAG becomes an index over them.
+    multi = platforms is not None
+    wanted = parse_platforms(platforms)
+    engine = builder = None
+    if not dry_run and not merge_only:
+        from .builder import select_builder
+        from .engine import DockerEngine
+
+        engine = DockerEngine()
+        engine.ping()
+        builder = select_builder(builder_choice, engine, buildx_builder)
+        if not quiet:
+            click.echo(f"builder: {builder.describe()}", err=True)
+    opts = render_options(ctx.matrix, rendering, f"{base}/{rendering.repository or ctx.matrix.defaults.repository}",
+                          buildkit=builder is not None and builder.name == "buildkit")
+    registry = HttpRegistry(ca_file=registry_ca)
+    plans: list[tuple[str, tuple[publish.Step, ...]]] = []
+    index_refs: list[str] = []
+    for platform in wanted:
+        chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform),
+                                    engine.os_release if engine else None, note)
+        # A selected jupyter image brings its runtime image along (publish decides whether that
+        # one needs building).
+        images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, chosen, opts), ctx.matrix, opts)
         if not images:
             raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-        for image in images:
-            check_platform(ctx.matrix, image.spec.torch, platform)
-        # With --platform, each platform's images go under their own tags; the indexes join them.
-        per_platform.append((platform, [replace(i, tags=platform_tags(i.tags, platform)) if multi else i
-                                        for i in images]))
-    registry = HttpRegistry()
-    if merge_only:
-        if not multi:
-            raise click.UsageError("--merge-only needs --platform with the platforms to join")
-        for index in publish.write_indexes(registry, _index_refs(per_platform), platforms):
-            click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
-        return
-    from .builder import select_builder
-    from .engine import DockerEngine, Progress
-
-    engine = None if dry_run else DockerEngine()
-    if engine is not None:
-        engine.ping()
-    builder = None if engine is None else select_builder(builder_choice, engine, buildx_builder)
-    plans = []
-    for platform, images in per_platform:
-        remotes = {} if force else publish.lookup(registry, images)
-        steps = publish.plan(images, remotes, force=force)
+        index_refs = [ref for image in images for ref in image.refs]
+        checked = for_platforms(ctx.matrix, images, platform, buildkit=builder is None or builder.name == "buildkit")
+        images = [replace(image, tags=platform_tags(image.tags, platform)) for image in images] if multi else checked
+        if merge_only:
+            continue
+        steps = publish.plan(images, {} if force else publish.lookup(registry, images), force=force)
         click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
         plans.append((platform, steps))
-    if dry_run:
+    if merge_only:
+        if not multi:
+            raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
+        for index in publish.write_indexes(registry, index_refs, wanted):
+            click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
         return
-    assert engine is not None and builder is not None
-    if any(p != host_platform() for p in platforms) and builder.name != "buildkit":
-        raise click.UsageError(f"building for another platform than {host_platform()} needs --builder buildkit")
-    if builder.name == "buildkit" and not quiet:
-        click.echo(f"builder: {builder.describe()}", err=True)
+    if engine is None:
+        return
+    from .engine import Progress
+
     printer: ProgressPrinter | None = None
 
     def on_event(phase: str, step: publish.Step) -> None:
@@ -586,23 +512,24 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                     printer = None
                 outcomes.append(outcome)
                 click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
-        if multi and merge and push and not any(o.failed for o in outcomes):
-            indexes = publish.write_indexes(registry, _index_refs(per_platform), platforms)
+        if multi and merge and push and outcomes and not any(o.failed for o in outcomes):
+            indexes = publish.write_indexes(registry, index_refs, wanted)
             for index in indexes:
-                click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}", err=True)
+                click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}",
+                           err=True)
     finally:
         if outcomes:
             click.echo(publish.format_summary(outcomes))
         if report is not None:
-            write_json(report, {"ok": len(outcomes) == sum(len(steps) for _, steps in plans)
-                                      and not any(o.failed for o in outcomes),
+            planned = [step for _, steps in plans for step in steps]
+            write_json(report, {"ok": len(outcomes) == len(planned) and not any(o.failed for o in outcomes),
                                 "registry": base, "push": push,
                                 "images": [o.to_json() for o in outcomes],
                                 "indexes": [{"ref": i.ref, "digest": i.digest,
                                              "manifests": [{"digest": d, "platform": p} for d, p in i.children]}
                                             for i in indexes],
                                 "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason}
-                                            for _, steps in plans for s in steps]})
+                                            for s in planned]})
     publish.raise_if_failed(outcomes)
 
 

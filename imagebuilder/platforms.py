@@ -21,19 +21,20 @@ _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/
 
 
 class UnknownPlatform(BadRequest):
-    def __init__(self, requested: str) -> None:
-        self.requested = requested
-        super().__init__(f"unknown platform {requested!r}; known: {', '.join(PLATFORMS)}")
+    requested: str
+    template = "unknown platform {requested!r}; known: linux/amd64, linux/arm64"
 
 
 class NoWheelsForPlatform(BadRequest):
-    def __init__(self, torch: TorchRelease, platform: str, first: TorchRelease | None) -> None:
-        self.torch = torch
-        self.platform = platform
-        self.first = first
-        since = (f"the first release that has them is torch {first.key}" if first
+    torch: str
+    platform: str
+    first: str | None
+
+    def describe(self) -> str:
+        f = self.fields
+        since = (f"the first release that has them is torch {f['first']}" if f["first"]
                  else "no release in the matrix has them")
-        super().__init__(f"torch {torch.version} has no CUDA wheels for {platform} on PyPI; {since}")
+        return f"torch {f['torch']} has no CUDA wheels for {f['platform']} on PyPI; {since}"
 
 
 def host_platform() -> str:
@@ -51,7 +52,7 @@ def parse_platforms(text: str | None) -> tuple[str, ...]:
     wanted: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if part not in PLATFORMS:
-            raise UnknownPlatform(part)
+            raise UnknownPlatform(requested=part)
         if part not in wanted:
             wanted.append(part)
     return tuple(wanted)
@@ -66,7 +67,7 @@ def parse_base_images(values: Iterable[str]) -> dict[str | None, str]:
         if platform is None:
             image = value
         elif platform not in PLATFORMS:
-            raise UnknownPlatform(platform)
+            raise UnknownPlatform(requested=platform)
         if not image:
             raise BadRequest(f"--base-image {value!r} names no image; give IMAGE or PLATFORM=IMAGE")
         if platform in bases and bases[platform] != image:
@@ -85,7 +86,8 @@ def check_platform(matrix: Matrix, torch: TorchRelease, platform: str) -> None:
     if platform in torch.platforms:
         return
     newer = sorted((t for t in matrix.torches.values() if platform in t.platforms), key=lambda t: t.version)
-    raise NoWheelsForPlatform(torch, platform, newer[0] if newer else None)
+    raise NoWheelsForPlatform(torch=str(torch.version), platform=platform,
+                              first=newer[0].key if newer else None)
 
 
 def for_platform(image: RenderedImage, platform: str, host: str | None = None) -> RenderedImage:
@@ -98,3 +100,18 @@ def for_platform(image: RenderedImage, platform: str, host: str | None = None) -
 def platform_tags(tags: Sequence[str], platform: str) -> tuple[str, ...]:
     """One platform's tags: publish pushes each platform under these before an index joins them."""
     return tuple(f"{tag}-{arch(platform)}" for tag in tags)
+
+
+def for_platforms(matrix: Matrix, images: Sequence[RenderedImage], platform: str, *, buildkit: bool,
+                  host: str | None = None) -> list[RenderedImage]:
+    """`images` as built for `platform`, after checking that they can be: the release has
+    CUDA wheels for it, and another platform than the host's is built by BuildKit."""
+    host = host or host_platform()
+    for image in images:
+        check_platform(matrix, image.spec.torch, platform)
+        if platform != host and not buildkit:
+            raise BadRequest(f"building for {platform} on a {host} host needs --builder buildkit")
+        if platform != host and image.spec.parent is not None:
+            # Its Dockerfile names the runtime image by its plain (host) tag.
+            raise BadRequest(f"a jupyter image for {platform} is not supported yet; build its runtime image")
+    return [for_platform(image, platform, host) for image in images]

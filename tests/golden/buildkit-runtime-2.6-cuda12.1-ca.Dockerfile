@@ -9,10 +9,12 @@ ARG BASE_IMAGE=nvidia/cuda:12.1.1-base-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-# apt's downloads stay in a cache mount shared by every image built on this host.
+# apt's downloads stay in a cache mount shared by every image built on this host (so no
+# `apt-get clean`, which would empty it; only apt's package index caches go).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
     apt-get update \
  && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-dev python3-venv \
+ && rm -f /var/cache/apt/*.bin \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -60,8 +62,8 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="d70dc30d272a1b65da8f9775856dd015aaf4852cee88140f43fc1d81ff33234b"
+    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.inputs-hash="67216bf6482171f50b365118b4813c12a2688507848530759773784a64ce78b4"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

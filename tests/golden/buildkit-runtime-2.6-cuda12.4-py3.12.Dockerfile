@@ -9,10 +9,12 @@ ARG BASE_IMAGE=nvidia/cuda:12.4.1-base-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-# apt's downloads stay in a cache mount shared by every image built on this host.
+# apt's downloads stay in a cache mount shared by every image built on this host (so no
+# `apt-get clean`, which would empty it; only apt's package index caches go).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
     apt-get update \
  && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-venv \
+ && rm -f /var/cache/apt/*.bin \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -60,7 +62,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="9a355e0ecb0e54fa0ebc5ff19f73a2f7dfc030a23b25a75983d7c32102e0e1ab"
+    io.imagebuilder.inputs-hash="45d5a9a888257a17dbdb95c32e7d6d299238ba8704e970cde78a7ea604b732b7"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

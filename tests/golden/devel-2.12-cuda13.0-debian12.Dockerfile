@@ -10,6 +10,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -59,6 +60,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="fd3b2b878028889644586693c0437c811280a751a41a8232edea7df7bf299ae7"
+    io.imagebuilder.inputs-hash="2460a62c93c93ea04feb02256ea1f442d163da38e162d88e0bf4b38adc5609a1"
 WORKDIR /workspace
 CMD ["/bin/bash"]

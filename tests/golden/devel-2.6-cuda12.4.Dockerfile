@@ -10,6 +10,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -55,6 +56,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e367cfb05d9722c3e4f0af175d0ae4375bb24a1dade86ac444043000e9ecbd6b"
+    io.imagebuilder.inputs-hash="8b880f135f20c5e713038c74f4080d1017e6155211d560c91318309f38d0c86e"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -11,6 +11,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -53,8 +54,8 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="b04d3253054a394c59500bc852c594961f24f7eb4e178d49fe73ff9f7ac8b7f6"
+    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.inputs-hash="38297788265cd4efb2e2b550e60ae9f13dd9f33b0f25ade983e04fb3a5ab9968"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

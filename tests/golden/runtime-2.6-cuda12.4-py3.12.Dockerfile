@@ -11,6 +11,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -55,7 +56,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="377a6411728430b012038e6e51dcea411f7733cea0e44ebafcff042e3b49380e"
+    io.imagebuilder.inputs-hash="d2c1dc3e394ee30878b66ee6928a6818854b6e1237fe46d8bf8875236b8caf05"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
