@@ -429,9 +429,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     """
     from . import publish
     from .build import ProgressPrinter
-    from dataclasses import replace
-
-    from .platforms import for_platforms, host_platform, parse_platforms, platform_tags
+    from .platforms import for_platforms, host_platform, parse_platforms, platform_image
     from .registry import HttpRegistry, parse_registry
 
     host, namespace = parse_registry(registry_name)
@@ -454,7 +452,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                           buildkit=builder is not None and builder.name == "buildkit")
     registry = HttpRegistry(ca_file=registry_ca)
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
-    index_refs: list[str] = []
+    index_platforms: dict[str, list[str]] = {}  # plain ref -> the platforms its index joins
     for platform in wanted:
         chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform),
                                     engine.os_release if engine else None, note)
@@ -463,9 +461,14 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, chosen, opts), ctx.matrix, opts)
         if not images:
             raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-        index_refs = [ref for image in images for ref in image.refs]
+        if multi:
+            # Filters, not a request: a release without CUDA wheels for this platform is left out.
+            images = [image for image in images if platform in image.spec.torch.platforms]
+        for image in images:
+            for ref in image.refs:
+                index_platforms.setdefault(ref, []).append(platform)
         checked = for_platforms(ctx.matrix, images, platform, buildkit=builder is None or builder.name == "buildkit")
-        images = [replace(image, tags=platform_tags(image.tags, platform)) for image in images] if multi else checked
+        images = [platform_image(image, platform) for image in images] if multi else checked
         if merge_only:
             continue
         steps = publish.plan(images, {} if force else publish.lookup(registry, images), force=force)
@@ -474,7 +477,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if merge_only:
         if not multi:
             raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
-        for index in publish.write_indexes(registry, index_refs, wanted):
+        for index in publish.write_indexes(registry, index_platforms):
             click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
         return
     if engine is None:
@@ -513,7 +516,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 outcomes.append(outcome)
                 click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
         if multi and merge and push and outcomes and not any(o.failed for o in outcomes):
-            indexes = publish.write_indexes(registry, index_refs, wanted)
+            indexes = publish.write_indexes(registry, index_platforms)
             for index in indexes:
                 click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}",
                            err=True)

@@ -94,7 +94,17 @@ def for_platform(image: RenderedImage, platform: str, host: str | None = None) -
     """The image as built for `platform`: other than the host's, its tags end in -{arch}."""
     if platform == (host or host_platform()):
         return image
-    return replace(image, tags=platform_tags(image.tags, platform))
+    return platform_image(image, platform)
+
+
+def platform_image(image: RenderedImage, platform: str) -> RenderedImage:
+    """The image under its platform's tags; a jupyter image then starts FROM its runtime
+    image's tag of the same platform (the Dockerfile's BASE_IMAGE default names it)."""
+    if image.spec.parent is None:
+        return replace(image, tags=platform_tags(image.tags, platform))
+    base = f"{image.base_image}-{arch(platform)}"
+    dockerfile = image.dockerfile.replace(f"ARG BASE_IMAGE={image.base_image}\n", f"ARG BASE_IMAGE={base}\n", 1)
+    return replace(image, tags=platform_tags(image.tags, platform), base_image=base, dockerfile=dockerfile)
 
 
 def platform_tags(tags: Sequence[str], platform: str) -> tuple[str, ...]:
@@ -111,7 +121,4 @@ def for_platforms(matrix: Matrix, images: Sequence[RenderedImage], platform: str
         check_platform(matrix, image.spec.torch, platform)
         if platform != host and not buildkit:
             raise BadRequest(f"building for {platform} on a {host} host needs --builder buildkit")
-        if platform != host and image.spec.parent is not None:
-            # Its Dockerfile names the runtime image by its plain (host) tag.
-            raise BadRequest(f"a jupyter image for {platform} is not supported yet; build its runtime image")
     return [for_platform(image, platform, host) for image in images]

@@ -312,14 +312,14 @@ class Index:
     digest: str
 
 
-def write_indexes(registry: Registry, refs: Iterable[str], platforms: Sequence[str]) -> list[Index]:
-    """Make every ref an image index over its platform images (ref-amd64, ref-arm64, ...),
+def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]]) -> list[Index]:
+    """Make every ref an image index over its platforms' images (ref-amd64, ref-arm64, ...),
     which must all be in the registry already; a rerun with the same children writes the
     same index (its digest does not change)."""
     from .platforms import platform_tags
 
     written = []
-    for ref in refs:
+    for ref, platforms in wanted.items():
         children = []
         for platform in platforms:
             child = platform_tags((ref,), platform)[0]

@@ -448,8 +448,8 @@ def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_im
             subprocess.run(["docker", "tag", source, child], check=True)
             pushed[platform] = docker_engine.push(child)
         client = HttpRegistry()
-        first = write_indexes(client, [ref], ["linux/amd64", "linux/arm64"])
-        again = write_indexes(client, [ref], ["linux/amd64", "linux/arm64"])
+        first = write_indexes(client, {ref: ["linux/amd64", "linux/arm64"]})
+        again = write_indexes(client, {ref: ["linux/amd64", "linux/arm64"]})
         assert first[0].digest == again[0].digest == client.digest(ref)
 
         def get(path: str) -> tuple[str, dict]:
