@@ -122,6 +122,7 @@ def _row(spec: BuildSpec, ctx: Context) -> dict[str, Any]:
         "variant": spec.variant,
         "min_driver": str(spec.min_driver),
         "tag": primary_tag(spec, ctx.matrix),
+        "platforms": list(spec.torch.platforms),
     }
 
 

@@ -428,42 +428,54 @@ def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
 
 @pytest.mark.docker
 def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_image, registry):
-    """Both platforms' images pushed as TAG-amd64 / TAG-arm64 (the local Debian bases stand in
-    for built images), then TAG written as an OCI index through the registry API."""
+    """Every tag of a 2.11 runtime image pushed per platform (TAG-amd64, TAG-arm64; the local
+    Debian bases stand in for built images), then `publish --merge-only` makes each TAG an
+    OCI index through the registry API; the index's digests resolve to each platform's image."""
     import urllib.request
 
     from conftest import _unavailable
 
-    from imagebuilder.publish import write_indexes
-    from imagebuilder.registry import ACCEPT, OCI_INDEX, HttpRegistry
+    from imagebuilder.registry import ACCEPT, OCI_INDEX
+    from imagebuilder.resources import default_matrix_path
 
     if not docker_engine.image_exists(ARM64_BASE):
         _unavailable(f"{ARM64_BASE} does not exist; create it with .ci/arm64-base.sh {ARM64_BASE}")
-    name = f"{TEST_REPOSITORY_PREFIX}/index-{uuid.uuid4().hex[:8]}"
-    ref = f"{registry}/{name}:2.11.0-runtime"
+    namespace = f"{TEST_REPOSITORY_PREFIX}-index-{uuid.uuid4().hex[:8]}"
+    matrix = load_matrix(default_matrix_path())
+    coordinates = ("--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12", "--variant", "runtime")
+    image = render(resolve(matrix, Request("2.11", "13.0", python="3.11", os="debian12", variant="runtime")), matrix,
+                   RenderOptions(repository=f"{registry}/{namespace}/pytorch"))
     try:
         pushed = {}
         for source, platform in ((base_image, "linux/amd64"), (ARM64_BASE, "linux/arm64")):
-            child = f"{ref}-{platform.rpartition('/')[2]}"
-            subprocess.run(["docker", "tag", source, child], check=True)
-            pushed[platform] = docker_engine.push(child)
-        client = HttpRegistry()
-        first = write_indexes(client, {ref: ["linux/amd64", "linux/arm64"]})
-        again = write_indexes(client, {ref: ["linux/amd64", "linux/arm64"]})
-        assert first[0].digest == again[0].digest == client.digest(ref)
+            for ref in image.refs:
+                child = f"{ref}-{platform.rpartition('/')[2]}"
+                subprocess.run(["docker", "tag", source, child], check=True)
+                pushed[platform] = docker_engine.push(child)
+        merge = ("publish", *coordinates, "--registry", f"{registry}/{namespace}",
+                 "--platform", "linux/amd64,linux/arm64", "--merge-only")
+        first, again = imagebuilder(*merge), imagebuilder(*merge)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout == again.stdout  # same children, same index digest
+        written = [line for line in first.stdout.splitlines() if line.startswith("index ")]
+        assert len(written) == len(image.refs) and all("over linux/amd64, linux/arm64" in w for w in written)
+
+        name = f"{namespace}/pytorch"
 
         def get(path: str) -> tuple[str, dict]:
             request = urllib.request.Request(f"http://{registry}/v2/{name}/{path}", headers={"Accept": ACCEPT})
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.headers["Content-Type"], json.loads(response.read())
 
-        media_type, index = get("manifests/2.11.0-runtime")
-        assert media_type == OCI_INDEX and index["mediaType"] == OCI_INDEX
-        platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
-        assert platforms == pushed
-        for platform, digest in platforms.items():
+        for ref in image.refs:
+            media_type, index = get(f"manifests/{ref.rpartition(':')[2]}")
+            assert media_type == OCI_INDEX and index["mediaType"] == OCI_INDEX
+            platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+                         for m in index["manifests"]}
+            assert platforms == pushed
+        for platform, digest in pushed.items():
             _, manifest = get(f"manifests/{digest}")  # the digest resolves ...
             _, config = get(f"blobs/{manifest['config']['digest']}")
             assert f"{config['os']}/{config['architecture']}" == platform  # ... to that platform's image
     finally:
-        remove_local_tags(docker_engine, name)
+        remove_local_tags(docker_engine, namespace)
