@@ -371,6 +371,55 @@ def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
     assert not [line for line in downloads if "torch" in line or "nvidia" in line], downloads
 
 
+@pytest.mark.docker
+def test_a_failed_buildkit_step_is_named_with_its_last_lines(docker_engine, base_image, buildkit_cli, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base_image}\nRUN echo {uuid.uuid4().hex} && echo 'Could not fetch URL https://pypi.example/simple/' && exit 7\n")
+    tag = f"{TEST_REPOSITORY_PREFIX}/failed-{uuid.uuid4().hex[:8]}:x"
+    with pytest.raises(BuildFailed) as e:
+        BuildKitBuilder(buildkit_cli, docker_engine).build(BuildRequest(context=tmp_path, tags=(tag,),
+                                                                        log_path=tmp_path / "build.log"))
+    assert (e.value.step, e.value.total, e.value.step_exit_code, e.value.cause) == (2, 2, 7, "network")
+    assert e.value.tail[-1] == "Could not fetch URL https://pypi.example/simple/"
+    assert "exit code: 7" in (tmp_path / "build.log").read_text()
+    assert not docker_engine.image_exists(tag)
+
+
+@pytest.mark.docker
+def test_ctrl_c_stops_a_buildkit_build_and_leaves_nothing(docker_engine, base_image, buildkit_cli, tmp_path):
+    import signal
+    import sys
+
+    marker = uuid.uuid4().hex
+    seconds = 300 + int(marker[:4], 16) % 97  # a `sleep N` no other build runs
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo started-{marker} && sleep {seconds}\n")
+    tag = f"{TEST_REPOSITORY_PREFIX}/interrupted-{marker[:8]}:x"
+    log = tmp_path / "build.log"
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from imagebuilder.buildkit import BuildKitBuilder, BuildKitCli\n"
+        "from imagebuilder.engine import BuildRequest, DockerEngine\n"
+        f"cli = BuildKitCli({buildkit_cli.command!r}, buildkit_env={buildkit_cli.buildkit_env!r})\n"
+        f"BuildKitBuilder(cli, DockerEngine()).build(BuildRequest(context=Path({str(tmp_path)!r}), "
+        f"tags=({tag!r},), log_path=Path({str(log)!r})))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while not (log.is_file() and f"started-{marker}" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the build did not start"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in output
+    assert "build interrupted; the docker CLI was stopped" in log.read_text()
+    assert not docker_engine.image_exists(tag)
+    # The step's process is gone with the build (BuildKit runs no container that outlives it).
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, f"`sleep {seconds}` still runs after the interrupt"
+        time.sleep(1)
+
+
 # --- arm64 under QEMU ---------------------------------------------------------------------
 
 ARM64_BASE = "imagebuilder-base:bookworm-arm64"
