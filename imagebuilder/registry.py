@@ -321,8 +321,8 @@ class HttpRegistry:
         for digest, platform in children:
             got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
             if got is None:
-                raise RegistryProtocolError(self._url(r, f"manifests/{digest}"),
-                                            f"the {platform} image of the index is not in the repository")
+                raise RegistryProtocolError(url=self._url(r, f"manifests/{digest}"),
+                                            detail=f"the {platform} image of the index is not in the repository")
             media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
             entries.append((media_type, len(got.body), digest, platform))
         body = index_document(entries)
@@ -330,8 +330,8 @@ class HttpRegistry:
         now = self.digest(ref)
         expected = "sha256:" + hashlib.sha256(body).hexdigest()
         if now != expected:
-            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"),
-                                        f"the index PUT as {expected} reads back as {now}")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"),
+                                        detail=f"the index PUT as {expected} reads back as {now}")
         return now
 
     # -- plumbing
