@@ -475,6 +475,20 @@ def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
 # --- multi-arch index -----------------------------------------------------------------------
 
 
+def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
+    from imagebuilder.registry import DOCKER_MANIFEST, OCI_INDEX, index_document
+
+    children = [(DOCKER_MANIFEST, 528, "sha256:" + "a" * 64, "linux/amd64"),
+                (DOCKER_MANIFEST, 529, "sha256:" + "b" * 64, "linux/arm64")]
+    body = index_document(children)
+    assert body == index_document(list(children))  # same children, same bytes, same digest
+    document = json.loads(body)
+    assert document["schemaVersion"] == 2 and document["mediaType"] == OCI_INDEX
+    assert [(m["platform"]["os"], m["platform"]["architecture"], m["size"]) for m in document["manifests"]] == [
+        ("linux", "amd64", 528), ("linux", "arm64", 529)]
+    assert b" " not in body
+
+
 @pytest.mark.docker
 def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_image, registry):
     """Every tag of a 2.11 runtime image pushed per platform (TAG-amd64, TAG-arm64; the local
