@@ -322,7 +322,10 @@ def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path
     reports = tmp_path_factory.mktemp("buildkit")
     try:
         runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime")
-        devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel")
+        # --no-cache: the install step runs even where an earlier run left its layer; the wheels
+        # can then only come from the shared cache mount (BuildKit keeps cache mounts).
+        devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
+                       "--no-cache")
         yield {"runtime": runtime, "devel": devel}
     finally:
         remove_local_tags(docker_engine, repository)
