@@ -13,10 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .errors import BadRequest
-from .matrix import Matrix, TorchRelease
+from .matrix import PLATFORMS, Matrix, TorchRelease
 from .render import RenderedImage
 
-PLATFORMS = ("linux/amd64", "linux/arm64")
 _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
 

@@ -39,7 +39,8 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="71098fddc4a322b0c4a8a04ef46b344a70bc9691319d55c1de5e7c5f192e6e55"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="209389694ee2a767e778326a2173771bfdc2ec5553c6e5326e5806ebc9790f65"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

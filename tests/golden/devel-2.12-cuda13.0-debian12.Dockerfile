@@ -60,6 +60,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="2460a62c93c93ea04feb02256ea1f442d163da38e162d88e0bf4b38adc5609a1"
+    io.imagebuilder.min-driver-compat="580.65.06" \
+    io.imagebuilder.inputs-hash="f2b0f76bdbac2eaf9914597e785338637435a3329dc5409e179b1bd925a147c2"
 WORKDIR /workspace
 CMD ["/bin/bash"]

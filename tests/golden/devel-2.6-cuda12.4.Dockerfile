@@ -37,7 +37,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
     CUDA_HOME=/usr/local/cuda
 LABEL \
@@ -56,6 +56,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="8b880f135f20c5e713038c74f4080d1017e6155211d560c91318309f38d0c86e"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="6883bced23bbb98d32185acf79c362e85d8606176e628ce76181c7c30d8aca40"
 WORKDIR /workspace
 CMD ["/bin/bash"]

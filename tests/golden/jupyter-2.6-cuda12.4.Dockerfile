@@ -34,7 +34,8 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e0dd53e332cf55f4d2b1ed68e976640eee246b4edc02e9f703fe3a1e452d50cd"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="5cdbaf02aa2cfbd8699c1cff4416125607178f3165bfbbfb145381093eb841ec"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

@@ -37,7 +37,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.1 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
@@ -55,7 +55,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
-    io.imagebuilder.inputs-hash="38297788265cd4efb2e2b550e60ae9f13dd9f33b0f25ade983e04fb3a5ab9968"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="294aba9165fa73de4f4705b70c437d42130f033ce66a29f31dd1cd0a09b334db"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

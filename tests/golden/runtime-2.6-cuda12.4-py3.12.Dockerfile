@@ -38,7 +38,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
@@ -56,7 +56,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="d2c1dc3e394ee30878b66ee6928a6818854b6e1237fe46d8bf8875236b8caf05"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="7521128c6a486f38b421866a612917816d36974f8824574da719ba99aafe5528"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
