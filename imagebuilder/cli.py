@@ -502,6 +502,9 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         if multi:
             # Filters, not a request: a release without CUDA wheels for this platform is left out.
             images = [image for image in images if platform in image.spec.torch.platforms]
+            if not images:
+                note(f"no selected release has CUDA wheels for {platform}; nothing to publish for it")
+                continue
         for image in images:
             for ref in image.refs:
                 index_platforms.setdefault(ref, []).append(platform)
