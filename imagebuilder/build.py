@@ -18,12 +18,30 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .engine import BuildRequest, BuildResult, Engine, Progress
+from .engine import BuildRequest, BuildResult, Engine, EngineError, Progress
 from .render import RenderedImage
 
 CREATED = "org.opencontainers.image.created"
 REVISION = "org.opencontainers.image.revision"
 HASH = "io.imagebuilder.inputs-hash"
+
+
+class BaseImageChanged(EngineError):
+    def __init__(self, image: str, locked: str, now: str | None) -> None:
+        self.image, self.locked, self.now = image, locked, now
+        super().__init__(f"base image {image} is {now or 'not on this engine'}, but locks/base-images.json "
+                         f"pins image id {locked}; run `imagebuilder lock --base-image {image}` to take the new one")
+
+
+def check_base(engine: Engine, image: RenderedImage) -> None:
+    """A local base image pinned by image id (no registry digest to put in FROM) must still
+    be that image: FROM takes the tag, so this check is the pin."""
+    pin = image.base_pin
+    if pin is None or pin.digest is not None or pin.image_id is None:
+        return
+    found = engine.image_identity(pin.image)
+    if found is None or found[0] != pin.image_id:
+        raise BaseImageChanged(pin.image, pin.image_id, found[0] if found else None)
 
 
 @dataclass(frozen=True)
@@ -108,6 +126,7 @@ def build_image(
     logs: Path | None = None,
     timeout: float = 3 * 3600,
 ) -> Built:
+    check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log_path = logs / f"{image.spec.key}-{stamp}.log"

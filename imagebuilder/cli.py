@@ -47,7 +47,11 @@ def _source_label() -> str:
 
 
 def render_options(matrix: Matrix, kw: dict[str, Any]) -> RenderOptions:
+    from .lock import load_locks, locks_dir
+
     return RenderOptions(
+        extras=tuple(kw.get("extras") or ()),
+        locks=load_locks(locks_dir(matrix)),
         repository=kw.get("repository") or matrix.defaults.repository,
         index_url=kw.get("index_url"),
         extra_index_urls=tuple(kw.get("extra_index_urls") or ()),
@@ -70,9 +74,10 @@ def request_from(kw: dict[str, Any], variant: str | None = None) -> Request:
 
 def resolve_and_render(ctx: Context, kw: dict[str, Any], variant: str | None = None) -> RenderedImage:
     spec = resolve(ctx.matrix, request_from(kw, variant))
-    for notice in spec.notices:
+    image = render(spec, ctx.matrix, render_options(ctx.matrix, kw))
+    for notice in image.notices:
         note(notice)
-    return render(spec, ctx.matrix, render_options(ctx.matrix, kw))
+    return image
 
 
 class UserError(click.ClickException):
@@ -199,6 +204,108 @@ def matrix_check(ctx: Context, online: bool) -> None:
         if drifts:
             raise ImageBuilderError(f"{len(drifts)} pins differ from the index; update {m.path}")
         click.echo("online: every pin matches the index")
+
+
+# --- lock -----------------------------------------------------------------------------------
+
+
+@cli.command("lock")
+@options.selection(required=False)
+@click.option("--base-image", metavar="IMAGE", help="Pin this FROM image instead of the matrix's (as build takes it).")
+@click.option("--index-url", metavar="URL", help="Package index to resolve from, replacing the default one.")
+@click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL", help="Additional package index.")
+@options.with_extras
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 naming each package (or base image) the index now offers newer.")
+@click.option("--uv", "uv_path", metavar="PATH", help="The uv to resolve with. Default: the one beside this Python, else PATH.")
+@pass_context
+def lock_cmd(ctx: Context, check: bool, uv_path: str | None, base_image: str | None, index_url: str | None,
+             extra_index_urls: tuple[str, ...], extras: tuple[str, ...], **kw: Any) -> None:
+    """Resolve each selected image's complete dependency set, with hashes, into locks/.
+
+    Filters select images as `imagebuilder matrix` lists them; with --torch and --cuda an
+    image the matrix does not list by default (a CUDA served by another wheel) is locked too.
+    Images sharing a set of requirements share a lock. Base images are pinned by digest
+    through the local engine or their registry.
+
+    \b
+    Examples:
+      imagebuilder lock --torch 2.6 --cuda 12.4
+      imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
+      imagebuilder lock --check
+    """
+    from . import lock as locking
+
+    m = ctx.matrix
+    specs = _lock_specs(m, kw, base_image)
+    if not specs:
+        raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+    all_extras = locking.parse_extras((*m.extras, *extras))
+    uv = uv_path or _find_uv()
+    engine = _engine_or_none()
+
+    def pin(image: str) -> locking.BasePin | None:
+        from .registry import HttpRegistry
+
+        return locking.pin_base(image, engine, HttpRegistry(timeout=15))
+
+    plan = locking.lock_images(specs, m, resolver=locking.uv_compile(uv), pin=pin, extras=all_extras,
+                               index_url=index_url, extra_index_urls=extra_index_urls,
+                               progress=lambda msg: click.echo(msg, err=True))
+    for image in plan.unpinned:
+        note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
+    directory = locking.locks_dir(m)
+    if check:
+        lines = locking.check(plan, locking.load_locks(directory))
+        for line in lines:
+            click.echo(f"drift: {line}")
+        if lines:
+            raise ImageBuilderError(f"{len(lines)} locked pins differ from what the index offers; "
+                                    "refresh with `imagebuilder lock` (same filters)")
+        click.echo(f"{len(plan.locks)} locks match the index")
+        return
+    for path in locking.write_locks(directory, plan.locks, plan.bases):
+        click.echo(f"wrote {path}")
+
+
+def _lock_specs(m: Matrix, kw: dict[str, Any], base_image: str | None) -> list[BuildSpec]:
+    """With --torch and --cuda: that image as build resolves it (all variants unless --variant);
+    otherwise the matrix's images as `matrix` lists them."""
+    if kw["torch_version"] and kw["cuda_version"]:
+        from .errors import BadRequest
+
+        if kw["variant"]:
+            return [resolve(m, request_from({**kw, "base_image": base_image}))]
+        specs = []
+        for variant in ("runtime", "devel", "jupyter"):
+            try:
+                specs.append(resolve(m, request_from({**kw, "base_image": base_image}, variant)))
+            except BadRequest:  # no devel image for this OS, say: lock the variants there are
+                continue
+        return specs
+    specs = enumerate_matrix(m, kw["torch_version"], kw["cuda_version"], kw["python_version"], kw["variant"],
+                             kw["os_name"])
+    return [resolve(m, Request(str(s.torch.version), str(s.cuda.key), str(s.python), s.variant, s.os.name,
+                               base_image=base_image)) for s in specs]
+
+
+def _find_uv() -> str:
+    import shutil
+
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if beside.exists() else (shutil.which("uv") or "uv")
+
+
+def _engine_or_none() -> Any:
+    """The local engine, to pin local base images; none when no daemon answers."""
+    from .engine import DaemonUnavailable, DockerEngine
+
+    try:
+        engine = DockerEngine()
+        engine.ping()
+        return engine
+    except DaemonUnavailable:
+        return None
 
 
 # --- render ---------------------------------------------------------------------------------
@@ -434,9 +541,11 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
 @click.option("--force", is_flag=True, help="Rebuild, verify and push even images the registry has unchanged.")
 @click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
               help="Seconds the smoke tests of one image may take.")
+@click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
+              help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC).")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
-                allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
+                allow_no_gpu: bool, verify_timeout: float, day: Any, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, **kw: Any) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
@@ -460,9 +569,13 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     images = _publish_images(ctx, kw, f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}")
     if not images:
         raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+    from datetime import datetime, timezone
+
+    today = day.date() if day is not None else datetime.now(timezone.utc).date()
     registry = HttpRegistry()
-    remotes = {} if force else publish.lookup(registry, images)
-    steps = publish.plan(images, remotes, force=force)
+    # Even with --force the registry is asked: a dated tag that exists is never overwritten.
+    remotes = publish.lookup(registry, images, today)
+    steps = publish.plan(images, remotes, force=force, day=today)
     click.echo(publish.format_plan(steps))
     if dry_run:
         return

@@ -263,6 +263,8 @@ class Engine(Protocol):
 
     def image_labels(self, ref: str) -> dict[str, str]: ...
 
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None: ...
+
     def remove_image(self, ref: str, force: bool = True) -> None: ...
 
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
@@ -632,6 +634,18 @@ class DockerEngine:
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref) from e
         return dict((attrs.get("Config") or {}).get("Labels") or {})
+
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        """(image id, RepoDigests) of a local image, None when the engine has no such image:
+        what a lock pins a local base image by."""
+        import docker
+
+        with self._daemon_errors():
+            try:
+                attrs = self._client.api.inspect_image(ref)
+            except docker.errors.ImageNotFound:
+                return None
+        return str(attrs["Id"]), tuple(attrs.get("RepoDigests") or ())
 
     def remove_image(self, ref: str, force: bool = True) -> None:
         import docker

@@ -120,6 +120,7 @@ class Matrix:
     torches: Mapping[str, TorchRelease]
     tools: Tools
     text: str = field(repr=False, default="")
+    extras: tuple[str, ...] = ()  # a site's packages added to every image, resolved into its lock
 
     def newest_torch(self) -> TorchRelease:
         return max(self.torches.values(), key=lambda t: t.version)
@@ -371,10 +372,19 @@ def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
                 c.problem(("torch", key, "variants", variant.name), f"a CUDA {variant.cuda} variant is named {expected}")
 
 
+def _extras(c: _Checker, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        c.problem(("extras",), "extras is a list of requirements, e.g. ['pandas==2.2.3', 'tqdm']")
+        return ()
+    return tuple(value)
+
+
 def parse_matrix(text: str, file: Path) -> Matrix:
     data, lines, problems = _compose(text, file)
     c = _Checker(lines, problems)
-    top = c.record(data, (), {"schema", "defaults", "os", "cuda", "torch", "tools"}) or {}
+    top = c.record(data, (), {"schema", "defaults", "os", "cuda", "torch", "tools"}, {"extras"}) or {}
     if top and top.get("schema") != 1:
         c.problem(("schema",), f"unsupported schema {top.get('schema')!r}; this imagebuilder reads schema 1")
     d = c.record(top.get("defaults", {}), ("defaults",), {"os", "variant", "repository"}) or {}
@@ -386,6 +396,7 @@ def parse_matrix(text: str, file: Path) -> Matrix:
     torches = c.mapping(top.get("torch"), ("torch",), lambda k, v, p: _parse_torch(c, k, v, p)) if top else {}
     if top:
         _cross_check(c, defaults, oses, cudas, torches)
+    extras = _extras(c, top.get("extras"))
     if problems:
         raise MatrixError(file, sorted(problems, key=lambda p: (p.line or 0, p.path)))
     return Matrix(
@@ -396,6 +407,7 @@ def parse_matrix(text: str, file: Path) -> Matrix:
         torches=dict(sorted(torches.items(), key=lambda kv: kv[1].version)),
         tools=tools,
         text=text,
+        extras=extras,
     )
 
 

@@ -45,6 +45,12 @@ strict = click.option("--strict", is_flag=True,
                       help="Refuse anything but a torch build for exactly this CUDA version.")
 
 
+with_extras = click.option(
+    "--with", "extras", multiple=True, metavar="REQ",
+    help="Add a package to the image, resolved into its lock under the torch pins "
+         "(repeatable), e.g. --with 'pandas==2.2.3'. Build with the same --with you locked with.")
+
+
 def rendering(f: F) -> F:
     return _stack(
         click.option("--base-image", metavar="IMAGE",
@@ -59,6 +65,7 @@ def rendering(f: F) -> F:
                           "$SSL_CERT_FILE. Not left in the final image."),
         click.option("--repository", metavar="NAME",
                      help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
+        with_extras,
     )(f)
 
 

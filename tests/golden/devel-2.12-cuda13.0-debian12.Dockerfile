@@ -2,6 +2,8 @@
 # Image: 2.12.0-cuda13.0-cudnn9-py3.11-debian12-devel
 # torch 2.12.0 (cu130 wheels), CUDA 13.0.2, cuDNN 9.13.0.50, NCCL 2.27.7, Python 3.11, debian12
 # Tags: 2.12.0-cuda13.0-cudnn9-debian12-devel, 2.12.0-cuda13.0-cudnn9-py3.11-debian12-devel
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
+# Note: base image debian:bookworm-slim has no digest in locks/base-images.json: FROM by tag
 
 ARG BASE_IMAGE=debian:bookworm-slim
 
@@ -36,12 +38,16 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.11/site-packages/imagebuilder.pth
+# The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=13.0 \
     PYTHONUNBUFFERED=1 \
+    PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
+    UV_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     CUDA_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/cu13
 LABEL \
     org.opencontainers.image.title="PyTorch 2.12.0 (devel)" \
@@ -59,6 +65,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="fd3b2b878028889644586693c0437c811280a751a41a8232edea7df7bf299ae7"
+    io.imagebuilder.inputs-hash="7023edfccfa65f68f5713dfc7c65944afe6adc2c3fd959c75a355dc96c9d0918"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -2,6 +2,8 @@
 # Image: 2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-devel
 # torch 2.6.0 (cu124 wheels), CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.10, ubuntu22.04
 # Tags: 2.6.0-cuda12.4-cudnn9-devel, 2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-devel, 2.6-cuda12.4-devel, 2.6.0-devel, 2.6-devel
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
+# Note: base image nvidia/cuda:12.4.1-devel-ubuntu22.04 has no digest in locks/base-images.json: FROM by tag
 
 ARG BASE_IMAGE=nvidia/cuda:12.4.1-devel-ubuntu22.04
 
@@ -32,12 +34,16 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
+# The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
     PYTHONUNBUFFERED=1 \
+    PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
+    UV_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     CUDA_HOME=/usr/local/cuda
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (devel)" \
@@ -55,6 +61,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e367cfb05d9722c3e4f0af175d0ae4375bb24a1dade86ac444043000e9ecbd6b"
+    io.imagebuilder.inputs-hash="70563e495358a74ee94b7f88b9926335a11db525d3420f91a765e53485e8f2a4"
 WORKDIR /workspace
 CMD ["/bin/bash"]

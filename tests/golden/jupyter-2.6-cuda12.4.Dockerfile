@@ -2,6 +2,7 @@
 # Image: 2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-jupyter
 # torch 2.6.0 (cu124 wheels), CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.10, ubuntu22.04
 # Tags: 2.6.0-cuda12.4-cudnn9-jupyter, 2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-jupyter, 2.6-cuda12.4-jupyter, 2.6.0-jupyter, 2.6-jupyter
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
 
 ARG BASE_IMAGE=pytorch:2.6.0-cuda12.4-cudnn9-runtime
 
@@ -17,7 +18,9 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
-COPY imagebuilder/manifest.json /opt/imagebuilder/manifest.json
+USER 0
+COPY imagebuilder /opt/imagebuilder
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (jupyter)" \
     org.opencontainers.image.description="PyTorch 2.6.0 with cu124 wheels on CUDA 12.4.1, Python 3.10, ubuntu22.04" \
@@ -34,7 +37,7 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e0dd53e332cf55f4d2b1ed68e976640eee246b4edc02e9f703fe3a1e452d50cd"
+    io.imagebuilder.inputs-hash="f7e24cf4e1430686ccb9e1b4f38d13194809e54471887236c67caa642243415e"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

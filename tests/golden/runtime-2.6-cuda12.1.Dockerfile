@@ -3,6 +3,8 @@
 # torch 2.6.0 (cu124 wheels), CUDA 12.1.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.10, ubuntu22.04
 # Tags: 2.6.0-cuda12.1-cudnn9-runtime, 2.6.0-cuda12.1-cudnn9-py3.10-ubuntu22.04-runtime, 2.6-cuda12.1-runtime
 # Note: torch 2.6.0 has no CUDA 12.1 wheels; using cu124 wheels on the CUDA 12.1.1 image, which run there through CUDA minor-version compatibility (needs driver >= 525.60.13; PTX JIT of 12.4 code is not available)
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
+# Note: base image nvidia/cuda:12.1.1-base-ubuntu22.04 has no digest in locks/base-images.json: FROM by tag
 
 ARG BASE_IMAGE=nvidia/cuda:12.1.1-base-ubuntu22.04
 
@@ -32,12 +34,16 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
+# The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
+    UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
     org.opencontainers.image.description="PyTorch 2.6.0 with cu124 wheels on CUDA 12.1.1, Python 3.10, ubuntu22.04" \
@@ -54,7 +60,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="b04d3253054a394c59500bc852c594961f24f7eb4e178d49fe73ff9f7ac8b7f6"
+    io.imagebuilder.inputs-hash="329f84de04888c2ee2da1fe5d8b6ba48890ee037b900b880a57f5060a85d940d"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

@@ -3,6 +3,8 @@
 # torch 2.6.0 (cu124 wheels), CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.12, ubuntu22.04
 # Tags: 2.6.0-cuda12.4-cudnn9-py3.12-runtime, 2.6.0-cuda12.4-cudnn9-py3.12-ubuntu22.04-runtime
 # Note: ubuntu22.04 ships Python 3.10; Python 3.12 is installed with `uv python install`, which downloads python-build-standalone at build time
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
+# Note: base image nvidia/cuda:12.4.1-base-ubuntu22.04 has no digest in locks/base-images.json: FROM by tag
 
 ARG BASE_IMAGE=nvidia/cuda:12.4.1-base-ubuntu22.04
 
@@ -33,12 +35,16 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.12/site-packages/imagebuilder.pth
+# The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
+    UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
     org.opencontainers.image.description="PyTorch 2.6.0 with cu124 wheels on CUDA 12.4.1, Python 3.12, ubuntu22.04" \
@@ -55,7 +61,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="377a6411728430b012038e6e51dcea411f7733cea0e44ebafcff042e3b49380e"
+    io.imagebuilder.inputs-hash="bc8ccce847e902c1758d4161f8108d175fdb7398c4e20ea3acbcdd4f3e1e974c"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
