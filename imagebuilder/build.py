@@ -13,17 +13,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .engine import BuildRequest, BuildResult, Engine, EngineError, Progress
-from .render import RenderedImage
+from .render import SBOM_PATH, RenderedImage
 
 CREATED = "org.opencontainers.image.created"
 REVISION = "org.opencontainers.image.revision"
 HASH = "io.imagebuilder.inputs-hash"
+SBOM_DIGEST = "io.imagebuilder.sbom.digest"
 
 
 class BaseImageChanged(EngineError):
@@ -42,6 +43,13 @@ def check_base(engine: Engine, image: RenderedImage) -> None:
     found = engine.image_identity(pin.image)
     if found is None or found[0] != pin.image_id:
         raise BaseImageChanged(pin.image, pin.image_id, found[0] if found else None)
+
+
+class SbomMissing(EngineError):
+    def __init__(self, ref: str, output: str) -> None:
+        self.ref, self.output = ref, output
+        super().__init__(f"{ref} has no readable {SBOM_PATH} ({output.strip()[-200:]}); the image's SBOM "
+                         "step did not run: rebuild with --no-cache")
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ def build_image(
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log_path = logs / f"{image.spec.key}-{stamp}.log"
+    labels = build_labels(engine, image, matrix_path)
     with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
         context = Path(tmp) / "context"
         image.write(context)
@@ -137,7 +146,7 @@ def build_image(
             BuildRequest(
                 context=context,
                 tags=image.refs,
-                labels=build_labels(engine, image, matrix_path),
+                labels=labels,
                 nocache=nocache,
                 pull=pull,
                 log_path=log_path,
@@ -145,7 +154,24 @@ def build_image(
             ),
             on_progress=on_progress,
         )
+        result = _label_sbom(engine, image, result, labels, Path(tmp) / "sbom", log_path)
     return Built(image, result, image.refs)
+
+
+def _label_sbom(engine: Engine, image: RenderedImage, result: BuildResult, labels: dict[str, str],
+                context: Path, log_path: Path) -> BuildResult:
+    """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
+    installed, so its digest is known only after the build: a one-instruction build on top
+    adds the label (no layer; served from the cache when nothing changed)."""
+    run = engine.run(image.ref, ["sha256sum", SBOM_PATH], timeout=120)
+    words = run.output.split()
+    if run.exit_code != 0 or run.timed_out or not words or len(words[0]) != 64:
+        raise SbomMissing(image.ref, run.output)
+    context.mkdir()
+    (context / "Dockerfile").write_text(f'FROM {image.ref}\nLABEL {SBOM_DIGEST}="sha256:{words[0]}"\n')
+    labelled = engine.build(BuildRequest(context=context, tags=image.refs, labels=labels, nocache=False, pull=False,
+                                         log_path=log_path.with_name(log_path.stem + "-sbom.log"), timeout=300))
+    return replace(result, image_id=labelled.image_id, size=labelled.size)
 
 
 def human_size(size: int) -> str:

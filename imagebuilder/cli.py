@@ -255,6 +255,8 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, base_image: str | N
     for image in plan.unpinned:
         note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
     directory = locking.locks_dir(m)
+    for failure in plan.failed:
+        click.echo(f"error: {failure}", err=True)
     if check:
         lines = locking.check(plan, locking.load_locks(directory))
         for line in lines:
@@ -263,30 +265,32 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, base_image: str | N
             raise ImageBuilderError(f"{len(lines)} locked pins differ from what the index offers; "
                                     "refresh with `imagebuilder lock` (same filters)")
         click.echo(f"{len(plan.locks)} locks match the index")
-        return
-    for path in locking.write_locks(directory, plan.locks, plan.bases):
-        click.echo(f"wrote {path}")
+    else:
+        for path in locking.write_locks(directory, plan.locks, plan.bases):
+            click.echo(f"wrote {path}")
+    if plan.failed:
+        raise ImageBuilderError(f"{len(plan.failed)} of {len(plan.failed) + len(plan.locks)} locks could not be "
+                                "resolved (above); the others are " + ("checked" if check else "written"))
 
 
 def _lock_specs(m: Matrix, kw: dict[str, Any], base_image: str | None) -> list[BuildSpec]:
-    """With --torch and --cuda: that image as build resolves it (all variants unless --variant);
-    otherwise the matrix's images as `matrix` lists them."""
-    if kw["torch_version"] and kw["cuda_version"]:
-        from .errors import BadRequest
+    """The matrix's images as `matrix` lists them; when that is none and --torch and --cuda
+    are given, the images build makes for them (a CUDA served by another minor's wheels)."""
+    from .errors import BadRequest
 
-        if kw["variant"]:
-            return [resolve(m, request_from({**kw, "base_image": base_image}))]
-        specs = []
-        for variant in ("runtime", "devel", "jupyter"):
-            try:
-                specs.append(resolve(m, request_from({**kw, "base_image": base_image}, variant)))
-            except BadRequest:  # no devel image for this OS, say: lock the variants there are
-                continue
+    specs = [resolve(m, Request(str(s.torch.version), str(s.cuda.key), kw["python_version"], s.variant, s.os.name,
+                                base_image=base_image))
+             for s in enumerate_matrix(m, kw["torch_version"], kw["cuda_version"], kw["python_version"],
+                                       kw["variant"], kw["os_name"])]
+    if specs or not (kw["torch_version"] and kw["cuda_version"]):
         return specs
-    specs = enumerate_matrix(m, kw["torch_version"], kw["cuda_version"], kw["python_version"], kw["variant"],
-                             kw["os_name"])
-    return [resolve(m, Request(str(s.torch.version), str(s.cuda.key), str(s.python), s.variant, s.os.name,
-                               base_image=base_image)) for s in specs]
+    for variant in [kw["variant"]] if kw["variant"] else ["runtime", "devel", "jupyter"]:
+        try:
+            specs.append(resolve(m, request_from({**kw, "base_image": base_image}, variant)))
+        except BadRequest:
+            if kw["variant"]:
+                raise
+    return specs
 
 
 def _find_uv() -> str:
@@ -573,8 +577,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
     registry = HttpRegistry()
-    # Even with --force the registry is asked: a dated tag that exists is never overwritten.
-    remotes = publish.lookup(registry, images, today)
+    remotes = {} if force else publish.lookup(registry, images, today)
     steps = publish.plan(images, remotes, force=force, day=today)
     click.echo(publish.format_plan(steps))
     if dry_run:

@@ -420,6 +420,7 @@ class LockPlan:
     locks: tuple[Lock, ...]
     bases: Mapping[str, BasePin]
     unpinned: tuple[str, ...]  # base images neither the engine nor a registry could pin
+    failed: tuple[ResolutionFailed, ...] = ()  # sets the index cannot satisfy; the rest are locked
 
 
 def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolver,
@@ -427,19 +428,26 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
                 index_url: str | None = None, extra_index_urls: Sequence[str] = (),
                 progress: Callable[[str], None] = lambda _: None) -> LockPlan:
     """Resolve each distinct lock once (a jupyter image's runtime lock first) and pin each
-    distinct base image once."""
+    distinct base image once. A set the index cannot satisfy is reported, not fatal: one
+    unsatisfiable image must not keep a night's refresh from the others."""
     done: dict[str, Lock] = {}
+    failed: dict[str, ResolutionFailed] = {}
     bases: dict[str, BasePin] = {}
     unpinned: list[str] = []
 
-    def lock_of(spec: BuildSpec) -> Lock:
+    def lock_of(spec: BuildSpec) -> Lock | None:
         name = lock_name(spec, extras)
-        if name not in done:
+        if name not in done and name not in failed:
             parent = lock_of(spec.parent) if spec.parent is not None else None
+            if spec.parent is not None and parent is None:
+                return None
             progress(f"locking {name}")
             request = LockRequest(spec, tuple(extras), index_url, tuple(extra_index_urls))
-            done[name] = resolve_lock(request, matrix, resolver, parent)
-        return done[name]
+            try:
+                done[name] = resolve_lock(request, matrix, resolver, parent)
+            except ResolutionFailed as e:
+                failed[name] = e
+        return done.get(name)
 
     for spec in specs:
         lock_of(spec)
@@ -450,7 +458,7 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
                 unpinned.append(base)
             else:
                 bases[base] = found
-    return LockPlan(tuple(done.values()), bases, tuple(unpinned))
+    return LockPlan(tuple(done.values()), bases, tuple(unpinned), tuple(failed.values()))
 
 
 def check(plan: LockPlan, current: LockSet) -> list[str]:

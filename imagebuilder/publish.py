@@ -322,7 +322,7 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             if confirmed != digest:
                 raise PushNotConfirmed(ref, digest, confirmed)
             pushed[ref] = digest
-        if step.dated:
+        if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
             # A manifest PUT of the image just pushed: the dated tag needs no local tag.
             digest = pushed[image.ref]
             now = registry.put_tag(step.dated, digest)
@@ -354,7 +354,8 @@ def format_summary(outcomes: Sequence[Outcome]) -> str:
     rows = []
     for o in outcomes:
         verified = None if o.verify is None else o.verify.ok
-        pushed = f"{len(o.pushed)}/{len(o.step.image.refs)}" if o.pushed or o.status == FAILED else "-"
+        refs = o.step.image.refs  # (the dated tag is not counted: it is not one of the image's tags)
+        pushed = f"{len(set(o.pushed) & set(refs))}/{len(refs)}" if o.pushed or o.status == FAILED else "-"
         rows.append((o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
                      mark(verified), pushed, o.status, o.reason))
     return _columns(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
