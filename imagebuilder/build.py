@@ -6,6 +6,7 @@ which build-time labels, and where the logs go.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -18,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .engine import BuildRequest, BuildResult, Engine, EngineError, Progress
+from .engine import BuildRequest, BuildResult, Engine, Progress
+from .engine_errors import BuildFailed, EngineError, network_hint
 from .render import SBOM_PATH, RenderedImage
 
 CREATED = "org.opencontainers.image.created"
@@ -28,10 +30,17 @@ SBOM_DIGEST = "io.imagebuilder.sbom.digest"
 
 
 class BaseImageChanged(EngineError):
-    def __init__(self, image: str, locked: str, now: str | None) -> None:
-        self.image, self.locked, self.now = image, locked, now
-        super().__init__(f"base image {image} is {now or 'not on this engine'}, but locks/base-images.json "
-                         f"pins image id {locked}; run `imagebuilder lock --base-image {image}` to take the new one")
+    image: str
+    locked: str
+    now: str | None
+    template = ("base image {image} is {now}, but locks/base-images.json pins image id {locked}; "
+                "run `imagebuilder lock --base-image {image}` to take the new one")
+
+
+class SbomMissing(EngineError):
+    ref: str
+    path: str
+    template = ("{ref} has no {path}: the image's SBOM step did not run; rebuild it with --no-cache")
 
 
 def check_base(engine: Engine, image: RenderedImage) -> None:
@@ -42,14 +51,8 @@ def check_base(engine: Engine, image: RenderedImage) -> None:
         return
     found = engine.image_identity(pin.image)
     if found is None or found[0] != pin.image_id:
-        raise BaseImageChanged(pin.image, pin.image_id, found[0] if found else None)
-
-
-class SbomMissing(EngineError):
-    def __init__(self, ref: str, output: str) -> None:
-        self.ref, self.output = ref, output
-        super().__init__(f"{ref} has no readable {SBOM_PATH} ({output.strip()[-200:]}); the image's SBOM "
-                         "step did not run: rebuild with --no-cache")
+        raise BaseImageChanged(image=pin.image, locked=pin.image_id,
+                               now=found[0] if found else "not on this engine")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Built:
             "steps": self.result.steps,
             "cached_steps": self.result.cached_steps,
             "log": str(self.result.log_path) if self.result.log_path else None,
+            "removed": list(self.result.removed),
             "inputs_hash": self.image.inputs_hash,
         }
 
@@ -138,22 +142,27 @@ def build_image(
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log_path = logs / f"{image.spec.key}-{stamp}.log"
-    labels = build_labels(engine, image, matrix_path)
     with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
         context = Path(tmp) / "context"
         image.write(context)
-        result = engine.build(
-            BuildRequest(
-                context=context,
-                tags=image.refs,
-                labels=labels,
-                nocache=nocache,
-                pull=pull,
-                log_path=log_path,
-                timeout=timeout,
-            ),
-            on_progress=on_progress,
-        )
+        labels = build_labels(engine, image, matrix_path)
+        try:
+            result = engine.build(
+                BuildRequest(
+                    context=context,
+                    tags=image.refs,
+                    labels=labels,
+                    nocache=nocache,
+                    pull=pull,
+                    log_path=log_path,
+                    timeout=timeout,
+                ),
+                on_progress=on_progress,
+            )
+        except BuildFailed as e:
+            if e.fields["cause"] != "network":
+                raise
+            raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
         result = _label_sbom(engine, image, result, labels, Path(tmp) / "sbom", log_path)
     return Built(image, result, image.refs)
 
@@ -163,12 +172,12 @@ def _label_sbom(engine: Engine, image: RenderedImage, result: BuildResult, label
     """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
     installed, so its digest is known only after the build: a one-instruction build on top
     adds the label (no layer; served from the cache when nothing changed)."""
-    run = engine.run(image.ref, ["sha256sum", SBOM_PATH], timeout=120)
-    words = run.output.split()
-    if run.exit_code != 0 or run.timed_out or not words or len(words[0]) != 64:
-        raise SbomMissing(image.ref, run.output)
+    sbom = engine.read_file(result.image_id, SBOM_PATH)
+    if sbom is None:
+        raise SbomMissing(ref=image.ref, path=SBOM_PATH)
     context.mkdir()
-    (context / "Dockerfile").write_text(f'FROM {image.ref}\nLABEL {SBOM_DIGEST}="sha256:{words[0]}"\n')
+    digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
+    (context / "Dockerfile").write_text(f'FROM {image.ref}\nLABEL {SBOM_DIGEST}="{digest}"\n')
     labelled = engine.build(BuildRequest(context=context, tags=image.refs, labels=labels, nocache=False, pull=False,
                                          log_path=log_path.with_name(log_path.stem + "-sbom.log"), timeout=300))
     return replace(result, image_id=labelled.image_id, size=labelled.size)

@@ -9,16 +9,19 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import click
 
-from . import __version__, options
+from . import __version__, options, pipeline
 from .errors import ImageBuilderError
 from .matrix import Matrix, load_matrix
-from .render import RenderedImage, RenderOptions, render, write_tree
-from .resolve import BuildSpec, Request, enumerate_matrix, resolve
+from .options import Rendering
+from .pipeline import Selection
+from .render import RenderedImage, RenderOptions
+from .resolve import BuildSpec, enumerate_matrix
 from .resources import default_matrix_path
 
 
@@ -46,38 +49,18 @@ def _source_label() -> str:
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 
 
-def render_options(matrix: Matrix, kw: dict[str, Any]) -> RenderOptions:
+def render_options(matrix: Matrix, rendering: Rendering, repository: str | None = None) -> RenderOptions:
     from .lock import load_locks, locks_dir
 
     return RenderOptions(
-        extras=tuple(kw.get("extras") or ()),
+        extras=rendering.extras,
         locks=load_locks(locks_dir(matrix)),
-        repository=kw.get("repository") or matrix.defaults.repository,
-        index_url=kw.get("index_url"),
-        extra_index_urls=tuple(kw.get("extra_index_urls") or ()),
-        ca_bundle=kw.get("ca_bundle"),
+        repository=repository or rendering.repository or matrix.defaults.repository,
+        index_url=rendering.index_url,
+        extra_index_urls=rendering.extra_index_urls,
+        ca_bundle=rendering.ca_bundle,
         source=_source_label(),
     )
-
-
-def request_from(kw: dict[str, Any], variant: str | None = None) -> Request:
-    return Request(
-        torch=kw["torch_version"],
-        cuda=kw["cuda_version"],
-        python=kw.get("python_version"),
-        variant=variant or kw.get("variant"),
-        os=kw.get("os_name"),
-        base_image=kw.get("base_image"),
-        strict=bool(kw.get("strict")),
-    )
-
-
-def resolve_and_render(ctx: Context, kw: dict[str, Any], variant: str | None = None) -> RenderedImage:
-    spec = resolve(ctx.matrix, request_from(kw, variant))
-    image = render(spec, ctx.matrix, render_options(ctx.matrix, kw))
-    for notice in image.notices:
-        note(notice)
-    return image
 
 
 class UserError(click.ClickException):
@@ -162,20 +145,23 @@ def _table(rows: list[dict[str, Any]]) -> str:
               show_default=True, help="github: a strategy.matrix for GitHub Actions ({\"include\": [...]}).")
 @pass_context
 @click.pass_context
-def matrix(click_ctx: click.Context, ctx: Context, fmt: str, **kw: Any) -> None:
+def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selection) -> None:
     """List the images the matrix describes, optionally filtered.
+
+    A --torch and --cuda pair lists the image(s) `build` makes for it, also where the
+    release has no wheels of exactly that CUDA.
 
     \b
     Examples:
       imagebuilder matrix --torch 2.6 --variant runtime
+      imagebuilder matrix --torch 2.6 --cuda 12.1
       imagebuilder matrix --format github > matrix.json
       imagebuilder matrix check --online
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    rows = [_row(spec, ctx) for spec in specs]
+    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    rows = [_row(spec, ctx) for spec in pipeline.select_specs(ctx.matrix, selection)]
     if fmt == "table":
         click.echo(_table(rows))
     elif fmt == "json":
@@ -211,22 +197,21 @@ def matrix_check(ctx: Context, online: bool) -> None:
 
 @cli.command("lock")
 @options.selection(required=False)
-@click.option("--base-image", metavar="IMAGE", help="Pin this FROM image instead of the matrix's (as build takes it).")
 @click.option("--index-url", metavar="URL", help="Package index to resolve from, replacing the default one.")
 @click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL", help="Additional package index.")
 @options.with_extras
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 naming each package (or base image) the index now offers newer.")
-@click.option("--uv", "uv_path", metavar="PATH", help="The uv to resolve with. Default: the one beside this Python, else PATH.")
+@click.option("--uv", "uv_path", metavar="PATH",
+              help="The uv to resolve with. Default: the one beside this Python, else PATH.")
 @pass_context
-def lock_cmd(ctx: Context, check: bool, uv_path: str | None, base_image: str | None, index_url: str | None,
-             extra_index_urls: tuple[str, ...], extras: tuple[str, ...], **kw: Any) -> None:
+def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | None,
+             extra_index_urls: tuple[str, ...], extras: tuple[str, ...], selection: Selection) -> None:
     """Resolve each selected image's complete dependency set, with hashes, into locks/.
 
-    Filters select images as `imagebuilder matrix` lists them; with --torch and --cuda an
-    image the matrix does not list by default (a CUDA served by another wheel) is locked too.
-    Images sharing a set of requirements share a lock. Base images are pinned by digest
-    through the local engine or their registry.
+    Filters select images as `imagebuilder matrix` lists them. Images sharing a set of
+    requirements share a lock; a set the index cannot satisfy is reported and the others
+    are locked. Base images are pinned by digest through the local engine or their registry.
 
     \b
     Examples:
@@ -235,28 +220,24 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, base_image: str | N
       imagebuilder lock --check
     """
     from . import lock as locking
+    from .registry import HttpRegistry
 
     m = ctx.matrix
-    specs = _lock_specs(m, kw, base_image)
+    engine = _engine_or_none()
+    selection = pipeline.settle_os(m, selection, engine.os_release if engine else None, note)
+    specs = pipeline.select_specs(m, selection)
     if not specs:
         raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-    all_extras = locking.parse_extras((*m.extras, *extras))
-    uv = uv_path or _find_uv()
-    engine = _engine_or_none()
-
-    def pin(image: str) -> locking.BasePin | None:
-        from .registry import HttpRegistry
-
-        return locking.pin_base(image, engine, HttpRegistry(timeout=15))
-
-    plan = locking.lock_images(specs, m, resolver=locking.uv_compile(uv), pin=pin, extras=all_extras,
-                               index_url=index_url, extra_index_urls=extra_index_urls,
-                               progress=lambda msg: click.echo(msg, err=True))
+    registry = HttpRegistry(timeout=15)
+    plan = locking.lock_images(specs, m, resolver=locking.uv_compile(uv_path or _find_uv()),
+                               pin=lambda image: locking.pin_base(image, engine, registry),
+                               extras=locking.parse_extras((*m.extras, *extras)), index_url=index_url,
+                               extra_index_urls=extra_index_urls, progress=lambda msg: click.echo(msg, err=True))
     for image in plan.unpinned:
         note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
-    directory = locking.locks_dir(m)
     for failure in plan.failed:
         click.echo(f"error: {failure}", err=True)
+    directory = locking.locks_dir(m)
     if check:
         lines = locking.check(plan, locking.load_locks(directory))
         for line in lines:
@@ -273,26 +254,6 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, base_image: str | N
                                 "resolved (above); the others are " + ("checked" if check else "written"))
 
 
-def _lock_specs(m: Matrix, kw: dict[str, Any], base_image: str | None) -> list[BuildSpec]:
-    """The matrix's images as `matrix` lists them; when that is none and --torch and --cuda
-    are given, the images build makes for them (a CUDA served by another minor's wheels)."""
-    from .errors import BadRequest
-
-    specs = [resolve(m, Request(str(s.torch.version), str(s.cuda.key), kw["python_version"], s.variant, s.os.name,
-                                base_image=base_image))
-             for s in enumerate_matrix(m, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                                       kw["variant"], kw["os_name"])]
-    if specs or not (kw["torch_version"] and kw["cuda_version"]):
-        return specs
-    for variant in [kw["variant"]] if kw["variant"] else ["runtime", "devel", "jupyter"]:
-        try:
-            specs.append(resolve(m, request_from({**kw, "base_image": base_image}, variant)))
-        except BadRequest:
-            if kw["variant"]:
-                raise
-    return specs
-
-
 def _find_uv() -> str:
     import shutil
 
@@ -302,7 +263,8 @@ def _find_uv() -> str:
 
 def _engine_or_none() -> Any:
     """The local engine, to pin local base images; none when no daemon answers."""
-    from .engine import DaemonUnavailable, DockerEngine
+    from .engine import DockerEngine
+    from .engine_errors import DaemonUnavailable
 
     try:
         engine = DockerEngine()
@@ -313,13 +275,6 @@ def _engine_or_none() -> Any:
 
 
 # --- render ---------------------------------------------------------------------------------
-
-
-def _render_all(ctx: Context, kw: dict[str, Any]) -> list[RenderedImage]:
-    opts = render_options(ctx.matrix, kw)
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    return [render(spec, ctx.matrix, opts) for spec in specs]
 
 
 def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
@@ -333,16 +288,17 @@ def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
 
 
 @cli.command("render")
-@options.selection(required=False)
-@options.strict
+@options.selection(required=False, strict=True)
 @options.rendering
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Folder to write the build context(s) to.")
+              help="Folder to write the build context(s) to: a new or empty folder, or one imagebuilder "
+                   "wrote (only the files it wrote there are replaced).")
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
-def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, **kw: Any) -> None:
+def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
+               rendering: Rendering) -> None:
     """Render Dockerfiles and their build contexts.
 
     \b
@@ -353,10 +309,18 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     """
     if not dry_run and output is None:
         raise click.UsageError("give -o DIR to write the build context, or --dry-run to print the Dockerfile")
+    if render_all and dry_run:
+        raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
+    if not render_all and (not selection.torch or not selection.cuda):
+        raise click.UsageError("give --torch and --cuda (or --all)")
+    from .output import write_tree
+
+    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    opts = render_options(ctx.matrix, rendering)
     if render_all:
-        if dry_run:
-            raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
-        images = _render_all(ctx, kw)
+        images = pipeline.render_selected(ctx.matrix, selection, opts)
+        if not images:
+            raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
         files: dict[str, bytes] = {}
         for image in images:
             files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
@@ -366,9 +330,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         write_tree(output, files)
         click.echo(f"wrote {len(images)} images to {output}")
         return
-    if not kw["torch_version"] or not kw["cuda_version"]:
-        raise click.UsageError("give --torch and --cuda (or --all)")
-    image = resolve_and_render(ctx, kw)
+    (image,) = pipeline.render_request(ctx.matrix, selection, opts, note)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
         return
@@ -380,33 +342,14 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 # --- build ----------------------------------------------------------------------------------
 
 
-def _variants(variant: str | None) -> list[str | None]:
-    return ["runtime", "devel", "jupyter"] if variant == "all" else [variant]
-
-
-def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedImage]:
-    """Everything to build, in order. All of it is resolved before anything is built, so a
-    bad request fails before an hour of building. A jupyter image needs its runtime image:
-    it is built first when it is not there yet."""
-    from .build import build_order
-
-    images = [resolve_and_render(ctx, kw, variant) for variant in _variants(kw.get("variant"))]
-    refs = {image.ref for image in images}
-    for image in list(images):
-        if image.depends_on and image.depends_on not in refs and not engine.image_exists(image.depends_on):
-            images.insert(images.index(image), resolve_and_render(ctx, kw, "runtime"))
-            refs.add(image.depends_on)
-    return build_order(images)
-
-
 @cli.command("build")
-@options.selection(required=True, all_variants=True)
-@options.strict
+@options.selection(required=True, all_variants=True, strict=True)
 @options.rendering
 @options.building
 @options.report
 @pass_context
-def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, **kw: Any) -> None:
+def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
+              rendering: Rendering) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -420,7 +363,9 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 
     engine = DockerEngine()
     engine.ping()
-    plan = build_plan(ctx, kw, engine)
+    selection = pipeline.settle_os(ctx.matrix, selection, engine.os_release, note)
+    plan = pipeline.render_request(ctx.matrix, selection, render_options(ctx.matrix, rendering), note,
+                                   exists=engine.image_exists)
     done = []
     try:
         for n, image in enumerate(plan, 1):
@@ -445,7 +390,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     finally:
         if report is not None:
             write_json(report, {"ok": len(done) == len(plan), "images": [b.to_json() for b in done],
-                                     "planned": [i.ref for i in plan]})
+                                "planned": [i.ref for i in plan]})
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
@@ -507,28 +452,6 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 # --- publish --------------------------------------------------------------------------------
 
 
-def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[RenderedImage]:
-    """Every image the filters select, rendered for the registry; a selected jupyter image
-    brings its runtime image along (publish decides whether that one needs building)."""
-    from dataclasses import replace
-
-    opts = replace(render_options(ctx.matrix, kw), repository=repository)
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    images: list[RenderedImage] = []
-    for spec in specs:
-        # enumerate_matrix resolves without --base-image; resolve each again with it.
-        spec = resolve(ctx.matrix, Request(str(spec.torch.version), str(spec.cuda.key), kw["python_version"],
-                                           spec.variant, spec.os.name, base_image=kw.get("base_image")))
-        images.append(render(spec, ctx.matrix, opts))
-    refs = {image.ref for image in images}
-    for image in list(images):
-        if image.depends_on and image.depends_on not in refs and image.spec.parent is not None:
-            images.append(render(image.spec.parent, ctx.matrix, opts))
-            refs.add(image.depends_on)
-    return images
-
-
 @cli.command("publish")
 @options.selection(required=False)
 @options.rendering
@@ -536,8 +459,11 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
 @options.allow_no_gpu
 @options.report
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
-              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. http for loopback "
-                   "registries, https elsewhere; credentials from `docker login`.")
+              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
+                   "(http for a loopback registry without TLS); credentials as docker finds them.")
+@click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+              help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
+                   "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs.")
 @click.option("--push/--no-push", default=True, show_default=True,
               help="--no-push builds and verifies what the plan says, and pushes nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
@@ -549,8 +475,9 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
               help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC).")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
-                allow_no_gpu: bool, verify_timeout: float, day: Any, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, **kw: Any) -> None:
+                allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool,
+                pull: bool, report: Path | None, registry_ca: Path | None, selection: Selection,
+                rendering: Rendering) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -570,22 +497,29 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    images = _publish_images(ctx, kw, f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}")
+    engine = None
+    if not dry_run:
+        from .engine import DockerEngine
+
+        engine = DockerEngine()
+        engine.ping()
+    selection = pipeline.settle_os(ctx.matrix, selection, engine.os_release if engine else None, note)
+    opts = render_options(ctx.matrix, rendering,
+                          f"{base}/{rendering.repository or ctx.matrix.defaults.repository}")
+    # A selected jupyter image brings its runtime image along (publish decides whether that
+    # one needs building).
+    images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, selection, opts), ctx.matrix, opts)
     if not images:
         raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-    from datetime import datetime, timezone
-
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
-    registry = HttpRegistry()
+    registry = HttpRegistry(ca_file=registry_ca)
     remotes = {} if force else publish.lookup(registry, images, today)
     steps = publish.plan(images, remotes, force=force, day=today)
     click.echo(publish.format_plan(steps))
-    if dry_run:
+    if engine is None:
         return
-    from .engine import DockerEngine, Progress
+    from .engine import Progress
 
-    engine = DockerEngine()
-    engine.ping()
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
                                      nocache=no_cache, pull=pull)

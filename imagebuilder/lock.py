@@ -53,22 +53,24 @@ class LockError(ImageBuilderError):
 
 
 class StaleLock(LockError):
-    def __init__(self, path: str, recorded: str, wanted: str, refresh: str) -> None:
-        self.path, self.recorded, self.wanted = path, recorded, wanted
-        super().__init__(f"{path} was locked for `{recorded}` but the image now installs `{wanted}`; "
-                         f"refresh it: {refresh}")
+    path: str
+    recorded: str
+    wanted: str
+    refresh: str
+    template = "{path} was locked for `{recorded}` but the image now installs `{wanted}`; refresh it: {refresh}"
 
 
 class ResolutionFailed(LockError):
-    def __init__(self, name: str, requirements: Sequence[str], detail: str) -> None:
-        self.name, self.requirements, self.detail = name, tuple(requirements), detail
-        super().__init__(f"cannot lock {name} ({' '.join(requirements)}): {detail}")
+    name: str
+    requirements: str
+    detail: str
+    template = "cannot lock {name} ({requirements}): {detail}"
 
 
 class BadExtra(BadRequest):
-    def __init__(self, text: str, why: str) -> None:
-        self.text = text
-        super().__init__(f"--with {text!r} is not a requirement ({why}); give e.g. 'pandas==2.2.3'")
+    text: str
+    why: str
+    template = "--with {text!r} is not a requirement ({why}); give e.g. 'pandas==2.2.3'"
 
 
 # --------------------------------------------------------------------------- what to install (pure)
@@ -81,7 +83,7 @@ def parse_extras(texts: Iterable[str]) -> tuple[str, ...]:
         try:
             out.add(str(Requirement(text)))
         except InvalidRequirement as e:
-            raise BadExtra(text, str(e).splitlines()[0]) from e
+            raise BadExtra(text=text, why=str(e).splitlines()[0]) from e
     return tuple(sorted(out, key=str.lower))
 
 
@@ -243,7 +245,8 @@ class LockSet:
         recorded = tuple(r for r in lock.requirements if r != "pip")
         if recorded != wanted:
             path = f"{self.directory}/{lock.filename}" if self.directory else lock.filename
-            raise StaleLock(path, " ".join(recorded), " ".join(wanted), refresh_command(spec, extras))
+            raise StaleLock(path=path, recorded=" ".join(recorded), wanted=" ".join(wanted),
+                            refresh=refresh_command(spec, extras))
         return lock
 
     def base_for(self, image: str) -> BasePin:
@@ -310,10 +313,12 @@ def uv_compile(uv: str) -> Resolver:
             except FileNotFoundError as e:
                 raise LockError(f"uv not found at {uv}; install uv (matrix.yaml's tools.uv) or pass --uv PATH") from e
             except subprocess.TimeoutExpired as e:
-                raise ResolutionFailed(lock_name(spec, request.extras), reqs, "uv took over 600 s") from e
+                raise ResolutionFailed(name=lock_name(spec, request.extras), requirements=" ".join(reqs),
+                                       detail="uv took over 600 s") from e
         if done.returncode != 0:
             detail = " ".join(line.strip() for line in done.stderr.strip().splitlines()[-6:])
-            raise ResolutionFailed(lock_name(spec, request.extras), reqs, detail or f"uv exited {done.returncode}")
+            raise ResolutionFailed(name=lock_name(spec, request.extras), requirements=" ".join(reqs),
+                                   detail=detail or f"uv exited {done.returncode}")
         return done.stdout
 
     return run

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import ImageBuilderError
+from .errors import BadRequest
 from .lock import BasePin, Lock, LockSet, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
+from .output import write_tree
 from .resources import smoke_tests_dir, templates_dir
 from .tags import image_ref, labels_for, primary_tag, tags_for
 
@@ -29,11 +27,10 @@ USER_NAME, USER_ID = "torch", 1000
 VENV = "/opt/venv"
 CA_PATH = "/etc/imagebuilder/ca-bundle.pem"
 DEFAULT_SOURCE = "imagebuilder"
-OUTPUT_MARKERS = ("Dockerfile", "index.json")  # what makes a folder ours to replace
 
 
-class RenderError(ImageBuilderError):
-    pass
+class RenderError(BadRequest):
+    """The render request cannot be carried out (an unreadable --ca-bundle, say)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +54,7 @@ class RenderedImage:
     labels: Mapping[str, str] = field(repr=False)
     inputs_hash: str = ""
     base_image: str = ""  # the FROM image; for jupyter, our runtime image
+    trusts_ca_bundle: bool = False  # built with --ca-bundle
     lock: Lock | None = field(default=None, repr=False)  # None: resolved at build time
     base_pin: BasePin | None = None  # how the FROM image is pinned (None for jupyter)
     notices: tuple[str, ...] = ()  # the spec's, and what is not pinned
@@ -75,8 +73,7 @@ class RenderedImage:
         return self.base_image if self.spec.parent is not None else None
 
     def write(self, directory: Path) -> None:
-        """Write the build context into `directory`, replacing it whole: a reader never sees
-        a half-written context."""
+        """Write the build context into `directory` (empty, or written by imagebuilder)."""
         write_tree(directory, {**self.files, "Dockerfile": self.dockerfile.encode()})
 
 
@@ -364,35 +361,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         labels=labels_for(spec, base_image, inputs_hash, options.source, base_pin.digest if base_pin else None),
         inputs_hash=inputs_hash,
         base_image=base_image,
+        trusts_ca_bundle=ca is not None,
         lock=lock,
         base_pin=base_pin,
         notices=tuple(notices),
     )
-
-
-def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
-    """Write files under a fresh sibling folder, then swap it into place."""
-    directory = directory.resolve()
-    if directory.exists() and any(directory.iterdir()) and not any(
-        (directory / marker).exists() for marker in OUTPUT_MARKERS
-    ):
-        raise RenderError(
-            f"{directory} exists and holds no imagebuilder output; choose a new or empty folder"
-        )
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        for name, data in files.items():
-            path = staging / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
-            os.rename(directory, old / "tree")
-            os.rename(staging, directory)
-            shutil.rmtree(old)
-        else:
-            os.rename(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

@@ -12,6 +12,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -65,6 +66,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="7023edfccfa65f68f5713dfc7c65944afe6adc2c3fd959c75a355dc96c9d0918"
+    io.imagebuilder.inputs-hash="c573891e0870aefe4d53572accad17888a0e51882c23ed4a63566c843a7ed403"
 WORKDIR /workspace
 CMD ["/bin/bash"]

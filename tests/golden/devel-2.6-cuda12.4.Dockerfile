@@ -12,6 +12,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -61,6 +62,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="70563e495358a74ee94b7f88b9926335a11db525d3420f91a765e53485e8f2a4"
+    io.imagebuilder.inputs-hash="4469d54a21b0738cbeee045482e9078f6dbb8fd8d660d1f84207f1d942a474f5"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -37,7 +37,7 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="f7e24cf4e1430686ccb9e1b4f38d13194809e54471887236c67caa642243415e"
+    io.imagebuilder.inputs-hash="1bb54630129d4b3a4fedaa752651f16cddf1503dde8c72358295802c77006e98"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

@@ -13,6 +13,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -59,8 +60,8 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="329f84de04888c2ee2da1fe5d8b6ba48890ee037b900b880a57f5060a85d940d"
+    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.inputs-hash="be95e88ecf6375903fa54a5c4c5abed285d802a7730f7256deb614b7e0dc371f"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

@@ -13,6 +13,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -61,7 +62,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="bc8ccce847e902c1758d4161f8108d175fdb7398c4e20ea3acbcdd4f3e1e974c"
+    io.imagebuilder.inputs-hash="490eb21e7fc7704c35b642227a49ebc27a3603fdb5420054b96b01f4a97fb3c7"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
