@@ -380,17 +380,17 @@ def pin_base(image: str, engine: ImageInspector | None, registry: DigestSource |
             image_id, repo_digests = found
             repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
             for repo_digest in repo_digests:
-                r, _, digest = repo_digest.partition("@")
+                r, _, local = repo_digest.partition("@")
                 if r == repo or r.endswith("/" + repo):
-                    return BasePin(image, digest=digest)
+                    return BasePin(image, digest=local)
             return BasePin(image, image_id=image_id)
     if registry is not None:
         try:
-            digest = registry.digest(name)
-        except ImageBuilderError:
-            digest = None
-        if digest:
-            return BasePin(image, digest=digest)
+            remote = registry.digest(name)
+        except ImageBuilderError:  # unreachable or refusing: the base stays unpinned, with a note
+            remote = None
+        if remote:
+            return BasePin(image, digest=remote)
     return None
 
 

@@ -320,7 +320,7 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             digest = pushed[image.ref]
             now = registry.put_tag(step.dated, digest)
             if now != digest:
-                raise PushNotConfirmed(step.dated, digest, now)
+                raise PushNotConfirmed(ref=step.dated, pushed=digest, registry_has=now or "no such tag")
             pushed[step.dated] = now
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed)

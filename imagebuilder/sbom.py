@@ -77,7 +77,7 @@ def deb_components(status: str = DPKG_STATUS, release: dict[str, str] | None = N
     release = os_release() if release is None else release
     distro = release.get("ID", "debian")
     qualifier = f"&distro={distro}-{release['VERSION_ID']}" if release.get("VERSION_ID") else ""
-    components = []
+    components: list[dict] = []
     if not Path(status).is_file():
         return components
     for paragraph in Path(status).read_text(encoding="utf-8", errors="replace").split("\n\n"):

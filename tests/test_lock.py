@@ -373,3 +373,20 @@ def test_the_sbom_lists_torch_with_its_version_and_hash(docker_engine, runtime_i
     assert any(c["purl"].startswith("pkg:deb/debian/libc6@") for c in document["components"])
     labels = docker_engine.image_labels(ref)
     assert labels["io.imagebuilder.sbom.digest"] == "sha256:" + hashlib.sha256(out.encode()).hexdigest()
+
+
+@pytest.mark.docker
+def test_a_base_pinned_by_image_id_is_checked_before_the_build(docker_engine, base_image, tmp_path) -> None:
+    """A local base without a registry digest: FROM keeps the tag, the build checks the id."""
+    from imagebuilder.build import BaseImageChanged, build_image, check_base
+
+    image_id, _ = docker_engine.image_identity(base_image)
+    spec = resolve(MATRIX, replace(E2E, base_image=base_image))
+    locks = replace(LOCKS, bases={base_image: BasePin(base_image, image_id=image_id)})
+    image = render(spec, MATRIX, RenderOptions(locks=locks))
+    assert f"ARG BASE_IMAGE={base_image}\n" in image.dockerfile and image_id in image.dockerfile
+    check_base(docker_engine, image)  # the tag still names the locked image: no error
+    moved = render(spec, MATRIX, RenderOptions(locks=replace(locks, bases={
+        base_image: BasePin(base_image, image_id="sha256:" + "0" * 64)})))
+    with pytest.raises(BaseImageChanged, match=f"base image {base_image} is {image_id}"):
+        build_image(docker_engine, moved, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
