@@ -10,12 +10,12 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from conftest import REPO_ROOT, imagebuilder
@@ -333,7 +333,7 @@ def test_pip_freeze_in_the_image_is_the_lock(docker_engine, runtime_image) -> No
     for line in out.splitlines():
         name, sep, version = line.strip().partition("==")
         if sep:
-            installed[locking.canonicalize_name(name)] = version
+            installed[canonicalize_name(name)] = version
     locked = {p.name: str(p.version) for p in LOCKS.locks[E2E_LOCK].pins}
     assert installed == locked
 
@@ -390,3 +390,15 @@ def test_a_base_pinned_by_image_id_is_checked_before_the_build(docker_engine, ba
         base_image: BasePin(base_image, image_id="sha256:" + "0" * 64)})))
     with pytest.raises(BaseImageChanged, match=f"base image {base_image} is {image_id}"):
         build_image(docker_engine, moved, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+
+
+def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) -> None:
+    site = parse_matrix(MATRIX.text + "\nextras: ['transformers==4.57.1', 'tqdm']\n", tmp_path / "site.yaml")
+    spec = resolve(site, E2E)
+    image = render(spec, site, RenderOptions(extras=("pandas==2.2.3",)))
+    extras = locking.parse_extras(["transformers==4.57.1", "tqdm", "pandas==2.2.3"])
+    assert image.lock is None and "no lock for this image" in image.notices[-2]
+    assert all(f"        {e} \\" in image.dockerfile or f"        {e}\n" in image.dockerfile for e in extras)
+    assert locking.lock_name(spec, extras) != E2E_LOCK  # a site's lock never shadows the default one
+    with pytest.raises(Exception, match="extras is a list of requirements"):
+        parse_matrix(MATRIX.text + "\nextras: transformers\n", tmp_path / "bad.yaml")
