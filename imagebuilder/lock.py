@@ -316,7 +316,11 @@ def uv_compile(uv: str) -> Resolver:
                 raise ResolutionFailed(name=lock_name(spec, request.extras), requirements=" ".join(reqs),
                                        detail="uv took over 600 s") from e
         if done.returncode != 0:
-            detail = " ".join(line.strip() for line in done.stderr.strip().splitlines()[-6:])
+            # From uv's last `error:` on: what precedes it is noise (a failed download of a
+            # Python to build sdists with, say), what follows is the resolver's explanation.
+            lines = done.stderr.strip().splitlines()
+            start = max((n for n, line in enumerate(lines) if line.startswith("error:")), default=0)
+            detail = " ".join(line.strip() for line in lines[start:])
             raise ResolutionFailed(name=lock_name(spec, request.extras), requirements=" ".join(reqs),
                                    detail=detail or f"uv exited {done.returncode}")
         return done.stdout
