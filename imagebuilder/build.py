@@ -146,11 +146,15 @@ def build_image(
         context = Path(tmp) / "context"
         image.write(context)
         labels = build_labels(engine, image, matrix_path)
+        # The image's own tags go on the SBOM-labelled image only (below): had the unlabelled
+        # image taken them, a rebuild would untag (and the engine remove) the labelled image
+        # of the last build, and a rebuild of the same inputs would not be a cache hit.
+        unlabelled = f"{image.ref}-unlabelled"
         try:
             result = engine.build(
                 BuildRequest(
                     context=context,
-                    tags=image.refs,
+                    tags=(unlabelled,),
                     labels=labels,
                     nocache=nocache,
                     pull=pull,
@@ -163,12 +167,15 @@ def build_image(
             if e.fields["cause"] != "network":
                 raise
             raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
-        result = _label_sbom(engine, image, result, labels, Path(tmp) / "sbom", log_path)
+        try:
+            result = _label_sbom(engine, image, unlabelled, result, labels, Path(tmp) / "sbom", log_path)
+        finally:
+            engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
 
 
-def _label_sbom(engine: Engine, image: RenderedImage, result: BuildResult, labels: dict[str, str],
-                context: Path, log_path: Path) -> BuildResult:
+def _label_sbom(engine: Engine, image: RenderedImage, unlabelled: str, result: BuildResult,
+                labels: dict[str, str], context: Path, log_path: Path) -> BuildResult:
     """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
     installed, so its digest is known only after the build: a one-instruction build on top
     adds the label (no layer; served from the cache when nothing changed)."""
@@ -177,10 +184,10 @@ def _label_sbom(engine: Engine, image: RenderedImage, result: BuildResult, label
         raise SbomMissing(ref=image.ref, path=SBOM_PATH)
     context.mkdir()
     digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
-    (context / "Dockerfile").write_text(f'FROM {image.ref}\nLABEL {SBOM_DIGEST}="{digest}"\n')
+    (context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
     labelled = engine.build(BuildRequest(context=context, tags=image.refs, labels=labels, nocache=False, pull=False,
                                          log_path=log_path.with_name(log_path.stem + "-sbom.log"), timeout=300))
-    return replace(result, image_id=labelled.image_id, size=labelled.size)
+    return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
 
 
 def human_size(size: int) -> str:

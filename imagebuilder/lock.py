@@ -46,6 +46,10 @@ DEFAULT_PLATFORM = "linux/amd64"
 # CUDA build of torch (a dependency wanting another torch would bring another CUDA stack).
 PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|triton|pytorch-triton|nvidia-.*)$")
 HEADER = "# imagebuilder lock"
+# What `uv venv --seed` would add unpinned, locked instead: pip for users' own installs, and
+# setuptools, which torch.compile imports (through torch.utils.cpp_extension) on every
+# Python although torch requires it only from 3.12 on.
+SEED = ("pip", "setuptools")
 
 
 class LockError(ImageBuilderError):
@@ -242,7 +246,7 @@ class LockSet:
         if lock is None:
             return None
         wanted = tuple(requirements(spec, matrix, extras))
-        recorded = tuple(r for r in lock.requirements if r != "pip")
+        recorded = tuple(r for r in lock.requirements if r not in SEED)
         if recorded != wanted:
             path = f"{self.directory}/{lock.filename}" if self.directory else lock.filename
             raise StaleLock(path=path, recorded=" ".join(recorded), wanted=" ".join(wanted),
@@ -329,12 +333,12 @@ def uv_compile(uv: str) -> Resolver:
 
 
 def resolve_lock(request: LockRequest, matrix: Matrix, resolver: Resolver, parent: Lock | None = None) -> Lock:
-    """The image's complete locked set. pip is locked too, since the venv is made without
-    uv's unpinned seed packages. A jupyter image resolves JupyterLab under its runtime
-    image's lock as constraints and keeps only what that adds."""
+    """The image's complete locked set, the seed packages included (the venv is made without
+    uv's unpinned ones). A jupyter image resolves JupyterLab under its runtime image's lock
+    as constraints and keeps only what that adds."""
     spec = request.spec
     reqs = requirements(spec, matrix, request.extras)
-    asked = reqs if spec.variant == "jupyter" else [*reqs, "pip"]
+    asked = reqs if spec.variant == "jupyter" else [*reqs, *SEED]
     compiled = parse_lock("compiled", resolver(request, asked, parent))
     pins = compiled.pins
     if parent is not None:

@@ -92,7 +92,8 @@ def test_the_committed_locks_cover_what_ci_builds_and_pin_pip() -> None:
         lock = LOCKS.lock_for(spec, MATRIX)
         assert lock is not None, f"no lock for {spec.key}"
         if spec.variant != "jupyter":
-            assert lock.version_of("torch") == spec.torch.version and lock.version_of("pip") is not None
+            assert lock.version_of("torch") == spec.torch.version
+            assert lock.version_of("pip") and lock.version_of("setuptools")  # torch.compile imports setuptools
         assert all(p.hashes for p in lock.pins)
 
 
@@ -113,7 +114,8 @@ def test_jupyter_resolves_under_its_runtime_lock_and_keeps_only_its_additions() 
 
     plan = locking.lock_images([jupyter, runtime], MATRIX, resolver=resolver, pin=lambda image: None)
     assert [lock.name for lock in plan.locks] == [E2E_LOCK, E2E_LOCK.replace("runtime", "jupyter")]
-    assert asked[0] == ("runtime", ("torch==2.6.0", "torchvision==0.21.0", "torchaudio==2.6.0", "pip"), None)
+    assert asked[0] == ("runtime", ("torch==2.6.0", "torchvision==0.21.0", "torchaudio==2.6.0", "pip", "setuptools"),
+                        None)
     assert asked[1] == ("jupyter", ("jupyterlab==4.6.6", "ipykernel==7.4.0"), E2E_LOCK)
     assert [p.name for p in plan.locks[1].pins] == ["jinja2", "jupyterlab"]
     assert plan.unpinned == ("debian:bookworm-slim",)  # one base, asked once
@@ -402,3 +404,42 @@ def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) 
     assert locking.lock_name(spec, extras) != E2E_LOCK  # a site's lock never shadows the default one
     with pytest.raises(Exception, match="extras is a list of requirements"):
         parse_matrix(MATRIX.text + "\nextras: transformers\n", tmp_path / "bad.yaml")
+
+
+class RecordingEngine:
+    """The engine calls build_image makes, answered from canned values."""
+
+    def __init__(self, sbom: bytes | None) -> None:
+        self.sbom, self.builds, self.removed = sbom, [], []
+
+    def image_exists(self, ref):
+        return False
+
+    def build(self, req, on_progress=None):
+        from imagebuilder.engine import BuildResult
+
+        self.builds.append((req.tags, (req.context / "Dockerfile").read_text()))
+        return BuildResult(f"sha256:{len(self.builds)}", req.tags, 1, 1.0, 2, 0, 2, None)
+
+    def read_file(self, image, path):
+        assert (image, path) == ("sha256:1", "/opt/imagebuilder/sbom.cdx.json")
+        return self.sbom
+
+    def remove_image(self, ref, force=True):
+        self.removed.append((ref, force))
+
+
+def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_takes_the_tags(tmp_path) -> None:
+    from imagebuilder.build import SBOM_DIGEST, SbomMissing, build_image
+
+    image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
+    engine = RecordingEngine(b'{"bomFormat": "CycloneDX"}\n')
+    built = build_image(engine, image, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    (first_tags, _), (tags, dockerfile) = engine.builds
+    unlabelled = f"{image.ref}-unlabelled"
+    assert first_tags == (unlabelled,) and tags == image.refs
+    digest = hashlib.sha256(b'{"bomFormat": "CycloneDX"}\n').hexdigest()
+    assert dockerfile == f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="sha256:{digest}"\n'
+    assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
+    with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
+        build_image(RecordingEngine(None), image, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)

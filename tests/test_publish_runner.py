@@ -59,6 +59,9 @@ class CannedEngine:
     def read_file(self, image: str, path: str) -> bytes | None:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
 
+    def remove_image(self, ref: str, force: bool = True) -> None:
+        pass  # (build untags the unlabelled image it labelled)
+
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
