@@ -93,6 +93,11 @@ class BuildState:
             self.on_progress(Progress(self.step, self.total, self.instruction,
                                       time.monotonic() - self.started, cached, line))
 
+    def images_made(self) -> list[str]:
+        """The last image of every stage so far, the unfinished one included: what a build
+        that stops here leaves behind (each one's untagged parents go with it)."""
+        return [*self.stage_images, *([self._stage_layer] if self._stage_layer else [])]
+
     @property
     def in_from_step(self) -> bool:
         return self.instruction.upper().startswith("FROM ")

@@ -173,7 +173,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
 
 @matrix.command("check")
 @click.option("--online", is_flag=True,
-              help="Also compare the pins with the package index's metadata of each release's PyPI build.")
+              help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
 @pass_context
 def matrix_check(ctx: Context, online: bool) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
@@ -188,8 +188,45 @@ def matrix_check(ctx: Context, online: bool) -> None:
         for line in drifts:
             click.echo(f"drift: {line}")
         if drifts:
-            raise ImageBuilderError(f"{len(drifts)} pins differ from the index; update {m.path}")
-        click.echo("online: every pin matches the index")
+            raise ImageBuilderError(f"{len(drifts)} differences from the index; update {m.path}")
+        click.echo("online: pins, Pythons, platforms and releases match the index")
+
+
+@matrix.command("add")
+@click.option("--torch", "torch_version", metavar="X.Y.Z", help="The release to add, e.g. 2.15.0.")
+@click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
+@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
+              help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
+@click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
+@pass_context
+def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants: tuple[str, ...], dry_run: bool) -> None:
+    """Write a torch release's block into the matrix from the index's wheel metadata.
+
+    Comments and order of the file stay; what the metadata does not say is left for you, and
+    `imagebuilder matrix check` names it.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    from .matrix_add import add_release, new_releases
+
+    if bool(torch_version) == new:
+        raise click.UsageError("give either --torch X.Y.Z or --new")
+    if torch_version:
+        try:
+            versions = [Version(torch_version)]
+        except InvalidVersion as e:
+            raise click.BadParameter(f"not a version: {torch_version!r}", param_hint="--torch") from e
+        if len(versions[0].release) != 3:
+            raise click.BadParameter("give the full release, e.g. 2.15.0", param_hint="--torch")
+    else:
+        versions = new_releases(ctx.matrix)
+        if not versions:
+            click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
+    for version in versions:
+        block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
+        click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
+        for line in todo:
+            note(f"left for you: {line}")
 
 
 # --- lock -----------------------------------------------------------------------------------

@@ -233,6 +233,7 @@ class DockerEngine:
                 except KeyboardInterrupt:
                     abort()
                     self._remove_build_containers(state, wall_started)
+                    self._discard(state)
                     if log:
                         log.write("\n[imagebuilder] build interrupted; its containers were removed\n")
                     raise
@@ -241,6 +242,7 @@ class DockerEngine:
                         raise
             if watchdog.fired:
                 self._remove_build_containers(state, wall_started)
+                self._discard(state)
                 if log:
                     log.write(f"\n[imagebuilder] build stopped after {req.timeout:.0f}s\n")
                 raise BuildTimedOut(seconds=req.timeout, step=state.step,
@@ -250,6 +252,7 @@ class DockerEngine:
             if log:
                 log.close()
         if error is not None:
+            self._discard(state)
             raise self._build_error(error, state, req)
         if state.image_id is None:
             raise BuildFailed(step=state.step, total=state.total or None,
@@ -270,6 +273,14 @@ class DockerEngine:
             log_path=req.log_path,
             removed=removed,
         )
+
+    def _discard(self, state: _BuildState) -> None:
+        """A build that did not finish removes the images its steps made: GBs nobody will
+        tag. Best effort: the build's own error is what the caller must see."""
+        try:
+            self._remove_leftovers(state.images_made(), keep="")
+        except Exception:  # noqa: BLE001 - never mask the build's own failure
+            pass
 
     def _tagged_images(self, tags: Sequence[str]) -> list[str]:
         """The images `tags` name now, before a build moves them."""

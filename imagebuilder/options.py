@@ -62,7 +62,7 @@ def selection(required: bool, all_variants: bool = False, strict: bool = False) 
                           "CUDA major (exact minor if published, else the closest; see README)."),
         click.option("--python", "python_version", metavar="X.Y",
                      help="Python version. Default: the OS's own python3 when torch ships wheels for it, "
-                          "else the newest Python torch ships."),
+                          "else the one torch ships nearest above it (see README)."),
         click.option("--variant", type=click.Choice(variants),
                      help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."
                           + (" `all`: runtime, devel, then jupyter FROM that runtime image." if all_variants else "")),

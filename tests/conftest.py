@@ -158,3 +158,13 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
     finally:
         for ref in entry["tags"]:
             docker_engine.remove_image(ref)
+
+
+def remove_block(text: str, key: str) -> str:
+    """matrix.yaml without one torch release's block (and its own comment lines above it)."""
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(f'  "{key}":'))
+    end = next((i for i in range(start + 1, len(lines)) if re.match(r'^  ("|#)|^\S', lines[i])), len(lines))
+    while start > 0 and lines[start - 1].startswith("  #"):
+        start -= 1
+    return "".join(lines[:start] + lines[end:])

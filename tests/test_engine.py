@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -228,6 +229,9 @@ def test_failing_run_step_reports_step_and_last_lines_and_leaves_no_tag(
     assert "\n" not in str(failed)
     assert "line-40" in failed.report()
     assert not any(docker_engine.image_exists(tag) for tag in tags)
+    # The image step 2 made is not left behind untagged (the log names it: " ---> <id>").
+    made = re.findall(r"^ ---> ([0-9a-f]{12})$", log.read_text().split("Step 2/4", 1)[1], re.M)
+    assert made and not any(docker_engine.image_exists(image_id) for image_id in made)
 
 
 @docker

@@ -1,9 +1,12 @@
-""".github/workflows/publish.yml: valid for GitHub Actions, and what it runs is what imagebuilder accepts.
+""".github/workflows/*.yml: valid for GitHub Actions, and what they run is what imagebuilder accepts.
+
+publish.yml publishes the matrix; matrix-update.yml adds releases the index has and opens a pull request.
 
 Every workflow is validated against SchemaStore's GitHub workflow schema with check-jsonschema
 (a maintained checker whose vendored schema works offline); then what the schema cannot know:
 jobs' needs exist, the plan job's script runs for real (imagebuilder + jq) and one generated
-matrix entry goes through the publish job's command line with `--dry-run --force`.
+matrix entry goes through the publish job's command line with `--dry-run --force`; the update
+job's steps run against a local git origin, with a recorder for `gh`.
 """
 
 from __future__ import annotations
@@ -19,18 +22,29 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import remove_block
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"
+UPDATE = REPO_ROOT / ".github" / "workflows" / "matrix-update.yml"
 PUBLISH_KEYS = ("torch", "cuda", "python", "os")
+
+
+def load_workflow(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    # YAML 1.1 reads the key `on` as True.
+    document["on"] = document.pop(True, document.get("on"))
+    return dict(document)
 
 
 @pytest.fixture(scope="module")
 def workflow() -> dict[str, Any]:
-    document = yaml.safe_load(WORKFLOW.read_text())
-    # YAML 1.1 reads the key `on` as True.
-    document["on"] = document.pop(True, document.get("on"))
-    return dict(document)
+    return load_workflow(WORKFLOW)
+
+
+@pytest.fixture(scope="module", params=[WORKFLOW, UPDATE], ids=lambda p: p.name)
+def any_workflow(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return load_workflow(request.param)
 
 
 # --------------------------------------------------------------------------- schema
@@ -56,8 +70,8 @@ def test_triggers(workflow: dict[str, Any]) -> None:
         assert spec["description"]
 
 
-def test_jobs_are_complete_and_needs_exist(workflow: dict[str, Any]) -> None:
-    jobs = workflow["jobs"]
+def test_jobs_are_complete_and_needs_exist(any_workflow: dict[str, Any]) -> None:
+    jobs = any_workflow["jobs"]
     for name, job in jobs.items():
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name)
         assert job.get("runs-on"), f"{name} has no runs-on"
@@ -159,6 +173,68 @@ def test_force_input_becomes_the_flag(workflow: dict[str, Any]) -> None:
     assert step["env"]["FORCE"] == "${{ inputs.force && '--force' || '' }}"
     assert "$FORCE" in step["run"] and "--registry \"$REGISTRY\"" in step["run"]
     assert workflow["jobs"]["publish"]["env"]["REGISTRY"] == "${{ vars.REGISTRY }}"
+
+
+# --------------------------------------------------------------------------- matrix-update.yml
+
+
+@pytest.fixture(scope="module")
+def update() -> dict[str, Any]:
+    return load_workflow(UPDATE)
+
+
+def test_update_runs_weekly_and_may_open_pull_requests(update: dict[str, Any]) -> None:
+    assert set(update["on"]) == {"schedule", "workflow_dispatch"}  # the cron string: the schema test
+    assert update["permissions"] == {"contents": "write", "pull-requests": "write"}
+    steps = update["jobs"]["update"]["steps"]
+    (add,) = [s for s in steps if s.get("id") == "add"]
+    (pr,) = [s for s in steps if s.get("name") == "Open a pull request"]
+    assert "matrix add --new" in add["run"]
+    assert pr["if"] == "steps.add.outputs.changed == 'true'"
+    assert pr["env"]["GH_TOKEN"] == "${{ github.token }}"  # the job's token, not a stored secret
+    assert "gh pr create" in pr["run"] and '--head "$branch"' in pr["run"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A clone (with an origin to push to) of a repository whose matrix.yaml lacks torch 2.15."""
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    _git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    _git(tmp_path, "clone", "-q", str(origin), str(work))
+    (work / "matrix.yaml").write_text(remove_block((REPO_ROOT / "matrix.yaml").read_text(), "2.15"))
+    _git(work, "add", "matrix.yaml")
+    _git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "matrix")
+    _git(work, "push", "-q", "origin", "main")
+    return work
+
+
+@pytest.mark.slow
+def test_update_adds_a_new_release_and_opens_one_pull_request(update: dict[str, Any], checkout: Path) -> None:
+    """Both steps run for real (the index is read; `gh` is a recorder): 2.15.0 is added, pushed on
+    its own branch and proposed once; a second run finds the branch and proposes nothing."""
+    steps = update["jobs"]["update"]["steps"]
+    (add,) = [s for s in steps if s.get("id") == "add"]
+    (pr,) = [s for s in steps if s.get("name") == "Open a pull request"]
+    bin_dir = _shim(checkout.parent / "bin")
+    calls = checkout.parent / "gh-calls"
+    (bin_dir / "gh").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    (bin_dir / "gh").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_OUTPUT": str(checkout / ".out")}
+    done = _run_step(add["run"], env, checkout)
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in (checkout / ".out").read_text().splitlines())
+    assert outputs == {"changed": "true", "versions": "2.15.0"}
+    for _ in range(2):
+        done = _run_step(pr["run"], {**env, "VERSIONS": "2.15.0", "BASE": "main", "GH_TOKEN": "x"}, checkout)
+        assert done.returncode == 0, done.stderr
+    assert calls.read_text().splitlines() == [
+        "pr create --base main --head matrix/torch-2.15.0 --title matrix.yaml: torch 2.15.0 --body-file body.md"]
+    pushed = _git(checkout, "show", "origin/matrix/torch-2.15.0:matrix.yaml")
+    assert '  "2.15":\n    version: "2.15.0"' in pushed
 
 
 # --------------------------------------------------------------------------- locks.yml: drift becomes a pull request
