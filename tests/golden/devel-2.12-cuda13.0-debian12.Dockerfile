@@ -66,6 +66,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="c573891e0870aefe4d53572accad17888a0e51882c23ed4a63566c843a7ed403"
+    io.imagebuilder.inputs-hash="5e44006e02b690e3e249e5ba3dc95713c65d83360fae9c0e2f9cdc4f23d3a913"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -62,6 +62,6 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="4469d54a21b0738cbeee045482e9078f6dbb8fd8d660d1f84207f1d942a474f5"
+    io.imagebuilder.inputs-hash="6b0f3bcb4b6f0d842c51a4f73c4b2cfe4aecf1f6792cb9773b00e5f5b1669806"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -37,7 +37,7 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="1bb54630129d4b3a4fedaa752651f16cddf1503dde8c72358295802c77006e98"
+    io.imagebuilder.inputs-hash="f455dd064c75a4ae04a644a3879662d4c99dfe4acf57b44d365d38e03e3efcc0"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

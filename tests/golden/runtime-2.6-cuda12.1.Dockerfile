@@ -61,7 +61,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
-    io.imagebuilder.inputs-hash="be95e88ecf6375903fa54a5c4c5abed285d802a7730f7256deb614b7e0dc371f"
+    io.imagebuilder.inputs-hash="0d1741b88516bd13c2ddd6b0e2fbf8250405cb9b9fab43c6e5b5b8061cfd7455"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

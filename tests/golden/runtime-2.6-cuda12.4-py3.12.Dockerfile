@@ -62,7 +62,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="490eb21e7fc7704c35b642227a49ebc27a3603fdb5420054b96b01f4a97fb3c7"
+    io.imagebuilder.inputs-hash="c51efa5187ec6bb39fee04e422a0afc9d2ec1cd609de6cecae3297d567799295"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
