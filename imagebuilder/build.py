@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engine import BuildRequest, BuildResult, Engine, Progress
 from .engine_errors import BuildFailed, EngineError, network_hint
 from .render import SBOM_PATH, RenderedImage
+
+if TYPE_CHECKING:
+    from .builder import Builder
 
 CREATED = "org.opencontainers.image.created"
 REVISION = "org.opencontainers.image.revision"
@@ -53,6 +56,8 @@ def check_base(engine: Engine, image: RenderedImage) -> None:
     if found is None or found[0] != pin.image_id:
         raise BaseImageChanged(image=pin.image, locked=pin.image_id,
                                now=found[0] if found else "not on this engine")
+
+
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,10 @@ def build_image(
     on_progress: Callable[[Progress], None] | None = None,
     logs: Path | None = None,
     timeout: float = 3 * 3600,
+    builder: Builder | None = None,
+    platform: str | None = None,
 ) -> Built:
+    """Build one image: with `builder` (BuildKit, say), else the engine's classic builder."""
     check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -145,13 +153,18 @@ def build_image(
     with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
         context = Path(tmp) / "context"
         image.write(context)
+        # Secrets (BuildKit's CA bundle) live beside the context, never in it.
+        secrets = {}
+        for secret_id, data in image.secrets.items():
+            secrets[secret_id] = Path(tmp) / f"secret-{secret_id}"
+            secrets[secret_id].write_bytes(data)
         labels = build_labels(engine, image, matrix_path)
         # The image's own tags go on the SBOM-labelled image only (below): had the unlabelled
         # image taken them, a rebuild would untag (and the engine remove) the labelled image
         # of the last build, and a rebuild of the same inputs would not be a cache hit.
         unlabelled = f"{image.ref}-unlabelled"
         try:
-            result = engine.build(
+            result = (builder or engine).build(
                 BuildRequest(
                     context=context,
                     tags=(unlabelled,),
@@ -160,6 +173,8 @@ def build_image(
                     pull=pull,
                     log_path=log_path,
                     timeout=timeout,
+                    platform=platform,
+                    secrets=secrets,
                 ),
                 on_progress=on_progress,
             )
@@ -168,25 +183,27 @@ def build_image(
                 raise
             raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
         try:
-            result = _label_sbom(engine, image, unlabelled, result, labels, Path(tmp) / "sbom", log_path)
+            result = _label_sbom(engine, builder or engine, image, unlabelled, result,
+                                 BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
+                                              nocache=False, pull=False, timeout=300, platform=platform,
+                                              log_path=log_path.with_name(log_path.stem + "-sbom.log")))
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
 
 
-def _label_sbom(engine: Engine, image: RenderedImage, unlabelled: str, result: BuildResult,
-                labels: dict[str, str], context: Path, log_path: Path) -> BuildResult:
+def _label_sbom(engine: Engine, builder: Builder | Engine, image: RenderedImage, unlabelled: str,
+                result: BuildResult, request: BuildRequest) -> BuildResult:
     """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
     installed, so its digest is known only after the build: a one-instruction build on top
     adds the label (no layer; served from the cache when nothing changed)."""
     sbom = engine.read_file(result.image_id, SBOM_PATH)
     if sbom is None:
         raise SbomMissing(ref=image.ref, path=SBOM_PATH)
-    context.mkdir()
+    request.context.mkdir()
     digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
-    (context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
-    labelled = engine.build(BuildRequest(context=context, tags=image.refs, labels=labels, nocache=False, pull=False,
-                                         log_path=log_path.with_name(log_path.stem + "-sbom.log"), timeout=300))
+    (request.context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
+    labelled = builder.build(request)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
 
 

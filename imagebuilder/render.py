@@ -40,6 +40,7 @@ class RenderOptions:
     extra_index_urls: tuple[str, ...] = ()
     ca_bundle: Path | None = None  # trusted inside the build only
     source: str = DEFAULT_SOURCE  # org.opencontainers.image.source
+    buildkit: bool = False  # for the BuildKit builder: the CA as a secret, shared cache mounts
     extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
     locks: LockSet = LockSet()  # locks/ beside the matrix; empty: resolve at build time
 
@@ -55,6 +56,7 @@ class RenderedImage:
     inputs_hash: str = ""
     base_image: str = ""  # the FROM image; for jupyter, our runtime image
     trusts_ca_bundle: bool = False  # built with --ca-bundle
+    secrets: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # BuildKit secrets by id
     lock: Lock | None = field(default=None, repr=False)  # None: resolved at build time
     base_pin: BasePin | None = None  # how the FROM image is pinned (None for jupyter)
     notices: tuple[str, ...] = ()  # the spec's, and what is not pinned
@@ -119,13 +121,54 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
 
 UV = "/tmp/uv"
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
+# BuildKit: the CA bundle is mounted for one RUN only (in no layer, no history, no ENV), and
+# the package caches live in cache mounts every image built on the host shares, so the second
+# image that needs torch's wheels downloads none. The ids are the same for every image.
+CA_SECRET_ID = "ca"
+CA_SECRET_PATH = f"/run/secrets/{CA_SECRET_ID}"
+CACHE_DIR = "/var/cache/imagebuilder"
+APT_CACHE = f"{CACHE_DIR}/apt"
+UV_CACHE = f"{CACHE_DIR}/uv"
 
 
-def _uv_env(trust_system_store: bool) -> str:
-    """Environment of the install RUN. Without --ca-bundle, pip and uv trust the image's own
-    CA store (which a site's base image may extend) rather than their bundled roots."""
-    env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
-    return env + (f" SSL_CERT_FILE={SYSTEM_CA} PIP_CERT={SYSTEM_CA}" if trust_system_store else "")
+def _cert_file(options: RenderOptions, single_stage: bool) -> str | None:
+    """The CA bundle pip and uv trust in the install RUN; None: the stage's ENV names it.
+    Without --ca-bundle they trust the image's own CA store (which a site's base image may
+    extend) rather than their bundled roots."""
+    if options.buildkit and options.ca_bundle is not None:
+        return CA_SECRET_PATH
+    return SYSTEM_CA if single_stage else None
+
+
+def _uv_env(options: RenderOptions, single_stage: bool) -> str:
+    """Environment of the install RUN."""
+    if options.buildkit:
+        env = (f"export UV_CACHE_DIR={UV_CACHE} UV_PYTHON_CACHE_DIR={UV_CACHE}/python "
+               "UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1")
+    else:
+        env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
+    cert = _cert_file(options, single_stage)
+    return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "")
+
+
+def _mounts(options: RenderOptions) -> tuple[str, str]:
+    """BuildKit's `RUN --mount=...` prefixes of the apt RUN and of the install RUN."""
+    if not options.buildkit:
+        return "", ""
+    apt = f"--mount=type=cache,id=imagebuilder-apt,target={APT_CACHE},sharing=locked"
+    install = [f"--mount=type=cache,id=imagebuilder-uv,target={UV_CACHE},uid={USER_ID},gid={USER_ID}"]
+    if options.ca_bundle is not None:
+        install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
+                       f"uid={USER_ID},required=true")
+    return apt + " \\\n    ", "".join(f"{m} \\\n    " for m in install)
+
+
+def _apt_options(options: RenderOptions) -> str:
+    # Outside /var/cache/apt/archives, which the docker-clean hook of Debian/Ubuntu images
+    # empties after every install: the .debs stay in the cache mount for the next image.
+    if not options.buildkit:
+        return ""
+    return f" -o Dir::Cache::Archives={APT_CACHE} -o APT::Keep-Downloaded-Packages=true"
 
 
 def _pip_install(args: list[str]) -> str:
@@ -150,12 +193,12 @@ def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix,
 def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
                       lock: Lock | None, extras: tuple[str, ...]) -> list[str]:
     """The one RUN that makes the venv: uv comes and goes within it."""
-    commands = [_uv_env(single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
+    commands = [_uv_env(options, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     if not spec.python_from_os:
         commands.append(f"{UV}/bin/uv python install {spec.python}")
     # --allow-existing: in a single stage the (empty) venv folder is made beforehand, owned by the user.
-    # With a lock, no --seed: pip comes from the lock, so nothing in the venv floats.
+    # With a lock, no --seed: pip and setuptools come from the lock, so nothing in the venv floats.
     seed = "" if lock is not None else " --seed"
     commands.append(f"{UV}/bin/uv venv{seed} --allow-existing --python {python} {VENV}")
     commands.append(_install_from(lock, LOCK_PATH, spec, matrix, options, extras))
@@ -171,7 +214,7 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
                       lock: Lock | None) -> list[str]:
     """Add JupyterLab to the venv without changing anything already in it: with a lock, its
     additions only (--no-deps); without one, everything installed is pinned to what is there."""
-    bootstrap = [_uv_env(single_stage),
+    bootstrap = [_uv_env(options, single_stage),
                  f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}"]
     if lock is not None:
         return bootstrap + [_install_from(lock, JUPYTER_LOCK_PATH, spec, matrix, options, ()), f"rm -rf {UV}"]
@@ -192,6 +235,25 @@ def _constraints(spec: BuildSpec, lock: Lock | None) -> str:
     return "".join(f"{name}=={version}\n" for name, version in sorted(pins) if version is not None)
 
 
+def require_cuda(spec: BuildSpec) -> str:
+    """The NVIDIA runtime's guard: admit every driver the image's wheels run on.
+
+    Through minor-version compatibility the cu12x wheels run on any driver that supports
+    CUDA 12.0 (>= 525.60.13, the matrix's min_driver_compat), cu13x on any 13.0 driver
+    (>= 580.65.06); the toolkit's own minor (cuda>=12.8) would refuse the 535 and 550
+    branches most clusters run. The runtime compares `cuda` with the driver's CUDA version
+    (cuDriverGetVersion), so the guard is the major's first release: that is the
+    compatibility floor, stated in the one unit every toolkit release parses (driver>=
+    with a zero-padded "580.65.06" is invalid semver to the Go runtime). nvidia/cuda's
+    brand=...,driver>=470 clauses are not kept: they admit older drivers through the
+    forward-compatibility libraries, which the torch wheels do not load. Above the floor
+    but below the toolkit's own driver, PTX JIT is unavailable; verify and the smoke tests'
+    cuda check judge that per GPU, and hold the exact floor (11.x's 450.80.02 lies inside
+    the CUDA 11.0 driver range, which cuda>=11.0 admits from 450.36.06).
+    """
+    return f"cuda>={spec.cuda.major}.0"
+
+
 def _env(spec: BuildSpec) -> list[tuple[str, str]]:
     cuda_home = None
     if spec.variant == "devel":
@@ -204,7 +266,7 @@ def _env(spec: BuildSpec) -> list[tuple[str, str]]:
         # Read by the NVIDIA container runtime: inject the driver, refuse too-old drivers.
         ("NVIDIA_VISIBLE_DEVICES", "all"),
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-        ("NVIDIA_REQUIRE_CUDA", f"cuda>={spec.cuda.key}"),
+        ("NVIDIA_REQUIRE_CUDA", require_cuda(spec)),
         ("PYTHONUNBUFFERED", "1"),
         # pip and uv read these: a later install that wants another torch fails with the
         # resolver's conflict instead of replacing the image's CUDA build (README: opting out).
@@ -302,6 +364,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     if spec.variant != "jupyter":
         files["imagebuilder/constraints.txt"] = _constraints(spec, lock).encode()
     ca = None
+    two_stage = options.ca_bundle is not None and not options.buildkit
+    apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         try:
             ca = options.ca_bundle.read_bytes()
@@ -319,12 +383,17 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "tags": naming.tags,
             "base_image": from_ref,
             "base_pin": base_pin,
-            "ca_bundle": ca is not None,
+            "two_stage": two_stage,
             "ca_path": CA_PATH,
+            "buildkit": options.buildkit,
+            "ca_secret": options.buildkit and ca is not None,
+            "apt_mounts": apt_mounts,
+            "apt_options": _apt_options(options),
+            "install_mounts": install_mounts,
             "lock_path": lock_path if lock is not None else None,
             "sbom_command": f"{VENV}/bin/python /opt/imagebuilder/sbom.py {VENV} {SBOM_PATH}",
-            "install_commands": _install_commands(spec, matrix, options, ca is None, lock, extras),
-            "jupyter_commands": _jupyter_commands(spec, matrix, options, ca is None, lock),
+            "install_commands": _install_commands(spec, matrix, options, not two_stage, lock, extras),
+            "jupyter_commands": _jupyter_commands(spec, matrix, options, not two_stage, lock),
             "build_packages": _apt_packages(spec, "wheels"),
             "final_packages": _apt_packages(spec, "final"),
             "python": str(spec.python),
@@ -350,8 +419,11 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
                         base_pin.identity if base_pin else "", parent_hash)
     naming = _Naming(tags, f"imagebuilder {__version__}", matrix.path.name, options.source)
     dockerfile, final_files = render_with(inputs_hash, naming)
-    if ca is not None:
+    secrets: dict[str, bytes] = {}
+    if ca is not None and two_stage:
         final_files["ca-bundle.pem"] = ca
+    elif ca is not None:
+        secrets[CA_SECRET_ID] = ca
     return RenderedImage(
         spec=spec,
         repository=options.repository,
@@ -362,6 +434,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         inputs_hash=inputs_hash,
         base_image=base_image,
         trusts_ca_bundle=ca is not None,
+        secrets=secrets,
         lock=lock,
         base_pin=base_pin,
         notices=tuple(notices),

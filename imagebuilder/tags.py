@@ -49,9 +49,10 @@ def image_ref(repository: str, tag: str) -> str:
     return f"{repository}:{tag}"
 
 
-def dated_tag(spec: BuildSpec, day: date) -> str:
-    """The immutable tag publish adds beside the moving ones: what the image was on that day."""
-    return f"{qualified_tag(spec)}-{day:%Y%m%d}"
+def dated_tag(qualified: str, day: date) -> str:
+    """The immutable tag publish adds beside the moving ones: what the image was on that day.
+    `qualified`: the image's fully qualified tag (with its platform suffix, if any)."""
+    return f"{qualified}-{day:%Y%m%d}"
 
 
 def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str,
@@ -78,6 +79,9 @@ def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str,
         f"{p}.variant": spec.variant,
         f"{p}.os": spec.os.name,
         f"{p}.min-driver": str(spec.min_driver),
+        # The floor through CUDA minor-version compatibility: verify passes drivers between it
+        # and min-driver, with a note (no PTX JIT there).
+        f"{p}.min-driver-compat": str(spec.cuda.min_driver_compat),
         f"{p}.inputs-hash": inputs_hash,
     }
     if base_digest:

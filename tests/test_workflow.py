@@ -162,7 +162,8 @@ def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, An
     done = _run_step(step["run"], env, tmp_path)
     assert done.returncode == 0, done.stderr
     wanted = [i for i in generated["images"] if all(i[k] == entry[k] for k in PUBLISH_KEYS)]
-    positions = {i["variant"]: done.stdout.index(f"127.0.0.1:1/ci/pytorch:{i['tag']} ") for i in wanted}
+    # x64 runners publish the linux/amd64 images under their platform's tags; merge joins them.
+    positions = {i["variant"]: done.stdout.index(f"127.0.0.1:1/ci/pytorch:{i['tag']}-amd64 ") for i in wanted}
     assert positions["runtime"] < positions["jupyter"]
     plan_lines = [line for line in done.stdout.splitlines() if re.match(r"^\d+\s", line)]
     assert len(plan_lines) == len(wanted)
@@ -173,6 +174,35 @@ def test_force_input_becomes_the_flag(workflow: dict[str, Any]) -> None:
     assert step["env"]["FORCE"] == "${{ inputs.force && '--force' || '' }}"
     assert "$FORCE" in step["run"] and "--registry \"$REGISTRY\"" in step["run"]
     assert workflow["jobs"]["publish"]["env"]["REGISTRY"] == "${{ vars.REGISTRY }}"
+
+
+def test_arm64_runners_publish_the_releases_with_aarch64_wheels_and_merge_joins_them(
+        workflow: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The plan step's arm64 matrix, run for real over the whole matrix: only 2.11+ releases;
+    the arm64 job publishes linux/arm64 without merging; the merge job runs after both."""
+    if shutil.which("jq") is None:
+        pytest.skip("jq is not installed (GitHub's runners have it)")
+    tmp = tmp_path_factory.mktemp("plan-arm64")
+    (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
+    output = tmp / "github_output"
+    done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": "",
+                                   "GITHUB_OUTPUT": str(output)}, tmp)
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    arm64 = json.loads(outputs["arm64_matrix"])["include"]
+    assert int(outputs["arm64_count"]) == len(arm64) > 0
+    assert {c["torch"].rsplit(".", 1)[0] for c in arm64} >= {"2.11"}
+    assert all(tuple(int(x) for x in c["torch"].split(".")[:2]) >= (2, 11) for c in arm64)
+    jobs = workflow["jobs"]
+    arm_job = jobs["publish-arm64"]
+    assert arm_job["runs-on"] == ["self-hosted", "linux", "ARM64", "gpu"]
+    assert arm_job["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.arm64_matrix) }}"
+    (publish_step,) = [s for s in arm_job["steps"] if s.get("name") == "Publish"]
+    assert "--platform linux/arm64 --no-merge" in publish_step["run"]
+    merge = jobs["merge"]
+    assert set(merge["needs"]) == {"plan", "publish", "publish-arm64"}
+    (merge_step,) = [s for s in merge["steps"] if s.get("name") == "Merge"]
+    assert "--platform linux/amd64,linux/arm64 --merge-only" in merge_step["run"]
 
 
 # --------------------------------------------------------------------------- matrix-update.yml

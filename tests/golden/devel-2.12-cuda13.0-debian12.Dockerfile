@@ -66,6 +66,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="5e44006e02b690e3e249e5ba3dc95713c65d83360fae9c0e2f9cdc4f23d3a913"
+    io.imagebuilder.min-driver-compat="580.65.06" \
+    io.imagebuilder.inputs-hash="19a5ccf515a9dde0b4d9248d82b179b04f11274ef979539a92037905a3c0e630"
 WORKDIR /workspace
 CMD ["/bin/bash"]

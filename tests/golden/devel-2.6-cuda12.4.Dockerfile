@@ -41,7 +41,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
     PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     UV_CONSTRAINT=/opt/imagebuilder/constraints.txt \
@@ -62,6 +62,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="6b0f3bcb4b6f0d842c51a4f73c4b2cfe4aecf1f6792cb9773b00e5f5b1669806"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="bfaff0d8c0db65284368eb421de541ba690d6e6914eeab44da9c11f882009675"
 WORKDIR /workspace
 CMD ["/bin/bash"]

@@ -37,7 +37,8 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="f455dd064c75a4ae04a644a3879662d4c99dfe4acf57b44d365d38e03e3efcc0"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="9798123bde01c52696fbae205e021c9e7d5736e5f50e8f600c1d17610744bd5e"
 USER 1000
 WORKDIR /home/torch
 EXPOSE 8888

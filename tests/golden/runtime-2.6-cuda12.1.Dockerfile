@@ -41,7 +41,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.1 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
     PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
@@ -61,7 +61,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
-    io.imagebuilder.inputs-hash="0d1741b88516bd13c2ddd6b0e2fbf8250405cb9b9fab43c6e5b5b8061cfd7455"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="45db8e3583053f36406ed1ac816fb1b64cee469efb68dd69e5b5d0b5604ec8c6"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]

@@ -42,7 +42,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
     PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
@@ -62,7 +62,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="c51efa5187ec6bb39fee04e422a0afc9d2ec1cd609de6cecae3297d567799295"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="7f9e439d989ef2dc2c7a21c54c2b05429fde45b97c16282fc27a9d739c05d01f"
 USER 1000
 WORKDIR /home/torch
 CMD ["python3"]
