@@ -16,7 +16,7 @@ import click
 
 from . import __version__, options
 from .errors import ImageBuilderError
-from .matrix import Matrix, load_matrix
+from .matrix import JUPYTER_PARENTS, VARIANTS, Matrix, load_matrix
 from .render import RenderedImage, RenderOptions, render, write_tree
 from .resolve import BuildSpec, Request, enumerate_matrix, resolve
 from .resources import default_matrix_path
@@ -270,20 +270,20 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 
 
 def _variants(variant: str | None) -> list[str | None]:
-    return ["runtime", "devel", "jupyter"] if variant == "all" else [variant]
+    return list(VARIANTS) if variant == "all" else [variant]
 
 
 def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedImage]:
     """Everything to build, in order. All of it is resolved before anything is built, so a
-    bad request fails before an hour of building. A jupyter image needs its runtime image:
-    it is built first when it is not there yet."""
+    bad request fails before an hour of building. A jupyter image needs its runtime (or
+    devel) image: it is built first when it is not there yet."""
     from .build import build_order
 
     images = [resolve_and_render(ctx, kw, variant) for variant in _variants(kw.get("variant"))]
     refs = {image.ref for image in images}
     for image in list(images):
         if image.depends_on and image.depends_on not in refs and not engine.image_exists(image.depends_on):
-            images.insert(images.index(image), resolve_and_render(ctx, kw, "runtime"))
+            images.insert(images.index(image), resolve_and_render(ctx, kw, JUPYTER_PARENTS[image.spec.variant]))
             refs.add(image.depends_on)
     return build_order(images)
 

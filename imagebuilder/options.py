@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import click
 
+from .matrix import VARIANTS
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -22,8 +24,8 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
 def selection(required: bool, all_variants: bool = False) -> Callable[[F], F]:
     """Which image(s): the coordinates of the matrix. `required` for a single image;
-    `all_variants` lets --variant take `all` (runtime, devel, then jupyter)."""
-    variants = ["runtime", "devel", "jupyter"] + (["all"] if all_variants else [])
+    `all_variants` lets --variant take `all` (every variant, parents first)."""
+    variants = list(VARIANTS) + (["all"] if all_variants else [])
     return _stack(
         click.option("--torch", "torch_version", required=required, metavar="V",
                      help="PyTorch release: 2.6 or 2.6.0."),
@@ -35,7 +37,7 @@ def selection(required: bool, all_variants: bool = False) -> Callable[[F], F]:
                           "else the newest Python torch ships."),
         click.option("--variant", type=click.Choice(variants),
                      help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."
-                          + (" `all`: runtime, devel, then jupyter FROM that runtime image." if all_variants else "")),
+                          + (" `all`: runtime, devel, then jupyter and devel-jupyter FROM those two." if all_variants else "")),
         click.option("--os", "os_name", metavar="OS",
                      help="ubuntu22.04, ubuntu24.04, debian12, ... Default: matrix.yaml's defaults.os."),
     )

@@ -8,12 +8,19 @@ ARG BASE_IMAGE=nvidia/cuda:12.4.1-devel-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# SSH: host keys are made at each container's first start, never kept in the image; the
+# password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
+ && rm -f /etc/ssh/ssh_host_* \
+ && usermod --password '*' torch \
+ && sed -i '1i [ -n "${SSH_CONNECTION:-}" ] && [ -r /etc/profile.d/00-container-env.sh ] && . /etc/profile.d/00-container-env.sh' /etc/bash.bashrc \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -32,6 +39,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
+COPY rootfs/ /
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
@@ -55,6 +63,9 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e367cfb05d9722c3e4f0af175d0ae4375bb24a1dade86ac444043000e9ecbd6b"
+    io.imagebuilder.inputs-hash="db489a1621571fcdc7317b4322e4df8ddb614b83f544105f088ec025a4e71fe3"
 WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["/bin/bash"]

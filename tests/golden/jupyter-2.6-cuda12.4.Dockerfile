@@ -16,6 +16,10 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
+        ipywidgets==8.1.9 \
+        pandas==2.3.3 \
+        matplotlib==3.10.9 \
+        tqdm==4.70.1 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 COPY imagebuilder/manifest.json /opt/imagebuilder/manifest.json
 LABEL \
@@ -34,10 +38,11 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="e0dd53e332cf55f4d2b1ed68e976640eee246b4edc02e9f703fe3a1e452d50cd"
+    io.imagebuilder.inputs-hash="1c7bed83640c2f5f16496fadb20ea311caa9f181ef935095f38a7241f4875c4b"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
 EXPOSE 8888
 # Token authentication stays on: Jupyter makes a random token at each start (printed in the
-# log) unless JUPYTER_TOKEN is set. There is no default password.
-CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/home/torch"]
+# log) unless JUPYTER_TOKEN is set. There is no default password. `-v $(pwd):/workspace`
+# shows the user's files in JupyterLab.
+CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/workspace"]

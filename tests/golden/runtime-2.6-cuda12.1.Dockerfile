@@ -9,12 +9,14 @@ ARG BASE_IMAGE=nvidia/cuda:12.1.1-base-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv tini \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -32,6 +34,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
+COPY rootfs/ /
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
@@ -54,7 +57,10 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="b04d3253054a394c59500bc852c594961f24f7eb4e178d49fe73ff9f7ac8b7f6"
+    io.imagebuilder.inputs-hash="ccdd711438d46a42b7370889cf2c1ade6a6812e050ca10e972dade592cc787e6"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["python3"]

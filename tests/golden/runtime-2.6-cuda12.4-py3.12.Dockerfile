@@ -9,12 +9,14 @@ ARG BASE_IMAGE=nvidia/cuda:12.4.1-base-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv tini \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 /opt/venv /opt/python
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -33,6 +35,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.12/site-packages/imagebuilder.pth
+COPY rootfs/ /
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
@@ -55,7 +58,10 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="377a6411728430b012038e6e51dcea411f7733cea0e44ebafcff042e3b49380e"
+    io.imagebuilder.inputs-hash="a0312b79e2b6409c3a75a330a8dbab2f7003ccd2f7196ac1c9f8926507682ebc"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["python3"]
