@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine import BuildRequest, BuildResult, Engine, Progress
+from .engine_errors import BuildFailed, network_hint
 from .render import RenderedImage
 
 CREATED = "org.opencontainers.image.created"
@@ -49,6 +50,7 @@ class Built:
             "steps": self.result.steps,
             "cached_steps": self.result.cached_steps,
             "log": str(self.result.log_path) if self.result.log_path else None,
+            "removed": list(self.result.removed),
             "inputs_hash": self.image.inputs_hash,
         }
 
@@ -114,18 +116,23 @@ def build_image(
     with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
         context = Path(tmp) / "context"
         image.write(context)
-        result = engine.build(
-            BuildRequest(
-                context=context,
-                tags=image.refs,
-                labels=build_labels(engine, image, matrix_path),
-                nocache=nocache,
-                pull=pull,
-                log_path=log_path,
-                timeout=timeout,
-            ),
-            on_progress=on_progress,
-        )
+        try:
+            result = engine.build(
+                BuildRequest(
+                    context=context,
+                    tags=image.refs,
+                    labels=build_labels(engine, image, matrix_path),
+                    nocache=nocache,
+                    pull=pull,
+                    log_path=log_path,
+                    timeout=timeout,
+                ),
+                on_progress=on_progress,
+            )
+        except BuildFailed as e:
+            if e.fields["cause"] != "network":
+                raise
+            raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
     return Built(image, result, image.refs)
 
 

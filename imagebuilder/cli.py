@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from . import __version__, options
+from . import __version__, options, pipeline
 from .errors import ImageBuilderError
-from .matrix import JUPYTER_PARENTS, VARIANTS, Matrix, load_matrix
-from .render import RenderedImage, RenderOptions, render, write_tree
-from .resolve import BuildSpec, Request, enumerate_matrix, resolve
+from .matrix import Matrix, load_matrix
+from .options import Rendering
+from .pipeline import Selection
+from .render import RenderedImage, RenderOptions
+from .resolve import BuildSpec, enumerate_matrix
 from .resources import default_matrix_path
 
 
@@ -46,33 +47,14 @@ def _source_label() -> str:
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 
 
-def render_options(matrix: Matrix, kw: dict[str, Any]) -> RenderOptions:
+def render_options(matrix: Matrix, rendering: Rendering, repository: str | None = None) -> RenderOptions:
     return RenderOptions(
-        repository=kw.get("repository") or matrix.defaults.repository,
-        index_url=kw.get("index_url"),
-        extra_index_urls=tuple(kw.get("extra_index_urls") or ()),
-        ca_bundle=kw.get("ca_bundle"),
+        repository=repository or rendering.repository or matrix.defaults.repository,
+        index_url=rendering.index_url,
+        extra_index_urls=rendering.extra_index_urls,
+        ca_bundle=rendering.ca_bundle,
         source=_source_label(),
     )
-
-
-def request_from(kw: dict[str, Any], variant: str | None = None) -> Request:
-    return Request(
-        torch=kw["torch_version"],
-        cuda=kw["cuda_version"],
-        python=kw.get("python_version"),
-        variant=variant or kw.get("variant"),
-        os=kw.get("os_name"),
-        base_image=kw.get("base_image"),
-        strict=bool(kw.get("strict")),
-    )
-
-
-def resolve_and_render(ctx: Context, kw: dict[str, Any], variant: str | None = None) -> RenderedImage:
-    spec = resolve(ctx.matrix, request_from(kw, variant))
-    for notice in spec.notices:
-        note(notice)
-    return render(spec, ctx.matrix, render_options(ctx.matrix, kw))
 
 
 class UserError(click.ClickException):
@@ -157,20 +139,23 @@ def _table(rows: list[dict[str, Any]]) -> str:
               show_default=True, help="github: a strategy.matrix for GitHub Actions ({\"include\": [...]}).")
 @pass_context
 @click.pass_context
-def matrix(click_ctx: click.Context, ctx: Context, fmt: str, **kw: Any) -> None:
+def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selection) -> None:
     """List the images the matrix describes, optionally filtered.
+
+    A --torch and --cuda pair lists the image(s) `build` makes for it, also where the
+    release has no wheels of exactly that CUDA.
 
     \b
     Examples:
       imagebuilder matrix --torch 2.6 --variant runtime
+      imagebuilder matrix --torch 2.6 --cuda 12.1
       imagebuilder matrix --format github > matrix.json
       imagebuilder matrix check --online
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    rows = [_row(spec, ctx) for spec in specs]
+    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    rows = [_row(spec, ctx) for spec in pipeline.select_specs(ctx.matrix, selection)]
     if fmt == "table":
         click.echo(_table(rows))
     elif fmt == "json":
@@ -204,13 +189,6 @@ def matrix_check(ctx: Context, online: bool) -> None:
 # --- render ---------------------------------------------------------------------------------
 
 
-def _render_all(ctx: Context, kw: dict[str, Any]) -> list[RenderedImage]:
-    opts = render_options(ctx.matrix, kw)
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    return [render(spec, ctx.matrix, opts) for spec in specs]
-
-
 def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
     return {
         "images": [
@@ -222,16 +200,17 @@ def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
 
 
 @cli.command("render")
-@options.selection(required=False)
-@options.strict
+@options.selection(required=False, strict=True)
 @options.rendering
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Folder to write the build context(s) to.")
+              help="Folder to write the build context(s) to: a new or empty folder, or one imagebuilder "
+                   "wrote (only the files it wrote there are replaced).")
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
-def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, **kw: Any) -> None:
+def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
+               rendering: Rendering) -> None:
     """Render Dockerfiles and their build contexts.
 
     \b
@@ -242,10 +221,18 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     """
     if not dry_run and output is None:
         raise click.UsageError("give -o DIR to write the build context, or --dry-run to print the Dockerfile")
+    if render_all and dry_run:
+        raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
+    if not render_all and (not selection.torch or not selection.cuda):
+        raise click.UsageError("give --torch and --cuda (or --all)")
+    from .output import write_tree
+
+    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    opts = render_options(ctx.matrix, rendering)
     if render_all:
-        if dry_run:
-            raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
-        images = _render_all(ctx, kw)
+        images = pipeline.render_selected(ctx.matrix, selection, opts)
+        if not images:
+            raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
         files: dict[str, bytes] = {}
         for image in images:
             files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
@@ -255,9 +242,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         write_tree(output, files)
         click.echo(f"wrote {len(images)} images to {output}")
         return
-    if not kw["torch_version"] or not kw["cuda_version"]:
-        raise click.UsageError("give --torch and --cuda (or --all)")
-    image = resolve_and_render(ctx, kw)
+    (image,) = pipeline.render_request(ctx.matrix, selection, opts, note)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
         return
@@ -269,33 +254,14 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 # --- build ----------------------------------------------------------------------------------
 
 
-def _variants(variant: str | None) -> list[str | None]:
-    return list(VARIANTS) if variant == "all" else [variant]
-
-
-def build_plan(ctx: Context, kw: dict[str, Any], engine: Any) -> list[RenderedImage]:
-    """Everything to build, in order. All of it is resolved before anything is built, so a
-    bad request fails before an hour of building. A jupyter image needs its runtime (or
-    devel) image: it is built first when it is not there yet."""
-    from .build import build_order
-
-    images = [resolve_and_render(ctx, kw, variant) for variant in _variants(kw.get("variant"))]
-    refs = {image.ref for image in images}
-    for image in list(images):
-        if image.depends_on and image.depends_on not in refs and not engine.image_exists(image.depends_on):
-            images.insert(images.index(image), resolve_and_render(ctx, kw, JUPYTER_PARENTS[image.spec.variant]))
-            refs.add(image.depends_on)
-    return build_order(images)
-
-
 @cli.command("build")
-@options.selection(required=True, all_variants=True)
-@options.strict
+@options.selection(required=True, all_variants=True, strict=True)
 @options.rendering
 @options.building
 @options.report
 @pass_context
-def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, **kw: Any) -> None:
+def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
+              rendering: Rendering) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -309,7 +275,9 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 
     engine = DockerEngine()
     engine.ping()
-    plan = build_plan(ctx, kw, engine)
+    selection = pipeline.settle_os(ctx.matrix, selection, engine.os_release, note)
+    plan = pipeline.render_request(ctx.matrix, selection, render_options(ctx.matrix, rendering), note,
+                                   exists=engine.image_exists)
     done = []
     try:
         for n, image in enumerate(plan, 1):
@@ -334,7 +302,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     finally:
         if report is not None:
             write_json(report, {"ok": len(done) == len(plan), "images": [b.to_json() for b in done],
-                                     "planned": [i.ref for i in plan]})
+                                "planned": [i.ref for i in plan]})
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
@@ -396,28 +364,6 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 # --- publish --------------------------------------------------------------------------------
 
 
-def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[RenderedImage]:
-    """Every image the filters select, rendered for the registry; a selected jupyter image
-    brings its runtime image along (publish decides whether that one needs building)."""
-    from dataclasses import replace
-
-    opts = replace(render_options(ctx.matrix, kw), repository=repository)
-    specs = enumerate_matrix(ctx.matrix, kw["torch_version"], kw["cuda_version"], kw["python_version"],
-                             kw["variant"], kw["os_name"])
-    images: list[RenderedImage] = []
-    for spec in specs:
-        # enumerate_matrix resolves without --base-image; resolve each again with it.
-        spec = resolve(ctx.matrix, Request(str(spec.torch.version), str(spec.cuda.key), kw["python_version"],
-                                           spec.variant, spec.os.name, base_image=kw.get("base_image")))
-        images.append(render(spec, ctx.matrix, opts))
-    refs = {image.ref for image in images}
-    for image in list(images):
-        if image.depends_on and image.depends_on not in refs and image.spec.parent is not None:
-            images.append(render(image.spec.parent, ctx.matrix, opts))
-            refs.add(image.depends_on)
-    return images
-
-
 @cli.command("publish")
 @options.selection(required=False)
 @options.rendering
@@ -425,8 +371,11 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
 @options.allow_no_gpu
 @options.report
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
-              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. http for loopback "
-                   "registries, https elsewhere; credentials from `docker login`.")
+              help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
+                   "(http for a loopback registry without TLS); credentials as docker finds them.")
+@click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+              help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
+                   "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs.")
 @click.option("--push/--no-push", default=True, show_default=True,
               help="--no-push builds and verifies what the plan says, and pushes nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
@@ -437,7 +386,7 @@ def _publish_images(ctx: Context, kw: dict[str, Any], repository: str) -> list[R
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, **kw: Any) -> None:
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -457,19 +406,28 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    images = _publish_images(ctx, kw, f"{base}/{kw.get('repository') or ctx.matrix.defaults.repository}")
+    engine = None
+    if not dry_run:
+        from .engine import DockerEngine
+
+        engine = DockerEngine()
+        engine.ping()
+    selection = pipeline.settle_os(ctx.matrix, selection, engine.os_release if engine else None, note)
+    opts = render_options(ctx.matrix, rendering,
+                          f"{base}/{rendering.repository or ctx.matrix.defaults.repository}")
+    # A selected jupyter image brings its runtime image along (publish decides whether that
+    # one needs building).
+    images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, selection, opts), ctx.matrix, opts)
     if not images:
         raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-    registry = HttpRegistry()
+    registry = HttpRegistry(ca_file=registry_ca)
     remotes = {} if force else publish.lookup(registry, images)
     steps = publish.plan(images, remotes, force=force)
     click.echo(publish.format_plan(steps))
-    if dry_run:
+    if engine is None:
         return
-    from .engine import DockerEngine, Progress
+    from .engine import Progress
 
-    engine = DockerEngine()
-    engine.ping()
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
                                      nocache=no_cache, pull=pull)

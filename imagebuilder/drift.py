@@ -24,7 +24,7 @@ PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64"] + [f"manylinux_2_{n}_x
 
 
 class IndexUnavailable(ImageBuilderError):
-    pass
+    template = "pip could not resolve {project}=={version} from the index: {detail}"
 
 
 def wheel_requires(project: str, version: Version, python: Version) -> list[Requirement]:
@@ -40,7 +40,7 @@ def wheel_requires(project: str, version: Version, python: Version) -> list[Requ
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise IndexUnavailable(f"pip could not resolve {project}=={version} from the index: {last}")
+            raise IndexUnavailable(project=project, version=version, detail=last)
         with open(report) as f:
             install = json.load(f)["install"]
     return [Requirement(r) for r in install[0]["metadata"].get("requires_dist", [])]

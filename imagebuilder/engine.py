@@ -5,16 +5,20 @@ Everything else sees the `Engine` protocol and the value objects below, so anoth
 `imagebuilder --help` must work on a machine without the SDK's dependencies loaded.
 
 Builds use the Engine API's classic builder (what docker-py drives), streamed, so the
-progress of every `Step n/m` reaches the caller and every line reaches the log file.
+progress of every `Step n/m` reaches the caller and every line reaches the log file. The
+stream's parser lives in classic_stream.py and the errors in engine_errors.py; this module
+is the adapter that moves bytes between them and the daemon.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
+import io
 import os
+import posixpath
 import re
 import socket
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,177 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from imagebuilder.errors import ImageBuilderError
+from .classic_stream import Progress
+from .classic_stream import BuildState as _BuildState
+from .engine_errors import (BaseImageMissing, BuildFailed, BuildTimedOut, ContainerFailed, DaemonUnavailable,
+                            EngineError, GpuUnavailable, ImageMissing, PullFailed, PushFailed, TagFailed,
+                            classify_failure)
 
 if TYPE_CHECKING:
     import docker
     import requests
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-TAIL_LINES = 30
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class EngineError(ImageBuilderError):
-    """A container-engine operation failed."""
-
-
-class DaemonUnavailable(EngineError):
-    def __init__(self, base_url: str, reason: str) -> None:
-        self.base_url = base_url
-        self.reason = reason
-        super().__init__(
-            f"could not reach the Docker daemon at {base_url}: {reason}; start it with "
-            "`sudo systemctl start docker` or `dockerd &`, or point DOCKER_HOST at a running one"
-        )
-
-
-class BaseImageMissing(EngineError):
-    def __init__(self, image: str, detail: str) -> None:
-        self.image = image
-        self.detail = detail
-        super().__init__(
-            f"base image {image} is not available locally and could not be pulled ({detail}); "
-            "build or pull it first, or pass --base-image with one that exists"
-        )
-
-
-class BuildFailed(EngineError):
-    """A build step failed. `cause` is "disk-full", "network" or None (the step itself)."""
-
-    def __init__(
-        self,
-        *,
-        step: int | None,
-        total: int | None,
-        instruction: str | None,
-        error: str,
-        tail: tuple[str, ...],
-        log_path: Path | None,
-        cause: str | None = None,
-    ) -> None:
-        self.step = step
-        self.total = total
-        self.instruction = instruction
-        self.error = error
-        self.tail = tail
-        self.log_path = log_path
-        self.cause = cause
-        exit_code = re.search(r"returned a non-zero code: (\d+)", error)
-        self.step_exit_code = int(exit_code[1]) if exit_code else None
-        where = f"step {step}/{total} `{instruction}`" if step is not None else "the build"
-        what = f"exit code {exit_code[1]}" if exit_code else error
-        log = f"full log: {log_path}" if log_path else "rerun with a log file for the full output"
-        super().__init__(f"{where} failed: {what}; {_CAUSE_HINTS[cause] if cause else ''}{log}")
-
-    def details(self) -> list[str]:
-        """The failing step's last output lines."""
-        if not self.tail:
-            return []
-        return [f"last {len(self.tail)} lines of the failing step:", *(f"  | {line}" for line in self.tail)]
-
-    def report(self) -> str:
-        """The message plus the failing step's last output lines, for a terminal."""
-        return "\n".join([str(self), *self.details()])
-
-
-class BuildTimedOut(EngineError):
-    def __init__(self, *, seconds: float, step: int | None, instruction: str | None,
-                 log_path: Path | None) -> None:
-        self.seconds = seconds
-        self.step = step
-        self.instruction = instruction
-        self.log_path = log_path
-        where = f" in step {step} `{instruction}`" if step is not None else ""
-        super().__init__(
-            f"the build was stopped after {seconds:.0f}s{where}; its containers were removed; "
-            f"raise the build timeout or make the step faster (log: {log_path or 'none'})"
-        )
-
-
-class TagFailed(EngineError):
-    def __init__(self, image_id: str, tag: str, detail: str) -> None:
-        self.image_id = image_id
-        self.tag = tag
-        self.detail = detail
-        super().__init__(
-            f"built {image_id} but could not tag it {tag} ({detail}); no tag was left applied; "
-            "check the tag's spelling (lowercase repository, tag of [A-Za-z0-9_.-])"
-        )
-
-
-class ImageMissing(EngineError):
-    def __init__(self, ref: str) -> None:
-        self.ref = ref
-        super().__init__(f"image {ref} does not exist locally; build or pull it first")
-
-
-class GpuUnavailable(EngineError):
-    def __init__(self, image: str, detail: str) -> None:
-        self.image = image
-        self.detail = detail
-        super().__init__(
-            f"could not start {image} with GPUs ({detail}); install the NVIDIA Container "
-            "Toolkit and restart dockerd, or run without GPUs"
-        )
-
-
-class ContainerFailed(EngineError):
-    def __init__(self, image: str, detail: str) -> None:
-        self.image = image
-        self.detail = detail
-        super().__init__(f"could not run a container from {image}: {detail}")
-
-
-class PushFailed(EngineError):
-    def __init__(self, ref: str, attempts: int, detail: str) -> None:
-        self.ref = ref
-        self.attempts = attempts
-        self.detail = detail
-        super().__init__(
-            f"pushing {ref} failed after {attempts} attempt(s): {detail}; check that the "
-            "registry answers and that you are logged in (`docker login <registry>`)"
-        )
-
-
-class PullFailed(EngineError):
-    def __init__(self, ref: str, detail: str) -> None:
-        self.ref = ref
-        self.detail = detail
-        super().__init__(
-            f"pulling {ref} failed: {detail}; check the reference and that the registry answers"
-        )
-
-
-# The recognisable failures inside a build step, and what to do about each.
-_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("disk-full", re.compile(r"no space left on device", re.I)),
-    ("network", re.compile(
-        r"CERTIFICATE_VERIFY_FAILED|invalid peer certificate|Could not fetch URL|"
-        r"Name or service not known|Temporary failure in name resolution|Connection reset|"
-        r"Connection refused|Network is unreachable|ConnectTimeoutError|ReadTimeoutError|"
-        r"Max retries exceeded|Failed to fetch http|dns error|error sending request for url",
-        re.I,
-    )),
-)
-_CAUSE_HINTS = {
-    "disk-full": "the Docker host ran out of disk space: free some with `docker system prune` "
-    "or move Docker's data-root to a larger disk; ",
-    "network": "pip inside the build could not reach the index: check the network and "
-    "proxy of the Docker host; pass --ca-bundle $SSL_CERT_FILE behind a TLS-intercepting "
-    "proxy; ",
-}
-
-
-def classify_failure(error: str, tail: Sequence[str]) -> str | None:
-    """The cause of a failed step, from its error and last output lines (None: the step)."""
-    text = "\n".join([error, *tail])
-    for cause, pattern in _CAUSES:
-        if pattern.search(text):
-            return cause
-    return None
 
 
 # --------------------------------------------------------------------------- values
@@ -216,18 +60,6 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
-class Progress:
-    step: int
-    total: int
-    instruction: str
-    elapsed: float
-    """Seconds since the build started."""
-    cached: bool
-    line: str | None
-    """An output line of the step; None for the event that starts (or caches) the step."""
-
-
-@dataclass(frozen=True)
 class BuildResult:
     image_id: str
     tags: tuple[str, ...]
@@ -238,6 +70,9 @@ class BuildResult:
     executed_steps: int
     """Steps that ran (neither FROM nor served from cache); 0 for a fully cached build."""
     log_path: Path | None
+    removed: tuple[str, ...] = ()
+    """Images this build made and nobody asked for, removed after it: the earlier stages of a
+    multi-stage build, and the image a rebuilt tag pointed at before when no tag is left on it."""
 
 
 @dataclass(frozen=True)
@@ -263,6 +98,10 @@ class Engine(Protocol):
 
     def image_labels(self, ref: str) -> dict[str, str]: ...
 
+    def read_file(self, image: str, path: str) -> bytes | None: ...
+
+    def os_release(self, image: str) -> str: ...
+
     def remove_image(self, ref: str, force: bool = True) -> None: ...
 
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
@@ -273,80 +112,6 @@ class Engine(Protocol):
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str: ...
 
     def pull(self, ref: str) -> None: ...
-
-
-# --------------------------------------------------------------------------- build stream
-
-
-_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_RUNNING_IN = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
-_LAYER = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
-_BOOKKEEPING = re.compile(r"^( ---> |Removing intermediate container |Successfully (built|tagged) )")
-
-
-class _BuildState:
-    """What the classic builder's stream said so far; pure, fed one stream chunk at a time."""
-
-    def __init__(self, started: float, on_progress: Callable[[Progress], None] | None) -> None:
-        self.started = started
-        self.on_progress = on_progress
-        self.step: int | None = None
-        self.total = 0
-        self.instruction = ""
-        self.cached_steps = 0
-        self.from_steps = 0
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.containers: set[str] = set()
-        self.last_layer: str | None = None
-        self.image_id: str | None = None
-        self._partial = ""
-
-    def feed(self, text: str) -> None:
-        # The classic builder sends "Step n/m : X" and its newline as two chunks, and a
-        # RUN step's output arrives in whatever pieces the process wrote: split on lines.
-        self._partial += text
-        *lines, self._partial = self._partial.split("\n")
-        for line in lines:
-            self._line(line.rstrip("\r"))
-
-    def flush(self) -> None:
-        if self._partial:
-            self._line(self._partial)
-            self._partial = ""
-
-    def _line(self, line: str) -> None:
-        if m := _STEP.match(line):
-            self.step, self.total, self.instruction = int(m[1]), int(m[2]), m[3]
-            self.tail.clear()
-            if self.instruction.upper().startswith("FROM "):
-                self.from_steps += 1
-            self._emit(cached=False, line=None)
-        elif line == " ---> Using cache":
-            self.cached_steps += 1
-            self._emit(cached=True, line=None)
-        elif m := _RUNNING_IN.match(line):
-            self.containers.add(m[1])
-        elif m := _LAYER.match(line):
-            self.last_layer = m[1]
-        elif m := re.match(r"^Successfully built ([0-9a-f]+)$", line):
-            self.image_id = self.image_id or m[1]
-        elif self.step is not None and not _BOOKKEEPING.match(line):
-            self.tail.append(line)
-            self._emit(cached=False, line=line)
-
-    def _emit(self, *, cached: bool, line: str | None) -> None:
-        if self.on_progress is not None and self.step is not None:
-            self.on_progress(Progress(self.step, self.total, self.instruction,
-                                      time.monotonic() - self.started, cached, line))
-
-    @property
-    def in_from_step(self) -> bool:
-        return self.instruction.upper().startswith("FROM ")
-
-    def base_image(self) -> str:
-        # "FROM [--platform=x] image [AS name]"
-        words = [w for w in self.instruction.split()[1:] if not w.startswith("--")]
-        return words[0] if words else self.instruction
 
 
 class _Watchdog:
@@ -398,7 +163,7 @@ class DockerEngine:
                 else:
                     client = docker.from_env(timeout=int(self._api_timeout))
             except docker.errors.DockerException as e:
-                raise DaemonUnavailable(self.base_url, _short(e)) from e
+                raise DaemonUnavailable(base_url=self.base_url, reason=_short(e)) from e
             # Keep the streamed build's HTTP response reachable, so an interrupt or a
             # timeout can close its connection: that is what makes dockerd cancel the build.
             client.api.hooks["response"].append(self._collect_response)
@@ -422,10 +187,10 @@ class DockerEngine:
         except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
                 urllib3.exceptions.ProtocolError) as e:
             # Also a daemon that dies mid-stream: the streamed response breaks off.
-            raise DaemonUnavailable(self.base_url, _short(e)) from e
+            raise DaemonUnavailable(base_url=self.base_url, reason=_short(e)) from e
         except docker.errors.DockerException as e:
             if "Error while fetching server API version" in str(e):
-                raise DaemonUnavailable(self.base_url, _short(e)) from e
+                raise DaemonUnavailable(base_url=self.base_url, reason=_short(e)) from e
             raise
 
     def ping(self) -> None:
@@ -466,6 +231,7 @@ class DockerEngine:
                 except KeyboardInterrupt:
                     abort()
                     self._remove_build_containers(state, wall_started)
+                    self._discard(state)
                     if log:
                         log.write("\n[imagebuilder] build interrupted; its containers were removed\n")
                     raise
@@ -474,6 +240,7 @@ class DockerEngine:
                         raise
             if watchdog.fired:
                 self._remove_build_containers(state, wall_started)
+                self._discard(state)
                 if log:
                     log.write(f"\n[imagebuilder] build stopped after {req.timeout:.0f}s\n")
                 raise BuildTimedOut(seconds=req.timeout, step=state.step,
@@ -483,13 +250,16 @@ class DockerEngine:
             if log:
                 log.close()
         if error is not None:
+            self._discard(state)
             raise self._build_error(error, state, req)
         if state.image_id is None:
             raise BuildFailed(step=state.step, total=state.total or None,
                               instruction=state.instruction or None,
                               error="the daemon ended the build without an image id",
                               tail=tuple(state.tail), log_path=req.log_path)
+        previous = self._tagged_images(req.tags)
         image = self._tag_all(state.image_id, req.tags)
+        removed = self._remove_leftovers([*state.stage_images, *previous], keep=image.id)
         return BuildResult(
             image_id=image.id,
             tags=req.tags,
@@ -499,7 +269,52 @@ class DockerEngine:
             cached_steps=state.cached_steps,
             executed_steps=state.total - state.cached_steps - state.from_steps,
             log_path=req.log_path,
+            removed=removed,
         )
+
+    def _discard(self, state: _BuildState) -> None:
+        """A build that did not finish removes the images its steps made: GBs nobody will
+        tag. Best effort: the build's own error is what the caller must see."""
+        try:
+            self._remove_leftovers(state.images_made(), keep="")
+        except Exception:  # noqa: BLE001 - never mask the build's own failure
+            pass
+
+    def _tagged_images(self, tags: Sequence[str]) -> list[str]:
+        """The images `tags` name now, before a build moves them."""
+        import docker
+
+        found = []
+        with self._daemon_errors():
+            for tag in tags:
+                try:
+                    found.append(str(self._client.api.inspect_image(tag)["Id"]))
+                except docker.errors.APIError:
+                    pass  # no such image, or a tag the daemon cannot parse (tagging will say so)
+        return found
+
+    def _remove_leftovers(self, candidates: Sequence[str], keep: str) -> tuple[str, ...]:
+        """Remove each candidate that is not `keep`, has no tag and no child image: what this
+        build left untagged. Anything tagged, in use or built upon stays (the daemon is shared)."""
+        import docker
+
+        removed = []
+        with self._daemon_errors():
+            children = {str(i.get("ParentId", "")) for i in self._client.api.images(all=True)}
+            for candidate in dict.fromkeys(candidates):
+                try:
+                    attrs = self._client.api.inspect_image(candidate)
+                except docker.errors.ImageNotFound:
+                    continue
+                image_id = str(attrs["Id"])
+                if image_id == keep or attrs.get("RepoTags") or image_id in children:
+                    continue
+                try:
+                    self._client.api.remove_image(image_id)
+                except docker.errors.APIError:
+                    continue  # a container uses it, or another build just did: leave it
+                removed.append(image_id)
+        return tuple(removed)
 
     def _stream_build(self, req: BuildRequest, state: _BuildState, log: IO[str] | None) -> str | None:
         """Feed the build's stream to `state` and the log; the daemon's error, if any."""
@@ -539,7 +354,8 @@ class DockerEngine:
 
     def _build_error(self, error: str, state: _BuildState, req: BuildRequest) -> EngineError:
         if state.in_from_step:
-            return BaseImageMissing(state.base_image(), _short_text(error))
+            image = _expand_args(state.base_image(), req.context / req.dockerfile, req.buildargs)
+            return BaseImageMissing(image=image, detail=_short_text(error))
         tail = tuple(state.tail)
         return BuildFailed(step=state.step, total=state.total, instruction=state.instruction,
                            error=_short_text(error), tail=tail, log_path=req.log_path,
@@ -606,7 +422,7 @@ class DockerEngine:
                 except docker.errors.APIError as e:
                     for done in applied:
                         self._client.api.remove_image(done, noprune=True)
-                    raise TagFailed(image.id, tag, _short(e)) from e
+                    raise TagFailed(image_id=image.id, tag=tag, detail=_short(e)) from e
                 applied.append(tag)
             image.reload()
             return image
@@ -630,8 +446,52 @@ class DockerEngine:
             try:
                 attrs = self._client.api.inspect_image(ref)
             except docker.errors.ImageNotFound as e:
-                raise ImageMissing(ref) from e
+                raise ImageMissing(ref=ref) from e
         return dict((attrs.get("Config") or {}).get("Labels") or {})
+
+    def read_file(self, image: str, path: str, *, hops: int = 4) -> bytes | None:
+        """A file of `image` (None if absent), read without running anything: a container is
+        created, never started, its archive read through the API, and removed. Symlinks
+        inside the image are followed (Debian's /etc/os-release is one)."""
+        import docker
+
+        with self._daemon_errors():
+            try:
+                container = self._client.api.create_container(
+                    image, command=["/bin/true"], labels={"org.imagebuilder.run": "1"})
+            except docker.errors.ImageNotFound as e:
+                raise ImageMissing(ref=image) from e
+            try:
+                for _ in range(hops):
+                    try:
+                        chunks, _stat = self._client.api.get_archive(container["Id"], path)
+                    except docker.errors.NotFound:
+                        return None
+                    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                        member = tar.next()
+                        if member is None:
+                            return None
+                        if member.issym():
+                            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
+                            continue
+                        extracted = tar.extractfile(member)
+                        return extracted.read() if extracted is not None else None
+                return None
+            finally:
+                self._client.api.remove_container(container["Id"], force=True)
+
+    def os_release(self, image: str) -> str:
+        """The image's /etc/os-release text ("" if it has none); pulls a missing image first,
+        as its build would."""
+        try:
+            data = self.read_file(image, "/etc/os-release")
+        except ImageMissing:
+            try:
+                self.pull(image)
+            except PullFailed as e:
+                raise BaseImageMissing(image=image, detail=e.fields["detail"]) from e
+            data = self.read_file(image, "/etc/os-release")
+        return (data or b"").decode("utf-8", "replace")
 
     def remove_image(self, ref: str, force: bool = True) -> None:
         import docker
@@ -673,11 +533,11 @@ class DockerEngine:
                     )
                     container.start()
                 except docker.errors.ImageNotFound as e:
-                    raise ImageMissing(image) from e
+                    raise ImageMissing(ref=image) from e
                 except docker.errors.APIError as e:
                     if gpus and ("gpu" in str(e).lower() or "nvidia" in str(e).lower()):
-                        raise GpuUnavailable(image, _short(e)) from e
-                    raise ContainerFailed(image, _short(e)) from e
+                        raise GpuUnavailable(image=image, detail=_short(e)) from e
+                    raise ContainerFailed(image=image, detail=_short(e)) from e
                 timed_out = False
                 try:
                     status = container.wait(timeout=timeout)
@@ -716,7 +576,7 @@ class DockerEngine:
                 with self._daemon_errors():
                     digest, detail = self._push_once(repository, tag)
             except docker.errors.ImageNotFound as e:
-                raise ImageMissing(ref) from e
+                raise ImageMissing(ref=ref) from e
             except docker.errors.APIError as e:
                 digest, detail = None, _short(e)
             if digest:
@@ -725,7 +585,7 @@ class DockerEngine:
                 break
             if attempts < retries:
                 time.sleep(backoff * 2 ** (attempts - 1))
-        raise PushFailed(ref, attempts, detail)
+        raise PushFailed(ref=ref, attempts=attempts, detail=detail)
 
     def _push_once(self, repository: str, tag: str) -> tuple[str | None, str]:
         digest: str | None = None
@@ -747,14 +607,29 @@ class DockerEngine:
                 for event in self._client.api.pull(ref, stream=True, decode=True):
                     if "errorDetail" in event or "error" in event:
                         detail = event.get("errorDetail") or {}
-                        raise PullFailed(ref, _short_text(str(detail.get("message") or event.get("error"))))
+                        raise PullFailed(ref=ref, detail=_short_text(str(detail.get("message") or event.get("error"))))
             except docker.errors.APIError as e:
-                raise PullFailed(ref, _short(e)) from e
+                raise PullFailed(ref=ref, detail=_short(e)) from e
 
 
 _PERMANENT_PUSH_ERROR = re.compile(
     r"denied|unauthorized|authentication required|does not exist locally|invalid reference", re.I
 )
+
+
+_ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)\s*$", re.M)
+_ARG_USE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _expand_args(text: str, dockerfile: Path, buildargs: Mapping[str, str]) -> str:
+    """`${BASE_IMAGE}` in a FROM line as the builder expanded it: build args, else the
+    Dockerfile's ARG defaults (the stream shows the line unexpanded)."""
+    try:
+        defaults = {m[1]: m[2].strip("\"'") for m in _ARG.finditer(dockerfile.read_text(encoding="utf-8"))}
+    except OSError:
+        defaults = {}
+    values = {**defaults, **buildargs}
+    return _ARG_USE.sub(lambda m: values.get(m[1] or m[2], m[0]), text)
 
 
 def _split_ref(ref: str) -> tuple[str, str]:

@@ -8,6 +8,7 @@ a half-valid matrix.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import ImageBuilderError
+from .errors import BadRequest, ImageBuilderError
 
 VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
 # A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
@@ -36,15 +37,27 @@ class Problem:
 
 
 class MatrixError(ImageBuilderError):
-    def __init__(self, file: Path, problems: list[Problem]) -> None:
-        self.file = file
-        self.problems = problems
-        lines = [p.render(file) for p in problems]
+    """Fields: file, problems. The command to re-check names the same file the user gave."""
+
+    def describe(self) -> str:
+        file: Path = self.fields["file"]
+        problems: list[Problem] = self.fields["problems"]
         noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(
-            f"{file} has {len(problems)} {noun}; fix them and run `imagebuilder matrix check`:\n  "
-            + "\n  ".join(lines)
-        )
+        return (f"{file} has {len(problems)} {noun}; fix them and run `{check_command(file)}`:\n  "
+                + "\n  ".join(p.render(file) for p in problems))
+
+
+class MatrixMissing(BadRequest):
+    template = "--matrix {file}: {reason}; give the path of a matrix.yaml (default: the packaged one)"
+
+
+def check_command(file: Path) -> str:
+    """`imagebuilder matrix check`, with the --matrix that names `file` unless it is the default."""
+    from .resources import default_matrix_path
+
+    if file.resolve() == default_matrix_path().resolve():
+        return "imagebuilder matrix check"
+    return f"imagebuilder --matrix {shlex.quote(str(file))} matrix check"
 
 
 @dataclass(frozen=True)
@@ -154,7 +167,7 @@ def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Probl
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None
-        raise MatrixError(file, [Problem((), line, f"not valid YAML: {getattr(e, 'problem', e)}")]) from e
+        raise MatrixError(file=file, problems=[Problem((), line, f"not valid YAML: {getattr(e, 'problem', e)}")]) from e
     lines: dict[KeyPath, int] = {}
     problems: list[Problem] = []
     scalars = yaml.SafeLoader("")
@@ -401,7 +414,7 @@ def parse_matrix(text: str, file: Path) -> Matrix:
     if top:
         _cross_check(c, defaults, oses, cudas, torches)
     if problems:
-        raise MatrixError(file, sorted(problems, key=lambda p: (p.line or 0, p.path)))
+        raise MatrixError(file=file, problems=sorted(problems, key=lambda p: (p.line or 0, p.path)))
     return Matrix(
         path=file,
         defaults=defaults,
@@ -417,5 +430,5 @@ def load_matrix(path: Path) -> Matrix:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise MatrixError(path, [Problem((), None, f"cannot read: {e.strerror}")]) from e
+        raise MatrixMissing(file=path, reason=e.strerror or str(e)) from e
     return parse_matrix(text, path)

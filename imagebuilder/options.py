@@ -1,14 +1,20 @@
-"""Click options shared by several commands, defined once."""
+"""Click options shared by several commands, defined once.
+
+Groups of options reach a command as one typed value (a Selection, a Rendering), not as
+loose keyword arguments."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from .matrix import VARIANTS
+from .pipeline import ALL, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,10 +28,33 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-def selection(required: bool, all_variants: bool = False) -> Callable[[F], F]:
-    """Which image(s): the coordinates of the matrix. `required` for a single image;
+def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Callable[[F], F]:
+    """Hand the options `keys` to the command as one value `name` = make(**options)."""
+
+    def decorator(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = make(**{key: kwargs.pop(key) for key in keys})
+            return f(*args, **kwargs)
+
+        return command  # type: ignore[return-value]
+
+    return decorator
+
+
+def _selection(torch_version: str | None, cuda_version: str | None, python_version: str | None,
+               variant: str | None, os_name: str | None, base_image: str | None = None,
+               strict: bool = False) -> Selection:
+    return Selection(torch_version, cuda_version, python_version, variant, os_name, base_image, strict)
+
+
+def selection(required: bool, all_variants: bool = False, strict: bool = False) -> Callable[[F], F]:
+    """Which image(s): the coordinates of the matrix, the base image and --strict, handed to
+    the command as `selection: Selection`. `required` for a request (torch and CUDA);
     `all_variants` lets --variant take `all` (every variant, parents first)."""
-    variants = list(VARIANTS) + (["all"] if all_variants else [])
+    variants = list(VARIANTS) + ([ALL] if all_variants else [])
+    keys = ("torch_version", "cuda_version", "python_version", "variant", "os_name", "base_image") + (
+        ("strict",) if strict else ())
     return _stack(
         click.option("--torch", "torch_version", required=required, metavar="V",
                      help="PyTorch release: 2.6 or 2.6.0."),
@@ -39,18 +68,29 @@ def selection(required: bool, all_variants: bool = False) -> Callable[[F], F]:
                      help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."
                           + (" `all`: runtime, devel, then jupyter and devel-jupyter FROM those two." if all_variants else "")),
         click.option("--os", "os_name", metavar="OS",
-                     help="ubuntu22.04, ubuntu24.04, debian12, ... Default: matrix.yaml's defaults.os."),
+                     help="ubuntu22.04, ubuntu24.04, debian12, ... Default: the --base-image's OS when "
+                          "a Docker daemon can read it, else matrix.yaml's defaults.os."),
+        click.option("--base-image", metavar="IMAGE",
+                     help="Replace the default FROM image (mirrors, air-gapped sites, tests)."),
+        *([click.option("--strict", is_flag=True,
+                        help="Refuse anything but a torch build for exactly this CUDA version.")] if strict else []),
+        _collect("selection", _selection, keys),
     )
 
 
-strict = click.option("--strict", is_flag=True,
-                      help="Refuse anything but a torch build for exactly this CUDA version.")
+@dataclass(frozen=True)
+class Rendering:
+    """How to render, whatever the image: where wheels come from, what CA to trust, the name."""
+
+    index_url: str | None
+    extra_index_urls: tuple[str, ...]
+    ca_bundle: Path | None
+    repository: str | None
 
 
 def rendering(f: F) -> F:
+    """Handed to the command as `rendering: Rendering`."""
     return _stack(
-        click.option("--base-image", metavar="IMAGE",
-                     help="Replace the default FROM image (mirrors, air-gapped sites, tests)."),
         click.option("--index-url", metavar="URL",
                      help="Package index for the wheels, replacing the default one (a mirror)."),
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
@@ -61,6 +101,8 @@ def rendering(f: F) -> F:
                           "$SSL_CERT_FILE. Not left in the final image."),
         click.option("--repository", metavar="NAME",
                      help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
+        _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"])}),
+                 ("index_url", "extra_index_urls", "ca_bundle", "repository")),
     )(f)
 
 

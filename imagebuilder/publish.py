@@ -39,23 +39,16 @@ PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
 
 
 class PushNotConfirmed(ImageBuilderError):
-    def __init__(self, ref: str, pushed: str, registry_has: str | None) -> None:
-        self.ref = ref
-        self.pushed = pushed
-        self.registry_has = registry_has
-        has = registry_has or "no such tag"
-        super().__init__(f"the push of {ref} reported {pushed} but the registry answers {has}; "
-                         "another job may push the same tag, or the registry lost the upload: rerun")
+    template = ("the push of {ref} reported {pushed} but the registry answers {registry_has}; "
+                "another job may push the same tag, or the registry lost the upload: rerun")
 
 
 class PublishFailed(ImageBuilderError):
-    def __init__(self, failures: Sequence[tuple[str, str]], total: int) -> None:
-        self.failures = tuple(failures)
-        self.total = total
-        what = "; ".join(f"{ref}: {reason}" for ref, reason in self.failures)
-        super().__init__(f"{len(self.failures)} of {total} images failed: {what}; the images the summary "
-                         "shows as pushed are in the registry, rerun after fixing the rest "
-                         "(published images are skipped)")
+    def describe(self) -> str:
+        failures = self.fields["failures"]
+        what = "; ".join(f"{ref}: {reason}" for ref, reason in failures)
+        return (f"{len(failures)} of {self.fields['total']} images failed: {what}; the images the summary "
+                "shows as pushed are in the registry, rerun after fixing the rest (published images are skipped)")
 
 
 # --------------------------------------------------------------------------- plan (pure)
@@ -254,7 +247,7 @@ def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event)
         for ref in step.retag:
             now = registry.put_tag(ref, step.digest)
             if now != step.digest:
-                raise PushNotConfirmed(ref, step.digest, now)
+                raise PushNotConfirmed(ref=ref, pushed=step.digest, registry_has=now or "no such tag")
             pushed[ref] = now
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"retag failed: {e}", pushed=pushed)
@@ -288,7 +281,7 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
             confirmed = registry.digest(ref)
             if confirmed != digest:
-                raise PushNotConfirmed(ref, digest, confirmed)
+                raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
             pushed[ref] = digest
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed)
@@ -331,4 +324,4 @@ def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def raise_if_failed(outcomes: Sequence[Outcome]) -> None:
     failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
     if failures:
-        raise PublishFailed(failures, len(outcomes))
+        raise PublishFailed(failures=tuple(failures), total=len(outcomes))

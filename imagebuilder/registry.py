@@ -6,11 +6,12 @@ from the same rendered inputs is skipped without pulling 6 GB. Stdlib urllib onl
 
 - Accept headers for Docker v2 and OCI manifests and for manifest lists / OCI indexes (an
   index is read through its linux/amd64 entry, else its first);
-- http for loopback registries (Docker treats 127.0.0.0/8 as insecure by default), https
-  otherwise;
-- anonymous access, Basic, and Bearer tokens, with the `auths` credentials of
-  ~/.docker/config.json (what `docker login` writes when no credential helper is set).
-  Credential helpers (`credsStore`, `credHelpers`) are not run: CI logs in with a password.
+- TLS as dockerd does it: https everywhere, trusting /etc/docker/certs.d/HOST/ca.crt (or
+  --registry-ca); a loopback registry that does not speak TLS is asked over http (dockerd's
+  fallback for insecure registries, which 127.0.0.0/8 is by default);
+- anonymous access, Basic, and Bearer tokens, with the credentials docker itself would use:
+  docker-py's `docker.auth` reads ~/.docker/config.json and runs its credential helpers
+  (`credsStore`, `credHelpers`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import ipaddress
 import json
 import os
 import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -48,36 +50,22 @@ class RegistryError(ImageBuilderError):
 
 
 class BadRegistry(BadRequest):
-    def __init__(self, text: str, why: str) -> None:
-        self.text = text
-        self.why = why
-        super().__init__(f"--registry {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme "
-                         "or 127.0.0.1:5000/ml")
+    template = "--registry {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme or 127.0.0.1:5000/ml"
 
 
 class RegistryUnavailable(RegistryError):
-    def __init__(self, url: str, detail: str) -> None:
-        self.url = url
-        self.detail = detail
-        super().__init__(f"the registry at {url} did not answer ({detail}); check that it runs and "
-                         "that this machine can reach it")
+    template = "the registry at {url} did not answer ({detail}); check that it runs and that this machine can reach it"
 
 
 class RegistryDenied(RegistryError):
-    def __init__(self, url: str, status: int, detail: str) -> None:
-        self.url = url
-        self.status = status
-        self.detail = detail
-        host = urllib.parse.urlsplit(url).netloc
-        super().__init__(f"the registry refused {url} (HTTP {status}: {detail}); log in with "
-                         f"`docker login {host}` (imagebuilder reads ~/.docker/config.json)")
+    def describe(self) -> str:
+        host = urllib.parse.urlsplit(self.fields["url"]).netloc
+        return (f"the registry refused {self.fields['url']} (HTTP {self.fields['status']}: {self.fields['detail']}); "
+                f"log in with `docker login {host}` (imagebuilder uses docker's stored credentials)")
 
 
 class RegistryProtocolError(RegistryError):
-    def __init__(self, url: str, detail: str) -> None:
-        self.url = url
-        self.detail = detail
-        super().__init__(f"unexpected answer from {url}: {detail}")
+    template = "unexpected answer from {url}: {detail}"
 
 
 # --------------------------------------------------------------------------- pure
@@ -123,11 +111,11 @@ def parse_registry(text: str) -> tuple[str, str]:
     """HOST[:PORT]/NAMESPACE -> (host, namespace); the namespace may be empty."""
     host, _, namespace = text.strip().rstrip("/").partition("/")
     if "://" in text:
-        raise BadRegistry(text, "no scheme: imagebuilder picks http for loopback, https elsewhere")
+        raise BadRegistry(text=text, why="no scheme: imagebuilder picks http for loopback, https elsewhere")
     if not host or not _is_host(host):
-        raise BadRegistry(text, f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
+        raise BadRegistry(text=text, why=f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
     if namespace and not _NAMESPACE.match(namespace):
-        raise BadRegistry(text, f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
+        raise BadRegistry(text=text, why=f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
     return host, namespace
 
 
@@ -138,32 +126,54 @@ def _hostname(host: str) -> str:
     return host.split(":")[0] if host.count(":") == 1 else host
 
 
-def scheme_for(host: str) -> str:
-    """http for loopback registries (what Docker allows without TLS by default), else https."""
+def is_insecure_by_default(host: str) -> bool:
+    """Loopback registries, which dockerd talks to over http when they do not speak https."""
     name = _hostname(host)
     if name == "localhost":
-        return "http"
+        return True
     try:
-        return "http" if ipaddress.ip_address(name).is_loopback else "https"
+        return ipaddress.ip_address(name).is_loopback
     except ValueError:
-        return "https"
+        return False
+
+
+def scheme_for(host: str) -> str:
+    """The scheme to try first where no answer told otherwise: http for loopback, else https."""
+    return "http" if is_insecure_by_default(host) else "https"
+
+
+def daemon_ca(host: str, certs_root: Path = Path("/etc/docker/certs.d")) -> Path | None:
+    """The CA dockerd trusts for `host` (/etc/docker/certs.d/HOST[:PORT]/ca.crt), if any."""
+    ca = certs_root / host / "ca.crt"
+    return ca if ca.is_file() else None
+
+
+class RegistryTlsError(RegistryError):
+    template = ("the registry at {url} presents a certificate this machine does not trust ({detail}); pass "
+                "--registry-ca PATH, or install its CA as /etc/docker/certs.d/{host}/ca.crt as dockerd expects")
+
+
+class CredentialsUnavailable(RegistryError):
+    template = ("could not read the credentials docker stores for {host} ({detail}); check the credential "
+                "helper named in your docker config (`credsStore`/`credHelpers`), or `docker login {host}` again")
 
 
 def credentials_for(config: Mapping[str, Any], host: str) -> tuple[str, str] | None:
-    """The (user, password) `docker login` stored for `host` in a config.json document."""
-    auths = config.get("auths") or {}
-    keys = [host, f"https://{host}", f"http://{host}", f"https://{host}/v1/", f"https://{host}/v2/"]
+    """The (user, password) docker uses for `host`: the config's `auths`, or its credential
+    helper (`credsStore`, `credHelpers`), resolved by docker-py exactly as docker does."""
+    import docker.auth
+    import docker.errors
+
     if host in (DOCKER_HUB, DOCKER_HUB_API):
-        keys.insert(0, DOCKER_HUB_AUTH_KEY)
-    for key in keys:
-        entry = auths.get(key) or {}
-        if entry.get("auth"):
-            user, sep, password = base64.b64decode(entry["auth"]).decode().partition(":")
-            if sep:
-                return user, password
-        if entry.get("username") and entry.get("password"):
-            return str(entry["username"]), str(entry["password"])
-    return None
+        host = docker.auth.INDEX_NAME
+    try:
+        found = docker.auth.load_config(config_dict=dict(config)).resolve_authconfig(host)
+    except docker.errors.DockerException as e:
+        raise CredentialsUnavailable(host=host, detail=str(e)) from e
+    if not found:
+        return None
+    user, password = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
+    return (str(user), str(password)) if user and password else None
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -231,11 +241,15 @@ class _Response:
 class HttpRegistry:
     """Registry over HTTP API v2. One instance per run: it caches tokens per repository scope."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT,
+                 ca_file: Path | None = None, certs_root: Path = Path("/etc/docker/certs.d")) -> None:
         self._config = docker_config() if config is None else config
         self._timeout = timeout
         self._tokens: dict[tuple[str, str], str] = {}
-        self._opener = urllib.request.build_opener(_NoAuthOnRedirect())
+        self._ca_file = ca_file
+        self._certs_root = certs_root
+        self._openers: dict[str, urllib.request.OpenerDirector] = {}
+        self._schemes: dict[str, str] = {}  # api host -> the scheme it answered on
 
     def digest(self, ref: str) -> str | None:
         r = parse_reference(ref)
@@ -263,7 +277,7 @@ class HttpRegistry:
             document = child[0]
         config_digest = (document.get("config") or {}).get("digest")
         if not config_digest:
-            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"), "the manifest names no config blob")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the manifest names no config blob")
         blob = self._request("GET", r, f"blobs/{config_digest}", {})
         if blob is None:
             return None
@@ -274,12 +288,12 @@ class HttpRegistry:
         r = parse_reference(ref)
         got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
         if got is None:
-            raise RegistryProtocolError(self._url(r, f"manifests/{digest}"), "the manifest to tag is gone")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{digest}"), detail="the manifest to tag is gone")
         media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
         self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": media_type}, got.body, push=True)
         now = self.digest(ref)
         if now is None:
-            raise RegistryProtocolError(self._url(r, f"manifests/{r.reference}"), "the tag is missing after PUT")
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the tag is missing after PUT")
         return now
 
     # -- plumbing
@@ -291,10 +305,40 @@ class HttpRegistry:
         try:
             return dict(json.loads(got.body)), got.headers.get("Content-Type", "").split(";")[0]
         except ValueError as e:
-            raise RegistryProtocolError(self._url(r, f"manifests/{reference}"), f"not JSON ({e})") from e
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{reference}"), detail=f"not JSON ({e})") from e
 
     def _url(self, r: Reference, path: str) -> str:
-        return f"{scheme_for(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
+        return f"{self._scheme(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
+
+    def _opener(self, host: str) -> urllib.request.OpenerDirector:
+        """https trusting what dockerd trusts for this host: --registry-ca, else certs.d, else the system."""
+        if host not in self._openers:
+            ca = self._ca_file or daemon_ca(host, self._certs_root)
+            context = ssl.create_default_context(cafile=str(ca) if ca else None)
+            self._openers[host] = urllib.request.build_opener(
+                _NoAuthOnRedirect(), urllib.request.HTTPSHandler(context=context))
+        return self._openers[host]
+
+    def _scheme(self, host: str) -> str:
+        """https, as dockerd uses it; for a loopback registry that does not speak TLS, http
+        (dockerd's fallback for insecure registries). Asked once per host."""
+        if host in self._schemes:
+            return self._schemes[host]
+        if not is_insecure_by_default(host):
+            self._schemes[host] = "https"
+            return "https"
+        try:
+            self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._timeout).close()
+            scheme = "https"
+        except urllib.error.HTTPError:
+            scheme = "https"  # it answered over TLS (401 wants a login)
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
+            scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
+        self._schemes[host] = scheme
+        return scheme
 
     def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
                  data: bytes | None = None, push: bool = False) -> _Response | None:
@@ -307,7 +351,7 @@ class HttpRegistry:
             if auth:
                 request.add_header("Authorization", auth)
             try:
-                with self._opener.open(request, timeout=self._timeout) as response:
+                with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
                     return _Response(response.status, dict(response.headers.items()), response.read())
             except urllib.error.HTTPError as e:
                 if e.code == 404:
@@ -318,7 +362,9 @@ class HttpRegistry:
                 raise self._http_error(url, e) from e
             except (urllib.error.URLError, OSError) as e:
                 reason = getattr(e, "reason", e)
-                raise RegistryUnavailable(f"{scheme_for(r.api_host)}://{r.api_host}/v2/", str(reason)) from e
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise RegistryTlsError(url=url, host=r.api_host, detail=str(reason)) from e
+                raise RegistryUnavailable(url=f"{self._scheme(r.api_host)}://{r.api_host}/v2/", detail=str(reason)) from e
         raise AssertionError("unreachable")
 
     def _http_error(self, url: str, e: urllib.error.HTTPError) -> RegistryError:
@@ -328,10 +374,10 @@ class HttpRegistry:
         except (ValueError, AttributeError, OSError):
             detail = str(e.reason)
         if e.code in (401, 403):
-            return RegistryDenied(url, e.code, detail)
+            return RegistryDenied(url=url, status=e.code, detail=detail)
         if e.code >= 500:
-            return RegistryUnavailable(url, f"HTTP {e.code}: {detail}")
-        return RegistryProtocolError(url, f"HTTP {e.code}: {detail}")
+            return RegistryUnavailable(url=url, detail=f"HTTP {e.code}: {detail}")
+        return RegistryProtocolError(url=url, detail=f"HTTP {e.code}: {detail}")
 
     def _authenticate(self, r: Reference, scope: str, challenge: str, url: str) -> str:
         scheme, params = parse_challenge(challenge)
@@ -339,26 +385,26 @@ class HttpRegistry:
         basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode() if creds else None
         if scheme == "basic":
             if basic is None:
-                raise RegistryDenied(url, 401, "the registry wants a login and none is stored")
+                raise RegistryDenied(url=url, status=401, detail="the registry wants a login and none is stored")
             self._tokens[(r.api_host, scope)] = basic
             return basic
         if scheme != "bearer" or "realm" not in params:
-            raise RegistryDenied(url, 401, f"unsupported challenge {challenge!r}")
+            raise RegistryDenied(url=url, status=401, detail=f"unsupported challenge {challenge!r}")
         query = {"scope": params.get("scope") or scope}
         if "service" in params:
             query["service"] = params["service"]
         token_url = f"{params['realm']}?{urllib.parse.urlencode(query)}"
         request = urllib.request.Request(token_url, headers={"Authorization": basic} if basic else {})
         try:
-            with self._opener.open(request, timeout=self._timeout) as response:
+            with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
                 document = json.loads(response.read())
         except urllib.error.HTTPError as e:
             raise self._http_error(token_url, e) from e
         except (urllib.error.URLError, OSError) as e:
-            raise RegistryUnavailable(params["realm"], str(getattr(e, "reason", e))) from e
+            raise RegistryUnavailable(url=params["realm"], detail=str(getattr(e, "reason", e))) from e
         token = document.get("token") or document.get("access_token")
         if not token:
-            raise RegistryProtocolError(token_url, "the token answer holds no token")
+            raise RegistryProtocolError(url=token_url, detail="the token answer holds no token")
         bearer = f"Bearer {token}"
         self._tokens[(r.api_host, scope)] = bearer
         return bearer

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -20,9 +17,10 @@ from typing import Any
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
-from .errors import ImageBuilderError
+from .errors import BadRequest
 from .matrix import Matrix
 from .resolve import BuildSpec
+from .output import write_tree
 from .resources import smoke_tests_dir, templates_dir
 from .tags import image_ref, labels_for, primary_tag, tags_for
 
@@ -37,11 +35,10 @@ SSH_ROOTFS_TEMPLATES = {"usr/local/bin/ssh-server": "ssh-server.sh.j2",
                         "etc/ssh/sshd_config.d/imagebuilder.conf": "sshd.conf.j2"}
 CA_PATH = "/etc/imagebuilder/ca-bundle.pem"
 DEFAULT_SOURCE = "imagebuilder"
-OUTPUT_MARKERS = ("Dockerfile", "index.json")  # what makes a folder ours to replace
 
 
-class RenderError(ImageBuilderError):
-    pass
+class RenderError(BadRequest):
+    """The render request cannot be carried out (an unreadable --ca-bundle, say)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,7 @@ class RenderedImage:
     labels: Mapping[str, str] = field(repr=False)
     inputs_hash: str = ""
     base_image: str = ""  # the FROM image; for jupyter, our runtime image
+    trusts_ca_bundle: bool = False  # built with --ca-bundle
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -78,8 +76,7 @@ class RenderedImage:
         return self.base_image if self.spec.parent is not None else None
 
     def write(self, directory: Path) -> None:
-        """Write the build context into `directory`, replacing it whole: a reader never sees
-        a half-written context."""
+        """Write the build context into `directory` (empty, or written by imagebuilder)."""
         write_tree(directory, {**self.files, "Dockerfile": self.dockerfile.encode()})
 
 
@@ -327,34 +324,5 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         labels=labels_for(spec, base_image, inputs_hash, options.source),
         inputs_hash=inputs_hash,
         base_image=base_image,
+        trusts_ca_bundle=ca is not None,
     )
-
-
-def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
-    """Write files under a fresh sibling folder, then swap it into place."""
-    directory = directory.resolve()
-    if directory.exists() and any(directory.iterdir()) and not any(
-        (directory / marker).exists() for marker in OUTPUT_MARKERS
-    ):
-        raise RenderError(
-            f"{directory} exists and holds no imagebuilder output; choose a new or empty folder"
-        )
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        for name, data in files.items():
-            path = staging / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            if data.startswith(b"#!"):  # COPY keeps the mode: a script must arrive executable
-                path.chmod(0o755)
-        if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
-            os.rename(directory, old / "tree")
-            os.rename(staging, directory)
-            shutil.rmtree(old)
-        else:
-            os.rename(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

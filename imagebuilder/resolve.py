@@ -22,16 +22,15 @@ Toolchain = Literal["none", "base", "pip"]
 
 
 class UnknownVersion(BadRequest):
-    def __init__(self, what: str, requested: str, known: list[str]) -> None:
-        self.what, self.requested, self.known = what, requested, known
-        super().__init__(f"{what} {requested} is not in matrix.yaml; known: {', '.join(known)}")
+    def describe(self) -> str:
+        return f"{self.fields['what']} {self.fields['requested']} is not in matrix.yaml; known: {', '.join(self.fields['known'])}"
 
 
 class NoWheelForCuda(BadRequest):
-    def __init__(self, torch: TorchRelease, cuda: CudaRelease, strict: bool) -> None:
-        self.torch, self.cuda = torch, cuda
+    def describe(self) -> str:
+        torch, cuda = self.fields["torch"], self.fields["cuda"]
         published = ", ".join(str(v.cuda) for v in torch.variants)
-        if strict:
+        if self.fields["strict"]:
             reason = f"--strict asks for an exact match and there is no cu{cuda.key.major}{cuda.key.minor} build"
         else:
             reason = (
@@ -39,7 +38,7 @@ class NoWheelForCuda(BadRequest):
                 f"(an extension built with CUDA {cuda.major}.x nvcc would not load beside them); "
                 "pick one of those CUDA versions"
             )
-        super().__init__(f"torch {torch.version} is published for CUDA {published}; {reason}")
+        return f"torch {torch.version} is published for CUDA {published}; {reason}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,9 @@ class BuildSpec:
 
     @property
     def min_driver(self) -> str:
-        return self.cuda.min_driver
+        """The lowest driver the image runs on: its toolkit's own floor, or, when its wheels are
+        of a newer CUDA minor than the image (minor-version compatibility), the compat floor."""
+        return self.cuda.min_driver_compat if self.wheel.cuda > self.cuda.key else self.cuda.min_driver
 
     @property
     def cudnn_major(self) -> int:
@@ -90,7 +91,7 @@ def _parse_version(text: str, what: str, known: list[str]) -> Version:
     try:
         return Version(text)
     except InvalidVersion as e:
-        raise UnknownVersion(what, text, known) from e
+        raise UnknownVersion(what=what, requested=text, known=known) from e
 
 
 def find_torch(matrix: Matrix, requested: str) -> TorchRelease:
@@ -101,7 +102,7 @@ def find_torch(matrix: Matrix, requested: str) -> TorchRelease:
             return release
         if wanted == release.version:
             return release
-    raise UnknownVersion("torch", requested, known)
+    raise UnknownVersion(what="torch", requested=requested, known=known)
 
 
 def find_cuda(matrix: Matrix, requested: str) -> CudaRelease:
@@ -110,7 +111,7 @@ def find_cuda(matrix: Matrix, requested: str) -> CudaRelease:
     for cuda in matrix.cudas.values():
         if wanted == cuda.key or wanted == cuda.version:
             return cuda
-    raise UnknownVersion("CUDA", requested, known)
+    raise UnknownVersion(what="CUDA", requested=requested, known=known)
 
 
 def choose_wheel(torch: TorchRelease, cuda: CudaRelease, strict: bool = False) -> tuple[WheelVariant, str | None]:
@@ -120,7 +121,7 @@ def choose_wheel(torch: TorchRelease, cuda: CudaRelease, strict: bool = False) -
     if exact:
         return exact[0], None
     if strict or not same_major:
-        raise NoWheelForCuda(torch, cuda, strict)
+        raise NoWheelForCuda(torch=torch, cuda=cuda, strict=strict)
     older = [v for v in same_major if v.cuda < cuda.key]
     if older:
         wheel = max(older, key=lambda v: v.cuda)
@@ -195,7 +196,7 @@ def resolve(matrix: Matrix, request: Request) -> BuildSpec:
         raise BadRequest(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
     os_name = request.os or matrix.defaults.os
     if os_name not in matrix.oses:
-        raise UnknownVersion("OS", os_name, list(matrix.oses))
+        raise UnknownVersion(what="OS", requested=os_name, known=list(matrix.oses))
     os = matrix.oses[os_name]
     wheel, wheel_notice = choose_wheel(torch, cuda, request.strict)
     python, python_is_default = _choose_python(request.python, torch, os, wheel)
@@ -241,11 +242,13 @@ def enumerate_matrix(
     python: str | None = None,
     variant: str | None = None,
     os: str | None = None,
+    *,
+    base_image: str | None = None,
 ) -> Iterator[BuildSpec]:
     """Every image the matrix publishes: each torch release x each of its published CUDA
     variants (image CUDA = wheel CUDA) x OS x variant, at the default Python unless one is
     asked for. Combinations that cannot be built (no devel base for that OS) are left out.
-    Filters take the same forms as the build options."""
+    Filters take the same forms as the build options; `base_image` replaces every FROM."""
     torches = [find_torch(matrix, torch)] if torch else list(matrix.torches.values())
     wanted_cuda = find_cuda(matrix, cuda).key if cuda else None
     for release in torches:
@@ -254,7 +257,7 @@ def enumerate_matrix(
                 continue
             for os_name in [os] if os else list(matrix.oses):
                 for kind in [variant] if variant else list(VARIANTS):
-                    request = Request(str(release.version), str(wheel.cuda), python, kind, os_name)
+                    request = Request(str(release.version), str(wheel.cuda), python, kind, os_name, base_image)
                     try:
                         yield resolve(matrix, request)
                     except BadRequest:

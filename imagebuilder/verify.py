@@ -58,11 +58,9 @@ CUDA_LABEL = f"{LABEL_PREFIX}.cuda"
 class VerificationFailed(ImageBuilderError):
     """The image (or this environment) did not pass; `failures` is (name, reason) pairs."""
 
-    def __init__(self, target: str, failures: Sequence[tuple[str, str]]) -> None:
-        self.target = target
-        self.failures = tuple(failures)
-        what = "; ".join(f"{name}: {reason}" for name, reason in self.failures)
-        super().__init__(f"{target} failed verification: {what}")
+    def describe(self) -> str:
+        what = "; ".join(f"{name}: {reason}" for name, reason in self.fields["failures"])
+        return f"{self.fields['target']} failed verification: {what}"
 
 
 # --------------------------------------------------------------------------- preflight
@@ -415,7 +413,7 @@ class VerifyReport:
 
     def raise_if_failed(self) -> None:
         if not self.ok:
-            raise VerificationFailed(self.target, self.failures)
+            raise VerificationFailed(target=self.target, failures=tuple(self.failures))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -64,7 +64,6 @@ def image_repo(docker_engine: DockerEngine, request: pytest.FixtureRequest) -> I
     Tags pushed to a local registry (127.0.0.1:PORT/<repo>) are caught too: cleanup
     removes every local tag that contains the unique repository name.
     """
-    import docker
 
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
     repo = f"{TEST_REPOSITORY_PREFIX}/{slug}-{uuid.uuid4().hex[:8]}"
@@ -137,7 +136,8 @@ def imagebuilder(*args: str, timeout: float = 3600) -> subprocess.CompletedProce
 def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> dict:
     import json
 
-    done = imagebuilder("build", "--torch", E2E_TORCH, "--cuda", E2E_CUDA, "--os", E2E_OS,
+    # No --os: it is read from the base image (Debian 12 here), as a user's build does.
+    done = imagebuilder("build", "--torch", E2E_TORCH, "--cuda", E2E_CUDA,
                         "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
                         "--report", str(report), *extra)
     assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"

@@ -115,6 +115,86 @@ def test_ctrl_c_exits_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module, "resolve_and_render", interrupted)
+    monkeypatch.setattr(cli_module.pipeline, "render_request", interrupted)
     code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
     assert code == 130 and "interrupted" in err
+
+
+# --- nothing lost, nothing mislabelled (issue: "Nothing lost") -------------------------------
+
+
+def test_render_into_a_service_repository_refuses_and_loses_nothing(tmp_path, monkeypatch):
+    """The exact reproduction: `render ... -o .` in a git repository that has a Dockerfile."""
+    import subprocess
+
+    repo = tmp_path / "service"
+    (repo / "src").mkdir(parents=True)
+    (repo / "Dockerfile").write_text("FROM python:3.12\nCOPY src /app\n")
+    (repo / "src" / "app.py").write_text("print('hello')\n")
+    (repo / "README.md").write_text("# service\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*"))
+    monkeypatch.chdir(repo)
+    code, out, err = run("render", "--torch", "2.6", "--cuda", "12.4", "-o", ".")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "was not written by imagebuilder" in lines[0] and "nothing was written" in lines[0]
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == before
+    assert (repo / "Dockerfile").read_text() == "FROM python:3.12\nCOPY src /app\n"
+
+
+def test_render_all_honours_base_image_and_says_what_os_it_assumed(tmp_path):
+    code, _, err = run("render", "--all", "--torch", "2.6", "--variant", "runtime", "--base-image",
+                       "mirror.local/base:1", "-o", str(tmp_path / "all"))
+    assert code == 0
+    assert err.count("note: --base-image mirror.local/base:1 is assumed to run ubuntu22.04") == 1
+    index = json.loads((tmp_path / "all" / "index.json").read_text())
+    for entry in index["images"]:
+        assert "ARG BASE_IMAGE=mirror.local/base:1\n" in (tmp_path / "all" / entry["dir"] / "Dockerfile").read_text()
+
+
+def test_matrix_and_publish_take_a_torch_cuda_request_as_build_does():
+    code, out, _ = run("matrix", "--torch", "2.6", "--cuda", "12.1", "--variant", "runtime", "--format", "json")
+    rows = json.loads(out)
+    assert code == 0 and len(rows) >= 1
+    assert {(r["torch"], r["cuda"], r["wheel"]) for r in rows} == {("2.6.0", "12.1", "cu124")}
+    build_request = run("render", "--torch", "2.6", "--cuda", "12.1", "--dry-run")[1]
+    tag = next(r["tag"] for r in rows if r["os"] == "ubuntu22.04")
+    assert f"# Tags: {tag}," in build_request
+
+
+def test_publish_dry_run_plans_the_image_build_makes(registry):
+    code, out, err = run("publish", "--torch", "2.6", "--cuda", "12.1", "--variant", "runtime", "--os",
+                         "ubuntu22.04", "--registry", f"{registry}/ns", "--dry-run")
+    assert code == 0, err
+    assert "2.6.0-cuda12.1-cudnn9-runtime" in out
+
+
+def test_a_missing_matrix_file_is_a_bad_request(tmp_path):
+    result = CliRunner().invoke(cli, ["--matrix", str(tmp_path / "nope.yaml"), "matrix"])
+    assert result.exit_code == 2 and "--matrix" in result.stderr and "nope.yaml" in result.stderr
+
+
+def test_matrix_errors_name_the_matrix_the_user_gave(tmp_path):
+    bad = tmp_path / "site.yaml"
+    bad.write_text(Path(SMALL).read_text().replace("schema: 1", "schema: 1\nbogus: 1", 1))
+    result = CliRunner().invoke(cli, ["--matrix", str(bad), "matrix"])
+    assert result.exit_code == 1
+    assert f"imagebuilder --matrix {bad} matrix check" in result.stderr
+
+
+@pytest.mark.docker
+def test_build_reads_the_os_of_the_base_image_and_refuses_another_os(base_image):
+    code, _, err = run("build", "--torch", "2.6", "--cuda", "12.1", "--base-image", base_image,
+                       "--os", "ubuntu22.04")
+    assert code == 2
+    assert f"--os ubuntu22.04 but --base-image {base_image} runs debian12 (Debian GNU/Linux 12 (bookworm))" in err
+
+
+@pytest.mark.docker
+def test_the_engine_reads_os_release_without_running_the_image(docker_engine, base_image):
+    from imagebuilder.pipeline import os_of_release, parse_os_release
+
+    text = docker_engine.os_release(base_image)  # /etc/os-release is a symlink on Debian
+    assert os_of_release(__import__("imagebuilder.matrix", fromlist=["x"]).load_matrix(Path(SMALL)),
+                         parse_os_release(text)) == "debian12"

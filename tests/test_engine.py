@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,6 @@ from imagebuilder.engine import (
     BuildTimedOut,
     DaemonUnavailable,
     DockerEngine,
-    Engine,
     ImageMissing,
     Progress,
     PushFailed,
@@ -93,9 +93,44 @@ def test_classify_failure(error: str, tail: list[str], cause: str | None) -> Non
     assert classify_failure(error, tail) == cause
 
 
-def test_docker_engine_satisfies_the_engine_protocol() -> None:
-    engine: Engine = DockerEngine("unix:///nonexistent/docker.sock")
-    assert engine is not None
+CLASSIC_STREAM = [
+    "Step 1/6 : ARG BASE_IMAGE=base:1\n", "Step 2/6 : FROM ${BASE_IMAGE} AS wheels\n", " ---> aaaaaaaaaaaa\n",
+    "Step 3/6 : RUN pip ", "install x\n", " ---> Running in cccccccccccc\n", "Collecting x\nDone\n",
+    "Removing intermediate container cccccccccccc\n", " ---> bbbbbbbbbbbb\n",
+    "Step 4/6 : FROM ${BASE_IMAGE}\n", " ---> aaaaaaaaaaaa\n",
+    "Step 5/6 : COPY --from=wheels /opt/venv /opt/venv\n", " ---> Using cache\n", " ---> dddddddddddd\n",
+    "Step 6/6 : LABEL a=b\n", " ---> Running in eeeeeeeeeeee\n", " ---> ffffffffffff\n",
+    "Successfully built ffffffffffff\n",
+]
+
+
+def test_classic_stream_parser_on_canned_output() -> None:
+    from imagebuilder.classic_stream import BuildState as _BuildState
+
+    events: list[Progress] = []
+    state = _BuildState(time.monotonic(), events.append)
+    for chunk in CLASSIC_STREAM:
+        state.feed(chunk)
+    state.flush()
+    assert [(e.step, e.total, e.cached, e.line) for e in events] == [
+        (1, 6, False, None), (2, 6, False, None), (3, 6, False, None), (3, 6, False, "Collecting x"),
+        (3, 6, False, "Done"), (4, 6, False, None), (5, 6, False, None), (5, 6, True, None), (6, 6, False, None)]
+    assert events[2].instruction == "RUN pip install x"  # a step line split across chunks
+    assert state.image_id == "ffffffffffff" and state.cached_steps == 1 and state.from_steps == 2
+    assert state.containers == {"cccccccccccc", "eeeeeeeeeeee"}
+    # The first stage's last image is what a multi-stage build leaves behind; the base
+    # image's id after a FROM is not a stage image.
+    assert state.stage_images == ["bbbbbbbbbbbb"]
+
+
+def test_network_hint_names_the_host_and_skips_ca_advice_when_a_ca_was_given() -> None:
+    from imagebuilder.engine_errors import network_hint
+
+    tail = ["error: Request failed after 3 retries", "  Caused by: error sending request for url "
+            "(http://127.0.0.1:9/simple/torch/)", "  Caused by: tcp connect error: Connection refused"]
+    with_ca = network_hint(tail, ca_bundle_given=True)
+    assert "127.0.0.1:9" in with_ca and "--index-url" in with_ca and "--ca-bundle" not in with_ca
+    assert "--ca-bundle" in network_hint(tail, ca_bundle_given=False)
 
 
 def test_importing_the_engine_does_not_import_docker() -> None:
@@ -194,6 +229,9 @@ def test_failing_run_step_reports_step_and_last_lines_and_leaves_no_tag(
     assert "\n" not in str(failed)
     assert "line-40" in failed.report()
     assert not any(docker_engine.image_exists(tag) for tag in tags)
+    # The image step 2 made is not left behind untagged (the log names it: " ---> <id>").
+    made = re.findall(r"^ ---> ([0-9a-f]{12})$", log.read_text().split("Step 2/4", 1)[1], re.M)
+    assert made and not any(docker_engine.image_exists(image_id) for image_id in made)
 
 
 @docker
@@ -232,6 +270,56 @@ def test_missing_base_image_names_it_and_suggests_base_image_flag(
         docker_engine.build(BuildRequest(ctx, (f"{image_repo}:1",), {}))
     assert e.value.image == missing
     assert missing in str(e.value) and "--base-image" in str(e.value)
+
+
+@docker
+def test_missing_base_image_given_as_a_build_arg_default_is_named(
+    docker_engine: DockerEngine, image_repo: str, context: Callable[[str], Path],
+) -> None:
+    missing = f"{image_repo}-no-such-base:0"
+    ctx = context(f"""
+        ARG BASE_IMAGE={missing}
+        FROM ${{BASE_IMAGE}}
+        RUN echo unreachable
+    """)
+    with pytest.raises(BaseImageMissing) as e:
+        docker_engine.build(BuildRequest(ctx, (f"{image_repo}:1",), {}))
+    assert e.value.image == missing and "${BASE_IMAGE}" not in str(e.value)
+
+
+def _image_gone(engine: DockerEngine, image_id: str) -> bool:
+    return not engine.image_exists(image_id)
+
+
+@docker
+def test_a_build_removes_its_earlier_stages_and_the_image_a_rebuild_untagged(
+    docker_engine: DockerEngine, base_image: str, image_repo: str, context: Callable[[str], Path], marker: str,
+) -> None:
+    dockerfile = f"""
+        FROM {base_image} AS first
+        RUN echo {marker}-stage > /stage.txt
+        FROM {base_image}
+        COPY --from=first /stage.txt /stage.txt
+        RUN echo {{}} > /version.txt
+    """
+    tag = f"{image_repo}:1"
+    first = docker_engine.build(BuildRequest(context(dockerfile.format("one")), (tag,), {}))
+    assert len(first.removed) == 1  # the first stage's image: untagged, nobody asked for it
+    assert _image_gone(docker_engine, first.removed[0])
+    second = docker_engine.build(BuildRequest(context(dockerfile.format("two")), (tag,), {}))
+    assert second.image_id != first.image_id
+    assert first.image_id in second.removed and _image_gone(docker_engine, first.image_id)
+    assert docker_engine.image_exists(tag) and docker_engine.image_exists(base_image)
+
+
+@docker
+def test_a_rebuild_keeps_the_previous_image_while_another_tag_names_it(
+    docker_engine: DockerEngine, base_image: str, image_repo: str, context: Callable[[str], Path], marker: str,
+) -> None:
+    keep, moving = f"{image_repo}:kept", f"{image_repo}:moving"
+    first = docker_engine.build(BuildRequest(context(f"FROM {base_image}\nRUN echo {marker}-a\n"), (keep, moving), {}))
+    second = docker_engine.build(BuildRequest(context(f"FROM {base_image}\nRUN echo {marker}-b\n"), (moving,), {}))
+    assert first.image_id not in second.removed and docker_engine.image_exists(keep)
 
 
 @docker

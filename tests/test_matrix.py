@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from imagebuilder.matrix import MatrixError, driver_key, load_matrix, parse_matrix
+from imagebuilder.matrix import MatrixError, MatrixMissing, driver_key, load_matrix, parse_matrix
 from imagebuilder.resources import default_matrix_path
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
@@ -84,9 +84,10 @@ def test_every_problem_is_reported_at_once_with_lines():
     assert "has 3 problems" in str(e.value)
 
 
-def test_unreadable_file_is_a_matrix_error(tmp_path):
-    with pytest.raises(MatrixError, match="cannot read"):
+def test_a_missing_matrix_file_is_a_bad_request(tmp_path):
+    with pytest.raises(MatrixMissing, match="No such file") as e:
         load_matrix(tmp_path / "missing.yaml")
+    assert e.value.exit_code == 2
 
 
 @pytest.mark.parametrize("a,b", [("530.30.02", "525.60.13"), ("550.54.15", "550.54.14"), ("1000.1", "999.99.99")])

@@ -173,11 +173,52 @@ def _auth(user: str, password: str) -> dict[str, str]:
     ({"auths": {"ghcr.io": _auth("bot", "s3:cret")}}, "ghcr.io", ("bot", "s3:cret")),
     ({"auths": {"https://reg.example:5000": _auth("a", "b")}}, "reg.example:5000", ("a", "b")),
     ({"auths": {"https://index.docker.io/v1/": _auth("hub", "pw")}}, "docker.io", ("hub", "pw")),
-    ({"auths": {"ghcr.io": {}}, "credsStore": "desktop"}, "ghcr.io", None),
     ({}, "ghcr.io", None),
 ])
 def test_credentials_for(config: dict[str, Any], host: str, expected: tuple[str, str] | None) -> None:
     assert credentials_for(config, host) == expected
+
+
+def test_credentials_come_from_the_credential_helper_docker_would_run(tmp_path: Path, monkeypatch: Any) -> None:
+    """A real credential helper (the docker-credential-* protocol: `get`, server on stdin)."""
+    helper = tmp_path / "docker-credential-ibtest"
+    helper.write_text('#!/bin/sh\n[ "$1" = get ] || exit 1\nread server\n'
+                      'printf \'{"ServerURL":"%s","Username":"robot","Secret":"from-helper"}\' "$server"\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert credentials_for({"credsStore": "ibtest"}, "reg.example:5000") == ("robot", "from-helper")
+    assert credentials_for({"credHelpers": {"ghcr.io": "ibtest"}}, "ghcr.io") == ("robot", "from-helper")
+    with pytest.raises(ImageBuilderError, match="credential helper"):
+        credentials_for({"credsStore": "not-installed-anywhere"}, "ghcr.io")
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "registry.crt", tmp_path / "registry.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.registry
+def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path, free_port: int) -> None:
+    if not REGISTRY_BIN.exists():
+        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+    cert, key = _self_signed(tmp_path)
+    reg = LocalRegistry(tmp_path / "registry", free_port, tls=(cert, key))
+    reg.start()
+    try:
+        ref = f"{reg.address}/ml/pytorch:2.6-runtime"
+        with pytest.raises(ImageBuilderError, match="does not trust") as e:
+            HttpRegistry(config={}).digest(ref)
+        assert "--registry-ca" in str(e.value) and f"/etc/docker/certs.d/{reg.address}/ca.crt" in str(e.value)
+        assert HttpRegistry(config={}, ca_file=cert).digest(ref) is None  # it answered over https: no such tag
+        certs = tmp_path / "certs.d" / reg.address
+        certs.mkdir(parents=True)
+        (certs / "ca.crt").write_bytes(cert.read_bytes())
+        assert HttpRegistry(config={}, certs_root=tmp_path / "certs.d").digest(ref) is None
+    finally:
+        reg.stop()
 
 
 def test_parse_challenge_and_pick_manifest() -> None:
@@ -196,16 +237,19 @@ class LocalRegistry:
     """Debian's docker-registry on 127.0.0.1:PORT that can be stopped and started again with its
     storage kept (.ci/registry.sh stop throws the storage away)."""
 
-    def __init__(self, root: Path, port: int, htpasswd: Path | None = None) -> None:
+    def __init__(self, root: Path, port: int, htpasswd: Path | None = None,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.root = root
         self.port = port
         self.address = f"127.0.0.1:{port}"
+        self.scheme = "https" if tls else "http"
         self.process: subprocess.Popen[bytes] | None = None
         (root / "data").mkdir(parents=True, exist_ok=True)
         auth = f"auth:\n  htpasswd: {{realm: imagebuilder-test, path: '{htpasswd}'}}\n" if htpasswd else ""
+        tls_config = f", tls: {{certificate: '{tls[0]}', key: '{tls[1]}'}}" if tls else ""
         (root / "config.yml").write_text(
             f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {root / 'data'}}}\n"
-            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'}}\n{auth}")
+            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'{tls_config}}}\n{auth}")
 
     def start(self) -> None:
         log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
@@ -217,7 +261,7 @@ class LocalRegistry:
                 urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
                 return
             except urllib.error.HTTPError:
-                return  # it answers (401 when it wants a login)
+                return  # it answers (401 when it wants a login; 400 when it speaks only TLS)
             except OSError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
                     self.stop()

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from imagebuilder.matrix import VARIANTS, load_matrix
-from imagebuilder.render import RenderError, RenderOptions, render, write_tree
+from imagebuilder.output import ForeignFolder, write_tree
+from imagebuilder.render import RenderError, RenderOptions, render
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
 
@@ -51,7 +52,11 @@ def test_rendering_is_deterministic_and_the_hash_follows_the_inputs():
     manifest = json.loads(a.files["imagebuilder/manifest.json"])
     assert manifest["inputs_hash"] == a.inputs_hash
     assert (manifest["torch"], manifest["torch_cuda"], manifest["cudnn"], manifest["nccl"]) == ("2.6.0", "12.4", "9.1.0.70", "2.21.5")
-    assert manifest["image_cuda"] == "12.1" and manifest["min_driver"] == "530.30.02"
+    # cu124 wheels on a CUDA 12.1 image run through minor-version compatibility: that floor,
+    # the one the resolver's notice names, is the image's floor (label and manifest alike).
+    assert manifest["image_cuda"] == "12.1" and manifest["min_driver"] == "525.60.13"
+    assert a.labels["io.imagebuilder.min-driver"] == "525.60.13"
+    assert "525.60.13" in " ".join(spec.notices)
 
 
 def test_what_a_runtime_image_needs_is_in_it():
@@ -85,22 +90,31 @@ def test_pytorch_index_for_non_pypi_builds_and_default_index_for_the_pypi_one():
     assert "--index-url" not in render(resolve(M, Request("2.6", "12.4")), M).dockerfile
 
 
-def test_write_tree_replaces_its_own_output_and_refuses_foreign_folders(tmp_path):
+def test_write_tree_replaces_only_its_own_files(tmp_path):
     image = render(resolve(M, Request("2.6", "12.4")), M)
     out = tmp_path / "ctx"
     image.write(out)
-    (out / "stale.txt").write_text("old")
+    (out / "notes.txt").write_text("the user's own file beside ours")
+    write_tree(out, {"Dockerfile": b"FROM scratch\n", "sub/new.txt": b"x"})
+    assert (out / "Dockerfile").read_text() == "FROM scratch\n"
+    assert (out / "notes.txt").read_text() == "the user's own file beside ours"
+    assert not (out / "imagebuilder").exists()  # ours from the first write, no longer rendered
     image.write(out)
     assert (out / "Dockerfile").read_text() == image.dockerfile
-    assert not (out / "stale.txt").exists()
+    assert not (out / "sub").exists()
     assert (out / "imagebuilder" / "smoke_tests" / "__main__.py").exists()
-    foreign = tmp_path / "home"
-    foreign.mkdir()
-    (foreign / "thesis.tex").write_text("precious")
-    with pytest.raises(RenderError, match="holds no imagebuilder output"):
-        write_tree(foreign, {"Dockerfile": b"FROM x\n"})
-    assert (foreign / "thesis.tex").read_text() == "precious"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx", "home"]  # no staging folders left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctx"]  # no temporary files left
+
+
+def test_write_tree_refuses_foreign_folders_and_writes_nothing(tmp_path):
+    project = tmp_path / "service"
+    project.mkdir()
+    (project / "Dockerfile").write_text("FROM python:3.12\n")  # a folder with a Dockerfile is not ours
+    with pytest.raises(ForeignFolder, match="not empty and was not written by imagebuilder") as e:
+        write_tree(project, {"Dockerfile": b"FROM x\n"})
+    assert e.value.exit_code == 2
+    assert [p.name for p in project.iterdir()] == ["Dockerfile"]
+    assert (project / "Dockerfile").read_text() == "FROM python:3.12\n"
 
 
 def test_every_dockerfile_of_the_real_matrix_passes_hadolint(tmp_path):

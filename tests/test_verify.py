@@ -228,7 +228,7 @@ class FakeEngine:
         from imagebuilder.engine import PullFailed
 
         self.pulled.append(ref)
-        raise PullFailed(ref, "manifest unknown")
+        raise PullFailed(ref=ref, detail="manifest unknown")
 
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
@@ -288,7 +288,7 @@ def test_verify_image_names_an_image_it_cannot_pull(gpu_host: None) -> None:
 
 
 def test_verify_image_rejected_device_request_is_a_runtime_problem(gpu_host: None) -> None:
-    engine = FakeEngine(run_error=GpuUnavailable("img:1", 'could not select device driver "" with '
+    engine = FakeEngine(run_error=GpuUnavailable(image="img:1", detail='could not select device driver "" with '
                                                           "capabilities: [[gpu]]"))
     report = verify_image(engine, "img:1")  # type: ignore[arg-type]
     assert [name for name, _ in report.failures] == ["runtime"]

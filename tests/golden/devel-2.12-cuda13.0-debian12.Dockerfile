@@ -13,6 +13,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 # password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -67,7 +68,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="7ad5edddacb1d1c1d2f2bf9c21f12cfde62b027fc40f182ec94934ddac03e56d"
+    io.imagebuilder.inputs-hash="1100574adedd62718f783bff390c14623621fae6bac49a37780e0964c0b842a3"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -13,6 +13,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 # password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -63,7 +64,7 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="db489a1621571fcdc7317b4322e4df8ddb614b83f544105f088ec025a4e71fe3"
+    io.imagebuilder.inputs-hash="6b8cb1ab74d88d9ee0516c05408907cf583f84b192867c2c35f85d7469db43ae"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -12,6 +12,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv tini \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -56,8 +57,8 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="530.30.02" \
-    io.imagebuilder.inputs-hash="ccdd711438d46a42b7370889cf2c1ade6a6812e050ca10e972dade592cc787e6"
+    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.inputs-hash="1dd0a082df67e3c8186d737d7efc3df5c40063e6df1498e3a0fad2f80e1bfc08"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -12,6 +12,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv tini \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
@@ -58,7 +59,7 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="a0312b79e2b6409c3a75a330a8dbab2f7003ccd2f7196ac1c9f8926507682ebc"
+    io.imagebuilder.inputs-hash="f68028e36871273a720f37c0691f16ea690f93b8cbaa2d56f5f89e3ff2a0b1da"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

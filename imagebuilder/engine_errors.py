@@ -1,0 +1,168 @@
+"""What can go wrong with a container engine, and what to do about each; shared by builders.
+
+The classic builder (engine.py) and BuildKit report the same errors, and the same causes
+recognised in a failed step's output."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import ImageBuilderError
+
+
+class EngineError(ImageBuilderError):
+    """A container-engine operation failed."""
+
+
+class DaemonUnavailable(EngineError):
+    base_url: str
+    reason: str
+    template = ("could not reach the Docker daemon at {base_url}: {reason}; start it with "
+                "`sudo systemctl start docker` or `dockerd &`, or point DOCKER_HOST at a running one")
+
+
+class BaseImageMissing(EngineError):
+    image: str
+    detail: str
+    template = ("base image {image} is not available locally and could not be pulled ({detail}); "
+                "build or pull it first, or pass --base-image with one that exists")
+
+
+class BuildFailed(EngineError):
+    """A build step failed. `cause` is "disk-full", "network" or None (the step itself).
+
+    Fields: step, total, instruction, error, tail (the step's last lines), log_path, cause,
+    hint (what to do about a network cause, from the build's own options)."""
+
+    step: int | None
+    total: int | None
+    instruction: str | None
+    error: str
+    tail: tuple[str, ...]
+    log_path: Path | None
+    cause: str | None
+    step_exit_code: int | None
+
+    def __init__(self, *, step: int | None, total: int | None, instruction: str | None, error: str,
+                 tail: tuple[str, ...], log_path: Path | None, cause: str | None = None,
+                 hint: str | None = None) -> None:
+        exit_code = re.search(r"returned a non-zero code: (\d+)|exit code: (\d+)", error)
+        step_exit_code = int(exit_code[1] or exit_code[2]) if exit_code else None
+        super().__init__(step=step, total=total, instruction=instruction, error=error, tail=tail,
+                         log_path=log_path, cause=cause, hint=hint, step_exit_code=step_exit_code)
+
+    def describe(self) -> str:
+        f = self.fields
+        where = f"step {f['step']}/{f['total']} `{f['instruction']}`" if f["step"] is not None else "the build"
+        what = f"exit code {f['step_exit_code']}" if f["step_exit_code"] is not None else f["error"]
+        log = f"full log: {f['log_path']}" if f["log_path"] else "rerun with a log file for the full output"
+        hint = f["hint"] or (CAUSE_HINTS[f["cause"]] if f["cause"] else "")
+        return f"{where} failed: {what}; {hint}{log}"
+
+    def details(self) -> list[str]:
+        """The failing step's last output lines."""
+        tail: tuple[str, ...] = self.fields["tail"]
+        if not tail:
+            return []
+        return [f"last {len(tail)} lines of the failing step:", *(f"  | {line}" for line in tail)]
+
+    def with_hint(self, hint: str) -> BuildFailed:
+        f = self.fields
+        return BuildFailed(step=f["step"], total=f["total"], instruction=f["instruction"], error=f["error"],
+                           tail=f["tail"], log_path=f["log_path"], cause=f["cause"], hint=hint)
+
+    def report(self) -> str:
+        """The message plus the failing step's last output lines, for a terminal."""
+        return "\n".join([str(self), *self.details()])
+
+
+class BuildTimedOut(EngineError):
+    def describe(self) -> str:
+        f = self.fields
+        where = f" in step {f['step']} `{f['instruction']}`" if f["step"] is not None else ""
+        return (f"the build was stopped after {f['seconds']:.0f}s{where}; its containers were removed; "
+                f"raise the build timeout or make the step faster (log: {f['log_path'] or 'none'})")
+
+
+class TagFailed(EngineError):
+    image_id: str
+    tag: str
+    detail: str
+    template = ("built {image_id} but could not tag it {tag} ({detail}); no tag was left applied; "
+                "check the tag's spelling (lowercase repository, tag of [A-Za-z0-9_.-])")
+
+
+class ImageMissing(EngineError):
+    ref: str
+    template = "image {ref} does not exist locally; build or pull it first"
+
+
+class GpuUnavailable(EngineError):
+    image: str
+    detail: str
+    template = ("could not start {image} with GPUs ({detail}); install the NVIDIA Container "
+                "Toolkit and restart dockerd, or run without GPUs")
+
+
+class ContainerFailed(EngineError):
+    image: str
+    detail: str
+    template = "could not run a container from {image}: {detail}"
+
+
+class PushFailed(EngineError):
+    ref: str
+    attempts: int
+    detail: str
+    template = ("pushing {ref} failed after {attempts} attempt(s): {detail}; check that the "
+                "registry answers and that you are logged in (`docker login <registry>`)")
+
+
+class PullFailed(EngineError):
+    ref: str
+    detail: str
+    template = "pulling {ref} failed: {detail}; check the reference and that the registry answers"
+
+
+# The recognisable failures inside a build step, and what to do about each.
+_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("disk-full", re.compile(r"no space left on device", re.I)),
+    ("network", re.compile(
+        r"CERTIFICATE_VERIFY_FAILED|invalid peer certificate|Could not fetch URL|"
+        r"Name or service not known|Temporary failure in name resolution|Connection reset|"
+        r"Connection refused|Network is unreachable|ConnectTimeoutError|ReadTimeoutError|"
+        r"Max retries exceeded|Failed to fetch http|dns error|error sending request for url",
+        re.I,
+    )),
+)
+CAUSE_HINTS: dict[str, str] = {
+    "disk-full": "the Docker host ran out of disk space: free some with `docker system prune` "
+    "or move Docker's data-root to a larger disk; ",
+    "network": "pip inside the build could not reach the index: check the network and "
+    "proxy of the Docker host; pass --ca-bundle $SSL_CERT_FILE behind a TLS-intercepting "
+    "proxy; ",
+}
+_HOST = re.compile(r"\b(?:https?://|host=')([A-Za-z0-9.-]+(?::\d+)?)")
+
+
+def network_hint(tail: Sequence[str], *, ca_bundle_given: bool) -> str:
+    """What to do about a network failure, naming the host the step could not reach; no
+    --ca-bundle advice to a build that already has one."""
+    hosts = [m[1] for line in tail for m in _HOST.finditer(line)]
+    where = hosts[-1] if hosts else "the package index"
+    hint = (f"the build could not reach {where}: check that the Docker host reaches it (network, proxy), "
+            "or point --index-url at an index it can reach; ")
+    if not ca_bundle_given:
+        hint += "behind a TLS-intercepting proxy pass --ca-bundle $SSL_CERT_FILE; "
+    return hint
+
+
+def classify_failure(error: str, tail: Sequence[str]) -> str | None:
+    """The cause of a failed step, from its error and last output lines (None: the step)."""
+    text = "\n".join([error, *tail])
+    for cause, pattern in _CAUSES:
+        if pattern.search(text):
+            return cause
+    return None

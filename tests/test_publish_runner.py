@@ -1,0 +1,175 @@
+"""publish's runner over canned engine and registry answers: fast, no Docker, every branch.
+
+The real-engine, real-registry runs are in test_publish.py; these pin down what the runner
+decides when a build, a verification, a push or a confirmation goes wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imagebuilder import publish
+from imagebuilder.engine import BuildRequest, BuildResult, Progress, PushFailed
+from imagebuilder.engine_errors import BuildFailed
+from imagebuilder.matrix import load_matrix
+from imagebuilder.pipeline import Selection, render_selected, with_parents
+from imagebuilder.render import RenderedImage, RenderOptions
+from imagebuilder.verify import PreflightItem, VerifyReport
+from smoke_tests.result import FAIL, PASS, Result
+
+SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
+M = load_matrix(SMALL)
+OPTIONS = publish.RunOptions(matrix_path=SMALL, push_retries=1, push_backoff=0)
+
+
+def images(variant: str | None = "runtime") -> list[RenderedImage]:
+    opts = RenderOptions(repository="127.0.0.1:5999/ml/pytorch")
+    selection = Selection(torch="2.6", cuda="12.4", os="ubuntu22.04", variant=variant)
+    return with_parents(render_selected(M, selection, opts), M, opts)
+
+
+@dataclass
+class CannedEngine:
+    """Answers as dockerd would, from canned values; records what was asked of it."""
+
+    fail_build: set[str] = field(default_factory=set)
+    fail_push: set[str] = field(default_factory=set)
+    digests: dict[str, str] = field(default_factory=dict)
+    built: list[str] = field(default_factory=list)
+    pushed: list[str] = field(default_factory=list)
+    pulled: list[str] = field(default_factory=list)
+
+    def image_exists(self, ref: str) -> bool:
+        return False
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        return {}
+
+    def build(self, req: BuildRequest, on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
+        ref = req.tags[0]
+        if ref in self.fail_build:
+            raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
+                              tail=("boom",), log_path=None)
+        self.built.append(ref)
+        return BuildResult(f"sha256:{len(self.built)}", req.tags, 1, 1.0, 9, 0, 9, None)
+
+    def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
+        if ref in self.fail_push:
+            raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
+        self.pushed.append(ref)
+        return self.digests.setdefault(ref, f"sha256:{abs(hash(ref)) % 10**12:012d}")
+
+    def pull(self, ref: str) -> None:
+        self.pulled.append(ref)
+
+
+@dataclass
+class CannedRegistry:
+    answers: dict[str, str | None] = field(default_factory=dict)  # what the registry says a ref names
+    engine: CannedEngine | None = None
+    put: list[tuple[str, str]] = field(default_factory=list)
+
+    def digest(self, ref: str) -> str | None:
+        if ref in self.answers:
+            return self.answers[ref]
+        return self.engine.digests.get(ref) if self.engine else None
+
+    def labels(self, ref: str) -> dict[str, str] | None:
+        return None
+
+    def put_tag(self, ref: str, digest: str) -> str:
+        self.put.append((ref, digest))
+        return self.answers.get(ref, digest) or ""
+
+
+def verdict(ok: bool) -> Callable[[Any, str, publish.RunOptions], VerifyReport]:
+    def verifier(engine: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
+        check = Result("compile", PASS) if ok else Result("compile", FAIL, "no C++ compiler on PATH")
+        return VerifyReport(ref, "docker", (PreflightItem("daemon", PASS, "answers"),), (check,))
+
+    return verifier
+
+
+def run(steps: Sequence[publish.Step], engine: CannedEngine, registry: CannedRegistry, ok: bool = True,
+        **options: Any) -> list[publish.Outcome]:
+    from dataclasses import replace
+
+    return list(publish.publish(steps, engine=engine, registry=registry,  # type: ignore[arg-type]
+                                options=replace(OPTIONS, **options), verifier=verdict(ok)))
+
+
+def test_every_tag_is_pushed_and_confirmed():
+    engine = CannedEngine()
+    registry = CannedRegistry(engine=engine)
+    (image,) = images()
+    (outcome,) = run(publish.plan([image], {}), engine, registry)
+    assert outcome.status == publish.PUSHED
+    assert set(outcome.pushed) == set(image.refs) == set(engine.pushed)
+
+
+def test_a_failed_verification_pushes_nothing():
+    engine = CannedEngine()
+    (outcome,) = run(publish.plan(images(), {}), engine, CannedRegistry(engine=engine), ok=False)
+    assert outcome.status == publish.FAILED and "no C++ compiler" in outcome.reason
+    assert engine.pushed == [] and outcome.pushed == {}
+
+
+def test_a_push_the_registry_does_not_confirm_is_not_reported_pushed():
+    engine = CannedEngine()
+    (image,) = images()
+    registry = CannedRegistry(answers={image.refs[1]: "sha256:someone-else"}, engine=engine)
+    (outcome,) = run(publish.plan([image], {}), engine, registry)
+    assert outcome.status == publish.FAILED and "registry answers sha256:someone-else" in outcome.reason
+    assert list(outcome.pushed) == [image.refs[0]]  # only what the registry confirmed
+
+
+def test_a_failed_push_mid_way_keeps_the_confirmed_ones_and_fails():
+    (image,) = images()
+    engine = CannedEngine(fail_push={image.refs[2]})
+    (outcome,) = run(publish.plan([image], {}), engine, CannedRegistry(engine=engine))
+    assert outcome.status == publish.FAILED and "push failed" in outcome.reason
+    assert list(outcome.pushed) == list(image.refs[:2])
+
+
+def test_without_keep_going_the_first_failure_stops_the_run_and_its_jupyter_fails():
+    plan = publish.plan(images(variant=None), {})
+    assert [s.image.spec.variant for s in plan][-1] == "jupyter"
+    runtime = next(s.image.ref for s in plan if s.image.spec.variant == "runtime")
+    engine = CannedEngine(fail_build={runtime})
+    outcomes = run(plan, engine, CannedRegistry(engine=engine), keep_going=True)
+    by_variant = {o.step.image.spec.variant: o for o in outcomes}
+    assert by_variant["runtime"].status == publish.FAILED and "step 3/9" in by_variant["runtime"].reason
+    assert by_variant["jupyter"].status == publish.FAILED and runtime in by_variant["jupyter"].reason
+    assert by_variant["devel"].status == publish.PUSHED  # --keep-going: the others ran
+    stopped = run(plan, CannedEngine(fail_build={runtime}), CannedRegistry())
+    assert [o.status for o in stopped][0] == publish.FAILED
+    assert {o.status for o in stopped[1:]} == {publish.NOT_RUN}
+
+
+def test_a_jupyter_image_is_built_from_the_published_runtime_when_that_was_not_rebuilt():
+    runtime, jupyter = images(variant="jupyter")
+    published = {runtime.ref: publish.Remote({ref: "sha256:r" for ref in runtime.refs}, runtime.inputs_hash)}
+    plan = publish.plan([runtime, jupyter], published)
+    assert [s.action for s in plan] == [publish.SKIP, publish.BUILD]
+    engine = CannedEngine()
+    outcomes = run(plan, engine, CannedRegistry(engine=engine))
+    assert engine.pulled == [runtime.ref] and outcomes[-1].status == publish.PUSHED
+
+
+def test_a_retag_the_registry_does_not_confirm_fails():
+    (image,) = images()
+    remote = publish.Remote({image.ref: "sha256:r", **{ref: None for ref in image.refs[1:]}}, image.inputs_hash)
+    (step,) = publish.plan([image], {image.ref: remote})
+    assert step.action == publish.RETAG
+    registry = CannedRegistry(answers={image.refs[1]: "sha256:other"})
+    (outcome,) = run([step], CannedEngine(), registry)
+    assert outcome.status == publish.FAILED and "retag failed" in outcome.reason
+
+
+def test_no_push_verifies_and_leaves_the_registry_alone():
+    engine = CannedEngine()
+    (outcome,) = run(publish.plan(images(), {}), engine, CannedRegistry(engine=engine), push=False)
+    assert outcome.status == publish.VERIFIED and engine.pushed == []
