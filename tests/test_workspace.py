@@ -27,7 +27,7 @@ import pytest
 
 from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS, load_matrix
-from imagebuilder.render import ENTRYPOINT, render
+from imagebuilder.render import ENTRYPOINT, RenderOptions, render
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, shm_bytes, shm_too_small
 
@@ -58,10 +58,13 @@ def test_devel_jupyter_is_built_from_its_devel_image_and_tagged_beside_jupyter()
 def test_variant_all_and_the_matrix_include_devel_jupyter():
     from click.testing import CliRunner
 
-    from imagebuilder.cli import _variants, cli
+    from imagebuilder.cli import cli
+    from imagebuilder.pipeline import ALL, Selection, render_request
 
     assert JUPYTER_PARENTS == {"jupyter": "runtime", "devel-jupyter": "devel"}
-    assert _variants("all") == list(VARIANTS)  # what `build --variant all` builds
+    # What `build --variant all` builds, parents before the jupyter images made FROM them.
+    planned = render_request(M, Selection("2.12", "13.0", variant=ALL, os="debian12"), RenderOptions(), note=print)
+    assert [image.spec.variant for image in planned] == ["runtime", "devel", "jupyter", "devel-jupyter"]
     out = CliRunner().invoke(cli, ["--matrix", str(HERE / "data" / "matrix-small.yaml"), "matrix", "--torch", "2.12",
                                    "--cuda", "13.0", "--os", "debian12", "--format", "json"])
     assert out.exit_code == 0, out.output
