@@ -4,14 +4,14 @@
 # Runs the same python either through the image's ENTRYPOINT or with --entrypoint python3
 # (neither tini nor the script) and prints mean and median per arm. Uses hyperfine when
 # installed (Debian: apt-get install hyperfine), else a loop that alternates the two arms so
-# that a busy host slows both alike. Reports; never judges (exits 0).
+# that a busy host slows both alike (BENCH_LOOP=1 picks the loop). Reports; never judges.
 set -euo pipefail
 image="${1:?usage: $0 IMAGE [RUNS]}"
 runs="${2:-30}"
 with=(docker run --rm "$image" python3 -c 1)
 without=(docker run --rm --entrypoint python3 "$image" -c 1)
 
-if command -v hyperfine >/dev/null 2>&1; then
+if [ -z "${BENCH_LOOP:-}" ] && command -v hyperfine >/dev/null 2>&1; then
     report="$(mktemp)"
     trap 'rm -f "$report"' EXIT
     hyperfine --warmup 3 --runs "$runs" --style none -N --export-json "$report" \
@@ -25,15 +25,22 @@ PY
     exit 0
 fi
 
-declare -A total=()
+times="$(mktemp)"
+trap 'rm -f "$times"' EXIT
 for ((i = 0; i < runs; i++)); do
     for arm in with without; do
         declare -n cmd="$arm"
         start=$(date +%s%N)
         "${cmd[@]}" >/dev/null
-        total[$arm]=$(( ${total[$arm]:-0} + $(date +%s%N) - start ))
+        echo "$arm $(( $(date +%s%N) - start ))" >> "$times"
     done
 done
-for arm in with without; do
-    echo "$arm entrypoint: mean $(( total[$arm] / runs / 1000000 )) ms over $runs runs"
-done
+python3 - "$times" <<'PY'
+import statistics, sys
+arms = {}
+for line in open(sys.argv[1]):
+    arm, ns = line.split()
+    arms.setdefault(arm, []).append(int(ns) / 1e6)
+for arm, ms in arms.items():
+    print(f"{arm + ' entrypoint':32} mean {statistics.mean(ms):6.1f} ms  median {statistics.median(ms):6.1f} ms  ({len(ms)} runs, alternating)")
+PY
