@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
+from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS, load_matrix
 from imagebuilder.render import ENTRYPOINT, RenderOptions, render
-from imagebuilder.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.resolve import Request, resolve
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, shm_bytes, shm_too_small
 
 HERE = Path(__file__).parent
