@@ -16,11 +16,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engine import BuildRequest, BuildResult, Engine, Progress
 from .engine_errors import BuildFailed, network_hint
 from .render import RenderedImage
+
+if TYPE_CHECKING:
+    from .builder import Builder
 
 CREATED = "org.opencontainers.image.created"
 REVISION = "org.opencontainers.image.revision"
@@ -109,15 +112,23 @@ def build_image(
     on_progress: Callable[[Progress], None] | None = None,
     logs: Path | None = None,
     timeout: float = 3 * 3600,
+    builder: Builder | None = None,
+    platform: str | None = None,
 ) -> Built:
+    """Build one image: with `builder` (BuildKit, say), else the engine's classic builder."""
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log_path = logs / f"{image.spec.key}-{stamp}.log"
     with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
         context = Path(tmp) / "context"
         image.write(context)
+        # Secrets (BuildKit's CA bundle) live beside the context, never in it.
+        secrets = {}
+        for secret_id, data in image.secrets.items():
+            secrets[secret_id] = Path(tmp) / f"secret-{secret_id}"
+            secrets[secret_id].write_bytes(data)
         try:
-            result = engine.build(
+            result = (builder or engine).build(
                 BuildRequest(
                     context=context,
                     tags=image.refs,
@@ -126,6 +137,8 @@ def build_image(
                     pull=pull,
                     log_path=log_path,
                     timeout=timeout,
+                    platform=platform,
+                    secrets=secrets,
                 ),
                 on_progress=on_progress,
             )

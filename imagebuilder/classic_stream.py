@@ -47,6 +47,7 @@ class BuildState:
         self.last_layer: str | None = None
         self.stage_images: list[str] = []  # the last image of each finished build stage
         self._stage_layer: str | None = None
+        self._step_cached = False
         self.image_id: str | None = None
         self._partial = ""
 
@@ -67,6 +68,7 @@ class BuildState:
         if m := _STEP.match(line):
             self.step, self.total, self.instruction = int(m[1]), int(m[2]), m[3]
             self.tail.clear()
+            self._step_cached = False
             if self.instruction.upper().startswith("FROM "):
                 self.from_steps += 1
                 if self._stage_layer is not None:
@@ -75,13 +77,16 @@ class BuildState:
             self._emit(cached=False, line=None)
         elif line == " ---> Using cache":
             self.cached_steps += 1
+            self._step_cached = True
             self._emit(cached=True, line=None)
         elif m := _RUNNING_IN.match(line):
             self.containers.add(m[1])
         elif m := _LAYER.match(line):
             self.last_layer = m[1]
             if not self.in_from_step:  # after FROM, " ---> id" is the base image itself
-                self._stage_layer = m[1]
+                # A stage served from cache was made by an earlier build, and a concurrent
+                # build may be using it: only what this build made is this build's to remove.
+                self._stage_layer = None if self._step_cached else m[1]
         elif m := re.match(r"^Successfully built ([0-9a-f]+)$", line):
             self.image_id = self.image_id or m[1]
         elif self.step is not None and not _BOOKKEEPING.match(line):

@@ -47,13 +47,15 @@ def _source_label() -> str:
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 
 
-def render_options(matrix: Matrix, rendering: Rendering, repository: str | None = None) -> RenderOptions:
+def render_options(matrix: Matrix, rendering: Rendering, repository: str | None = None,
+                   buildkit: bool = False) -> RenderOptions:
     return RenderOptions(
         repository=repository or rendering.repository or matrix.defaults.repository,
         index_url=rendering.index_url,
         extra_index_urls=rendering.extra_index_urls,
         ca_bundle=rendering.ca_bundle,
         source=_source_label(),
+        buildkit=buildkit,
     )
 
 
@@ -120,6 +122,7 @@ def _row(spec: BuildSpec, ctx: Context) -> dict[str, Any]:
         "variant": spec.variant,
         "min_driver": str(spec.min_driver),
         "tag": primary_tag(spec, ctx.matrix),
+        "platforms": list(spec.torch.platforms),
     }
 
 
@@ -167,7 +170,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
 
 @matrix.command("check")
 @click.option("--online", is_flag=True,
-              help="Also compare the pins with the package index's metadata of each release's PyPI build.")
+              help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
 @pass_context
 def matrix_check(ctx: Context, online: bool) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
@@ -182,8 +185,45 @@ def matrix_check(ctx: Context, online: bool) -> None:
         for line in drifts:
             click.echo(f"drift: {line}")
         if drifts:
-            raise ImageBuilderError(f"{len(drifts)} pins differ from the index; update {m.path}")
-        click.echo("online: every pin matches the index")
+            raise ImageBuilderError(f"{len(drifts)} differences from the index; update {m.path}")
+        click.echo("online: pins, Pythons, platforms and releases match the index")
+
+
+@matrix.command("add")
+@click.option("--torch", "torch_version", metavar="X.Y.Z", help="The release to add, e.g. 2.15.0.")
+@click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
+@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
+              help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
+@click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
+@pass_context
+def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants: tuple[str, ...], dry_run: bool) -> None:
+    """Write a torch release's block into the matrix from the index's wheel metadata.
+
+    Comments and order of the file stay; what the metadata does not say is left for you, and
+    `imagebuilder matrix check` names it.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    from .matrix_add import add_release, new_releases
+
+    if bool(torch_version) == new:
+        raise click.UsageError("give either --torch X.Y.Z or --new")
+    if torch_version:
+        try:
+            versions = [Version(torch_version)]
+        except InvalidVersion as e:
+            raise click.BadParameter(f"not a version: {torch_version!r}", param_hint="--torch") from e
+        if len(versions[0].release) != 3:
+            raise click.BadParameter("give the full release, e.g. 2.15.0", param_hint="--torch")
+    else:
+        versions = new_releases(ctx.matrix)
+        if not versions:
+            click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
+    for version in versions:
+        block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
+        click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
+        for line in todo:
+            note(f"left for you: {line}")
 
 
 # --- render ---------------------------------------------------------------------------------
@@ -258,10 +298,12 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.selection(required=True, all_variants=True, strict=True)
 @options.rendering
 @options.building
+@options.builders
+@options.platforms
 @options.report
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: Rendering) -> None:
+              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -271,22 +313,33 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
     from .build import ProgressPrinter, build_image, human_size
+    from .builder import select_builder
     from .engine import DockerEngine
+    from .platforms import for_platforms, parse_platforms
 
+    wanted = parse_platforms(platforms)
     engine = DockerEngine()
     engine.ping()
-    selection = pipeline.settle_os(ctx.matrix, selection, engine.os_release, note)
-    plan = pipeline.render_request(ctx.matrix, selection, render_options(ctx.matrix, rendering), note,
-                                   exists=engine.image_exists)
+    builder = select_builder(builder_choice, engine, buildx_builder)
+    if not quiet:
+        click.echo(f"builder: {builder.describe()}", err=True)
+    opts = render_options(ctx.matrix, rendering, buildkit=builder.name == "buildkit")
+    platform_plan = []
+    for platform in wanted:
+        chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform), engine.os_release, note)
+        images = pipeline.render_request(ctx.matrix, chosen, opts, note, exists=engine.image_exists)
+        platform_plan += [(platform, image) for image in
+                          for_platforms(ctx.matrix, images, platform, buildkit=builder.name == "buildkit")]
+    plan = [image for _, image in platform_plan]
     done = []
     try:
-        for n, image in enumerate(plan, 1):
+        for n, (platform, image) in enumerate(platform_plan, 1):
             if not quiet:
                 click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
             printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
             try:
                 built = build_image(engine, image, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-                                    on_progress=None if quiet else printer)
+                                    on_progress=None if quiet else printer, builder=builder, platform=platform)
             finally:
                 printer.close()
             done.append(built)
@@ -301,7 +354,9 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             click.echo(f"  log    {r.log_path}")
     finally:
         if report is not None:
-            write_json(report, {"ok": len(done) == len(plan), "images": [b.to_json() for b in done],
+            write_json(report, {"ok": len(done) == len(plan),
+                                "images": [{**b.to_json(), "platform": platform}
+                                           for b, (platform, _) in zip(done, platform_plan)],
                                 "planned": [i.ref for i in plan]})
 
 
@@ -369,6 +424,8 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.rendering
 @options.building
 @options.allow_no_gpu
+@options.builders
+@options.platforms
 @options.report
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
               help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
@@ -381,12 +438,20 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop.")
 @click.option("--keep-going", is_flag=True, help="Continue past a failed image (its jupyter image fails too).")
 @click.option("--force", is_flag=True, help="Rebuild, verify and push even images the registry has unchanged.")
+@click.option("--merge/--no-merge", default=True, show_default=True,
+              help="With --platform: once every platform's images are pushed (TAG-amd64, TAG-arm64), "
+                   "make each TAG an image index over them. --no-merge for runners that publish one "
+                   "platform each; a --merge-only job writes the indexes after them.")
+@click.option("--merge-only", is_flag=True,
+              help="Build nothing: make each TAG an index over the --platform images already pushed.")
 @click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
               help="Seconds the smoke tests of one image may take.")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering) -> None:
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
+                builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
+                merge_only: bool) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -402,35 +467,64 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     """
     from . import publish
     from .build import ProgressPrinter
+    from .platforms import for_platforms, host_platform, parse_platforms, platform_image
     from .registry import HttpRegistry, parse_registry
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    engine = None
-    if not dry_run:
+    # With --platform, each platform's images go under their own tags (TAG-arm64), planned,
+    # skipped and pushed per platform; then every TAG becomes an index over them.
+    multi = platforms is not None
+    wanted = parse_platforms(platforms)
+    engine = builder = None
+    if not dry_run and not merge_only:
+        from .builder import select_builder
         from .engine import DockerEngine
 
         engine = DockerEngine()
         engine.ping()
-    selection = pipeline.settle_os(ctx.matrix, selection, engine.os_release if engine else None, note)
-    opts = render_options(ctx.matrix, rendering,
-                          f"{base}/{rendering.repository or ctx.matrix.defaults.repository}")
-    # A selected jupyter image brings its runtime image along (publish decides whether that
-    # one needs building).
-    images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, selection, opts), ctx.matrix, opts)
-    if not images:
-        raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+        builder = select_builder(builder_choice, engine, buildx_builder)
+        if not quiet:
+            click.echo(f"builder: {builder.describe()}", err=True)
+    opts = render_options(ctx.matrix, rendering, f"{base}/{rendering.repository or ctx.matrix.defaults.repository}",
+                          buildkit=builder is not None and builder.name == "buildkit")
     registry = HttpRegistry(ca_file=registry_ca)
-    remotes = {} if force else publish.lookup(registry, images)
-    steps = publish.plan(images, remotes, force=force)
-    click.echo(publish.format_plan(steps))
+    plans: list[tuple[str, tuple[publish.Step, ...]]] = []
+    index_platforms: dict[str, list[str]] = {}  # plain ref -> the platforms its index joins
+    for platform in wanted:
+        chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform),
+                                    engine.os_release if engine else None, note)
+        # A selected jupyter image brings its runtime image along (publish decides whether that
+        # one needs building).
+        images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, chosen, opts), ctx.matrix, opts)
+        if not images:
+            raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+        if multi:
+            # Filters, not a request: a release without CUDA wheels for this platform is left out.
+            images = [image for image in images if platform in image.spec.torch.platforms]
+            if not images:
+                note(f"no selected release has CUDA wheels for {platform}; nothing to publish for it")
+                continue
+        for image in images:
+            for ref in image.refs:
+                index_platforms.setdefault(ref, []).append(platform)
+        checked = for_platforms(ctx.matrix, images, platform, buildkit=builder is None or builder.name == "buildkit")
+        images = [platform_image(image, platform) for image in images] if multi else checked
+        if merge_only:
+            continue
+        steps = publish.plan(images, {} if force else publish.lookup(registry, images), force=force)
+        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
+        plans.append((platform, steps))
+    if merge_only:
+        if not multi:
+            raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
+        for index in publish.write_indexes(registry, index_platforms):
+            click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
+        return
     if engine is None:
         return
     from .engine import Progress
 
-    run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
-                                     allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
-                                     nocache=no_cache, pull=pull)
     printer: ProgressPrinter | None = None
 
     def on_event(phase: str, step: publish.Step) -> None:
@@ -447,23 +541,39 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
             printer(progress)
 
     outcomes: list[publish.Outcome] = []
+    indexes: list[publish.Index] = []
     try:
-        for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
-                                       on_event=on_event, on_progress=on_progress):
-            if printer is not None:
-                printer.close()
-                printer = None
-            outcomes.append(outcome)
-            click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
+        for platform, steps in plans:
+            run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
+                                             allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
+                                             nocache=no_cache, pull=pull, builder=builder,
+                                             platform=platform if multi else None,
+                                             verify=platform == host_platform())
+            for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
+                                           on_event=on_event, on_progress=on_progress):
+                if printer is not None:
+                    printer.close()
+                    printer = None
+                outcomes.append(outcome)
+                click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
+        if multi and merge and push and outcomes and not any(o.failed for o in outcomes):
+            indexes = publish.write_indexes(registry, index_platforms)
+            for index in indexes:
+                click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}",
+                           err=True)
     finally:
         if outcomes:
             click.echo(publish.format_summary(outcomes))
         if report is not None:
-            write_json(report, {"ok": len(outcomes) == len(steps) and not any(o.failed for o in outcomes),
+            planned = [step for _, steps in plans for step in steps]
+            write_json(report, {"ok": len(outcomes) == len(planned) and not any(o.failed for o in outcomes),
                                 "registry": base, "push": push,
                                 "images": [o.to_json() for o in outcomes],
+                                "indexes": [{"ref": i.ref, "digest": i.digest,
+                                             "manifests": [{"digest": d, "platform": p} for d, p in i.children]}
+                                            for i in indexes],
                                 "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason}
-                                            for s in steps]})
+                                            for s in planned]})
     publish.raise_if_failed(outcomes)
 
 

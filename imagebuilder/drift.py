@@ -1,74 +1,35 @@
-"""`matrix check --online`: compare matrix.yaml's pins with the index's own metadata.
+"""`matrix check --online`: compare matrix.yaml with the index's own metadata.
 
-For each release's PyPI build, pip resolves the wheel without downloading it (`--dry-run
---report`), and the Requires-Dist it reports is the primary source for cuDNN, NCCL, the
-CUDA runtime and triton.
+Three questions, each answered from the wheels pip would install (index.py):
+- pins: the Requires-Dist of each release's PyPI build is the primary source for cuDNN, NCCL,
+  the CUDA runtime and triton;
+- Pythons: every Python a release lists needs wheels of all its packages (torch, torchvision,
+  torchaudio, and the triton torch requires there), not torch's alone: a torch wheel without
+  torchvision or triton makes an image without torchvision or a working torch.compile;
+- releases: torch releases the index has that the matrix lacks (`matrix add` writes them).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from .errors import ImageBuilderError
+from .index import applies, cuda_pins, cuda_platforms, pinned, versions_with_wheels, wheel_metadata
 from .matrix import Matrix, TorchRelease
 
-PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64"] + [f"manylinux_2_{n}_x86_64" for n in range(17, 36)]
 
-
-class IndexUnavailable(ImageBuilderError):
-    template = "pip could not resolve {project}=={version} from the index: {detail}"
-
-
-def wheel_requires(project: str, version: Version, python: Version) -> list[Requirement]:
-    """Requires-Dist of the Linux x86_64 wheel the default index serves."""
-    with tempfile.TemporaryDirectory() as scratch:
-        report = os.path.join(scratch, "report.json")
-        cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--dry-run", "--no-deps",
-               "--ignore-installed", "--only-binary=:all:", "--python-version", str(python),
-               "--target", os.path.join(scratch, "t"), "--report", report, f"{project}=={version}"]
-        cmd += [arg for p in PLATFORMS for arg in ("--platform", p)]
-        if os.environ.get("SSL_CERT_FILE"):
-            cmd += ["--cert", os.environ["SSL_CERT_FILE"]]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise IndexUnavailable(project=project, version=version, detail=last)
-        with open(report) as f:
-            install = json.load(f)["install"]
-    return [Requirement(r) for r in install[0]["metadata"].get("requires_dist", [])]
-
-
-def _pinned(reqs: list[Requirement], prefix: str) -> Version | None:
-    for req in reqs:
-        if req.name.startswith(prefix) and (req.marker is None or req.marker.evaluate({"extra": ""})):
-            for spec in req.specifier:
-                # ~= is how newer releases pin triton ("~=3.8.0": the 3.8 series from 3.8.0).
-                if spec.operator in ("==", "~="):
-                    return Version(spec.version)
-    return None
+def probe_python(release: TorchRelease) -> Version:
+    """The Python whose wheel we read a release's metadata from (the same for every wheel)."""
+    return Version("3.11") if Version("3.11") in release.pythons else max(release.pythons)
 
 
 def release_drift(release: TorchRelease) -> list[str]:
     variant = release.variant(release.pypi_variant)
-    python = Version("3.11") if Version("3.11") in release.pythons else max(release.pythons)
-    reqs = wheel_requires("torch", release.version, python)
-    major = variant.cuda.major
-    found = {
-        "cudnn": _pinned(reqs, f"nvidia-cudnn-cu{major}"),
-        "nccl": _pinned(reqs, f"nvidia-nccl-cu{major}"),
-        "triton": _pinned(reqs, "triton"),
-        # 2.11 and later pin the CUDA runtime through the cuda-toolkit meta-package.
-        "cuda": _pinned(reqs, f"nvidia-cuda-runtime-cu{major}") or _pinned(reqs, "nvidia-cuda-runtime")
-        or _pinned(reqs, "cuda-toolkit"),
-    }
+    python = probe_python(release)
+    reqs = wheel_metadata("torch", release.version, python).requires_dist
+    found = {**cuda_pins(reqs, python), "triton": pinned(reqs, "triton", python)}
     expected = {"cudnn": variant.cudnn, "nccl": variant.nccl, "triton": release.triton, "cuda": variant.cuda}
     drifts = []
     for key, pin in found.items():
@@ -77,12 +38,70 @@ def release_drift(release: TorchRelease) -> list[str]:
             pin = Version(f"{pin.major}.{pin.minor}")
         if pin != want:
             drifts.append(f"torch {release.version} ({variant.name}) {key}: matrix.yaml has {want}, the index's wheel pins {pin}")
+    platforms = cuda_platforms(release.version, python)
+    if set(platforms) != set(release.platforms):
+        drifts.append(f"torch {release.version} platforms: matrix.yaml has {', '.join(release.platforms)}, "
+                      f"the index has CUDA wheels for {', '.join(platforms)}")
     return drifts
+
+
+def lacking(torch_reqs: tuple[Requirement, ...], packages: dict[str, Version], triton: Version | None,
+            python: Version) -> list[str]:
+    """What of a release has no wheel for `python`: each package without one as `name version`,
+    and triton where torch requires none (2.5.1 leaves it out by marker on 3.13)."""
+    missing = [f"{name} {version}" for name, version in packages.items()
+               if version not in versions_with_wheels(name, python)]
+    if triton is not None:
+        if not any(r.name == "triton" and applies(r, python) for r in torch_reqs):
+            missing.append(f"triton (torch requires none on Python {python}: no torch.compile on GPU)")
+        elif triton not in versions_with_wheels("triton", python):
+            missing.append(f"triton {triton}")
+    return missing
+
+
+def missing_wheels(release: TorchRelease, python: Version) -> list[str]:
+    reqs = wheel_metadata("torch", release.version, probe_python(release)).requires_dist
+    packages = {"torch": release.version, "torchvision": release.torchvision}
+    if release.torchaudio is not None:
+        packages["torchaudio"] = release.torchaudio
+    return lacking(reqs, packages, release.triton, python)
+
+
+def python_problems(release: TorchRelease) -> list[str]:
+    return [
+        f"torch {release.version} lists Python {python}, but there is no wheel of {', '.join(missing)} for it"
+        for python in release.pythons
+        if (missing := missing_wheels(release, python))
+    ]
+
+
+def missing_releases(matrix: Matrix) -> list[Version]:
+    """Releases on the index newer than the matrix's oldest that the matrix lacks: new minors and
+    newer patch releases of the minors it has."""
+    newest = matrix.newest_torch()
+    oldest = min(t.version for t in matrix.torches.values())
+    have = {t.key: t.version for t in matrix.torches.values()}
+    # The newest Python of the newest release is the one a next release is likeliest to ship.
+    on_index = versions_with_wheels("torch", max(newest.pythons))
+    newest_patch: dict[str, Version] = {}
+    for version in on_index:
+        key = f"{version.major}.{version.minor}"
+        if version > oldest and version > newest_patch.get(key, Version("0")):
+            newest_patch[key] = version
+    return sorted(v for key, v in newest_patch.items() if key not in have or v > have[key])
 
 
 def check_drift(matrix: Matrix, progress: Callable[[str], None] = lambda _: None) -> list[str]:
     drifts: list[str] = []
     for release in matrix.torches.values():
         progress(f"checking torch {release.version} against the index ...")
-        drifts += release_drift(release)
+        drifts += release_drift(release) + python_problems(release)
+    progress("looking for releases the matrix lacks ...")
+    for version in missing_releases(matrix):
+        key = f"{version.major}.{version.minor}"
+        if key in matrix.torches:
+            drifts.append(f"torch {version} is on the index; matrix.yaml has {matrix.torches[key].version}")
+        else:
+            drifts.append(f"torch {version} is on the index but not in matrix.yaml; "
+                          f"add it with `imagebuilder matrix add --torch {version}`")
     return drifts

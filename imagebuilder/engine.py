@@ -57,6 +57,19 @@ class BuildRequest:
     log_path: Path | None = None
     timeout: float = 3600
     buildargs: Mapping[str, str] = field(default_factory=dict)
+    platform: str | None = None
+    """os/arch to build for (linux/arm64); None: the daemon's own."""
+    secrets: Mapping[str, Path] = field(default_factory=dict)
+    """Build secrets by id (BuildKit's `RUN --mount=type=secret,id=...`); in no layer."""
+
+
+def check_request(req: BuildRequest) -> None:
+    """What every builder needs before it starts: a tag and a rendered Dockerfile."""
+    if not req.tags:
+        raise ValueError("BuildRequest.tags must name at least one tag")
+    if not (req.context / req.dockerfile).is_file():
+        raise EngineError(f"no {req.dockerfile} in the build context {req.context}; "
+                          "render the Dockerfile first")
 
 
 @dataclass(frozen=True)
@@ -206,12 +219,10 @@ class DockerEngine:
 
     def build(self, req: BuildRequest,
               on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
-        if not req.tags:
-            raise ValueError("BuildRequest.tags must name at least one tag")
-        dockerfile = req.context / req.dockerfile
-        if not dockerfile.is_file():
-            raise EngineError(f"no {req.dockerfile} in the build context {req.context}; "
-                              "render the Dockerfile first")
+        check_request(req)
+        if req.secrets:
+            raise EngineError("the classic builder cannot take build secrets; build with "
+                              "--builder buildkit (a docker CLI with BuildKit or buildx)")
         self.ping()
         started = time.monotonic()
         wall_started = time.time()
@@ -326,6 +337,7 @@ class DockerEngine:
                 buildargs=dict(req.buildargs) or None,
                 nocache=req.nocache,
                 pull=req.pull,
+                platform=req.platform,
                 rm=True,
                 forcerm=True,
                 decode=True,
@@ -440,14 +452,17 @@ class DockerEngine:
             return True
 
     def image_labels(self, ref: str) -> dict[str, str]:
+        return dict((self.inspect_image(ref).get("Config") or {}).get("Labels") or {})
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        """`docker image inspect` of one image (Id, Size, Architecture, Config, ...)."""
         import docker
 
         with self._daemon_errors():
             try:
-                attrs = self._client.api.inspect_image(ref)
+                return dict(self._client.api.inspect_image(ref))
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=ref) from e
-        return dict((attrs.get("Config") or {}).get("Labels") or {})
 
     def read_file(self, image: str, path: str, *, hops: int = 4) -> bytes | None:
         """A file of `image` (None if absent), read without running anything: a container is

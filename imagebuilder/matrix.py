@@ -21,6 +21,7 @@ from .errors import BadRequest, ImageBuilderError
 VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
 # A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
 JUPYTER_PARENTS = {"jupyter": "runtime", "devel-jupyter": "devel"}
+PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
 
@@ -106,6 +107,8 @@ class TorchRelease:
     pypi_variant: str
     variants: tuple[WheelVariant, ...]
     source: str
+    # Where the PyPI wheels (pypi_variant) are CUDA builds; before 2.11 PyPI's aarch64 torch is CPU-only.
+    platforms: tuple[str, ...] = ("linux/amd64",)
 
     def variant(self, name: str) -> WheelVariant:
         return next(v for v in self.variants if v.name == name)
@@ -340,7 +343,7 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         data,
         path,
         {"version", "torchvision", "python", "pypi_variant", "variants", "source"},
-        {"torchaudio", "triton"},
+        {"torchaudio", "triton", "platforms"},
     )
     if d is None:
         return None
@@ -362,7 +365,16 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         pypi_variant=pypi_variant,
         variants=tuple(sorted(variants.values(), key=lambda v: v.cuda)),
         source=c.text(d, "source", path),
+        platforms=_parse_platforms(c, d, path),
     )
+
+
+def _parse_platforms(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[str, ...]:
+    raw = d.get("platforms", ["linux/amd64"])
+    if not isinstance(raw, list) or not raw or not all(p in PLATFORMS for p in raw):
+        c.problem(path + ("platforms",), f"expected a list of platforms among {', '.join(PLATFORMS)}, got {raw!r}")
+        return ("linux/amd64",)
+    return tuple(raw)
 
 
 def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],

@@ -43,9 +43,13 @@ def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Call
 
 
 def _selection(torch_version: str | None, cuda_version: str | None, python_version: str | None,
-               variant: str | None, os_name: str | None, base_image: str | None = None,
+               variant: str | None, os_name: str | None, base_image: tuple[str, ...] = (),
                strict: bool = False) -> Selection:
-    return Selection(torch_version, cuda_version, python_version, variant, os_name, base_image, strict)
+    from .platforms import parse_base_images
+
+    bases = parse_base_images(base_image)
+    return Selection(torch_version, cuda_version, python_version, variant, os_name, bases.pop(None, None),
+                     strict, platform_bases=tuple(sorted((p, image) for p, image in bases.items() if p)))
 
 
 def selection(required: bool, all_variants: bool = False, strict: bool = False) -> Callable[[F], F]:
@@ -63,15 +67,16 @@ def selection(required: bool, all_variants: bool = False, strict: bool = False) 
                           "CUDA major (exact minor if published, else the closest; see README)."),
         click.option("--python", "python_version", metavar="X.Y",
                      help="Python version. Default: the OS's own python3 when torch ships wheels for it, "
-                          "else the newest Python torch ships."),
+                          "else the one torch ships nearest above it (see README)."),
         click.option("--variant", type=click.Choice(variants),
                      help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."
                           + (" `all`: runtime, devel, then jupyter and devel-jupyter FROM those two." if all_variants else "")),
         click.option("--os", "os_name", metavar="OS",
                      help="ubuntu22.04, ubuntu24.04, debian12, ... Default: the --base-image's OS when "
                           "a Docker daemon can read it, else matrix.yaml's defaults.os."),
-        click.option("--base-image", metavar="IMAGE",
-                     help="Replace the default FROM image (mirrors, air-gapped sites, tests)."),
+        click.option("--base-image", metavar="[PLATFORM=]IMAGE", multiple=True,
+                     help="Replace the default FROM image (mirrors, air-gapped sites, tests); "
+                          "linux/arm64=IMAGE for one platform only. Repeatable."),
         *([click.option("--strict", is_flag=True,
                         help="Refuse anything but a torch build for exactly this CUDA version.")] if strict else []),
         _collect("selection", _selection, keys),
@@ -119,3 +124,23 @@ report = click.option("--report", type=click.Path(dir_okay=False, path_type=Path
                       help="Write a JSON report of what was done to FILE.")
 allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
                             help="On a host without GPUs, run the CPU mode of the smoke tests instead of failing.")
+
+
+def builders(f: F) -> F:
+    return _stack(
+        click.option("--builder", "builder_choice", type=click.Choice(["auto", "buildkit", "classic"]),
+                     default="auto", show_default=True, envvar="IMAGEBUILDER_BUILDER",
+                     help="auto: BuildKit when a docker CLI here builds with it (buildx, or a CLI with "
+                          "BuildKit built in), else the classic builder of the Engine API. BuildKit "
+                          "mounts --ca-bundle as a secret and shares uv's and apt's caches across images. "
+                          "Env: IMAGEBUILDER_BUILDER."),
+        click.option("--buildx-builder", metavar="NAME", envvar="BUILDX_BUILDER",
+                     help="The buildx builder instance to build with (a remote BuildKit, say). "
+                          "Default: $BUILDX_BUILDER, else buildx's current one."),
+    )(f)
+
+
+platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]",
+                         help="linux/amd64, linux/arm64 or both (comma list). Default: the host's. "
+                              "Another platform than the host's needs BuildKit (and QEMU to build); "
+                              "its local tags end in -arm64 / -amd64.")

@@ -36,6 +36,12 @@ class Selection:
     os: str | None = None
     base_image: str | None = None
     strict: bool = False
+    platform_bases: tuple[tuple[str, str], ...] = ()  # --base-image PLATFORM=IMAGE
+
+    def for_platform(self, platform: str) -> Selection:
+        """The selection one platform builds: its own --base-image PLATFORM=IMAGE if given."""
+        return replace(self, base_image=dict(self.platform_bases).get(platform, self.base_image),
+                       platform_bases=())
 
     def request(self, variant: str | None) -> Request:
         if self.torch is None or self.cuda is None:

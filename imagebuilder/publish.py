@@ -12,6 +12,11 @@ prove it is the image that alias should name, and it was verified when it was fi
 
 A tag counts as pushed only once the registry itself answers with the digest the push
 reported: a registry that goes away mid-run never leaves an image reported as published.
+
+Several platforms: each platform's images are published under their own tags (TAG-amd64,
+TAG-arm64), planned, skipped and verified per platform (an emulated platform is not run:
+`import torch` under QEMU hangs), and then write_indexes() makes every TAG an OCI image
+index over them, through the registry API.
 """
 
 from __future__ import annotations
@@ -146,6 +151,12 @@ class RunOptions:
     pull: bool = False
     push_retries: int = 3
     push_backoff: float = 2.0
+    builder: Any = None
+    """The Builder to build with (builder.Builder); None: the engine's classic builder."""
+    platform: str | None = None
+    """The platform to build for; None: the daemon's."""
+    verify: bool = True
+    """False for a platform this host only emulates: its smoke tests are left to a native host."""
 
 
 @dataclass(frozen=True)
@@ -264,12 +275,15 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             # Build FROM the runtime image as published, not whatever this host has under its tag.
             engine.pull(image.depends_on)
         built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
-                            pull=options.pull, on_progress=on_progress)
+                            pull=options.pull, on_progress=on_progress, builder=options.builder,
+                            platform=options.platform)
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"build failed: {e}")
-    on_event("verify", step)
-    report = verifier(engine, image.ref, options)
-    if not report.ok:
+    report = None
+    if options.verify:
+        on_event("verify", step)
+        report = verifier(engine, image.ref, options)
+    if report is not None and not report.ok:
         why = "; ".join(f"{name}: {reason}" for name, reason in report.failures)
         return Outcome(step, FAILED, f"verification failed: {why}", built=built, verify=report)
     if not options.push:
@@ -285,7 +299,37 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             pushed[ref] = digest
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed)
-    return Outcome(step, PUSHED, step.reason, built=built, verify=report, pushed=pushed)
+    reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
+    return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed)
+
+
+@dataclass(frozen=True)
+class Index:
+    ref: str
+    """The tag made an index."""
+    children: tuple[tuple[str, str], ...]
+    """(digest, platform) of each platform's image."""
+    digest: str
+
+
+def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]]) -> list[Index]:
+    """Make every ref an image index over its platforms' images (ref-amd64, ref-arm64, ...),
+    which must all be in the registry already; a rerun with the same children writes the
+    same index (its digest does not change)."""
+    from .platforms import platform_tags
+
+    written = []
+    for ref, platforms in wanted.items():
+        children = []
+        for platform in platforms:
+            child = platform_tags((ref,), platform)[0]
+            digest = registry.digest(child)
+            if digest is None:
+                raise ImageBuilderError(f"cannot make {ref} an index: {child} is not in the registry; "
+                                        f"publish --platform {platform} first")
+            children.append((digest, platform))
+        written.append(Index(ref, tuple(children), registry.put_index(ref, children)))
+    return written
 
 
 # --------------------------------------------------------------------------- presenting

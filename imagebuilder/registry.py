@@ -1,4 +1,5 @@
-"""Remote registry reads (and one write: pointing a tag at a manifest) over the Registry HTTP API v2.
+"""Remote registry reads (and two writes: pointing a tag at a manifest, and writing an image
+index over one image per platform) over the Registry HTTP API v2.
 
 `publish` asks the registry, before building anything, what each tag holds: the manifest
 digest (HEAD) and the image's labels (manifest, then config blob), so an image published
@@ -26,7 +27,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -195,6 +196,20 @@ def pick_manifest(index: Mapping[str, Any]) -> str:
     return str(entries[0]["digest"])
 
 
+def index_document(children: Sequence[tuple[str, int, str, str]]) -> bytes:
+    """An OCI image index over (media type, size, digest, "os/arch") children, one per platform.
+
+    Canonical JSON (sorted keys, no spaces): the same children always give the same digest,
+    so a rerun that changes nothing writes the same index."""
+    manifests = []
+    for media_type, size, digest, platform in children:
+        os_name, _, architecture = platform.partition("/")
+        manifests.append({"mediaType": media_type, "size": size, "digest": digest,
+                          "platform": {"os": os_name, "architecture": architecture}})
+    document = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
 # --------------------------------------------------------------------------- I/O
 
 
@@ -209,6 +224,10 @@ class Registry(Protocol):
 
     def put_tag(self, ref: str, digest: str) -> str:
         """Point tag `ref` at manifest `digest` of the same repository; the digest it now names."""
+
+    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+        """Make tag `ref` an image index over (digest, platform) manifests of the same
+        repository; the digest it now names."""
 
 
 def docker_config() -> dict[str, Any]:
@@ -294,6 +313,25 @@ class HttpRegistry:
         now = self.digest(ref)
         if now is None:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the tag is missing after PUT")
+        return now
+
+    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+        r = parse_reference(ref)
+        entries = []
+        for digest, platform in children:
+            got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
+            if got is None:
+                raise RegistryProtocolError(url=self._url(r, f"manifests/{digest}"),
+                                            detail=f"the {platform} image of the index is not in the repository")
+            media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
+            entries.append((media_type, len(got.body), digest, platform))
+        body = index_document(entries)
+        self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": OCI_INDEX}, body, push=True)
+        now = self.digest(ref)
+        expected = "sha256:" + hashlib.sha256(body).hexdigest()
+        if now != expected:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"),
+                                        detail=f"the index PUT as {expected} reads back as {now}")
         return now
 
     # -- plumbing

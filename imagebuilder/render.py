@@ -48,6 +48,7 @@ class RenderOptions:
     extra_index_urls: tuple[str, ...] = ()
     ca_bundle: Path | None = None  # trusted inside the build only
     source: str = DEFAULT_SOURCE  # org.opencontainers.image.source
+    buildkit: bool = False  # for the BuildKit builder: the CA as a secret, shared cache mounts
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class RenderedImage:
     inputs_hash: str = ""
     base_image: str = ""  # the FROM image; for jupyter, our runtime image
     trusts_ca_bundle: bool = False  # built with --ca-bundle
+    secrets: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # BuildKit secrets by id
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -155,13 +157,54 @@ def _has_ssh(spec: BuildSpec) -> bool:
 
 UV = "/tmp/uv"
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
+# BuildKit: the CA bundle is mounted for one RUN only (in no layer, no history, no ENV), and
+# the package caches live in cache mounts every image built on the host shares, so the second
+# image that needs torch's wheels downloads none. The ids are the same for every image.
+CA_SECRET_ID = "ca"
+CA_SECRET_PATH = f"/run/secrets/{CA_SECRET_ID}"
+CACHE_DIR = "/var/cache/imagebuilder"
+APT_CACHE = f"{CACHE_DIR}/apt"
+UV_CACHE = f"{CACHE_DIR}/uv"
 
 
-def _uv_env(trust_system_store: bool) -> str:
-    """Environment of the install RUN. Without --ca-bundle, pip and uv trust the image's own
-    CA store (which a site's base image may extend) rather than their bundled roots."""
-    env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
-    return env + (f" SSL_CERT_FILE={SYSTEM_CA} PIP_CERT={SYSTEM_CA}" if trust_system_store else "")
+def _cert_file(options: RenderOptions, single_stage: bool) -> str | None:
+    """The CA bundle pip and uv trust in the install RUN; None: the stage's ENV names it.
+    Without --ca-bundle they trust the image's own CA store (which a site's base image may
+    extend) rather than their bundled roots."""
+    if options.buildkit and options.ca_bundle is not None:
+        return CA_SECRET_PATH
+    return SYSTEM_CA if single_stage else None
+
+
+def _uv_env(options: RenderOptions, single_stage: bool) -> str:
+    """Environment of the install RUN."""
+    if options.buildkit:
+        env = (f"export UV_CACHE_DIR={UV_CACHE} UV_PYTHON_CACHE_DIR={UV_CACHE}/python "
+               "UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1")
+    else:
+        env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
+    cert = _cert_file(options, single_stage)
+    return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "")
+
+
+def _mounts(options: RenderOptions) -> tuple[str, str]:
+    """BuildKit's `RUN --mount=...` prefixes of the apt RUN and of the install RUN."""
+    if not options.buildkit:
+        return "", ""
+    apt = f"--mount=type=cache,id=imagebuilder-apt,target={APT_CACHE},sharing=locked"
+    install = [f"--mount=type=cache,id=imagebuilder-uv,target={UV_CACHE},uid={USER_ID},gid={USER_ID}"]
+    if options.ca_bundle is not None:
+        install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
+                       f"uid={USER_ID},required=true")
+    return apt + " \\\n    ", "".join(f"{m} \\\n    " for m in install)
+
+
+def _apt_options(options: RenderOptions) -> str:
+    # Outside /var/cache/apt/archives, which the docker-clean hook of Debian/Ubuntu images
+    # empties after every install: the .debs stay in the cache mount for the next image.
+    if not options.buildkit:
+        return ""
+    return f" -o Dir::Cache::Archives={APT_CACHE} -o APT::Keep-Downloaded-Packages=true"
 
 
 def _pip_install(args: list[str]) -> str:
@@ -170,7 +213,7 @@ def _pip_install(args: list[str]) -> str:
 
 def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool) -> list[str]:
     """The one RUN that makes the venv: uv comes and goes within it."""
-    commands = [_uv_env(single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
+    commands = [_uv_env(options, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     if not spec.python_from_os:
         commands.append(f"{UV}/bin/uv python install {spec.python}")
@@ -190,12 +233,31 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     installed is pinned to what is there."""
     reqs = list(matrix.tools.notebook)
     return [
-        _uv_env(single_stage),
+        _uv_env(options, single_stage),
         f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
         f"{UV}/bin/uv pip freeze --python {VENV}/bin/python > /tmp/constraints.txt",
         _pip_install(["--constraint /tmp/constraints.txt"] + _index_args(spec, options) + reqs),
         f"rm -rf {UV} /tmp/constraints.txt",
     ]
+
+
+def require_cuda(spec: BuildSpec) -> str:
+    """The NVIDIA runtime's guard: admit every driver the image's wheels run on.
+
+    Through minor-version compatibility the cu12x wheels run on any driver that supports
+    CUDA 12.0 (>= 525.60.13, the matrix's min_driver_compat), cu13x on any 13.0 driver
+    (>= 580.65.06); the toolkit's own minor (cuda>=12.8) would refuse the 535 and 550
+    branches most clusters run. The runtime compares `cuda` with the driver's CUDA version
+    (cuDriverGetVersion), so the guard is the major's first release: that is the
+    compatibility floor, stated in the one unit every toolkit release parses (driver>=
+    with a zero-padded "580.65.06" is invalid semver to the Go runtime). nvidia/cuda's
+    brand=...,driver>=470 clauses are not kept: they admit older drivers through the
+    forward-compatibility libraries, which the torch wheels do not load. Above the floor
+    but below the toolkit's own driver, PTX JIT is unavailable; verify and the smoke tests'
+    cuda check judge that per GPU, and hold the exact floor (11.x's 450.80.02 lies inside
+    the CUDA 11.0 driver range, which cuda>=11.0 admits from 450.36.06).
+    """
+    return f"cuda>={spec.cuda.major}.0"
 
 
 def _env(spec: BuildSpec) -> list[tuple[str, str]]:
@@ -210,7 +272,7 @@ def _env(spec: BuildSpec) -> list[tuple[str, str]]:
         # Read by the NVIDIA container runtime: inject the driver, refuse too-old drivers.
         ("NVIDIA_VISIBLE_DEVICES", "all"),
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
-        ("NVIDIA_REQUIRE_CUDA", f"cuda>={spec.cuda.key}"),
+        ("NVIDIA_REQUIRE_CUDA", require_cuda(spec)),
         ("PYTHONUNBUFFERED", "1"),
     ]
     if cuda_home:
@@ -261,6 +323,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     files: dict[str, bytes] = dict(_smoke_test_files())
     files["imagebuilder.pth"] = b"/opt/imagebuilder\n"  # makes `python -m smoke_tests` work
     ca = None
+    two_stage = options.ca_bundle is not None and not options.buildkit
+    apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         try:
             ca = options.ca_bundle.read_bytes()
@@ -276,10 +340,15 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "spec": spec,
             "tags": tags,
             "base_image": base_image,
-            "ca_bundle": ca is not None,
+            "two_stage": two_stage,
             "ca_path": CA_PATH,
-            "install_commands": _install_commands(spec, matrix, options, single_stage=ca is None),
-            "jupyter_commands": _jupyter_commands(spec, matrix, options, single_stage=ca is None),
+            "buildkit": options.buildkit,
+            "ca_secret": options.buildkit and ca is not None,
+            "apt_mounts": apt_mounts,
+            "apt_options": _apt_options(options),
+            "install_mounts": install_mounts,
+            "install_commands": _install_commands(spec, matrix, options, single_stage=not two_stage),
+            "jupyter_commands": _jupyter_commands(spec, matrix, options, single_stage=not two_stage),
             "build_packages": _apt_packages(spec, "wheels"),
             "final_packages": _apt_packages(spec, "final"),
             "python": str(spec.python),
@@ -313,8 +382,11 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     draft, draft_files = render_with("")
     inputs_hash = _hash(draft, draft_files)
     dockerfile, final_files = render_with(inputs_hash)
-    if ca is not None:
+    secrets: dict[str, bytes] = {}
+    if ca is not None and two_stage:
         final_files["ca-bundle.pem"] = ca
+    elif ca is not None:
+        secrets[CA_SECRET_ID] = ca
     return RenderedImage(
         spec=spec,
         repository=options.repository,
@@ -325,4 +397,5 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         inputs_hash=inputs_hash,
         base_image=base_image,
         trusts_ca_bundle=ca is not None,
+        secrets=secrets,
     )

@@ -138,10 +138,15 @@ def choose_wheel(torch: TorchRelease, cuda: CudaRelease, strict: bool = False) -
 
 
 def default_python(torch: TorchRelease, os: OSRelease, wheel: WheelVariant) -> Version:
-    """The OS's own python3 when torch ships for it (no download, distro security fixes),
-    else the newest Python torch ships."""
+    """The OS's own python3 when torch ships for it (no download, distro security fixes);
+    else the Python torch ships nearest above it (ubuntu22.04's 3.10 with torch 2.15, which
+    starts at 3.11: 3.11, not the newest, whose wheels the rest of the ecosystem may still lack);
+    else, for an OS newer than the release, the newest Python it ships."""
     shipped = wheel.pythons or torch.pythons
-    return os.python if os.python in shipped else max(shipped)
+    if os.python in shipped:
+        return os.python
+    newer = [p for p in shipped if p > os.python]
+    return min(newer) if newer else max(shipped)
 
 
 def _choose_python(requested: str | None, torch: TorchRelease, os: OSRelease, wheel: WheelVariant) -> tuple[Version, bool]:

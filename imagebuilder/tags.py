@@ -70,5 +70,8 @@ def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str) 
         f"{p}.variant": spec.variant,
         f"{p}.os": spec.os.name,
         f"{p}.min-driver": str(spec.min_driver),
+        # The floor through CUDA minor-version compatibility: verify passes drivers between it
+        # and min-driver, with a note (no PTX JIT there).
+        f"{p}.min-driver-compat": str(spec.cuda.min_driver_compat),
         f"{p}.inputs-hash": inputs_hash,
     }

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import smoke_tests
+from smoke_tests.driver import FAIL as DRIVER_FAIL
+from smoke_tests.driver import judge_driver
 from smoke_tests.expected import ManifestError, load_expected
 from smoke_tests.report import format_table
 from smoke_tests.result import FAIL, PASS, SKIP, Result
@@ -52,6 +54,7 @@ CONTAINER_SMOKE_TESTS = "/opt/imagebuilder/host"
 """Where mount_smoke_tests puts this imagebuilder's smoke_tests package in the container."""
 
 MIN_DRIVER_LABEL = f"{LABEL_PREFIX}.min-driver"
+MIN_DRIVER_COMPAT_LABEL = f"{LABEL_PREFIX}.min-driver-compat"
 CUDA_LABEL = f"{LABEL_PREFIX}.cuda"
 
 
@@ -81,6 +84,8 @@ class HostFacts:
     """Why no GPU is listed: nvidia-smi missing, failing or hanging."""
     min_driver: str | None = None
     """The image's (or manifest's) minimum NVIDIA driver; None: not declared."""
+    min_driver_compat: str | None = None
+    """Its floor through CUDA minor-version compatibility; None: not declared (min_driver rules)."""
     cuda: str | None = None
     """The image's CUDA version, to say what needs the driver."""
     in_container: bool = True
@@ -181,16 +186,13 @@ def _driver_item(facts: HostFacts) -> PreflightItem:
         return PreflightItem("driver", SKIP, f"host driver {host}; the image declares no minimum "
                                              f"({MIN_DRIVER_LABEL} label or manifest min_driver)")
     try:
-        too_old = driver_key(host) < driver_key(facts.min_driver)
+        verdict = judge_driver(host, facts.min_driver, facts.min_driver_compat, facts.cuda)
     except ValueError:
         return PreflightItem("driver", FAIL, f"cannot compare host driver {host!r} with the image's "
                                              f"minimum {facts.min_driver!r}: not a dotted number")
-    if too_old:
-        needs = f"this image's CUDA {facts.cuda}" if facts.cuda else "this image"
-        return PreflightItem("driver", FAIL, f"host driver {host} is older than {facts.min_driver}, "
-                                             f"which {needs} needs: upgrade the driver or use an "
-                                             "image for an older CUDA")
-    return PreflightItem("driver", PASS, f"host driver {host} >= {facts.min_driver}")
+    # Between the compatibility floor and min_driver the image runs without PTX JIT; only
+    # the smoke tests' cuda check knows whether a GPU needs it (it has torch's arch list).
+    return PreflightItem("driver", FAIL if verdict.status == DRIVER_FAIL else PASS, verdict.detail)
 
 
 def _driver_or_zero(version: str) -> tuple[int, ...]:
@@ -282,7 +284,8 @@ def collect_facts(engine: Engine, ref: str) -> HostFacts:
         labels = engine.image_labels(ref)
     return HostFacts(
         gpus=gpus, gpu_error=gpu_error,
-        min_driver=labels.get(MIN_DRIVER_LABEL), cuda=labels.get(CUDA_LABEL),
+        min_driver=labels.get(MIN_DRIVER_LABEL), min_driver_compat=labels.get(MIN_DRIVER_COMPAT_LABEL),
+        cuda=labels.get(CUDA_LABEL),
         image_error=image_error, pulled=pulled, nvidia_runtime=nvidia_runtime(_docker_info(engine)),
     )
 
@@ -294,7 +297,8 @@ def collect_local_facts(manifest: str | None) -> HostFacts:
         raise BadRequest(f"{e}; pass --manifest with the image's manifest.json, or none") from e
     gpus, gpu_error = host_gpus()
     return HostFacts(gpus=gpus, gpu_error=gpu_error, min_driver=expected.min_driver,
-                     cuda=expected.image_cuda, in_container=False)
+                     min_driver_compat=expected.min_driver_compat, cuda=expected.image_cuda,
+                     in_container=False)
 
 
 # --------------------------------------------------------------------------- smoke test output
@@ -456,8 +460,8 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
     command = [python, "-m", "smoke_tests", "--json"]
     if manifest:
         command += ["--manifest", manifest]
-    if require_gpu:
-        command.append("--require-gpu")
+    # Explicit both ways: in an image built for CUDA the smoke tests require a GPU by default.
+    command.append("--require-gpu" if require_gpu else "--allow-no-gpu")
     return command
 
 

@@ -1,4 +1,7 @@
-"""python -m smoke_tests [--manifest PATH] [--json] [--checks a,b] [--timeout S] [--require-gpu]
+"""python -m smoke_tests [--manifest PATH] [--json] [--checks a,b] [--timeout S] [--require-gpu | --allow-no-gpu]
+
+In an image built for CUDA the GPU checks fail without a GPU unless --allow-no-gpu
+(imagebuilder verify passes it in its CPU mode); in a CPU build they skip.
 
 Exit status: 0 when no check failed, 1 when one did, 2 for bad arguments or an
 unreadable manifest.
@@ -27,7 +30,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help=f"seconds per check (default {DEFAULT_TIMEOUT:g})"
     )
-    parser.add_argument("--require-gpu", action="store_true", help="fail, rather than skip, GPU checks without a GPU")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument("--require-gpu", action="store_true",
+                     help="fail, rather than skip, GPU checks without a GPU (the default for a CUDA build)")
+    gpu.add_argument("--allow-no-gpu", action="store_true",
+                     help="skip, rather than fail, GPU checks without a GPU (CPU-only CI of a CUDA image)")
     return parser.parse_args(argv)
 
 
@@ -41,10 +48,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else None
 
     from . import report
-    from .runner import UnknownCheck, run_checks
+    from .runner import UnknownCheck, gpu_required, run_checks
 
+    require_gpu = args.require_gpu or (not args.allow_no_gpu and gpu_required(expected))
     try:
-        results = run_checks(names, expected, args.timeout, args.require_gpu)
+        results = run_checks(names, expected, args.timeout, require_gpu)
     except UnknownCheck as e:
         print(f"smoke_tests: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,9 @@ them at its deadline, which is why they are processes and not threads.
 
 Test-only fault injection: SMOKE_TESTS_FAULT=hang makes rank 0 never join the
 all-reduce (the others block in it); SMOKE_TESTS_FAULT=wrong-value corrupts one
-element of the last rank's input so that the sum is wrong in one place. The tests
+element of the last rank's input so that the sum is wrong in one place;
+SMOKE_TESTS_FAULT=crash makes the last rank exit at once after the rendezvous, so that
+the others fail after it, in their all-reduce. The tests
 use these to prove that the check notices; nothing else should set them.
 """
 
@@ -19,9 +21,11 @@ import time
 from datetime import timedelta
 from typing import List, Optional
 
-RESULT_PREFIX = "SMOKE_TESTS_RESULT "
+from .child import RESULT_PREFIX
+
 FAULT_ENV = "SMOKE_TESTS_FAULT"
-FAULTS = ("hang", "wrong-value")
+FAULTS = ("hang", "wrong-value", "crash")
+CRASH_EXIT = 3
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -69,6 +73,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         buffer[numel // 2] += 1
     if fault == "hang" and args.rank == 0:
         time.sleep(10**6)
+    if fault == "crash" and args.rank == args.world_size - 1:
+        os._exit(CRASH_EXIT)
 
     dist.all_reduce(buffer)
     wrong = (buffer != expected).nonzero()

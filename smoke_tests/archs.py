@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
+from .versions import parse_release
+
 Capability = Tuple[int, int]
 
 # The last digit is the minor version: sm_86 -> 8.6, sm_120 -> 12.0, sm_100a -> 10.0.
@@ -73,3 +75,11 @@ def coverage(device: Capability, arch_list: Sequence[str]) -> Coverage:
     if ptx:
         return Coverage(True, max(ptx)[1], jit=True)
     return Coverage(False, None, jit=False)
+
+
+def ptx_jit_impossible(covered: Coverage, driver_cuda: Optional[str], torch_cuda: Optional[str]) -> bool:
+    """PTX built by a newer toolkit than the driver supports cannot be JIT-compiled, and
+    minor-version compatibility does not extend to PTX. Unknown versions decide nothing."""
+    if not covered.jit or driver_cuda is None or torch_cuda is None:
+        return False
+    return parse_release(driver_cuda) < parse_release(torch_cuda)

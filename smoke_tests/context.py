@@ -17,11 +17,16 @@ class Context:
     timeout: float = DEFAULT_TIMEOUT
 
 
-def no_gpu_reason(torch_cuda: "str | None") -> str:
+ALLOW_NO_GPU_HINT = "; pass --allow-no-gpu to skip the GPU checks on purpose"
+
+
+def no_gpu_reason(torch_cuda: "str | None", required: bool = False) -> str:
     """Why torch sees no GPU, phrased so that the fix is obvious."""
     if torch_cuda is None:
-        return "no CUDA GPU visible: torch is a CPU build (torch.version.cuda is None)"
-    return (
-        f"no CUDA GPU visible: torch.cuda.is_available() is False with CUDA {torch_cuda} torch "
-        "(no driver mounted or no device passed: docker run --gpus all?)"
-    )
+        reason = "no CUDA GPU visible: torch is a CPU build (torch.version.cuda is None)"
+    else:
+        reason = (
+            f"no CUDA GPU visible: torch.cuda.is_available() is False with CUDA {torch_cuda} torch "
+            "(no driver mounted or no device passed: docker run --gpus all?)"
+        )
+    return reason + ALLOW_NO_GPU_HINT if required else reason

@@ -35,6 +35,8 @@ class Expected:
     nccl: Optional[str] = None
     python: Optional[str] = None
     min_driver: Optional[str] = None
+    # The driver floor through CUDA minor-version compatibility (12.x: 525.60.13).
+    min_driver_compat: Optional[str] = None
     variant: Optional[str] = None
     image_cuda: Optional[str] = None
 
@@ -52,6 +54,7 @@ class Expected:
             nccl=text("nccl"),
             python=text("python"),
             min_driver=text("min_driver"),
+            min_driver_compat=text("min_driver_compat"),
             variant=text("variant"),
             image_cuda=text("image_cuda"),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
-from .result import Result
+from .result import FAIL, PASS, SKIP, Result
 
 # The measurements worth a glance in the table; the JSON carries all of them.
 HEADLINE = (
@@ -67,7 +67,13 @@ def format_table(results: Sequence[Result]) -> str:
         headline = _headline(result)
         if headline:
             lines.append(f"{'':<{name_width}}  {'':<6}  {headline}")
-    verdict = "OK" if ok(results) else "FAILED"
-    failures = sum(result.failed for result in results)
-    lines.append(f"{verdict}: {len(results)} check(s), {failures} failed")
+    lines.append(f"{'OK' if ok(results) else 'FAILED'}: {summary(results)}")
     return "\n".join(lines)
+
+
+def summary(results: Sequence[Result]) -> str:
+    """'3 passed, 2 skipped': a skip is not a pass, so it is never folded into one."""
+    counts = [(sum(r.status == status for r in results), word)
+              for status, word in ((FAIL, "failed"), (PASS, "passed"), (SKIP, "skipped"))]
+    parts = [f"{count} {word}" for count, word in counts if count]
+    return ", ".join(parts) if parts else "no check ran"

@@ -60,6 +60,18 @@ def as_expected(expected: Union[Expected, Mapping[str, Any], None]) -> Expected:
     return Expected.from_manifest(expected)
 
 
+def built_for_cuda(expected: Expected, torch_cuda: Optional[str]) -> bool:
+    """The manifest says CUDA, or (without one) the torch here is a CUDA build."""
+    return expected.torch_cuda is not None or (not expected.cpu_build and torch_cuda is not None)
+
+
+def gpu_required(expected: Expected) -> bool:
+    """Without a flag, an image built for CUDA needs a GPU: green without one would lie."""
+    import torch
+
+    return built_for_cuda(expected, torch.version.cuda)
+
+
 def run_checks(
     names: Optional[Sequence[str]] = None,
     expected: Union[Expected, Mapping[str, Any], None] = None,

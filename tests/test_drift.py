@@ -1,4 +1,4 @@
-"""`matrix check --online`: the pins against the index's own wheel metadata (needs the index)."""
+"""`matrix check --online`: pins, Pythons and releases against the index's own wheel metadata (needs the index)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from packaging.version import Version
 
-from imagebuilder.drift import release_drift
+from imagebuilder.drift import missing_releases, python_problems, release_drift
 from imagebuilder.matrix import load_matrix
 from imagebuilder.resources import default_matrix_path
 
@@ -26,3 +26,25 @@ def test_a_wrong_pin_is_reported_as_drift():
     )
     drifts = release_drift(dataclasses.replace(release, variants=wrong))
     assert drifts == [f"torch 2.6.0 ({release.pypi_variant}) nccl: matrix.yaml has 2.99.1, the index's wheel pins 2.21.5"]
+
+
+def test_every_python_of_every_release_has_wheels_of_all_its_packages():
+    """torch 2.5 listed 3.13, where torchvision 0.20.1, torchaudio 2.5.1 and triton have no wheel."""
+    matrix = load_matrix(default_matrix_path())
+    assert [line for release in matrix.torches.values() for line in python_problems(release)] == []
+
+
+def test_a_python_without_companion_wheels_is_reported():
+    release = load_matrix(default_matrix_path()).torches["2.5"]
+    with_313 = dataclasses.replace(release, pythons=(*release.pythons, Version("3.13")))
+    assert python_problems(with_313) == [
+        "torch 2.5.1 lists Python 3.13, but there is no wheel of torchvision 0.20.1, torchaudio 2.5.1, "
+        "triton (torch requires none on Python 3.13: no torch.compile on GPU) for it"
+    ]
+
+
+def test_releases_on_the_index_that_the_matrix_lacks_are_reported():
+    matrix = load_matrix(default_matrix_path())
+    assert missing_releases(matrix) == []
+    without_newest = dataclasses.replace(matrix, torches={k: v for k, v in matrix.torches.items() if k != "2.15"})
+    assert missing_releases(without_newest) == [Version("2.15.0")]

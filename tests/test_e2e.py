@@ -193,3 +193,23 @@ def test_verify_fails_a_plain_pip_install_image_for_want_of_a_compiler(docker_en
         assert "error:" in done.stderr and "compile" in done.stderr
     finally:
         docker_engine.remove_image(ref)
+
+
+def test_a_cuda_image_without_a_gpu_is_not_green(docker_engine, runtime_image):
+    """`docker run IMAGE python -m smoke_tests` without --gpus: a CUDA image fails, saying how
+    to skip on purpose; with --allow-no-gpu the summary counts the skips, not passes.
+    The runtime guard admits the drivers the wheels run on (minor-version compatibility)."""
+    from imagebuilder.verify import parse_output
+
+    ref = runtime_image["tags"][0]
+    checks = ["python", "-m", "smoke_tests", "--checks", "environment,cuda"]
+    required = docker_engine.run(ref, checks, timeout=300)
+    assert required.exit_code == 1, required.output[-2000:]
+    assert "pass --allow-no-gpu to skip the GPU checks on purpose" in required.output
+    assert "FAILED: 1 failed, 1 passed" in required.output
+    allowed = docker_engine.run(ref, checks + ["--allow-no-gpu", "--json"], timeout=300)
+    assert allowed.exit_code == 0, allowed.output[-2000:]
+    assert [(c.name, c.status) for c in parse_output(allowed.output, allowed.exit_code).checks] == [
+        ("environment", "pass"), ("cuda", "skip")]
+    env = docker_engine.run(ref, ["sh", "-c", "echo $NVIDIA_REQUIRE_CUDA"], timeout=60)
+    assert env.output.strip() == "cuda>=12.0"

@@ -121,6 +121,10 @@ def test_classic_stream_parser_on_canned_output() -> None:
     # The first stage's last image is what a multi-stage build leaves behind; the base
     # image's id after a FROM is not a stage image.
     assert state.stage_images == ["bbbbbbbbbbbb"]
+    cached = _BuildState(time.monotonic(), None)
+    for chunk in CLASSIC_STREAM:
+        cached.feed(chunk.replace(" ---> Running in cccccccccccc\n", " ---> Using cache\n"))
+    assert cached.stage_images == []  # a stage from the cache is an earlier build's: not ours to remove
 
 
 def test_network_hint_names_the_host_and_skips_ca_advice_when_a_ca_was_given() -> None:

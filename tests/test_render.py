@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from imagebuilder.matrix import VARIANTS, load_matrix
+from packaging.version import Version
+
+from imagebuilder.matrix import VARIANTS, driver_key, load_matrix
 from imagebuilder.output import ForeignFolder, write_tree
 from imagebuilder.render import RenderError, RenderOptions, render
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
@@ -64,9 +66,37 @@ def test_what_a_runtime_image_needs_is_in_it():
     final = text.split("\nFROM ${BASE_IMAGE}\n", 1)[1]
     assert "g++" in final and "python3-dev" in final  # torch.compile needs a compiler and headers
     assert "rm -rf /var/lib/apt/lists/*" in final
-    assert "NVIDIA_REQUIRE_CUDA=cuda>=12.1" in final
+    assert "NVIDIA_REQUIRE_CUDA=cuda>=12.0" in final  # see test_the_runtime_guard_admits_...
     assert "USER 1000" in final
     assert "uv pip install" in text and "UV_NO_CACHE=1" in text
+
+
+# Real driver branches with the CUDA version they report (cuDriverGetVersion, nvidia-smi's
+# "CUDA Version"), which the NVIDIA container runtime compares with NVIDIA_REQUIRE_CUDA's
+# cuda>= (libnvidia-container's dsl_compare_version: numeric, field by field).
+DRIVERS = [("470.256.02", "11.4"), ("520.61.05", "11.8"), ("525.60.13", "12.0"), ("535.183.01", "12.2"),
+           ("550.54.15", "12.4"), ("560.35.05", "12.6"), ("570.124.06", "12.8"), ("575.57.08", "12.9"),
+           ("580.65.06", "13.0"), ("580.95.05", "13.0")]
+
+
+def _admits(guard: str, driver_cuda: str) -> bool:
+    """The runtime's reading of a single `cuda>=X.Y` requirement."""
+    assert guard.startswith("cuda>=") and " " not in guard and "," not in guard, guard
+    return Version(driver_cuda) >= Version(guard.removeprefix("cuda>="))
+
+
+def test_the_runtime_guard_admits_every_driver_the_wheels_run_on():
+    """A cu128 image must start on the 535 and 550 branches (DGX H100/H200 clusters), which
+    run its wheels through minor-version compatibility, and refuse drivers below that floor."""
+    matrix = load_matrix(default_matrix_path())
+    for spec in enumerate_matrix(matrix):
+        if spec.variant != "runtime":
+            continue
+        guard = render(spec, matrix).dockerfile.split("NVIDIA_REQUIRE_CUDA=", 1)[1].split()[0]
+        for driver, driver_cuda in DRIVERS:
+            # Newer drivers run older CUDA majors too; below the floor nothing runs.
+            runs = driver_key(driver) >= driver_key(spec.cuda.min_driver_compat)
+            assert _admits(guard, driver_cuda) == runs, (spec.cuda.key, guard, driver)
 
 
 def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):

@@ -116,3 +116,18 @@ def test_enumeration_leaves_out_what_cannot_be_built_and_filters():
     assert not any(s.variant == "devel" and s.os.name == "debian12" for s in specs)  # no 12.x nvcc there
     assert {s.variant for s in enumerate_matrix(M, torch="2.6", variant="jupyter")} == {"jupyter"}
     assert all(s.cuda.key == Version("12.4") for s in enumerate_matrix(M, cuda="12.4"))
+
+
+@pytest.mark.parametrize("os_python,shipped,expected", [
+    ("3.11", ["3.10", "3.11", "3.12"], "3.11"),  # the OS's own
+    ("3.10", ["3.11", "3.12", "3.13", "3.14", "3.15"], "3.11"),  # ubuntu22.04 x torch 2.15: nearest above
+    ("3.13", ["3.8", "3.9", "3.10", "3.11", "3.12"], "3.12"),  # an OS newer than the release: its newest
+])
+def test_default_python_is_one_torch_ships(os_python, shipped, expected):
+    from dataclasses import replace
+
+    from imagebuilder.resolve import default_python
+
+    torch = replace(M.torches["2.6"], pythons=tuple(Version(p) for p in shipped))
+    os = replace(M.oses["ubuntu22.04"], python=Version(os_python))
+    assert default_python(torch, os, torch.variants[0]) == Version(expected)

@@ -70,6 +70,20 @@ PREFLIGHT_CASES: list[tuple[str, HostFacts, bool, dict[str, str], str]] = [
                                            nvidia_runtime=RUNTIME), False, {"driver": "fail"},
      "host driver 470.1 is older"),
     ("driver-no-label", HostFacts(gpus=(H100,), nvidia_runtime=RUNTIME), False, {"driver": "skip"}, ""),
+    # Minor-version compatibility: a cu128 image on the 535 branch (DGX H100/H200) runs.
+    ("driver-between-floors", HostFacts(gpus=gpus("535.183.01"), min_driver="570.124.06",
+                                        min_driver_compat="525.60.13", cuda="12.8.1", nvidia_runtime=RUNTIME),
+     False, {"driver": "pass"}, ""),
+    ("driver-at-compat-floor", HostFacts(gpus=gpus("525.60.13"), min_driver="570.124.06",
+                                         min_driver_compat="525.60.13", nvidia_runtime=RUNTIME),
+     False, {"driver": "pass"}, ""),
+    ("driver-below-compat-floor", HostFacts(gpus=gpus("520.61.05"), min_driver="570.124.06",
+                                            min_driver_compat="525.60.13", cuda="12.8.1", nvidia_runtime=RUNTIME),
+     False, {"driver": "fail"}, "host driver 520.61.05 is older than 525.60.13, the oldest that runs this "
+                                "image's CUDA 12.8.1 even through minor-version compatibility"),
+    ("driver-cuda13-on-a-12-driver", HostFacts(gpus=gpus("575.57.08"), min_driver="580.95.05",
+                                               min_driver_compat="580.65.06", nvidia_runtime=RUNTIME),
+     False, {"driver": "fail"}, "older than 580.65.06"),
     ("driver-garbage", HostFacts(gpus=gpus("n/a"), min_driver="530.30.02", nvidia_runtime=RUNTIME), False,
      {"driver": "fail"}, "cannot compare"),
     ("no-gpu", HostFacts(gpu_error="nvidia-smi not found: no NVIDIA driver installed"), False,
@@ -105,6 +119,17 @@ def test_preflight(facts: HostFacts, allow_no_gpu: bool, statuses: dict[str, str
     if not facts.in_container:
         assert not {"daemon", "image", "runtime"} & set(got)
     assert result.use_gpus == bool(facts.gpus)
+
+
+def test_preflight_between_the_floors_passes_with_the_ptx_jit_note() -> None:
+    facts = HostFacts(gpus=gpus("550.54.15"), min_driver="570.124.06", min_driver_compat="525.60.13",
+                      cuda="12.8.1", nvidia_runtime=RUNTIME)
+    (driver,) = [item for item in preflight(facts, allow_no_gpu=False).items if item.name == "driver"]
+    assert driver.status == "pass"
+    assert driver.detail == (
+        "host driver 550.54.15 runs this image's CUDA 12.8.1 through minor-version compatibility "
+        "(>= 525.60.13); below 570.124.06 the driver cannot JIT-compile the image's PTX, so a GPU that "
+        "needs PTX JIT fails")
 
 
 def test_preflight_reports_every_problem_at_once() -> None:
@@ -267,9 +292,20 @@ def test_verify_image_cpu_mode_and_mounted_smoke_tests(cpu_host: None) -> None:
     assert report.ok and not report.require_gpu
     (run,) = engine.runs
     assert "--require-gpu" not in run["command"] and run["gpus"] is False
+    assert run["command"][-1] == "--allow-no-gpu"  # a CUDA image's smoke tests require a GPU otherwise
     (host_path,) = run["volumes"]
     assert (Path(host_path) / "__main__.py").is_file()
     assert run["environment"]["PYTHONPATH"] == "/opt/imagebuilder/host"
+
+
+def test_verify_image_reads_the_compat_floor_label(gpu_host: None) -> None:
+    """A cu128 image on a 550 driver: the min-driver label alone would refuse it."""
+    engine = FakeEngine(labels={"io.imagebuilder.min-driver": "570.124.06",
+                                "io.imagebuilder.min-driver-compat": "525.60.13", "io.imagebuilder.cuda": "12.8.1"})
+    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    assert report.ok, report.format()
+    (driver,) = [item for item in report.preflight if item.name == "driver"]
+    assert "through minor-version compatibility (>= 525.60.13)" in driver.detail
 
 
 def test_verify_image_stops_at_a_failed_preflight(gpu_host: None) -> None:
@@ -375,7 +411,8 @@ def test_local_fake_report_passes(tmp_path: Path, cpu_host: None) -> None:
     manifest.write_text(json.dumps({"torch": "2.6.0", "min_driver": "530.30.02"}))
     report = verify_local(allow_no_gpu=True, python=python, manifest=str(manifest))
     assert report.ok and report.mode == "local"
-    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest)]
+    assert (tmp_path / "args").read_text().split() == ["-m", "smoke_tests", "--json", "--manifest", str(manifest),
+                                                       "--allow-no-gpu"]
 
 
 # --------------------------------------------------------------------------- CLI --local, for real

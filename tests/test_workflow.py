@@ -1,9 +1,12 @@
-""".github/workflows/publish.yml: valid for GitHub Actions, and what it runs is what imagebuilder accepts.
+""".github/workflows/*.yml: valid for GitHub Actions, and what they run is what imagebuilder accepts.
+
+publish.yml publishes the matrix; matrix-update.yml adds releases the index has and opens a pull request.
 
 Every workflow is validated against SchemaStore's GitHub workflow schema with check-jsonschema
 (a maintained checker whose vendored schema works offline); then what the schema cannot know:
 jobs' needs exist, the plan job's script runs for real (imagebuilder + jq) and one generated
-matrix entry goes through the publish job's command line with `--dry-run --force`.
+matrix entry goes through the publish job's command line with `--dry-run --force`; the update
+job's steps run against a local git origin, with a recorder for `gh`.
 """
 
 from __future__ import annotations
@@ -19,18 +22,29 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import remove_block
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"
+UPDATE = REPO_ROOT / ".github" / "workflows" / "matrix-update.yml"
 PUBLISH_KEYS = ("torch", "cuda", "python", "os")
+
+
+def load_workflow(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    # YAML 1.1 reads the key `on` as True.
+    document["on"] = document.pop(True, document.get("on"))
+    return dict(document)
 
 
 @pytest.fixture(scope="module")
 def workflow() -> dict[str, Any]:
-    document = yaml.safe_load(WORKFLOW.read_text())
-    # YAML 1.1 reads the key `on` as True.
-    document["on"] = document.pop(True, document.get("on"))
-    return dict(document)
+    return load_workflow(WORKFLOW)
+
+
+@pytest.fixture(scope="module", params=[WORKFLOW, UPDATE], ids=lambda p: p.name)
+def any_workflow(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return load_workflow(request.param)
 
 
 # --------------------------------------------------------------------------- schema
@@ -56,8 +70,8 @@ def test_triggers(workflow: dict[str, Any]) -> None:
         assert spec["description"]
 
 
-def test_jobs_are_complete_and_needs_exist(workflow: dict[str, Any]) -> None:
-    jobs = workflow["jobs"]
+def test_jobs_are_complete_and_needs_exist(any_workflow: dict[str, Any]) -> None:
+    jobs = any_workflow["jobs"]
     for name, job in jobs.items():
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name)
         assert job.get("runs-on"), f"{name} has no runs-on"
@@ -148,7 +162,8 @@ def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, An
     done = _run_step(step["run"], env, tmp_path)
     assert done.returncode == 0, done.stderr
     wanted = [i for i in generated["images"] if all(i[k] == entry[k] for k in PUBLISH_KEYS)]
-    positions = {i["variant"]: done.stdout.index(f"127.0.0.1:1/ci/pytorch:{i['tag']} ") for i in wanted}
+    # x64 runners publish the linux/amd64 images under their platform's tags; merge joins them.
+    positions = {i["variant"]: done.stdout.index(f"127.0.0.1:1/ci/pytorch:{i['tag']}-amd64 ") for i in wanted}
     assert positions["runtime"] < positions["jupyter"]
     plan_lines = [line for line in done.stdout.splitlines() if re.match(r"^\d+\s", line)]
     assert len(plan_lines) == len(wanted)
@@ -159,3 +174,94 @@ def test_force_input_becomes_the_flag(workflow: dict[str, Any]) -> None:
     assert step["env"]["FORCE"] == "${{ inputs.force && '--force' || '' }}"
     assert "$FORCE" in step["run"] and "--registry \"$REGISTRY\"" in step["run"]
     assert workflow["jobs"]["publish"]["env"]["REGISTRY"] == "${{ vars.REGISTRY }}"
+
+
+def test_arm64_runners_publish_the_releases_with_aarch64_wheels_and_merge_joins_them(
+        workflow: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The plan step's arm64 matrix, run for real over the whole matrix: only 2.11+ releases;
+    the arm64 job publishes linux/arm64 without merging; the merge job runs after both."""
+    if shutil.which("jq") is None:
+        pytest.skip("jq is not installed (GitHub's runners have it)")
+    tmp = tmp_path_factory.mktemp("plan-arm64")
+    (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
+    output = tmp / "github_output"
+    done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": "",
+                                   "GITHUB_OUTPUT": str(output)}, tmp)
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    arm64 = json.loads(outputs["arm64_matrix"])["include"]
+    assert int(outputs["arm64_count"]) == len(arm64) > 0
+    assert {c["torch"].rsplit(".", 1)[0] for c in arm64} >= {"2.11"}
+    assert all(tuple(int(x) for x in c["torch"].split(".")[:2]) >= (2, 11) for c in arm64)
+    jobs = workflow["jobs"]
+    arm_job = jobs["publish-arm64"]
+    assert arm_job["runs-on"] == ["self-hosted", "linux", "ARM64", "gpu"]
+    assert arm_job["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.arm64_matrix) }}"
+    (publish_step,) = [s for s in arm_job["steps"] if s.get("name") == "Publish"]
+    assert "--platform linux/arm64 --no-merge" in publish_step["run"]
+    merge = jobs["merge"]
+    assert set(merge["needs"]) == {"plan", "publish", "publish-arm64"}
+    (merge_step,) = [s for s in merge["steps"] if s.get("name") == "Merge"]
+    assert "--platform linux/amd64,linux/arm64 --merge-only" in merge_step["run"]
+
+
+# --------------------------------------------------------------------------- matrix-update.yml
+
+
+@pytest.fixture(scope="module")
+def update() -> dict[str, Any]:
+    return load_workflow(UPDATE)
+
+
+def test_update_runs_weekly_and_may_open_pull_requests(update: dict[str, Any]) -> None:
+    assert set(update["on"]) == {"schedule", "workflow_dispatch"}  # the cron string: the schema test
+    assert update["permissions"] == {"contents": "write", "pull-requests": "write"}
+    steps = update["jobs"]["update"]["steps"]
+    (add,) = [s for s in steps if s.get("id") == "add"]
+    (pr,) = [s for s in steps if s.get("name") == "Open a pull request"]
+    assert "matrix add --new" in add["run"]
+    assert pr["if"] == "steps.add.outputs.changed == 'true'"
+    assert pr["env"]["GH_TOKEN"] == "${{ github.token }}"  # the job's token, not a stored secret
+    assert "gh pr create" in pr["run"] and '--head "$branch"' in pr["run"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A clone (with an origin to push to) of a repository whose matrix.yaml lacks torch 2.15."""
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    _git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    _git(tmp_path, "clone", "-q", str(origin), str(work))
+    (work / "matrix.yaml").write_text(remove_block((REPO_ROOT / "matrix.yaml").read_text(), "2.15"))
+    _git(work, "add", "matrix.yaml")
+    _git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "matrix")
+    _git(work, "push", "-q", "origin", "main")
+    return work
+
+
+@pytest.mark.slow
+def test_update_adds_a_new_release_and_opens_one_pull_request(update: dict[str, Any], checkout: Path) -> None:
+    """Both steps run for real (the index is read; `gh` is a recorder): 2.15.0 is added, pushed on
+    its own branch and proposed once; a second run finds the branch and proposes nothing."""
+    steps = update["jobs"]["update"]["steps"]
+    (add,) = [s for s in steps if s.get("id") == "add"]
+    (pr,) = [s for s in steps if s.get("name") == "Open a pull request"]
+    bin_dir = _shim(checkout.parent / "bin")
+    calls = checkout.parent / "gh-calls"
+    (bin_dir / "gh").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    (bin_dir / "gh").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_OUTPUT": str(checkout / ".out")}
+    done = _run_step(add["run"], env, checkout)
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in (checkout / ".out").read_text().splitlines())
+    assert outputs == {"changed": "true", "versions": "2.15.0"}
+    for _ in range(2):
+        done = _run_step(pr["run"], {**env, "VERSIONS": "2.15.0", "BASE": "main", "GH_TOKEN": "x"}, checkout)
+        assert done.returncode == 0, done.stderr
+    assert calls.read_text().splitlines() == [
+        "pr create --base main --head matrix/torch-2.15.0 --title matrix.yaml: torch 2.15.0 --body-file body.md"]
+    pushed = _git(checkout, "show", "origin/matrix/torch-2.15.0:matrix.yaml")
+    assert '  "2.15":\n    version: "2.15.0"' in pushed

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List
 import torch
 
 from ..context import Context
-from ..result import Result, failed, passed
+from ..result import Result, failed, passed, skipped
 from ..toolchain import CompilerProblem, find_cxx
 
 NAME = "compile"
@@ -53,7 +53,27 @@ def counting_inductor(graphs: List[int]) -> Callable[..., Any]:
     return backend
 
 
+def dynamo_unsupported() -> "str | None":
+    """Dynamo's own reason why torch.compile cannot run on this Python (torch 2.5 on
+    Python 3.13, a free-threaded build, ...), or None when it can."""
+    try:
+        from torch._dynamo.eval_frame import check_if_dynamo_supported
+    except ImportError:  # private API moved: the public predicate, without its reason
+        supported = getattr(getattr(torch, "_dynamo", None), "is_dynamo_supported", None)
+        return None if supported is None or supported() else "torch._dynamo.is_dynamo_supported() is False"
+    try:
+        check_if_dynamo_supported()
+    except Exception as e:  # noqa: BLE001 - Dynamo raises RuntimeError with the reason
+        return str(e).strip() or type(e).__name__
+    return None
+
+
 def check(ctx: Context) -> Result:
+    unsupported = dynamo_unsupported()
+    if unsupported is not None:
+        # A limit of this torch on this Python, not a broken image: every such image
+        # would fail, and the other checks still say whether it works.
+        return skipped(NAME, f"torch.compile is not supported here: {unsupported}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # Inductor's CPU kernels are C++; without a compiler torch.compile dies deep in a
     # traceback, so say it plainly. (On a GPU Triton looks for its own C compiler and

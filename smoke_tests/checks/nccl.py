@@ -1,22 +1,26 @@
-"""An exactly checked all-reduce across every visible GPU, under a hard time limit."""
+"""An exactly checked all-reduce across every visible GPU, under a hard time limit.
+
+Runs before the checks that keep a CUDA context in this process (compile, cuda_graph): on
+GPUs in exclusive-process compute mode such a context would lock the workers out.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .. import allreduce
+from .. import driver
+from ..child import RESULT_PREFIX, child_env, module_command
 from ..context import Context, no_gpu_reason
-from ..result import Result, failed, passed
+from ..result import Result, failed, passed, skipped
 
 NAME = "nccl"
 
@@ -57,20 +61,52 @@ def bus_bandwidth(algbw: float, world_size: int) -> float:
     return algbw * 2 * (world_size - 1) / world_size
 
 
-def _package_parent() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(allreduce.__file__)))
-
-
 def _last_line(log: IO[str]) -> str:
     log.seek(0)
     lines = [line.strip() for line in log.read().splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
 
 
-def run_workers(plan: Plan, timeout: float) -> Result:
-    env = dict(os.environ)
-    # Workers must import this very copy of smoke_tests, wherever it lives.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_parent(), env.get("PYTHONPATH")) if p)
+Exit = Tuple[float, int]  # (monotonic time of the exit, exit code)
+
+
+def first_failure(exits: Mapping[int, Exit]) -> Optional[Tuple[int, int]]:
+    """(rank, exit code) of the first worker to exit non-zero, by time.
+
+    Once one worker dies, the others fail in the collective after it, and the lowest
+    rank is rarely the culprit; ties (one poll apart) go to the lower rank.
+    """
+    failures = sorted((when, rank, code) for rank, (when, code) in exits.items() if code != 0)
+    return (failures[0][1], failures[0][2]) if failures else None
+
+
+def crash_hint(last_line: str, devices: Sequence[driver.Device]) -> str:
+    """What a worker's last words mean when the GPU itself refused it."""
+    if "busy or unavailable" not in last_line:
+        return ""
+    exclusive = [device.index for device in devices if device.compute_mode == driver.EXCLUSIVE_PROCESS]
+    if exclusive:
+        return (f" (GPU(s) {exclusive} are in {driver.EXCLUSIVE_PROCESS} compute mode: another process "
+                "holds them; nvidia-smi --query-compute-apps=pid,name --format=csv lists it)")
+    return " (another process holds the GPU, or its compute mode is PROHIBITED: see nvidia-smi)"
+
+
+def _watch(workers: Sequence["subprocess.Popen[Any]"]) -> Dict[int, Exit]:
+    """Exit times as they happen: one waiting thread per worker, so that the order of
+    exits is the order of deaths, not of a polling loop's visits."""
+    exits: Dict[int, Exit] = {}
+
+    def wait(rank: int, worker: "subprocess.Popen[Any]") -> None:
+        code = worker.wait()
+        exits[rank] = (time.monotonic(), code)
+
+    for rank, worker in enumerate(workers):
+        threading.Thread(target=wait, args=(rank, worker), daemon=True).start()
+    return exits
+
+
+def run_workers(plan: Plan, timeout: float, devices: Sequence[driver.Device] = ()) -> Result:
+    env = child_env()
     port = free_port()
     measurements: Dict[str, Any] = {
         "backend": plan.backend,
@@ -85,31 +121,37 @@ def run_workers(plan: Plan, timeout: float) -> Result:
             out = tempfile.TemporaryFile("w+")
             err = tempfile.TemporaryFile("w+")
             logs += [out, err]
-            command = [
-                sys.executable, "-m", "smoke_tests.allreduce",
+            args = [
                 "--rank", str(rank), "--world-size", str(plan.world_size), "--port", str(port),
                 "--backend", plan.backend, "--bytes", str(plan.nbytes),
                 "--iterations", str(plan.iterations), "--timeout", str(timeout),
             ]
+            command = module_command("smoke_tests.allreduce", args)
             workers.append(subprocess.Popen(command, stdout=out, stderr=err, env=env))
+        exits = _watch(workers)
 
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(w.poll() is None for w in workers):
-            if any(w.returncode not in (None, 0) for w in workers):
+        while time.monotonic() < deadline and len(exits) < len(workers):
+            if any(code != 0 for _, code in list(exits.values())):
                 deadline = min(deadline, time.monotonic() + AFTER_FIRST_FAILURE_S)
-            time.sleep(0.1)
-        hung = [rank for rank, w in enumerate(workers) if w.poll() is None]
+            time.sleep(0.05)
+        finished = dict(exits)  # before the kills below add the hung ones
+        hung = [rank for rank in range(plan.world_size) if rank not in finished]
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
 
-        crashed = [(rank, w.returncode) for rank, w in enumerate(workers) if w.returncode != 0 and rank not in hung]
-        if crashed:
-            rank, code = crashed[0]
+        first = first_failure(finished)
+        if first is not None:
+            rank, code = first
+            measurements["exit_order"] = [r for _, r in sorted((when, r) for r, (when, _) in finished.items())]
+            last = _last_line(logs[2 * rank + 1])
+            others = sorted(r for r, (_, c) in finished.items() if c != 0 and r != rank)
+            after = f"; then rank(s) {others} failed too" if others else ""
             return failed(
                 NAME,
-                f"worker rank {rank} exited {code}: {_last_line(logs[2 * rank + 1])}",
+                f"worker rank {rank} exited {code} first: {last}{crash_hint(last, devices)}{after}",
                 **measurements,
             )
         if hung:
@@ -132,11 +174,11 @@ def run_workers(plan: Plan, timeout: float) -> Result:
         return failed(NAME, f"workers {missing} exited 0 without reporting a result", **measurements)
     wrong = [r for r in reports if r and r["mismatches"]]
     if wrong:
-        first = wrong[0]
-        detail = first["first_wrong"]
+        first_wrong = wrong[0]
+        detail = first_wrong["first_wrong"]
         return failed(
             NAME,
-            f"all-reduce result wrong on rank {first['rank']}: {first['mismatches']} element(s) differ, "
+            f"all-reduce result wrong on rank {first_wrong['rank']}: {first_wrong['mismatches']} element(s) differ, "
             f"element {detail['index']} is {detail['value']:g}, expected {detail['expected']:g}",
             **measurements,
         )
@@ -155,13 +197,27 @@ def run_workers(plan: Plan, timeout: float) -> Result:
 def _read_report(log: IO[str]) -> Optional[Dict[str, Any]]:
     log.seek(0)
     for line in log.read().splitlines():
-        if line.startswith(allreduce.RESULT_PREFIX):
-            report: Dict[str, Any] = json.loads(line[len(allreduce.RESULT_PREFIX):])
+        if line.startswith(RESULT_PREFIX):
+            report: Dict[str, Any] = json.loads(line[len(RESULT_PREFIX):])
             return report
     return None
 
 
-def plan_for(ctx: Context) -> "Plan | Result":
+ONE_GPU = (
+    "one GPU: NCCL's single-rank all-reduce moves no data, so it proves nothing and its "
+    "bandwidth would be meaningless; the all-reduce needs two or more GPUs"
+)
+
+
+def mig_reason(slices: Sequence[int], devices: Sequence[driver.Device]) -> str:
+    buses = sorted({devices[i].pci_bus_id for i in slices if i < len(devices) and devices[i].pci_bus_id})
+    where = f" (PCI bus {', '.join(buses)})" if buses else ""
+    return (f"MIG: GPU(s) {list(slices)} are MIG slices of one GPU{where}; NCCL refuses slices that share a "
+            "GPU (\"Duplicate GPU detected\") and one slice has no peer: the all-reduce needs whole GPUs")
+
+
+def plan_for(ctx: Context, devices: Sequence[driver.Device] = ()) -> "Plan | Result":
+    """What to run, or why not; devices are the driver's listing (for MIG), read by check()."""
     if not torch.distributed.is_available():
         return failed(NAME, "torch.distributed is not available in this torch build")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -170,13 +226,20 @@ def plan_for(ctx: Context) -> "Plan | Result":
             return failed(NAME, no_gpu_reason(torch.version.cuda))
         # Without a GPU the same rendezvous and exact check still run, over gloo.
         return Plan("gloo", CPU_WORLD_SIZE, CPU_BYTES, CPU_ITERATIONS)
+    slices = driver.mig_devices(devices)
+    if slices:
+        return skipped(NAME, mig_reason(slices, devices), gpu_count=gpus, mig=slices)
+    if gpus == 1:
+        return skipped(NAME, ONE_GPU, gpu_count=1)
     if not torch.distributed.is_nccl_available():
         return failed(NAME, f"{gpus} GPU(s) visible but this torch build has no NCCL backend")
     return Plan("nccl", gpus, GPU_BYTES, GPU_ITERATIONS)
 
 
 def check(ctx: Context) -> Result:
-    plan = plan_for(ctx)
+    # The driver API lists devices without creating a context (see driver.py).
+    devices = driver.devices()[0] if torch.cuda.is_available() else []
+    plan = plan_for(ctx, devices)
     if isinstance(plan, Result):
         return plan
-    return run_workers(plan, ctx.timeout)
+    return run_workers(plan, ctx.timeout, devices)

@@ -68,7 +68,8 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="1100574adedd62718f783bff390c14623621fae6bac49a37780e0964c0b842a3"
+    io.imagebuilder.min-driver-compat="580.65.06" \
+    io.imagebuilder.inputs-hash="aaf73dda9194685cac2b58826b1511090f5d6fb564b37de36b7d6903f3c76ea8"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

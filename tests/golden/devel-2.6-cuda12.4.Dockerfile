@@ -45,7 +45,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.4 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
     CUDA_HOME=/usr/local/cuda
 LABEL \
@@ -64,7 +64,8 @@ LABEL \
     io.imagebuilder.variant="devel" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="6b8cb1ab74d88d9ee0516c05408907cf583f84b192867c2c35f85d7469db43ae"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="40882593babbfc8389a82f2064d97958166f4de6498854f2e2f396029ee484c2"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

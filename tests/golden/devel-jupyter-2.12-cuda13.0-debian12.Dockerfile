@@ -38,7 +38,8 @@ LABEL \
     io.imagebuilder.variant="devel-jupyter" \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
-    io.imagebuilder.inputs-hash="70240b2b3c4c65fe421dcf21929648ded12d893b44d758df1c53a18bee5ebdef"
+    io.imagebuilder.min-driver-compat="580.65.06" \
+    io.imagebuilder.inputs-hash="0dabadba2f72ebce2df29e76c470684f9947177d0854f09d86b8fd8f6d7e610d"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

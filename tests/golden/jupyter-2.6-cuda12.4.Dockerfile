@@ -38,7 +38,8 @@ LABEL \
     io.imagebuilder.variant="jupyter" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
-    io.imagebuilder.inputs-hash="1c7bed83640c2f5f16496fadb20ea311caa9f181ef935095f38a7241f4875c4b"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="98b639c089c1a88f464efa72712a4a7570925a16addaf26fcca4e69a80f349b2"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

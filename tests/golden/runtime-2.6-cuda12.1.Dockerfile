@@ -40,7 +40,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA=cuda>=12.1 \
+    NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
@@ -58,7 +58,8 @@ LABEL \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
-    io.imagebuilder.inputs-hash="1dd0a082df67e3c8186d737d7efc3df5c40063e6df1498e3a0fad2f80e1bfc08"
+    io.imagebuilder.min-driver-compat="525.60.13" \
+    io.imagebuilder.inputs-hash="cc13bb6ad5559cada493bad8d9d34abc23f29042218c4c942fcc80d58f9e4492"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -1,0 +1,323 @@
+"""The BuildKit builder: the docker CLI in a subprocess, its `--progress=plain` output parsed.
+
+docker-py drives only the classic builder, which cannot take a secret, share a cache or
+build for another platform (docker/docker-py#2230). So BuildKit builds run the docker CLI
+(`docker buildx build --load`, or `docker build` with BuildKit built in, as Debian's 20.10
+CLI has), and the Docker SDK stays the way to inspect, run and push what it built.
+
+The plain progress names every step as `[stage i/m] INSTRUCTION`; it becomes the same
+`Progress` events (step n/m over the whole Dockerfile) the classic builder gives, and the
+whole output goes to the log file. A Ctrl-C or a timeout ends the CLI, which makes the
+daemon cancel the solve: BuildKit tags only a finished image and runs no containers that
+outlive the build, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from .classic_stream import TAIL_LINES, Progress
+from .engine import BuildRequest, BuildResult, DockerEngine, check_request
+from .engine_errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
+
+# BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
+_COUNTED = frozenset({"FROM", "RUN", "COPY", "ADD", "WORKDIR"})
+_LINE = re.compile(r"^#(\d+) (.*)$")
+_STEP = re.compile(r"^\[(?P<label>[^\]]*?)\s*(?P<i>\d+)/(?P<m>\d+)\] (?P<instruction>.*)$")
+_OUTPUT = re.compile(r"^\d+\.\d+ (.*)$")
+_MOUNT = re.compile(r"--mount=\S+\s+")
+_METADATA = re.compile(r"^\[internal\] load metadata for (\S+)")
+_STOP_GRACE = 10.0  # seconds the CLI gets to cancel the build before it is killed
+
+
+def dockerfile_stages(dockerfile: str) -> tuple[tuple[str, int], ...]:
+    """(BuildKit's name of each stage, the steps BuildKit counts in it), in order.
+
+    An unnamed stage is `stage-N` (N its index), as BuildKit labels it."""
+    stages: list[tuple[str, int]] = []
+    logical = re.sub(r"\\\n", " ", dockerfile)
+    for line in logical.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        keyword = words[0].upper()
+        if keyword == "FROM":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            name = args[2] if len(args) >= 3 and args[1].upper() == "AS" else f"stage-{len(stages)}"
+            stages.append((name, 1))
+        elif keyword in _COUNTED and stages:
+            name, count = stages[-1]
+            stages[-1] = (name, count + 1)
+    return tuple(stages)
+
+
+@dataclass
+class _Vertex:
+    """One BuildKit vertex (#N); `step` is None for internal work (loading, exporting)."""
+
+    name: str
+    step: int | None = None
+    instruction: str = ""
+    cached: bool = False
+    done: bool = False
+    error: str | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+
+
+class PlainProgress:
+    """What `--progress=plain` said so far; pure, fed one line at a time.
+
+    Steps are numbered over the whole Dockerfile (stage offsets from `dockerfile_stages`),
+    so a two-stage build counts 1..m like the classic builder's `Step n/m`."""
+
+    def __init__(self, dockerfile: str, started: float,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.stages = dockerfile_stages(dockerfile)
+        self.total = sum(count for _, count in self.stages)
+        self._offsets: dict[str, int] = {}
+        offset = 0
+        for index, (name, count) in enumerate(self.stages):
+            self._offsets[name] = self._offsets[f"stage-{index}"] = offset
+            offset += count
+        self.started = started
+        self.on_progress = on_progress
+        self.vertices: dict[int, _Vertex] = {}
+        self.trailer: list[str] = []  # the lines after the vertices: the CLI's final error
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\r\n")
+        m = _LINE.match(line)
+        if m is None:
+            if line.strip() and line.strip() != "------":
+                self.trailer.append(line.strip())
+            return
+        number, text = int(m[1]), m[2]
+        vertex = self.vertices.get(number)
+        if vertex is None:
+            self.vertices[number] = vertex = self._new_vertex(text)
+            if vertex.step is not None:
+                self._emit(vertex, None)
+            return
+        if text == "CACHED":
+            vertex.cached = True
+            if vertex.step is not None:
+                self._emit(vertex, None)
+        elif text.startswith("DONE"):
+            vertex.done = True
+        elif text.startswith("ERROR:"):
+            vertex.error = text.removeprefix("ERROR:").strip()
+        elif output := _OUTPUT.match(text):
+            vertex.tail.append(output[1])
+            if vertex.step is not None:
+                self._emit(vertex, output[1])
+
+    def _new_vertex(self, name: str) -> _Vertex:
+        step = _STEP.match(name)
+        if step is None:
+            return _Vertex(name)
+        # The label is "[stage]", or "[platform stage]" in a build for several platforms.
+        stage = next((w for w in step["label"].split() if "/" not in w), "stage-0")
+        i, m = int(step["i"]), int(step["m"])
+        # The mounts are how the step runs, not what it does: a progress line shows the latter.
+        instruction = _MOUNT.sub("", step["instruction"])
+        if stage in self._offsets:
+            return _Vertex(name, step=self._offsets[stage] + i, instruction=instruction)
+        # A Dockerfile this parser read differently from BuildKit: number within the stage.
+        self.total = max(self.total, m)
+        return _Vertex(name, step=i, instruction=instruction)
+
+    def _emit(self, vertex: _Vertex, line: str | None) -> None:
+        if self.on_progress is not None and vertex.step is not None:
+            self.on_progress(Progress(vertex.step, self.total, vertex.instruction,
+                                      time.monotonic() - self.started, vertex.cached, line))
+
+    # -- what the build came to
+
+    @property
+    def steps(self) -> list[_Vertex]:
+        return [v for v in self.vertices.values() if v.step is not None]
+
+    @property
+    def cached_steps(self) -> int:
+        return sum(1 for v in self.steps if v.cached)
+
+    @property
+    def executed_steps(self) -> int:
+        return sum(1 for v in self.steps if v.done and not v.cached
+                   and not v.instruction.upper().startswith("FROM "))
+
+    @property
+    def failed(self) -> _Vertex | None:
+        return next((v for v in self.vertices.values() if v.error is not None), None)
+
+    @property
+    def current(self) -> _Vertex | None:
+        """The last step that started and did not finish (a Ctrl-C or a timeout hit it)."""
+        running = [v for v in self.steps if not v.done and not v.cached]
+        return max(running, key=lambda v: v.step or 0) if running else None
+
+    def error(self, rc: int, log_path: Path | None) -> EngineError:
+        """The failure the output shows, as the classic builder's errors say it."""
+        vertex = self.failed
+        message = (vertex.error if vertex and vertex.error else None) or (
+            self.trailer[-1] if self.trailer else f"the docker CLI exited with code {rc}")
+        message = re.sub(r"^(ERROR: )?(failed to solve: )?", "", message)
+        if vertex is not None:
+            metadata = _METADATA.match(vertex.name)
+            if metadata or vertex.instruction.upper().startswith("FROM "):
+                base = metadata[1] if metadata else _from_image(vertex.instruction)
+                return BaseImageMissing(image=base.removeprefix("docker.io/library/"), detail=message)
+        tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
+        return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
+                           instruction=vertex.instruction if vertex else None, error=message,
+                           tail=tail, log_path=log_path, cause=classify_failure(message, tail))
+
+
+def _from_image(instruction: str) -> str:
+    words = [w for w in instruction.split()[1:] if not w.startswith("--")]
+    return words[0] if words else instruction
+
+
+@dataclass(frozen=True)
+class BuildKitCli:
+    """How to run a BuildKit build here: `command` + options + the context folder."""
+
+    command: tuple[str, ...]
+    """("docker", "buildx", "build", "--load") or ("/usr/bin/docker", "build")."""
+    buildkit_env: bool = False
+    """True: the CLI's built-in BuildKit, switched on by DOCKER_BUILDKIT=1."""
+    description: str = ""
+
+
+class BuildKitBuilder:
+    """Builds with BuildKit through the docker CLI; inspects with the SDK."""
+
+    name = "buildkit"
+
+    def __init__(self, cli: BuildKitCli, engine: DockerEngine) -> None:
+        self.cli = cli
+        self.engine = engine
+
+    def describe(self) -> str:
+        return f"BuildKit ({self.cli.description or ' '.join(self.cli.command)})"
+
+    def command(self, req: BuildRequest, iidfile: Path) -> list[str]:
+        args = [*self.cli.command, "--progress=plain", "--file", str(req.context / req.dockerfile),
+                "--iidfile", str(iidfile)]
+        for tag in req.tags:
+            args += ["--tag", tag]
+        for key, value in sorted(req.labels.items()):
+            args += ["--label", f"{key}={value}"]
+        for key, value in sorted(req.buildargs.items()):
+            args += ["--build-arg", f"{key}={value}"]
+        for secret_id, path in sorted(req.secrets.items()):
+            args += ["--secret", f"id={secret_id},src={path}"]
+        if req.platform:
+            args += ["--platform", req.platform]
+        if req.nocache:
+            args.append("--no-cache")
+        if req.pull:
+            args.append("--pull")
+        return [*args, str(req.context)]
+
+    def build(self, req: BuildRequest,
+              on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
+        check_request(req)
+        self.engine.ping()
+        started = time.monotonic()
+        state = PlainProgress((req.context / req.dockerfile).read_text(), started, on_progress)
+        env = {**os.environ, "DOCKER_BUILDKIT": "1"} if self.cli.buildkit_env else None
+        log: IO[str] | None = None
+        if req.log_path is not None:
+            req.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = req.log_path.open("w", encoding="utf-8")
+        with tempfile.TemporaryDirectory(prefix="imagebuilder-iid-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            try:
+                rc = self._run(self.command(req, iidfile), env, state, log, req)
+            finally:
+                if log:
+                    log.close()
+            image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
+        if rc != 0 or not image_id:
+            raise state.error(rc, req.log_path)
+        attrs = self.engine.inspect_image(image_id)
+        return BuildResult(
+            image_id=image_id,
+            tags=req.tags,
+            size=int(attrs.get("Size", 0)),
+            seconds=time.monotonic() - started,
+            steps=state.total,
+            cached_steps=state.cached_steps,
+            executed_steps=state.executed_steps,
+            log_path=req.log_path,
+        )
+
+    def _run(self, argv: Sequence[str], env: dict[str, str] | None, state: PlainProgress,
+             log: IO[str] | None, req: BuildRequest) -> int:
+        """Run the CLI, feeding its output to `state` and the log; its exit code."""
+        if log:
+            log.write("$ " + " ".join(argv) + "\n")
+        try:
+            # Its own session: the terminal's Ctrl-C reaches us, and we stop the CLI in order.
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, text=True,
+                                    encoding="utf-8", errors="replace", start_new_session=True)
+        except OSError as e:
+            raise EngineError(f"could not run {argv[0]}: {e.strerror}; install the docker CLI "
+                              "or build with --builder classic") from e
+        timed_out = threading.Event()
+
+        def stop_for_timeout() -> None:
+            timed_out.set()
+            _stop(proc)
+
+        timer = threading.Timer(req.timeout, stop_for_timeout)
+        timer.daemon = True
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if log:
+                    log.write(line)
+                    log.flush()
+                state.feed(line)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            _stop(proc)
+            if log:
+                log.write("\n[imagebuilder] build interrupted; the docker CLI was stopped\n")
+            raise
+        finally:
+            timer.cancel()
+        if timed_out.is_set():
+            if log:
+                log.write(f"\n[imagebuilder] build stopped after {req.timeout:.0f}s\n")
+            current = state.current
+            raise BuildTimedOut(seconds=req.timeout, step=current.step if current else None,
+                                instruction=current.instruction if current else None,
+                                log_path=req.log_path)
+        return rc
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGINT first: the CLI then cancels the solve in the daemon, as on a terminal."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=_STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

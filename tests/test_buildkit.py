@@ -1,0 +1,547 @@
+"""The BuildKit builder: its progress parser on canned `--progress=plain` output, the choice
+of builder, the BuildKit templates, and real BuildKit builds on the shared daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from imagebuilder.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
+from imagebuilder.builder import ClassicBuilder, NoBuildKit, detect_buildkit, select_builder
+from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, Progress
+from imagebuilder.matrix import load_matrix
+from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
+from imagebuilder.resolve import Request, resolve
+
+from conftest import TEST_REPOSITORY_PREFIX, imagebuilder, remove_local_tags
+
+HERE = Path(__file__).parent
+M = load_matrix(HERE / "data" / "matrix-small.yaml")
+GOLDEN = HERE / "golden"
+
+TWO_STAGES = """\
+ARG BASE=imagebuilder-base:bookworm
+FROM ${BASE} AS a
+ENV X=1
+RUN echo hello; \\
+    echo world
+FROM ${BASE}
+COPY --from=a /etc/hostname /x
+LABEL a=b
+RUN echo bad >&2; exit 3
+"""
+
+# What Debian's docker 20.10 CLI printed for TWO_STAGES (sha256 lines trimmed).
+FAILED_OUTPUT = """\
+#1 [internal] load build definition from Dockerfile
+#1 transferring dockerfile: 218B 0.0s done
+#1 DONE 0.1s
+
+#3 [internal] load metadata for docker.io/library/imagebuilder-base:bookworm
+#3 DONE 0.0s
+
+#4 [stage-1 1/3] FROM docker.io/library/imagebuilder-base:bookworm
+#4 DONE 0.0s
+
+#5 [a 2/2] RUN echo hello;     echo world
+#5 0.992 hello
+#5 1.997 world
+#5 DONE 3.4s
+
+#6 [stage-1 2/3] COPY --from=a /etc/hostname /x
+#6 CACHED
+
+#7 [stage-1 3/3] RUN --mount=type=secret,id=ca,target=/run/secrets/ca echo bad >&2; exit 3
+#7 0.511 bad
+#7 0.512 pip: Could not fetch URL https://pypi.example/simple/torch/
+#7 ERROR: executor failed running [/bin/sh -c echo bad >&2; exit 3]: exit code: 3
+------
+ > [stage-1 3/3] RUN echo bad >&2; exit 3:
+------
+executor failed running [/bin/sh -c echo bad >&2; exit 3]: exit code: 3
+"""
+
+CACHED_OUTPUT = """\
+#3 [internal] load metadata for docker.io/library/imagebuilder-base:bookworm
+#3 DONE 0.0s
+
+#4 [stage-0 1/6] FROM docker.io/library/imagebuilder-base:bookworm
+#4 CACHED
+
+#3 [internal] load metadata for docker.io/library/imagebuilder-base:bookworm
+#3 DONE 0.0s
+
+#5 [a 2/2] RUN echo hello;     echo world
+#5 CACHED
+
+#6 [stage-1 2/3] COPY --from=a /etc/hostname /x
+#6 CACHED
+
+#7 [stage-1 3/3] RUN echo fine
+#7 CACHED
+
+#8 exporting to image
+#8 exporting layers done
+#8 writing image sha256:06accd0653c8568307f63d43bc3e46ece6147af3d45cb72e323ff35ce3e5ec5f done
+#8 DONE 0.0s
+"""
+
+MISSING_BASE_OUTPUT = """\
+#3 [internal] load metadata for docker.io/library/no-such-image:1
+#3 ERROR: pull access denied, repository does not exist or may require authorization
+------
+ > [internal] load metadata for docker.io/library/no-such-image:1:
+------
+failed to solve: no-such-image:1: pull access denied
+"""
+
+
+def parse(output: str, dockerfile: str = TWO_STAGES) -> tuple[PlainProgress, list[Progress]]:
+    events: list[Progress] = []
+    state = PlainProgress(dockerfile, time.monotonic(), events.append)
+    for line in output.splitlines(keepends=True):
+        state.feed(line)
+    return state, events
+
+
+@pytest.mark.parametrize("dockerfile, stages", [
+    (TWO_STAGES, (("a", 2), ("stage-1", 3))),
+    ("FROM x\nRUN a\nENV b=1\nWORKDIR /w\nCOPY . .\nCMD [\"x\"]\n", (("stage-0", 4),)),
+    ("# c\nARG B\nFROM --platform=linux/arm64 x AS wheels\nRUN a\nFROM wheels\nADD f /\n",
+     (("wheels", 2), ("stage-1", 2))),
+])
+def test_stages_count_the_steps_buildkit_counts(dockerfile, stages):
+    assert dockerfile_stages(dockerfile) == stages
+
+
+def test_plain_progress_numbers_steps_over_the_whole_dockerfile():
+    state, events = parse(FAILED_OUTPUT)
+    starts = [(e.step, e.total, e.instruction, e.cached) for e in events if e.line is None]
+    assert starts == [
+        (3, 5, "FROM docker.io/library/imagebuilder-base:bookworm", False),
+        (2, 5, "RUN echo hello;     echo world", False),
+        (4, 5, "COPY --from=a /etc/hostname /x", False),
+        (4, 5, "COPY --from=a /etc/hostname /x", True),
+        (5, 5, "RUN echo bad >&2; exit 3", False),  # the mount flags are not shown
+    ]
+    assert [(e.step, e.line) for e in events if e.line is not None][:2] == [(2, "hello"), (2, "world")]
+    assert state.cached_steps == 1 and state.executed_steps == 1
+
+
+def test_a_failed_step_is_a_build_failed_with_its_last_lines_and_cause():
+    state, _ = parse(FAILED_OUTPUT)
+    error = state.error(1, Path("/tmp/x.log"))
+    assert isinstance(error, BuildFailed)
+    assert (error.step, error.total, error.step_exit_code) == (5, 5, 3)
+    assert error.tail == ("bad", "pip: Could not fetch URL https://pypi.example/simple/torch/")
+    assert error.cause == "network"
+    assert str(error).startswith("step 5/5 `RUN echo bad >&2; exit 3` failed: exit code 3;")
+    assert "full log: /tmp/x.log" in str(error)
+
+
+def test_a_fully_cached_build_counts_its_cached_steps():
+    state, events = parse(CACHED_OUTPUT)
+    assert state.cached_steps == 4 and state.executed_steps == 0
+    assert sorted(e.step for e in events if e.cached) == [1, 2, 4, 5]
+    assert state.failed is None
+
+
+def test_a_missing_base_image_is_named():
+    state, _ = parse(MISSING_BASE_OUTPUT, "FROM no-such-image:1\nRUN true\n")
+    error = state.error(1, None)
+    assert isinstance(error, BaseImageMissing) and error.image == "no-such-image:1"
+    assert "pull access denied" in error.detail
+
+
+def test_a_cli_that_died_without_output_still_says_so():
+    state, _ = parse("")
+    error = state.error(125, None)
+    assert isinstance(error, BuildFailed) and "exited with code 125" in str(error)
+
+
+def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
+    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build", "--load")), engine=None)  # type: ignore[arg-type]
+    req = BuildRequest(context=tmp_path, tags=("r:a", "r:b"), labels={"k": "v"},
+                       secrets={"ca": tmp_path / "ca.pem"}, platform="linux/arm64", nocache=True)
+    argv = builder.command(req, tmp_path / "iid")
+    assert argv[:5] == ["docker", "buildx", "build", "--load", "--progress=plain"]
+    joined = " ".join(argv)
+    for part in ("--tag r:a --tag r:b", "--label k=v", f"--secret id=ca,src={tmp_path}/ca.pem",
+                 "--platform linux/arm64", "--no-cache", f"--iidfile {tmp_path}/iid"):
+        assert part in joined
+    assert argv[-1] == str(tmp_path)
+
+
+# --- choosing a builder -----------------------------------------------------------------
+
+
+def _fake_docker(folder: Path, *, buildx: bool, buildkit: bool) -> None:
+    folder.mkdir(parents=True)
+    script = folder / "docker"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = buildx ]; then {"echo github.com/docker/buildx v0.99 x; exit 0" if buildx else "echo unknown command: docker buildx >&2; exit 1"}; fi\n'
+        f'if [ "$1" = build ]; then {"exit 0" if buildkit else "echo ERROR: BuildKit is enabled but the buildx component is missing or broken. >&2; exit 1"}; fi\n'
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("clis, choice, expected", [
+    # docker 23+ without buildx first on PATH, Debian's 20.10 CLI behind it: that one.
+    ([("new", False, False), ("old", False, True)], "auto", ("old/docker", "build")),
+    ([("new", True, False)], "auto", ("new/docker", "buildx", "build", "--load")),
+    ([("new", False, False)], "auto", "classic"),
+    ([("new", False, False)], "classic", "classic"),
+    ([("new", True, True)], "classic", "classic"),
+])
+def test_auto_detects_a_buildkit_cli_and_falls_back_to_classic(tmp_path, monkeypatch, clis, choice, expected):
+    for name, buildx, buildkit in clis:
+        _fake_docker(tmp_path / name, buildx=buildx, buildkit=buildkit)
+    monkeypatch.setenv("PATH", os.pathsep.join(str(tmp_path / name) for name, _, _ in clis))
+    monkeypatch.delenv("BUILDX_BUILDER", raising=False)
+    detect_buildkit.cache_clear()
+    builder = select_builder(choice, engine=None)  # type: ignore[arg-type]
+    if expected == "classic":
+        assert isinstance(builder, ClassicBuilder)
+    else:
+        assert isinstance(builder, BuildKitBuilder)
+        assert builder.cli.command == tuple(str(tmp_path / p) if i == 0 else p for i, p in enumerate(expected))
+    detect_buildkit.cache_clear()
+
+
+def test_buildkit_without_a_buildkit_cli_is_a_bad_request(tmp_path, monkeypatch):
+    _fake_docker(tmp_path / "new", buildx=False, buildkit=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "new"))
+    detect_buildkit.cache_clear()
+    with pytest.raises(NoBuildKit, match="install the buildx plugin") as e:
+        select_builder("buildkit", engine=None)  # type: ignore[arg-type]
+    assert e.value.exit_code == 2 and "buildx component is missing" in str(e.value)
+    detect_buildkit.cache_clear()
+
+
+def test_a_buildx_builder_instance_goes_to_buildx(tmp_path, monkeypatch):
+    _fake_docker(tmp_path / "new", buildx=True, buildkit=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "new"))
+    detect_buildkit.cache_clear()
+    builder = select_builder("auto", engine=None, buildx_builder="k8s")  # type: ignore[arg-type]
+    assert isinstance(builder, BuildKitBuilder) and builder.cli.command[-2:] == ("--builder", "k8s")
+    detect_buildkit.cache_clear()
+
+
+# --- BuildKit templates -------------------------------------------------------------------
+
+BUILDKIT_GOLDEN = {
+    "buildkit-runtime-2.6-cuda12.1-ca.Dockerfile": (Request("2.6", "12.1"), True),
+    "buildkit-runtime-2.6-cuda12.4-py3.12.Dockerfile": (Request("2.6", "12.4", python="3.12"), False),
+    "buildkit-jupyter-2.6-cuda12.4-ca.Dockerfile": (Request("2.6", "12.4", variant="jupyter"), True),
+}
+FAKE_CA = b"-----BEGIN CERTIFICATE-----\nMIIBbuildkit\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize("name", sorted(BUILDKIT_GOLDEN))
+def test_buildkit_golden_dockerfiles(name, tmp_path):
+    """Set UPDATE_GOLDEN=1 to rewrite them after an intended template change; review the diff."""
+    request, with_ca = BUILDKIT_GOLDEN[name]
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(FAKE_CA)
+    image = render(resolve(M, request), M, RenderOptions(buildkit=True, ca_bundle=ca if with_ca else None))
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(image.dockerfile)
+    assert image.dockerfile == path.read_text()
+
+
+@pytest.mark.parametrize("variant", ["runtime", "devel", "jupyter"])
+def test_buildkit_mounts_the_ca_as_a_secret_in_one_stage(tmp_path, variant):
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(FAKE_CA)
+    image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(buildkit=True, ca_bundle=ca))
+    text = image.dockerfile
+    assert text.count("\nFROM ") == 1 and "# syntax=" not in text
+    assert "ca-bundle.pem" not in image.files and image.secrets == {"ca": FAKE_CA}
+    assert "--mount=type=secret,id=ca" in text and "--mount=type=cache,id=imagebuilder-uv" in text
+    assert "UV_NO_CACHE" not in text
+    # The bundle is named only inside the RUN that mounts it: no ENV, no COPY.
+    assert not any(line.startswith(("ENV", "COPY")) and CA_SECRET_PATH in line for line in text.splitlines())
+
+
+def test_buildkit_without_a_ca_trusts_the_system_store():
+    text = render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(buildkit=True)).dockerfile
+    assert "type=secret" not in text and "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in text
+    assert "--mount=type=cache,id=imagebuilder-apt" in text
+
+
+# --- real BuildKit builds ----------------------------------------------------------------
+
+E2E = ("--torch", "2.6", "--cuda", "12.1", "--os", "debian12")
+
+
+@pytest.fixture(scope="module")
+def buildkit_cli(docker_engine):
+    """The BuildKit CLI this host has; skips (or fails in CI) where there is none."""
+    from conftest import _unavailable
+
+    cli, tried = detect_buildkit()
+    if cli is None:
+        _unavailable(f"no docker CLI here builds with BuildKit ({'; '.join(tried)})")
+    return cli
+
+
+@pytest.fixture(scope="module")
+def marked_ca(tmp_path_factory) -> tuple[Path, bytes]:
+    """A CA bundle pip can use (the proxy's where there is one) with a unique line appended:
+    PEM readers skip text between certificates, and the line can be looked for in the image."""
+    source = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    marker = f"# imagebuilder-ca-marker-{uuid.uuid4().hex}".encode()
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    path.write_bytes(source.read_bytes() + b"\n" + marker + b"\n")
+    return path, marker
+
+
+def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str) -> dict:
+    done = imagebuilder("build", *E2E, "--base-image", base_image, "--repository", repository,
+                        "--builder", "buildkit", "--ca-bundle", str(ca), "--report", str(report), *extra)
+    assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
+    assert done.stderr.startswith("builder: BuildKit"), done.stderr[:300]
+    return json.loads(report.read_text())["images"][0]
+
+
+@pytest.fixture(scope="module")
+def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory):
+    """torch 2.6 runtime, then the devel image that needs the same wheels, both with BuildKit
+    and --ca-bundle on the local Debian base. Removed after the module."""
+    repository = f"{TEST_REPOSITORY_PREFIX}/buildkit-{uuid.uuid4().hex[:8]}"
+    reports = tmp_path_factory.mktemp("buildkit")
+    try:
+        runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime")
+        # --no-cache: the install step runs even where an earlier run left its layer; the wheels
+        # can then only come from the shared cache mount (BuildKit keeps cache mounts).
+        devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
+                       "--no-cache")
+        yield {"runtime": runtime, "devel": devel}
+    finally:
+        remove_local_tags(docker_engine, repository)
+
+
+def _stream_contains(argv: list[str], needle: bytes, chunk: int = 1 << 24) -> bool:
+    """Whether a command's stdout holds `needle`, read in chunks (an image save is GBs)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    tail, found = b"", False
+    while block := proc.stdout.read(chunk):
+        if needle in tail + block:
+            found = True
+            break
+        tail = block[-len(needle):]
+    proc.kill()
+    proc.wait()
+    return found
+
+
+@pytest.mark.docker
+def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images, docker_engine, marked_ca):
+    image = buildkit_images["runtime"]
+    ref = image["tags"][0]
+    _, marker = marked_ca
+    # docker save holds every layer (uncompressed tars) and the config with its history.
+    assert not _stream_contains(["docker", "save", ref], marker)
+    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", ref],
+                             capture_output=True, text=True, check=True).stdout
+    assert marker.decode() not in history and "BEGIN CERTIFICATE" not in history
+    env = docker_engine.inspect_image(ref)["Config"]["Env"]
+    assert not [e for e in env if e.startswith(("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"))], env
+    assert image["steps"] == 6  # one stage: FROM, apt, install, 2 COPY, WORKDIR
+    run = docker_engine.run(ref, ["bash", "-c", "test ! -e /run/secrets/ca && python -c 'import torch; print(torch.__version__)'"],
+                            timeout=300)
+    assert run.exit_code == 0 and "2.6.0" in run.output, run.output
+
+
+@pytest.mark.docker
+def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
+    devel_log = Path(buildkit_images["devel"]["log"]).read_text()
+    # uv installed torch in this build (the step ran, it was not a cached layer) ...
+    assert "+ torch==2.6.0" in devel_log and "+ ninja==" in devel_log
+    # ... from the shared cache mount: no wheel of torch or its CUDA libraries came down.
+    downloads = [line for line in devel_log.splitlines() if " Downloaded " in line or " Downloading " in line]
+    assert not [line for line in downloads if "torch" in line or "nvidia" in line], downloads
+
+
+@pytest.mark.docker
+def test_a_failed_buildkit_step_is_named_with_its_last_lines(docker_engine, base_image, buildkit_cli, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base_image}\nRUN echo {uuid.uuid4().hex} && echo 'Could not fetch URL https://pypi.example/simple/' && exit 7\n")
+    tag = f"{TEST_REPOSITORY_PREFIX}/failed-{uuid.uuid4().hex[:8]}:x"
+    with pytest.raises(BuildFailed) as e:
+        BuildKitBuilder(buildkit_cli, docker_engine).build(BuildRequest(context=tmp_path, tags=(tag,),
+                                                                        log_path=tmp_path / "build.log"))
+    assert (e.value.step, e.value.total, e.value.step_exit_code, e.value.cause) == (2, 2, 7, "network")
+    assert e.value.tail[-1] == "Could not fetch URL https://pypi.example/simple/"
+    assert "exit code: 7" in (tmp_path / "build.log").read_text()
+    assert not docker_engine.image_exists(tag)
+
+
+@pytest.mark.docker
+def test_ctrl_c_stops_a_buildkit_build_and_leaves_nothing(docker_engine, base_image, buildkit_cli, tmp_path):
+    import signal
+    import sys
+
+    marker = uuid.uuid4().hex
+    seconds = 300 + int(marker[:4], 16) % 97  # a `sleep N` no other build runs
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo started-{marker} && sleep {seconds}\n")
+    tag = f"{TEST_REPOSITORY_PREFIX}/interrupted-{marker[:8]}:x"
+    log = tmp_path / "build.log"
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from imagebuilder.buildkit import BuildKitBuilder, BuildKitCli\n"
+        "from imagebuilder.engine import BuildRequest, DockerEngine\n"
+        f"cli = BuildKitCli({buildkit_cli.command!r}, buildkit_env={buildkit_cli.buildkit_env!r})\n"
+        f"BuildKitBuilder(cli, DockerEngine()).build(BuildRequest(context=Path({str(tmp_path)!r}), "
+        f"tags=({tag!r},), log_path=Path({str(log)!r})))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while not (log.is_file() and f"started-{marker}" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the build did not start"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in output
+    assert "build interrupted; the docker CLI was stopped" in log.read_text()
+    assert not docker_engine.image_exists(tag)
+    # The step's process is gone with the build (BuildKit runs no container that outlives it).
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, f"`sleep {seconds}` still runs after the interrupt"
+        time.sleep(1)
+
+
+# --- arm64 under QEMU ---------------------------------------------------------------------
+
+ARM64_BASE = "imagebuilder-base:bookworm-arm64"
+EM_AARCH64 = "b7 00"  # ELF e_machine 183, little-endian
+
+
+@pytest.fixture(scope="module")
+def arm64_image(docker_engine, buildkit_cli, tmp_path_factory):
+    """torch 2.11 (the first release with aarch64 CUDA wheels) runtime for linux/arm64, built
+    under QEMU on the local arm64 Debian base (.ci/arm64-base.sh). Removed after."""
+    from conftest import _unavailable, ca_bundle_args
+
+    if not docker_engine.image_exists(ARM64_BASE):
+        _unavailable(f"{ARM64_BASE} does not exist; create it with .ci/arm64-base.sh {ARM64_BASE}")
+    if not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
+        _unavailable("arm64 binaries do not run here; .ci/qemu.sh registers qemu-aarch64")
+    repository = f"{TEST_REPOSITORY_PREFIX}/arm64-{uuid.uuid4().hex[:8]}"
+    report = tmp_path_factory.mktemp("arm64") / "report.json"
+    try:
+        done = imagebuilder("build", "--torch", "2.11", "--cuda", "13.0", "--os", "debian12",
+                            "--platform", "linux/arm64", "--base-image", f"linux/arm64={ARM64_BASE}",
+                            "--repository", repository, "--builder", "buildkit", *ca_bundle_args(),
+                            "--report", str(report))
+        assert done.returncode == 0, f"arm64 build failed:\n{done.stderr[-4000:]}"
+        yield json.loads(report.read_text())["images"][0]
+    finally:
+        remove_local_tags(docker_engine, repository)
+
+
+@pytest.mark.docker
+def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
+    """By content: `import torch` under QEMU hangs, so nothing here runs Python."""
+    ref = arm64_image["tags"][0]
+    assert ref.endswith("-arm64") and arm64_image["platform"] == "linux/arm64"
+    attrs = docker_engine.inspect_image(ref)
+    assert (attrs["Os"], attrs["Architecture"]) == ("linux", "arm64")
+    site = "/opt/venv/lib/python3.11/site-packages"
+    script = (f"cd {site} && uname -m && cat torch-2.11.0.dist-info/WHEEL && ls -d *.dist-info"
+              " && od -An -tx1 -j18 -N2 torch/lib/libtorch_cuda.so")
+    run = docker_engine.run(ref, ["bash", "-c", script], timeout=600)
+    assert run.exit_code == 0, run.output
+    lines = [line.strip() for line in run.output.splitlines()]
+    assert lines[0] == "aarch64"
+    tags = [line.removeprefix("Tag: ") for line in lines if line.startswith("Tag: ")]
+    assert tags and all(t.startswith("cp311-cp311-manylinux_") and t.endswith("_aarch64") for t in tags), tags
+    manifest = json.loads(docker_engine.run(ref, ["cat", "/opt/imagebuilder/manifest.json"], timeout=300).output)
+    for pin in (f"torch-{manifest['torch']}", f"torchvision-{manifest['torchvision']}",
+                f"nvidia_cudnn_cu13-{manifest['cudnn']}", f"nvidia_nccl_cu13-{manifest['nccl']}"):
+        assert f"{pin}.dist-info" in lines, (pin, lines)
+    assert lines[-1] == EM_AARCH64  # libtorch_cuda.so is an aarch64 CUDA build
+
+
+# --- multi-arch index -----------------------------------------------------------------------
+
+
+def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
+    from imagebuilder.registry import DOCKER_MANIFEST, OCI_INDEX, index_document
+
+    children = [(DOCKER_MANIFEST, 528, "sha256:" + "a" * 64, "linux/amd64"),
+                (DOCKER_MANIFEST, 529, "sha256:" + "b" * 64, "linux/arm64")]
+    body = index_document(children)
+    assert body == index_document(list(children))  # same children, same bytes, same digest
+    document = json.loads(body)
+    assert document["schemaVersion"] == 2 and document["mediaType"] == OCI_INDEX
+    assert [(m["platform"]["os"], m["platform"]["architecture"], m["size"]) for m in document["manifests"]] == [
+        ("linux", "amd64", 528), ("linux", "arm64", 529)]
+    assert b" " not in body
+
+
+@pytest.mark.docker
+def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_image, registry):
+    """Every tag of a 2.11 runtime image pushed per platform (TAG-amd64, TAG-arm64; the local
+    Debian bases stand in for built images), then `publish --merge-only` makes each TAG an
+    OCI index through the registry API; the index's digests resolve to each platform's image."""
+    import urllib.request
+
+    from conftest import _unavailable
+
+    from imagebuilder.registry import ACCEPT, OCI_INDEX
+    from imagebuilder.resources import default_matrix_path
+
+    if not docker_engine.image_exists(ARM64_BASE):
+        _unavailable(f"{ARM64_BASE} does not exist; create it with .ci/arm64-base.sh {ARM64_BASE}")
+    namespace = f"{TEST_REPOSITORY_PREFIX}-index-{uuid.uuid4().hex[:8]}"
+    matrix = load_matrix(default_matrix_path())
+    coordinates = ("--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12", "--variant", "runtime")
+    image = render(resolve(matrix, Request("2.11", "13.0", python="3.11", os="debian12", variant="runtime")), matrix,
+                   RenderOptions(repository=f"{registry}/{namespace}/pytorch"))
+    try:
+        pushed = {}
+        for source, platform in ((base_image, "linux/amd64"), (ARM64_BASE, "linux/arm64")):
+            for ref in image.refs:
+                child = f"{ref}-{platform.rpartition('/')[2]}"
+                subprocess.run(["docker", "tag", source, child], check=True)
+                pushed[platform] = docker_engine.push(child)
+        merge = ("publish", *coordinates, "--registry", f"{registry}/{namespace}",
+                 "--platform", "linux/amd64,linux/arm64", "--merge-only")
+        first, again = imagebuilder(*merge), imagebuilder(*merge)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout == again.stdout  # same children, same index digest
+        written = [line for line in first.stdout.splitlines() if line.startswith("index ")]
+        assert len(written) == len(image.refs) and all("over linux/amd64, linux/arm64" in w for w in written)
+
+        name = f"{namespace}/pytorch"
+
+        def get(path: str) -> tuple[str, dict]:
+            request = urllib.request.Request(f"http://{registry}/v2/{name}/{path}", headers={"Accept": ACCEPT})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.headers["Content-Type"], json.loads(response.read())
+
+        for ref in image.refs:
+            media_type, index = get(f"manifests/{ref.rpartition(':')[2]}")
+            assert media_type == OCI_INDEX and index["mediaType"] == OCI_INDEX
+            platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+                         for m in index["manifests"]}
+            assert platforms == pushed
+        for platform, digest in pushed.items():
+            _, manifest = get(f"manifests/{digest}")  # the digest resolves ...
+            _, config = get(f"blobs/{manifest['config']['digest']}")
+            assert f"{config['os']}/{config['architecture']}" == platform  # ... to that platform's image
+    finally:
+        remove_local_tags(docker_engine, namespace)

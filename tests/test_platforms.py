@@ -1,0 +1,93 @@
+"""Platforms: --platform and --base-image parsing, which releases have aarch64 CUDA wheels,
+and the tags an image gets per platform. Pure; no Docker."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from imagebuilder.cli import cli
+from imagebuilder.errors import BadRequest
+from imagebuilder.matrix import load_matrix
+from imagebuilder.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, for_platforms,
+                                    parse_base_images, parse_platforms, platform_image)
+from imagebuilder.render import render
+from imagebuilder.resolve import Request, resolve
+from imagebuilder.resources import default_matrix_path
+
+M = load_matrix(default_matrix_path())
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("linux/arm64", ("linux/arm64",)),
+    ("linux/amd64,linux/arm64", ("linux/amd64", "linux/arm64")),
+    (" linux/arm64 , linux/amd64,linux/arm64", ("linux/arm64", "linux/amd64")),
+])
+def test_parse_platforms(text, expected):
+    assert parse_platforms(text) == expected
+
+
+@pytest.mark.parametrize("text", ["linux/s390x", "arm64", "linux/amd64,"])
+def test_an_unknown_platform_is_a_bad_request(text):
+    with pytest.raises(UnknownPlatform, match="known: linux/amd64, linux/arm64"):
+        parse_platforms(text)
+
+
+@pytest.mark.parametrize("values, expected", [
+    (["mirror/debian:12"], {None: "mirror/debian:12"}),
+    (["registry:5000/debian:12"], {None: "registry:5000/debian:12"}),
+    (["linux/arm64=base:arm", "base:x86"], {"linux/arm64": "base:arm", None: "base:x86"}),
+    (["linux/arm64=base:arm", "linux/amd64=base:x86"], {"linux/arm64": "base:arm", "linux/amd64": "base:x86"}),
+])
+def test_parse_base_images(values, expected):
+    assert parse_base_images(values) == expected
+
+
+@pytest.mark.parametrize("values, message", [
+    (["linux/riscv64=x"], "unknown platform"),
+    (["linux/arm64="], "names no image"),
+    (["a", "b"], "given twice"),
+])
+def test_bad_base_images_are_bad_requests(values, message):
+    with pytest.raises(BadRequest, match=message):
+        parse_base_images(values)
+
+
+@pytest.mark.parametrize("torch, arm64", [("2.6", False), ("2.10", False), ("2.11", True), ("2.14", True)])
+def test_aarch64_cuda_wheels_start_with_2_11(torch, arm64):
+    release = M.torches[torch]
+    assert ("linux/arm64" in release.platforms) is arm64 and "linux/amd64" in release.platforms
+
+
+def test_arm64_for_a_release_without_its_wheels_names_the_first_that_has_them():
+    with pytest.raises(NoWheelsForPlatform) as e:
+        check_platform(M, M.torches["2.6"], "linux/arm64")
+    assert str(e.value) == ("torch 2.6.0 has no CUDA wheels for linux/arm64 on PyPI; "
+                            "the first release that has them is torch 2.11")
+    assert e.value.exit_code == 2
+
+
+def test_cli_arm64_for_2_6_is_exit_2_before_anything_builds(docker_engine):
+    done = CliRunner().invoke(cli, ["build", "--torch", "2.6", "--cuda", "12.4", "--platform", "linux/arm64",
+                                    "--builder", "buildkit"])
+    assert done.exit_code == 2, done.output
+    assert done.output.splitlines()[-1] == ("error: torch 2.6.0 has no CUDA wheels for linux/arm64 on PyPI; "
+                                            "the first release that has them is torch 2.11")
+
+
+def test_another_platform_gets_its_own_tags_and_needs_buildkit():
+    runtime = render(resolve(M, Request("2.11", "13.0", os="debian12")), M)
+    (same,) = for_platforms(M, [runtime], "linux/amd64", buildkit=False, host="linux/amd64")
+    assert same is runtime
+    (arm,) = for_platforms(M, [runtime], "linux/arm64", buildkit=True, host="linux/amd64")
+    assert arm.tags == tuple(f"{t}-arm64" for t in runtime.tags) and arm.inputs_hash == runtime.inputs_hash
+    with pytest.raises(BadRequest, match="needs --builder buildkit"):
+        for_platforms(M, [runtime], "linux/arm64", buildkit=False, host="linux/amd64")
+
+
+def test_a_platform_jupyter_image_starts_from_that_platforms_runtime():
+    jupyter = render(resolve(M, Request("2.11", "13.0", os="debian12", variant="jupyter")), M)
+    arm = platform_image(jupyter, "linux/arm64")
+    assert arm.depends_on == f"{jupyter.depends_on}-arm64"
+    assert f"ARG BASE_IMAGE={jupyter.depends_on}-arm64\n" in arm.dockerfile
+    assert all(tag.endswith("-arm64") for tag in arm.tags)
