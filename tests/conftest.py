@@ -193,3 +193,48 @@ def remove_block(text: str, key: str) -> str:
     while start > 0 and lines[start - 1].startswith("  #"):
         start -= 1
     return "".join(lines[:start] + lines[end:])
+
+
+# --- BuildKit's cache: what this test session added is removed at its end ----------------
+
+
+def _buildkit_cli() -> str | None:
+    """A docker CLI that speaks to BuildKit's cache (the one `select_builder` would pick)."""
+    from imagebuilder.builder import docker_clis
+
+    for cli in docker_clis():
+        # A docker 23+ CLI without buildx refuses `builder prune`; the probe id matches nothing.
+        done = subprocess.run([cli, "builder", "prune", "--force", "--filter", "id=imagebuilder-probe"],
+                              env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode == 0:
+            return cli
+    return None
+
+
+def _build_cache_ids(cli: str) -> dict[str, str]:
+    """BuildKit cache record id -> when it was created."""
+    import json
+
+    done = subprocess.run([cli, "system", "df", "-v", "--format", "{{json .BuildCache}}"],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not done.stdout.strip():
+        return {}
+    return {str(record["ID"]): str(record["CreatedAt"]) for record in json.loads(done.stdout) or []}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def buildkit_cache_cleanup() -> Iterator[None]:
+    """BuildKit keeps every layer and cache mount of the tests' builds (tens of GB over a run)
+    in its cache, outside the image store that image cleanup reaches. Only the records this
+    session created are pruned: the daemon and its cache are shared."""
+    cli = _buildkit_cli() if os.environ.get("IMAGEBUILDER_KEEP_BUILD_CACHE") != "1" else None
+    before = _build_cache_ids(cli) if cli else {}
+    yield
+    if cli is None:
+        return
+    records = _build_cache_ids(cli)
+    # One id per call (BuildKit takes one value per filter), newest first: children before parents.
+    for cache_id, _created in sorted(records.items() - before.items(), key=lambda r: r[1], reverse=True):
+        subprocess.run([cli, "builder", "prune", "--force", "--all", "--filter", f"id={cache_id}"],
+                       env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, timeout=600)
