@@ -93,8 +93,8 @@ def parse_extras(texts: Iterable[str]) -> tuple[str, ...]:
 
 def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) -> list[str]:
     """What an image asks for; a lock pins these and everything they pull in."""
-    if spec.variant == "jupyter":
-        return [f"jupyterlab=={matrix.tools.jupyterlab}", f"ipykernel=={matrix.tools.ipykernel}"]
+    if spec.parent is not None:  # jupyter, devel-jupyter: what they add to their parent's venv
+        return list(matrix.tools.notebook)
     reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
     if spec.torch.torchaudio is not None:
         reqs.append(f"torchaudio=={spec.torch.torchaudio}")
@@ -338,7 +338,7 @@ def resolve_lock(request: LockRequest, matrix: Matrix, resolver: Resolver, paren
     as constraints and keeps only what that adds."""
     spec = request.spec
     reqs = requirements(spec, matrix, request.extras)
-    asked = reqs if spec.variant == "jupyter" else [*reqs, *SEED]
+    asked = reqs if spec.parent is not None else [*reqs, *SEED]
     compiled = parse_lock("compiled", resolver(request, asked, parent))
     pins = compiled.pins
     if parent is not None:

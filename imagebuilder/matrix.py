@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest, ImageBuilderError
 
-VARIANTS = ("runtime", "devel", "jupyter")
+VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
+# A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
+JUPYTER_PARENTS = {"jupyter": "runtime", "devel-jupyter": "devel"}
 PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
@@ -118,6 +120,17 @@ class Tools:
     jupyterlab: str
     ipykernel: str
     ninja: str
+    # What notebook users expect beside JupyterLab, in the jupyter variants only.
+    pandas: str
+    matplotlib: str
+    tqdm: str
+    ipywidgets: str
+
+    @property
+    def notebook(self) -> tuple[str, ...]:
+        """The jupyter variants' requirements, pinned."""
+        names = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
+        return tuple(f"{name}=={getattr(self, name)}" for name in names)
 
 
 @dataclass(frozen=True)
@@ -414,8 +427,9 @@ def parse_matrix(text: str, file: Path) -> Matrix:
         c.problem(("schema",), f"unsupported schema {top.get('schema')!r}; this imagebuilder reads schema 1")
     d = c.record(top.get("defaults", {}), ("defaults",), {"os", "variant", "repository"}) or {}
     defaults = Defaults(*(c.text(d, k, ("defaults",)) for k in ("os", "variant", "repository")))
-    t = c.record(top.get("tools", {}), ("tools",), {"uv", "jupyterlab", "ipykernel", "ninja"}) or {}
-    tools = Tools(*(c.text(t, k, ("tools",)) for k in ("uv", "jupyterlab", "ipykernel", "ninja")))
+    tool_names = [f.name for f in fields(Tools)]
+    t = c.record(top.get("tools", {}), ("tools",), set(tool_names)) or {}
+    tools = Tools(*(c.text(t, k, ("tools",)) for k in tool_names))
     oses = c.mapping(top.get("os"), ("os",), lambda k, v, p: _parse_os(c, k, v, p)) if top else {}
     cudas = c.mapping(top.get("cuda"), ("cuda",), lambda k, v, p: _parse_cuda(c, k, v, p)) if top else {}
     torches = c.mapping(top.get("torch"), ("torch",), lambda k, v, p: _parse_torch(c, k, v, p)) if top else {}

@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
+
 from . import __version__
 from .errors import BadRequest
 from .lock import BasePin, Lock, LockSet, index_args, parse_extras, requirements
@@ -25,6 +27,13 @@ from .tags import image_ref, labels_for, primary_tag, tags_for
 
 USER_NAME, USER_ID = "torch", 1000
 VENV = "/opt/venv"
+WORKSPACE = "/workspace"  # every variant's working directory and Jupyter's root
+ENTRYPOINT = ("/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint")
+SESSION_ENV = "/etc/profile.d/00-container-env.sh"  # the container's environment, for SSH sessions
+# Files the image carries at these paths (context folder rootfs/), rendered from templates/.
+ROOTFS_TEMPLATES = {"usr/local/bin/imagebuilder-entrypoint": "entrypoint.sh.j2"}
+SSH_ROOTFS_TEMPLATES = {"usr/local/bin/ssh-server": "ssh-server.sh.j2",
+                        "etc/ssh/sshd_config.d/imagebuilder.conf": "sshd.conf.j2"}
 CA_PATH = "/etc/imagebuilder/ca-bundle.pem"
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -112,11 +121,20 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
     if stage == "wheels":
         return packages
     packages.append("g++")  # torch.compile (Inductor, Triton) needs a C/C++ compiler
+    packages.append("tini")  # PID 1: forwards signals, reaps zombies, passes exit codes on
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
     if spec.variant == "devel":
         packages += ["git", "make"]
+    if _has_ssh(spec):
+        packages.append("openssh-server")
     return sorted(packages)
+
+
+def _has_ssh(spec: BuildSpec) -> bool:
+    """The devel images (and devel-jupyter, built FROM them) are the ones people work in over
+    SSH; `ssh-server` as the command starts it. The runtime images stay lean."""
+    return spec.variant == "devel"
 
 
 UV = "/tmp/uv"
@@ -212,8 +230,9 @@ def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
 
 def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
                       lock: Lock | None) -> list[str]:
-    """Add JupyterLab to the venv without changing anything already in it: with a lock, its
-    additions only (--no-deps); without one, everything installed is pinned to what is there."""
+    """Add JupyterLab (and what notebook users expect beside it) to the venv without changing
+    anything already in it: with a lock, its additions only (--no-deps); without one,
+    everything installed is pinned to what is there."""
     bootstrap = [_uv_env(options, single_stage),
                  f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}"]
     if lock is not None:
@@ -358,10 +377,10 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     files: dict[str, bytes] = dict(_smoke_test_files())
     files["imagebuilder.pth"] = b"/opt/imagebuilder\n"  # makes `python -m smoke_tests` work
     files["imagebuilder/sbom.py"] = _sbom_file()
-    lock_path = JUPYTER_LOCK_PATH if spec.variant == "jupyter" else LOCK_PATH
+    lock_path = JUPYTER_LOCK_PATH if spec.parent is not None else LOCK_PATH
     if lock is not None:
         files[lock_path.replace("/opt/", "", 1)] = lock.text().encode()
-    if spec.variant != "jupyter":
+    if spec.parent is None:
         files["imagebuilder/constraints.txt"] = _constraints(spec, lock).encode()
     ca = None
     two_stage = options.ca_bundle is not None and not options.buildkit
@@ -403,9 +422,22 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "labels": [(k, json.dumps(v)) for k, v in labels.items()],
             "user": USER_NAME,
             "uid": USER_ID,
+            "workspace": WORKSPACE,
+            "entrypoint": json.dumps(list(ENTRYPOINT)),
+            "ssh": _has_ssh(spec),
+            "session_env_file": SESSION_ENV,
+            "shm_floor": NCCL_SHM_MIN_BYTES,
+            "shm_advice": SHM_ADVICE,
+            # bash reads bash.bashrc for `ssh HOST CMD` too; its first line runs before the
+            # file returns for non-interactive shells.
+            "session_env": f'[ -n "${{SSH_CONNECTION:-}}" ] && [ -r {SESSION_ENV} ] && . {SESSION_ENV}',
         }
-        template = env.get_template("jupyter.Dockerfile.j2" if spec.variant == "jupyter" else "Dockerfile.j2")
+        template = env.get_template("jupyter.Dockerfile.j2" if spec.parent is not None else "Dockerfile.j2")
         out = dict(files)
+        if spec.parent is None:  # a jupyter image has its parent's
+            rootfs = {**ROOTFS_TEMPLATES, **(SSH_ROOTFS_TEMPLATES if _has_ssh(spec) else {})}
+            out.update({f"rootfs/{path}": env.get_template(name).render(context).encode()
+                        for path, name in rootfs.items()})
         out["imagebuilder/manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         return template.render(context), out
 

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from imagebuilder.cli import cli
+from imagebuilder.matrix import VARIANTS
 
 SMALL = str(Path(__file__).parent / "data" / "matrix-small.yaml")
 
@@ -70,7 +71,7 @@ def test_matrix_check_and_listing_formats():
     assert len(out.splitlines()) == 1 + 3  # header + cu118, cu124, cu126
     code, out, _ = run("matrix", "--torch", "2.6", "--format", "json")
     rows = json.loads(out)
-    assert {r["variant"] for r in rows} == {"runtime", "devel", "jupyter"}
+    assert {r["variant"] for r in rows} == set(VARIANTS)
     code, out, _ = run("matrix", "--torch", "2.12", "--variant", "runtime", "--format", "github")
     doc = json.loads(out)
     assert set(doc) == {"include"} and all(set(i) == {"torch", "cuda", "python", "os", "variant", "tag"} for i in doc["include"])

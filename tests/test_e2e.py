@@ -160,26 +160,16 @@ def test_jupyter_runs_as_non_root_with_a_token(docker_engine, base_image, runtim
             docker_engine.remove_image(ref)
 
 
-def test_devel_image_compiles_a_cuda_extension(docker_engine, base_image, tmp_path):
+def test_devel_image_compiles_a_cuda_extension(docker_engine, devel_image):
     """CUDA 13's nvcc comes from PyPI, so this works on the plain Debian base; compiling
     needs no GPU."""
-    repository = f"{TEST_REPOSITORY_PREFIX}/devel-{uuid.uuid4().hex[:8]}"
-    report_path = tmp_path / "devel.json"
-    done = imagebuilder("build", "--torch", "2.12", "--cuda", "13.0", "--os", "debian12", "--variant", "devel",
-                        "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
-                        "--report", str(report_path))
-    assert done.returncode == 0, done.stderr[-4000:]
-    refs = json.loads(report_path.read_text())["images"][0]["tags"]
+    ref = devel_image["tags"][0]
     source = Path(__file__).parent / "data" / "cuda_extension.py"
-    try:
-        out = run_in(docker_engine, refs[0], ["python", "/probe/cuda_extension.py"], timeout=900,
-                     volumes={str(source.parent): "/probe"}, environment={"TORCH_CUDA_ARCH_LIST": "9.0"})
-        assert "extension built" in out
-        nvcc = run_in(docker_engine, refs[0], ["nvcc", "--version"])
-        assert "release 13.0" in nvcc
-    finally:
-        for ref in refs:
-            docker_engine.remove_image(ref)
+    out = run_in(docker_engine, ref, ["python", "/probe/cuda_extension.py"], timeout=900,
+                 volumes={str(source.parent): "/probe"}, environment={"TORCH_CUDA_ARCH_LIST": "9.0"})
+    assert "extension built" in out
+    nvcc = run_in(docker_engine, ref, ["nvcc", "--version"])
+    assert "release 13.0" in nvcc
 
 
 def test_verify_passes_the_built_image_in_cpu_mode(runtime_image):

@@ -22,6 +22,12 @@ RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
+        jupyterlab==4.6.6 \
+        ipykernel==7.4.0 \
+        ipywidgets==8.1.9 \
+        pandas==2.3.3 \
+        matplotlib==3.10.9 \
+        tqdm==4.70.1 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
 COPY imagebuilder /opt/imagebuilder
@@ -43,10 +49,11 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="20a82a1454b90c027fc588548cf6b61a157f3924fc97eb4a8cd558fe352fffdb"
+    io.imagebuilder.inputs-hash="8935e4d0250ffc3e0155293f42dafd52bb5e2128351df4c93d0b6398f4a232c2"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
 EXPOSE 8888
 # Token authentication stays on: Jupyter makes a random token at each start (printed in the
-# log) unless JUPYTER_TOKEN is set. There is no default password.
-CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/home/torch"]
+# log) unless JUPYTER_TOKEN is set. There is no default password. `-v $(pwd):/workspace`
+# shows the user's files in JupyterLab.
+CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/workspace"]

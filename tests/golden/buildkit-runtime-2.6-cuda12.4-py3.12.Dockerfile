@@ -11,16 +11,18 @@ ARG BASE_IMAGE=nvidia/cuda:12.4.1-base-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 # apt's downloads stay in a cache mount shared by every image built on this host (so no
 # `apt-get clean`, which would empty it; only apt's package index caches go).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
     apt-get update \
- && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-venv \
+ && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-venv tini \
  && rm -f /var/cache/apt/*.bin \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 /opt/venv /opt/python
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -42,6 +44,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.12/site-packages/imagebuilder.pth
+COPY rootfs/ /
 # The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
@@ -69,7 +72,10 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="8e655c668bbd5135909fba1810f0ac6477adfbd5e52b4e80756aacd322a5e301"
+    io.imagebuilder.inputs-hash="bf90bb39df571b300f23b9d3dcb1b8f1066e2c82e7557d17e9f38fb6908bbc55"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["python3"]

@@ -10,13 +10,20 @@ ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# SSH: host keys are made at each container's first start, never kept in the image; the
+# password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
+ && rm -f /etc/ssh/ssh_host_* \
+ && usermod --password '*' torch \
+ && sed -i '1i [ -n "${SSH_CONNECTION:-}" ] && [ -r /etc/profile.d/00-container-env.sh ] && . /etc/profile.d/00-container-env.sh' /etc/bash.bashrc \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -39,6 +46,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.11/site-packages/imagebuilder.pth
+COPY rootfs/ /
 # The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
@@ -67,6 +75,9 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="19a5ccf515a9dde0b4d9248d82b179b04f11274ef979539a92037905a3c0e630"
+    io.imagebuilder.inputs-hash="1bb691165f4e24501c3a7cc04f63ff5ead697e1df4c2a709061d2218583784a3"
 WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["/bin/bash"]

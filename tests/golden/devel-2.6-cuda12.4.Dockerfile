@@ -10,13 +10,20 @@ ARG BASE_IMAGE=nvidia/cuda:12.4.1-devel-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# SSH: host keys are made at each container's first start, never kept in the image; the
+# password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
+ && rm -f /etc/ssh/ssh_host_* \
+ && usermod --password '*' torch \
+ && sed -i '1i [ -n "${SSH_CONNECTION:-}" ] && [ -r /etc/profile.d/00-container-env.sh ] && . /etc/profile.d/00-container-env.sh' /etc/bash.bashrc \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -35,6 +42,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
+COPY rootfs/ /
 # The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
@@ -63,6 +71,9 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="bfaff0d8c0db65284368eb421de541ba690d6e6914eeab44da9c11f882009675"
+    io.imagebuilder.inputs-hash="9dd75bba617e4aba0d3f41713d5abda07d54c2133bd636621fb07377529a718f"
 WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["/bin/bash"]

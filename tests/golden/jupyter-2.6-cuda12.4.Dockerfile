@@ -17,6 +17,12 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
+        jupyterlab==4.6.6 \
+        ipykernel==7.4.0 \
+        ipywidgets==8.1.9 \
+        pandas==2.3.3 \
+        matplotlib==3.10.9 \
+        tqdm==4.70.1 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
 COPY imagebuilder /opt/imagebuilder
@@ -38,10 +44,11 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="9798123bde01c52696fbae205e021c9e7d5736e5f50e8f600c1d17610744bd5e"
+    io.imagebuilder.inputs-hash="eb2b5956a67fc6fda820c027dd92608dbab9f369779ad3196ba052ddf89f5ad2"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
 EXPOSE 8888
 # Token authentication stays on: Jupyter makes a random token at each start (printed in the
-# log) unless JUPYTER_TOKEN is set. There is no default password.
-CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/home/torch"]
+# log) unless JUPYTER_TOKEN is set. There is no default password. `-v $(pwd):/workspace`
+# shows the user's files in JupyterLab.
+CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/workspace"]

@@ -11,13 +11,15 @@ ARG BASE_IMAGE=nvidia/cuda:12.1.1-base-ubuntu22.04
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-dev python3-venv tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -35,6 +37,7 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.10/site-packages/imagebuilder.pth
+COPY rootfs/ /
 # The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
@@ -62,7 +65,10 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="45db8e3583053f36406ed1ac816fb1b64cee469efb68dd69e5b5d0b5604ec8c6"
+    io.imagebuilder.inputs-hash="1abb6113a779f5140212fbbc507ae0e8664a1f2b727b38a1ffa907022f7d14c1"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["python3"]
