@@ -6,6 +6,7 @@ which build-time labels, and where the logs go.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -13,14 +14,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engine import BuildRequest, BuildResult, Engine, Progress
-from .engine_errors import BuildFailed, network_hint
-from .render import RenderedImage
+from .engine_errors import BuildFailed, EngineError, network_hint
+from .render import SBOM_PATH, RenderedImage
 
 if TYPE_CHECKING:
     from .builder import Builder
@@ -28,6 +29,35 @@ if TYPE_CHECKING:
 CREATED = "org.opencontainers.image.created"
 REVISION = "org.opencontainers.image.revision"
 HASH = "io.imagebuilder.inputs-hash"
+SBOM_DIGEST = "io.imagebuilder.sbom.digest"
+
+
+class BaseImageChanged(EngineError):
+    image: str
+    locked: str
+    now: str | None
+    template = ("base image {image} is {now}, but locks/base-images.json pins image id {locked}; "
+                "run `imagebuilder lock --base-image {image}` to take the new one")
+
+
+class SbomMissing(EngineError):
+    ref: str
+    path: str
+    template = ("{ref} has no {path}: the image's SBOM step did not run; rebuild it with --no-cache")
+
+
+def check_base(engine: Engine, image: RenderedImage) -> None:
+    """A local base image pinned by image id (no registry digest to put in FROM) must still
+    be that image: FROM takes the tag, so this check is the pin."""
+    pin = image.base_pin
+    if pin is None or pin.digest is not None or pin.image_id is None:
+        return
+    found = engine.image_identity(pin.image)
+    if found is None or found[0] != pin.image_id:
+        raise BaseImageChanged(image=pin.image, locked=pin.image_id,
+                               now=found[0] if found else "not on this engine")
+
+
 
 
 @dataclass(frozen=True)
@@ -116,6 +146,7 @@ def build_image(
     platform: str | None = None,
 ) -> Built:
     """Build one image: with `builder` (BuildKit, say), else the engine's classic builder."""
+    check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log_path = logs / f"{image.spec.key}-{stamp}.log"
@@ -127,12 +158,17 @@ def build_image(
         for secret_id, data in image.secrets.items():
             secrets[secret_id] = Path(tmp) / f"secret-{secret_id}"
             secrets[secret_id].write_bytes(data)
+        labels = build_labels(engine, image, matrix_path)
+        # The image's own tags go on the SBOM-labelled image only (below): had the unlabelled
+        # image taken them, a rebuild would untag (and the engine remove) the labelled image
+        # of the last build, and a rebuild of the same inputs would not be a cache hit.
+        unlabelled = f"{image.ref}-unlabelled"
         try:
             result = (builder or engine).build(
                 BuildRequest(
                     context=context,
-                    tags=image.refs,
-                    labels=build_labels(engine, image, matrix_path),
+                    tags=(unlabelled,),
+                    labels=labels,
                     nocache=nocache,
                     pull=pull,
                     log_path=log_path,
@@ -146,7 +182,29 @@ def build_image(
             if e.fields["cause"] != "network":
                 raise
             raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
+        try:
+            result = _label_sbom(engine, builder or engine, image, unlabelled, result,
+                                 BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
+                                              nocache=False, pull=False, timeout=300, platform=platform,
+                                              log_path=log_path.with_name(log_path.stem + "-sbom.log")))
+        finally:
+            engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
+
+
+def _label_sbom(engine: Engine, builder: Builder | Engine, image: RenderedImage, unlabelled: str,
+                result: BuildResult, request: BuildRequest) -> BuildResult:
+    """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
+    installed, so its digest is known only after the build: a one-instruction build on top
+    adds the label (no layer; served from the cache when nothing changed)."""
+    sbom = engine.read_file(result.image_id, SBOM_PATH)
+    if sbom is None:
+        raise SbomMissing(ref=image.ref, path=SBOM_PATH)
+    request.context.mkdir()
+    digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
+    (request.context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
+    labelled = builder.build(request)
+    return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
 
 
 def human_size(size: int) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,11 @@ def _source_label() -> str:
 
 def render_options(matrix: Matrix, rendering: Rendering, repository: str | None = None,
                    buildkit: bool = False) -> RenderOptions:
+    from .lock import load_locks, locks_dir
+
     return RenderOptions(
+        extras=rendering.extras,
+        locks=load_locks(locks_dir(matrix)),
         repository=repository or rendering.repository or matrix.defaults.repository,
         index_url=rendering.index_url,
         extra_index_urls=rendering.extra_index_urls,
@@ -224,6 +230,88 @@ def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants
         click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
         for line in todo:
             note(f"left for you: {line}")
+
+
+# --- lock -----------------------------------------------------------------------------------
+
+
+@cli.command("lock")
+@options.selection(required=False)
+@click.option("--index-url", metavar="URL", help="Package index to resolve from, replacing the default one.")
+@click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL", help="Additional package index.")
+@options.with_extras
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 naming each package (or base image) the index now offers newer.")
+@click.option("--uv", "uv_path", metavar="PATH",
+              help="The uv to resolve with. Default: the one beside this Python, else PATH.")
+@pass_context
+def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | None,
+             extra_index_urls: tuple[str, ...], extras: tuple[str, ...], selection: Selection) -> None:
+    """Resolve each selected image's complete dependency set, with hashes, into locks/.
+
+    Filters select images as `imagebuilder matrix` lists them. Images sharing a set of
+    requirements share a lock; a set the index cannot satisfy is reported and the others
+    are locked. Base images are pinned by digest through the local engine or their registry.
+
+    \b
+    Examples:
+      imagebuilder lock --torch 2.6 --cuda 12.4
+      imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
+      imagebuilder lock --check
+    """
+    from . import lock as locking
+    from .registry import HttpRegistry
+
+    m = ctx.matrix
+    engine = _engine_or_none()
+    selection = pipeline.settle_os(m, selection, engine.os_release if engine else None, note)
+    specs = pipeline.select_specs(m, selection)
+    if not specs:
+        raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
+    registry = HttpRegistry(timeout=15)
+    plan = locking.lock_images(specs, m, resolver=locking.uv_compile(uv_path or _find_uv()),
+                               pin=lambda image: locking.pin_base(image, engine, registry),
+                               extras=locking.parse_extras((*m.extras, *extras)), index_url=index_url,
+                               extra_index_urls=extra_index_urls, progress=lambda msg: click.echo(msg, err=True))
+    for image in plan.unpinned:
+        note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
+    for failure in plan.failed:
+        click.echo(f"error: {failure}", err=True)
+    directory = locking.locks_dir(m)
+    if check:
+        lines = locking.check(plan, locking.load_locks(directory))
+        for line in lines:
+            click.echo(f"drift: {line}")
+        if lines:
+            raise ImageBuilderError(f"{len(lines)} locked pins differ from what the index offers; "
+                                    "refresh with `imagebuilder lock` (same filters)")
+        click.echo(f"{len(plan.locks)} locks match the index")
+    else:
+        for path in locking.write_locks(directory, plan.locks, plan.bases):
+            click.echo(f"wrote {path}")
+    if plan.failed:
+        raise ImageBuilderError(f"{len(plan.failed)} of {len(plan.failed) + len(plan.locks)} locks could not be "
+                                "resolved (above); the others are " + ("checked" if check else "written"))
+
+
+def _find_uv() -> str:
+    import shutil
+
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if beside.exists() else (shutil.which("uv") or "uv")
+
+
+def _engine_or_none() -> Any:
+    """The local engine, to pin local base images; none when no daemon answers."""
+    from .engine import DockerEngine
+    from .engine_errors import DaemonUnavailable
+
+    try:
+        engine = DockerEngine()
+        engine.ping()
+        return engine
+    except DaemonUnavailable:
+        return None
 
 
 # --- render ---------------------------------------------------------------------------------
@@ -449,9 +537,11 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
               help="Build nothing: make each TAG an index over the --platform images already pushed.")
 @click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
               help="Seconds the smoke tests of one image may take.")
+@click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
+              help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC).")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
-                allow_no_gpu: bool, verify_timeout: float, quiet: bool, no_cache: bool, pull: bool,
+                allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool) -> None:
@@ -492,6 +582,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     opts = render_options(ctx.matrix, rendering, f"{base}/{rendering.repository or ctx.matrix.defaults.repository}",
                           buildkit=builder is not None and builder.name == "buildkit")
     registry = HttpRegistry(ca_file=registry_ca)
+    today = day.date() if day is not None else datetime.now(timezone.utc).date()
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
     index_platforms: dict[str, list[str]] = {}  # plain ref -> the platforms its index joins
     for platform in wanted:
@@ -515,7 +606,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         images = [platform_image(image, platform) for image in images] if multi else checked
         if merge_only:
             continue
-        steps = publish.plan(images, {} if force else publish.lookup(registry, images), force=force)
+        steps = publish.plan(images, {} if force else publish.lookup(registry, images, today), force=force, day=today)
         click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
         plans.append((platform, steps))
     if merge_only:

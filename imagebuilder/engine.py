@@ -113,6 +113,8 @@ class Engine(Protocol):
 
     def read_file(self, image: str, path: str) -> bytes | None: ...
 
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None: ...
+
     def os_release(self, image: str) -> str: ...
 
     def remove_image(self, ref: str, force: bool = True) -> None: ...
@@ -120,7 +122,8 @@ class Engine(Protocol):
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
-            workdir: str | None = None, archives: Mapping[str, bytes] | None = None) -> RunResult: ...
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult: ...
 
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str: ...
 
@@ -464,6 +467,18 @@ class DockerEngine:
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=ref) from e
 
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        """(image id, RepoDigests) of a local image, None when the engine has no such image:
+        what a lock pins a local base image by."""
+        import docker
+
+        with self._daemon_errors():
+            try:
+                attrs = self._client.api.inspect_image(ref)
+            except docker.errors.ImageNotFound:
+                return None
+        return str(attrs["Id"]), tuple(attrs.get("RepoDigests") or ())
+
     def read_file(self, image: str, path: str, *, hops: int = 4) -> bytes | None:
         """A file of `image` (None if absent), read without running anything: a container is
         created, never started, its archive read through the API, and removed. Symlinks
@@ -522,12 +537,14 @@ class DockerEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
-            workdir: str | None = None, archives: Mapping[str, bytes] | None = None) -> RunResult:
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult:
         """Run `command` in a new container; the container is removed in every case.
 
-        `archives` maps a container directory to a tar unpacked there before the container
-        starts (what `docker cp` does): files reach a remote daemon too, where a bind mount
-        would name a path on the wrong machine.
+        `volumes` maps host paths to container paths (mounted read-only): paths on the
+        daemon's host, so only for a local daemon. `archives` maps a container directory to a
+        tar unpacked there before the container starts (what `docker cp` does): files reach a
+        remote daemon too.
         On timeout the container is killed and `timed_out` is True (exit code 137 or -1).
         """
         import docker
@@ -537,6 +554,7 @@ class DockerEngine:
         device_requests = (
             [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
         )
+        binds = {host: {"bind": inside, "mode": "ro"} for host, inside in (volumes or {}).items()}
         started = time.monotonic()
         container = None
         try:
@@ -544,8 +562,8 @@ class DockerEngine:
                 try:
                     container = client.containers.create(
                         image, command, environment=dict(environment or {}), shm_size=shm_size,
-                        device_requests=device_requests, working_dir=workdir,
-                        labels={"org.imagebuilder.run": "1"},
+                        device_requests=device_requests, volumes=binds or None,
+                        working_dir=workdir, labels={"org.imagebuilder.run": "1"},
                     )
                     for directory, tar in (archives or {}).items():
                         if not container.put_archive(directory, tar):

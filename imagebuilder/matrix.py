@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest, ImageBuilderError
 
-VARIANTS = ("runtime", "devel", "jupyter")
+VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
+# A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
+JUPYTER_PARENTS = {"jupyter": "runtime", "devel-jupyter": "devel"}
 PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
@@ -118,6 +120,17 @@ class Tools:
     jupyterlab: str
     ipykernel: str
     ninja: str
+    # What notebook users expect beside JupyterLab, in the jupyter variants only.
+    pandas: str
+    matplotlib: str
+    tqdm: str
+    ipywidgets: str
+
+    @property
+    def notebook(self) -> tuple[str, ...]:
+        """The jupyter variants' requirements, pinned."""
+        names = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
+        return tuple(f"{name}=={getattr(self, name)}" for name in names)
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,7 @@ class Matrix:
     torches: Mapping[str, TorchRelease]
     tools: Tools
     text: str = field(repr=False, default="")
+    extras: tuple[str, ...] = ()  # a site's packages added to every image, resolved into its lock
 
     def newest_torch(self) -> TorchRelease:
         return max(self.torches.values(), key=lambda t: t.version)
@@ -396,21 +410,32 @@ def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
                 c.problem(("torch", key, "variants", variant.name), f"a CUDA {variant.cuda} variant is named {expected}")
 
 
+def _extras(c: _Checker, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        c.problem(("extras",), "extras is a list of requirements, e.g. ['pandas==2.2.3', 'tqdm']")
+        return ()
+    return tuple(value)
+
+
 def parse_matrix(text: str, file: Path) -> Matrix:
     data, lines, problems = _compose(text, file)
     c = _Checker(lines, problems)
-    top = c.record(data, (), {"schema", "defaults", "os", "cuda", "torch", "tools"}) or {}
+    top = c.record(data, (), {"schema", "defaults", "os", "cuda", "torch", "tools"}, {"extras"}) or {}
     if top and top.get("schema") != 1:
         c.problem(("schema",), f"unsupported schema {top.get('schema')!r}; this imagebuilder reads schema 1")
     d = c.record(top.get("defaults", {}), ("defaults",), {"os", "variant", "repository"}) or {}
     defaults = Defaults(*(c.text(d, k, ("defaults",)) for k in ("os", "variant", "repository")))
-    t = c.record(top.get("tools", {}), ("tools",), {"uv", "jupyterlab", "ipykernel", "ninja"}) or {}
-    tools = Tools(*(c.text(t, k, ("tools",)) for k in ("uv", "jupyterlab", "ipykernel", "ninja")))
+    tool_names = [f.name for f in fields(Tools)]
+    t = c.record(top.get("tools", {}), ("tools",), set(tool_names)) or {}
+    tools = Tools(*(c.text(t, k, ("tools",)) for k in tool_names))
     oses = c.mapping(top.get("os"), ("os",), lambda k, v, p: _parse_os(c, k, v, p)) if top else {}
     cudas = c.mapping(top.get("cuda"), ("cuda",), lambda k, v, p: _parse_cuda(c, k, v, p)) if top else {}
     torches = c.mapping(top.get("torch"), ("torch",), lambda k, v, p: _parse_torch(c, k, v, p)) if top else {}
     if top:
         _cross_check(c, defaults, oses, cudas, torches)
+    extras = _extras(c, top.get("extras"))
     if problems:
         raise MatrixError(file=file, problems=sorted(problems, key=lambda p: (p.line or 0, p.path)))
     return Matrix(
@@ -421,6 +446,7 @@ def parse_matrix(text: str, file: Path) -> Matrix:
         torches=dict(sorted(torches.items(), key=lambda kv: kv[1].version)),
         tools=tools,
         text=text,
+        extras=extras,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from .matrix import VARIANTS
 from .pipeline import ALL, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,8 +55,8 @@ def _selection(torch_version: str | None, cuda_version: str | None, python_versi
 def selection(required: bool, all_variants: bool = False, strict: bool = False) -> Callable[[F], F]:
     """Which image(s): the coordinates of the matrix, the base image and --strict, handed to
     the command as `selection: Selection`. `required` for a request (torch and CUDA);
-    `all_variants` lets --variant take `all` (runtime, devel, then jupyter)."""
-    variants = ["runtime", "devel", "jupyter"] + ([ALL] if all_variants else [])
+    `all_variants` lets --variant take `all` (every variant, parents first)."""
+    variants = list(VARIANTS) + ([ALL] if all_variants else [])
     keys = ("torch_version", "cuda_version", "python_version", "variant", "os_name", "base_image") + (
         ("strict",) if strict else ())
     return _stack(
@@ -69,7 +70,7 @@ def selection(required: bool, all_variants: bool = False, strict: bool = False) 
                           "else the one torch ships nearest above it (see README)."),
         click.option("--variant", type=click.Choice(variants),
                      help="Image variant. Default: matrix.yaml's defaults.variant (runtime)."
-                          + (" `all`: runtime, devel, then jupyter FROM that runtime image." if all_variants else "")),
+                          + (" `all`: runtime, devel, then jupyter and devel-jupyter FROM those two." if all_variants else "")),
         click.option("--os", "os_name", metavar="OS",
                      help="ubuntu22.04, ubuntu24.04, debian12, ... Default: the --base-image's OS when "
                           "a Docker daemon can read it, else matrix.yaml's defaults.os."),
@@ -90,6 +91,13 @@ class Rendering:
     extra_index_urls: tuple[str, ...]
     ca_bundle: Path | None
     repository: str | None
+    extras: tuple[str, ...] = ()  # --with: packages added to the image's lock
+
+
+with_extras = click.option(
+    "--with", "extras", multiple=True, metavar="REQ",
+    help="Add a package to the image, resolved into its lock under the torch pins "
+         "(repeatable), e.g. --with 'pandas==2.2.3'. Build with the same --with you locked with.")
 
 
 def rendering(f: F) -> F:
@@ -105,8 +113,10 @@ def rendering(f: F) -> F:
                           "$SSL_CERT_FILE. Not left in the final image."),
         click.option("--repository", metavar="NAME",
                      help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
-        _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"])}),
-                 ("index_url", "extra_index_urls", "ca_bundle", "repository")),
+        with_extras,
+        _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"]),
+                                                        "extras": tuple(kw["extras"])}),
+                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras")),
     )(f)
 
 

@@ -96,6 +96,8 @@ def _write_new(directory: Path, files: Mapping[str, bytes]) -> None:
             path = staging / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
+            if data.startswith(b"#!"):  # COPY keeps the mode: a script must arrive executable
+                path.chmod(0o755)
         staging.chmod(0o755)
         if directory.exists():
             directory.rmdir()  # empty, checked above; a file appearing meanwhile stops us here

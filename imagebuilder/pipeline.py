@@ -21,7 +21,7 @@ from .matrix import VARIANTS, Matrix
 from .render import RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
 
-ALL = "all"  # --variant all: runtime, devel, then jupyter FROM that runtime image
+ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
 
 Note = Callable[[str], None]
 ReadOsRelease = Callable[[str], str]  # image reference -> its /etc/os-release text
@@ -139,8 +139,8 @@ def _resolve_each(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
 
 def with_parents(images: list[RenderedImage], matrix: Matrix, options: RenderOptions,
                  exists: Callable[[str], bool] = lambda ref: False) -> list[RenderedImage]:
-    """`images` plus, before each jupyter image, the runtime image it is built FROM when that
-    one is neither selected nor (per `exists`) already there."""
+    """`images` plus, before each jupyter image, the runtime or devel image it is built FROM
+    when that one is neither selected nor (per `exists`) already there."""
     refs = {image.ref for image in images}
     out: list[RenderedImage] = []
     for image in images:
@@ -160,10 +160,12 @@ def render_selected(matrix: Matrix, selection: Selection, options: RenderOptions
 def render_request(matrix: Matrix, selection: Selection, options: RenderOptions, note: Note,
                    exists: Callable[[str], bool] = lambda ref: False) -> list[RenderedImage]:
     """A request -> the images it builds, in build order: each variant asked for (`all`:
-    runtime, devel, jupyter), and a jupyter image's runtime image first when it is missing.
+    every variant), and a jupyter image's parent image first when it is missing.
     Everything resolves before anything builds, so a bad request fails at once."""
     specs = [resolve(matrix, selection.request(variant)) for variant in selection.variants]
-    for notice in dict.fromkeys(n for spec in specs for n in spec.notices):
+    images = [render(spec, matrix, options) for spec in specs]
+    # The image's notices: the spec's, and what its lock and base pin leave unpinned.
+    for notice in dict.fromkeys(n for image in images for n in image.notices):
         note(notice)
-    return build_order(with_parents([render(spec, matrix, options) for spec in specs], matrix, options, exists))
+    return build_order(with_parents(images, matrix, options, exists))
 

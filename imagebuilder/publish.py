@@ -10,6 +10,10 @@ that image. When the image is there but some alias is missing or names another i
 alias is pointed at it in the registry (a manifest PUT, no build, no download): the inputs
 prove it is the image that alias should name, and it was verified when it was first pushed.
 
+Beside the moving tags, each image gets an immutable dated tag, `{fully qualified}-{YYYYMMDD}`
+of the publishing day: a dated tag is added (to a new image, or pointed at an unchanged one)
+when that day has none, and never overwritten.
+
 A tag counts as pushed only once the registry itself answers with the digest the push
 reported: a registry that goes away mid-run never leaves an image reported as published.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +36,7 @@ from .build import HASH, Built, build_image, build_order
 from .errors import ImageBuilderError
 from .registry import Registry, parse_reference
 from .render import RenderedImage
+from .tags import dated_tag, image_ref
 
 if TYPE_CHECKING:
     from .engine import Engine, Progress
@@ -79,16 +85,27 @@ class Step:
     """The published image (RETAG, SKIP)."""
     retag: tuple[str, ...] = ()
     """RETAG: the refs to point at `digest`."""
+    dated: str | None = None
+    """BUILD: the dated ref to push besides the image's tags; None when that day already has one."""
+
+
+def dated_ref(image: RenderedImage, day: date) -> str:
+    # The qualified tag as the image carries it: a platform image's has its -arm64 suffix.
+    qualified = next((t for t in image.tags if t.startswith(image.spec.key)), image.spec.key)
+    return image_ref(image.repository, dated_tag(qualified, day))
 
 
 def plan(images: Iterable[RenderedImage], remotes: Mapping[str, Remote], *,
-         force: bool = False) -> tuple[Step, ...]:
+         force: bool = False, day: date | None = None) -> tuple[Step, ...]:
     """One Step per image, runtime images before the jupyter images built FROM them.
-    `remotes` is keyed by each image's primary ref; a missing entry means nothing is there."""
+    `remotes` is keyed by each image's primary ref; a missing entry means nothing is there.
+    `day` (None: no dated tags) names the dated tag each image gets."""
     steps: list[Step] = []
     rebuilt: set[str] = set()
     for image in build_order(images):
         step = _decide(image, remotes.get(image.ref), force, rebuilt)
+        if day is not None:
+            step = _with_dated(step, dated_ref(image, day), remotes.get(image.ref))
         if step.action == BUILD:
             rebuilt.add(image.ref)
         steps.append(step)
@@ -116,6 +133,18 @@ def _decide(image: RenderedImage, remote: Remote | None, force: bool, rebuilt: s
     return Step(image, SKIP, f"unchanged, published as {_short(digest)}", digest)
 
 
+def _with_dated(step: Step, dated: str, remote: Remote | None) -> Step:
+    """Add the day's dated tag where that day has none; an existing one is never moved."""
+    if remote is not None and remote.digests.get(dated) is not None:
+        return step
+    if step.action == BUILD:
+        return replace(step, dated=dated)
+    tag = parse_reference(dated).reference
+    if step.action == SKIP:
+        return Step(step.image, RETAG, f"unchanged; adding the dated tag {tag}", step.digest, (dated,))
+    return replace(step, retag=(*step.retag, dated), reason=f"{step.reason}; dated tag {tag}")
+
+
 def _short(digest: str) -> str:
     return digest.removeprefix("sha256:")[:12]
 
@@ -123,11 +152,13 @@ def _short(digest: str) -> str:
 # --------------------------------------------------------------------------- lookup (I/O)
 
 
-def lookup(registry: Registry, images: Iterable[RenderedImage]) -> dict[str, Remote]:
-    """Ask the registry about every tag of every image (HEADs, and one config blob each)."""
+def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None = None) -> dict[str, Remote]:
+    """Ask the registry about every tag of every image, the day's dated one included (HEADs,
+    and one config blob each)."""
     remotes: dict[str, Remote] = {}
     for image in images:
-        digests = {ref: registry.digest(ref) for ref in image.refs}
+        refs = image.refs + ((dated_ref(image, day),) if day is not None else ())
+        digests = {ref: registry.digest(ref) for ref in refs}
         primary = digests[image.ref]
         labels = None
         if primary is not None:
@@ -204,7 +235,10 @@ def smoke_test(engine: Engine, ref: str, options: RunOptions) -> VerifyReport:
     """The default verifier: the image's smoke tests in a container (verify.verify_image)."""
     from .verify import verify_image
 
-    return verify_image(engine, ref, allow_no_gpu=options.allow_no_gpu, timeout=options.verify_timeout)
+    # The current smoke tests, lent to the image: editing them rebuilds no image (they are
+    # not in the inputs hash) and every image is still checked with today's checks.
+    return verify_image(engine, ref, allow_no_gpu=options.allow_no_gpu, timeout=options.verify_timeout,
+                        mount_smoke_tests=True)
 
 
 def publish(steps: Sequence[Step], *, engine: Engine, registry: Registry, options: RunOptions,
@@ -297,6 +331,13 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             if confirmed != digest:
                 raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
             pushed[ref] = digest
+        if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
+            # A manifest PUT of the image just pushed: the dated tag needs no local tag.
+            digest = pushed[image.ref]
+            now = registry.put_tag(step.dated, digest)
+            if now != digest:
+                raise PushNotConfirmed(ref=step.dated, pushed=digest, registry_has=now or "no such tag")
+            pushed[step.dated] = now
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed)
     reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
@@ -352,7 +393,8 @@ def format_summary(outcomes: Sequence[Outcome]) -> str:
     rows = []
     for o in outcomes:
         verified = None if o.verify is None else o.verify.ok
-        pushed = f"{len(o.pushed)}/{len(o.step.image.refs)}" if o.pushed or o.status == FAILED else "-"
+        refs = o.step.image.refs  # (the dated tag is not counted: it is not one of the image's tags)
+        pushed = f"{len(set(o.pushed) & set(refs))}/{len(refs)}" if o.pushed or o.status == FAILED else "-"
         rows.append((o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
                      mark(verified), pushed, o.status, o.reason))
     return _columns(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)

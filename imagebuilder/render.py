@@ -14,8 +14,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
+
 from . import __version__
 from .errors import BadRequest
+from .lock import BasePin, Lock, LockSet, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .output import write_tree
@@ -24,6 +27,13 @@ from .tags import image_ref, labels_for, primary_tag, tags_for
 
 USER_NAME, USER_ID = "torch", 1000
 VENV = "/opt/venv"
+WORKSPACE = "/workspace"  # every variant's working directory and Jupyter's root
+ENTRYPOINT = ("/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint")
+SESSION_ENV = "/etc/profile.d/00-container-env.sh"  # the container's environment, for SSH sessions
+# Files the image carries at these paths (context folder rootfs/), rendered from templates/.
+ROOTFS_TEMPLATES = {"usr/local/bin/imagebuilder-entrypoint": "entrypoint.sh.j2"}
+SSH_ROOTFS_TEMPLATES = {"usr/local/bin/ssh-server": "ssh-server.sh.j2",
+                        "etc/ssh/sshd_config.d/imagebuilder.conf": "sshd.conf.j2"}
 CA_PATH = "/etc/imagebuilder/ca-bundle.pem"
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -40,6 +50,8 @@ class RenderOptions:
     ca_bundle: Path | None = None  # trusted inside the build only
     source: str = DEFAULT_SOURCE  # org.opencontainers.image.source
     buildkit: bool = False  # for the BuildKit builder: the CA as a secret, shared cache mounts
+    extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
+    locks: LockSet = LockSet()  # locks/ beside the matrix; empty: resolve at build time
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,9 @@ class RenderedImage:
     base_image: str = ""  # the FROM image; for jupyter, our runtime image
     trusts_ca_bundle: bool = False  # built with --ca-bundle
     secrets: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # BuildKit secrets by id
+    lock: Lock | None = field(default=None, repr=False)  # None: resolved at build time
+    base_pin: BasePin | None = None  # how the FROM image is pinned (None for jupyter)
+    notices: tuple[str, ...] = ()  # the spec's, and what is not pinned
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -100,41 +115,26 @@ def _python_path(spec: BuildSpec) -> str:
     return f"{VENV}/lib/python{spec.python}/site-packages"
 
 
-def _requirements(spec: BuildSpec, matrix: Matrix) -> list[str]:
-    reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
-    if spec.torch.torchaudio is not None:
-        reqs.append(f"torchaudio=={spec.torch.torchaudio}")
-    if spec.variant == "devel":
-        reqs.append(f"ninja=={matrix.tools.ninja}")  # torch.utils.cpp_extension builds with ninja
-        if spec.toolchain == "pip":
-            reqs += list(spec.cuda.pip_toolchain)
-    return reqs
-
-
-def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
-    """The PyPI build of a release comes from the default index (the user's own, or a
-    mirror set by --index-url); other CUDA builds come from PyTorch's wheel index."""
-    index = options.index_url
-    if index is None and spec.wheel.name != spec.torch.pypi_variant:
-        index = spec.wheel.index
-    args = [f"--index-url {index}"] if index else []
-    args += [f"--extra-index-url {url}" for url in options.extra_index_urls]
-    if len(args) > 1:
-        args.append("--index-strategy unsafe-best-match")
-    return args
-
-
 def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
     # python3 and its venv module bootstrap uv.
     packages = ["ca-certificates", "python3", "python3-venv"]
     if stage == "wheels":
         return packages
     packages.append("g++")  # torch.compile (Inductor, Triton) needs a C/C++ compiler
+    packages.append("tini")  # PID 1: forwards signals, reaps zombies, passes exit codes on
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
     if spec.variant == "devel":
         packages += ["git", "make"]
+    if _has_ssh(spec):
+        packages.append("openssh-server")
     return sorted(packages)
+
+
+def _has_ssh(spec: BuildSpec) -> bool:
+    """The devel images (and devel-jupyter, built FROM them) are the ones people work in over
+    SSH; `ssh-server` as the command starts it. The runtime images stay lean."""
+    return spec.variant == "devel"
 
 
 UV = "/tmp/uv"
@@ -193,15 +193,33 @@ def _pip_install(args: list[str]) -> str:
     return f"{UV}/bin/uv pip install --python {VENV}/bin/python" + "".join(f" \\\n        {a}" for a in args)
 
 
-def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool) -> list[str]:
+LOCK_PATH = "/opt/imagebuilder/requirements.lock"  # runtime/devel: the whole venv
+JUPYTER_LOCK_PATH = "/opt/imagebuilder/jupyter.lock"  # jupyter: what it adds to its runtime's
+CONSTRAINTS_PATH = "/opt/imagebuilder/constraints.txt"
+SBOM_PATH = "/opt/imagebuilder/sbom.cdx.json"
+
+
+def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix, options: RenderOptions,
+                  extras: tuple[str, ...]) -> str:
+    """Exactly the lock when there is one (no resolution in the build); else resolve now."""
+    index = index_args(spec, options.index_url, options.extra_index_urls)
+    if lock is not None:
+        return _pip_install(index + ["--require-hashes --no-deps", f"-r {path}"])
+    return _pip_install(index + requirements(spec, matrix, extras))
+
+
+def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
+                      lock: Lock | None, extras: tuple[str, ...]) -> list[str]:
     """The one RUN that makes the venv: uv comes and goes within it."""
     commands = [_uv_env(options, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     if not spec.python_from_os:
         commands.append(f"{UV}/bin/uv python install {spec.python}")
     # --allow-existing: in a single stage the (empty) venv folder is made beforehand, owned by the user.
-    commands.append(f"{UV}/bin/uv venv --seed --allow-existing --python {python} {VENV}")
-    commands.append(_pip_install(_index_args(spec, options) + _requirements(spec, matrix)))
+    # With a lock, no --seed: pip and setuptools come from the lock, so nothing in the venv floats.
+    seed = "" if lock is not None else " --seed"
+    commands.append(f"{UV}/bin/uv venv{seed} --allow-existing --python {python} {VENV}")
+    commands.append(_install_from(lock, LOCK_PATH, spec, matrix, options, extras))
     if spec.toolchain == "pip":
         # torch.utils.cpp_extension links -lcudart; the wheel ships only the versioned soname.
         lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
@@ -210,17 +228,30 @@ def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     return commands
 
 
-def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool) -> list[str]:
-    """Add JupyterLab to the venv without changing anything already in it: everything
-    installed is pinned to what is there."""
-    reqs = [f"jupyterlab=={matrix.tools.jupyterlab}", f"ipykernel=={matrix.tools.ipykernel}"]
-    return [
-        _uv_env(options, single_stage),
-        f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
+def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
+                      lock: Lock | None) -> list[str]:
+    """Add JupyterLab (and what notebook users expect beside it) to the venv without changing
+    anything already in it: with a lock, its additions only (--no-deps); without one,
+    everything installed is pinned to what is there."""
+    bootstrap = [_uv_env(options, single_stage),
+                 f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}"]
+    if lock is not None:
+        return bootstrap + [_install_from(lock, JUPYTER_LOCK_PATH, spec, matrix, options, ()), f"rm -rf {UV}"]
+    return bootstrap + [
         f"{UV}/bin/uv pip freeze --python {VENV}/bin/python > /tmp/constraints.txt",
-        _pip_install(["--constraint /tmp/constraints.txt"] + _index_args(spec, options) + reqs),
+        _pip_install(["--constraint /tmp/constraints.txt"]
+                     + index_args(spec, options.index_url, options.extra_index_urls) + requirements(spec, matrix)),
         f"rm -rf {UV} /tmp/constraints.txt",
     ]
+
+
+def _constraints(spec: BuildSpec, lock: Lock | None) -> str:
+    """The in-image pins that keep a later `pip install` from replacing torch's CUDA build."""
+    if lock is not None:
+        return lock.constraints()
+    pins = [("torch", spec.torch.version), ("torchvision", spec.torch.torchvision),
+            ("torchaudio", spec.torch.torchaudio), ("triton", spec.torch.triton)]
+    return "".join(f"{name}=={version}\n" for name, version in sorted(pins) if version is not None)
 
 
 def require_cuda(spec: BuildSpec) -> str:
@@ -256,13 +287,18 @@ def _env(spec: BuildSpec) -> list[tuple[str, str]]:
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
         ("NVIDIA_REQUIRE_CUDA", require_cuda(spec)),
         ("PYTHONUNBUFFERED", "1"),
+        # pip and uv read these: a later install that wants another torch fails with the
+        # resolver's conflict instead of replacing the image's CUDA build (README: opting out).
+        ("PIP_CONSTRAINT", CONSTRAINTS_PATH),
+        ("UV_CONSTRAINT", CONSTRAINTS_PATH),
     ]
     if cuda_home:
         env.append(("CUDA_HOME", cuda_home))
     return env
 
 
-def manifest_for(spec: BuildSpec, matrix: Matrix, inputs_hash: str, tags: Iterable[str], base_image: str) -> dict[str, object]:
+def manifest_for(spec: BuildSpec, matrix: Matrix, inputs_hash: str, tags: Iterable[str], base_image: str,
+                 matrix_name: str | None = None) -> dict[str, object]:
     """What /opt/imagebuilder/manifest.json holds: the resolved spec, read by smoke_tests."""
     return {
         "schema": 1,
@@ -285,25 +321,67 @@ def manifest_for(spec: BuildSpec, matrix: Matrix, inputs_hash: str, tags: Iterab
         "toolchain": spec.toolchain,
         "tags": list(tags),
         "inputs_hash": inputs_hash,
-        "matrix": matrix.path.name,
+        "matrix": matrix.path.name if matrix_name is None else matrix_name,
     }
 
 
-def _hash(dockerfile: str, files: Mapping[str, bytes]) -> str:
+def _hash(dockerfile: str, files: Mapping[str, bytes], *extra: str) -> str:
     digest = hashlib.sha256(dockerfile.encode())
     for name in sorted(files):
         digest.update(name.encode() + b"\0" + files[name] + b"\0")
+    for value in extra:
+        digest.update(value.encode() + b"\0")
     return digest.hexdigest()
+
+
+def _hashed(name: str) -> bool:
+    """The smoke tests are lent to the image at verify time (publish mounts the current ones),
+    so editing them rebuilds nothing; the image's own copy is as of its build."""
+    return not name.startswith("imagebuilder/smoke_tests/")
+
+
+@dataclass(frozen=True)
+class _Naming:
+    """What names an image without changing its content: left out of the inputs hash."""
+
+    tags: tuple[str, ...]
+    generator: str
+    matrix_name: str
+    source: str
+
+
+def _sbom_file() -> bytes:
+    return (Path(__file__).parent / "sbom.py").read_bytes()
 
 
 def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
     env = _environment(str(templates_dir()))
     tags = tags_for(spec, matrix)
-    base_image = spec.base_image
+    extras = parse_extras((*matrix.extras, *options.extras))
+    lock = options.locks.lock_for(spec, matrix, extras)
+    base_pin: BasePin | None = None
+    parent_hash = ""
     if spec.parent is not None:
-        base_image = image_ref(options.repository, primary_tag(spec.parent, matrix))
+        # FROM our runtime image by tag: what defines that image is its own inputs hash.
+        base_image = from_ref = image_ref(options.repository, primary_tag(spec.parent, matrix))
+        parent_hash = render(spec.parent, matrix, options).inputs_hash
+    else:
+        base_pin = options.locks.base_for(spec.base_image)
+        base_image, from_ref = spec.base_image, base_pin.from_ref
+    notices = list(spec.notices)
+    if lock is None:
+        notices.append("no lock for this image in locks/: the build resolves its dependencies "
+                       "(run `imagebuilder lock` to pin them)")
+    if base_pin is not None and not base_pin.identity:
+        notices.append(f"base image {base_image} has no digest in locks/base-images.json: FROM by tag")
     files: dict[str, bytes] = dict(_smoke_test_files())
     files["imagebuilder.pth"] = b"/opt/imagebuilder\n"  # makes `python -m smoke_tests` work
+    files["imagebuilder/sbom.py"] = _sbom_file()
+    lock_path = JUPYTER_LOCK_PATH if spec.parent is not None else LOCK_PATH
+    if lock is not None:
+        files[lock_path.replace("/opt/", "", 1)] = lock.text().encode()
+    if spec.parent is None:
+        files["imagebuilder/constraints.txt"] = _constraints(spec, lock).encode()
     ca = None
     two_stage = options.ca_bundle is not None and not options.buildkit
     apt_mounts, install_mounts = _mounts(options)
@@ -313,15 +391,17 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         except OSError as e:
             raise RenderError(f"cannot read --ca-bundle {options.ca_bundle}: {e.strerror}; pass a PEM file") from e
 
-    def render_with(inputs_hash: str) -> tuple[str, dict[str, bytes]]:
-        labels = labels_for(spec, base_image, inputs_hash, options.source)
-        manifest = manifest_for(spec, matrix, inputs_hash, tags, base_image)
+    def render_with(inputs_hash: str, naming: _Naming) -> tuple[str, dict[str, bytes]]:
+        labels = labels_for(spec, base_image, inputs_hash, naming.source, base_pin.digest if base_pin else None)
+        manifest = manifest_for(spec, matrix, inputs_hash, naming.tags, base_image, naming.matrix_name)
         context = {
-            "generator": f"imagebuilder {__version__}",
-            "matrix_name": matrix.path.name,
+            "generator": naming.generator,
+            "matrix_name": naming.matrix_name,
             "spec": spec,
-            "tags": tags,
-            "base_image": base_image,
+            "notices": notices,
+            "tags": naming.tags,
+            "base_image": from_ref,
+            "base_pin": base_pin,
             "two_stage": two_stage,
             "ca_path": CA_PATH,
             "buildkit": options.buildkit,
@@ -329,8 +409,10 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "apt_mounts": apt_mounts,
             "apt_options": _apt_options(options),
             "install_mounts": install_mounts,
-            "install_commands": _install_commands(spec, matrix, options, single_stage=not two_stage),
-            "jupyter_commands": _jupyter_commands(spec, matrix, options, single_stage=not two_stage),
+            "lock_path": lock_path if lock is not None else None,
+            "sbom_command": f"{VENV}/bin/python /opt/imagebuilder/sbom.py {VENV} {SBOM_PATH}",
+            "install_commands": _install_commands(spec, matrix, options, not two_stage, lock, extras),
+            "jupyter_commands": _jupyter_commands(spec, matrix, options, not two_stage, lock),
             "build_packages": _apt_packages(spec, "wheels"),
             "final_packages": _apt_packages(spec, "final"),
             "python": str(spec.python),
@@ -340,17 +422,35 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "labels": [(k, json.dumps(v)) for k, v in labels.items()],
             "user": USER_NAME,
             "uid": USER_ID,
+            "workspace": WORKSPACE,
+            "entrypoint": json.dumps(list(ENTRYPOINT)),
+            "ssh": _has_ssh(spec),
+            "session_env_file": SESSION_ENV,
+            "shm_floor": NCCL_SHM_MIN_BYTES,
+            "shm_advice": SHM_ADVICE,
+            # bash reads bash.bashrc for `ssh HOST CMD` too; its first line runs before the
+            # file returns for non-interactive shells.
+            "session_env": f'[ -n "${{SSH_CONNECTION:-}}" ] && [ -r {SESSION_ENV} ] && . {SESSION_ENV}',
         }
-        template = env.get_template("jupyter.Dockerfile.j2" if spec.variant == "jupyter" else "Dockerfile.j2")
+        template = env.get_template("jupyter.Dockerfile.j2" if spec.parent is not None else "Dockerfile.j2")
         out = dict(files)
+        if spec.parent is None:  # a jupyter image has its parent's
+            rootfs = {**ROOTFS_TEMPLATES, **(SSH_ROOTFS_TEMPLATES if _has_ssh(spec) else {})}
+            out.update({f"rootfs/{path}": env.get_template(name).render(context).encode()
+                        for path, name in rootfs.items()})
         out["imagebuilder/manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         return template.render(context), out
 
-    # The hash covers everything rendered except itself, so it changes exactly when the
-    # image's inputs change; publish compares it with the registry's copy.
-    draft, draft_files = render_with("")
-    inputs_hash = _hash(draft, draft_files)
-    dockerfile, final_files = render_with(inputs_hash)
+    # The hash covers what defines the image's content: the Dockerfile and the files copied
+    # in, rendered without the names it goes by (tags move to other images when a release
+    # is added; the tool's version and the matrix's file name change no byte installed),
+    # the lock (a file copied in) and the base image's digest (in FROM, or its image id).
+    # publish compares it with the registry's copy.
+    draft, draft_files = render_with("", _Naming((), "imagebuilder", "matrix.yaml", DEFAULT_SOURCE))
+    inputs_hash = _hash(draft, {k: v for k, v in draft_files.items() if _hashed(k)},
+                        base_pin.identity if base_pin else "", parent_hash)
+    naming = _Naming(tags, f"imagebuilder {__version__}", matrix.path.name, options.source)
+    dockerfile, final_files = render_with(inputs_hash, naming)
     secrets: dict[str, bytes] = {}
     if ca is not None and two_stage:
         final_files["ca-bundle.pem"] = ca
@@ -362,9 +462,12 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         tags=tags,
         dockerfile=dockerfile,
         files=final_files,
-        labels=labels_for(spec, base_image, inputs_hash, options.source),
+        labels=labels_for(spec, base_image, inputs_hash, options.source, base_pin.digest if base_pin else None),
         inputs_hash=inputs_hash,
         base_image=base_image,
         trusts_ca_bundle=ca is not None,
         secrets=secrets,
+        lock=lock,
+        base_pin=base_pin,
+        notices=tuple(notices),
     )

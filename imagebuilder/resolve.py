@@ -16,7 +16,7 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest
-from .matrix import VARIANTS, CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant
+from .matrix import JUPYTER_PARENTS, VARIANTS, CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant
 
 Toolchain = Literal["none", "base", "pip"]
 
@@ -62,11 +62,11 @@ class BuildSpec:
     python_is_default: bool
     python_from_os: bool  # False: a uv-managed CPython is installed
     variant: str
-    base_image: str  # for jupyter: the runtime image it is built on (filled in by tags)
+    base_image: str  # for jupyter variants: the parent image they are built on (filled in by tags)
     base_is_default: bool
     toolchain: Toolchain  # devel only: where nvcc comes from
     notices: tuple[str, ...]
-    parent: BuildSpec | None = None  # jupyter: the runtime image it is built on
+    parent: BuildSpec | None = None  # jupyter variants: the runtime or devel image they are built on
 
     @property
     def min_driver(self) -> str:
@@ -211,12 +211,12 @@ def resolve(matrix: Matrix, request: Request) -> BuildSpec:
             f"{os.name} ships Python {os.python}; Python {python} is installed with `uv python install`, "
             "which downloads python-build-standalone at build time"
         )
-    if variant == "jupyter":
-        parent = resolve(matrix, replace(request, variant="runtime"))
+    if variant in JUPYTER_PARENTS:
+        parent = resolve(matrix, replace(request, variant=JUPYTER_PARENTS[variant]))
         return replace(
             parent,
-            variant="jupyter",
-            base_image="",  # the runtime image's tag, known once tags are chosen
+            variant=variant,
+            base_image="",  # the parent image's tag, known once tags are chosen
             base_is_default=True,
             notices=parent.notices,
             parent=parent,

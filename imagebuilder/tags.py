@@ -8,6 +8,8 @@ only through a moving alias.
 
 from __future__ import annotations
 
+from datetime import date
+
 from .matrix import Matrix
 from .resolve import BuildSpec
 
@@ -47,11 +49,18 @@ def image_ref(repository: str, tag: str) -> str:
     return f"{repository}:{tag}"
 
 
-def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str) -> dict[str, str]:
+def dated_tag(qualified: str, day: date) -> str:
+    """The immutable tag publish adds beside the moving ones: what the image was on that day.
+    `qualified`: the image's fully qualified tag (with its platform suffix, if any)."""
+    return f"{qualified}-{day:%Y%m%d}"
+
+
+def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str,
+               base_digest: str | None = None) -> dict[str, str]:
     """Labels that depend only on the rendered inputs (created and revision are added at
     build time so that rendering stays byte-for-byte deterministic)."""
     p = LABEL_PREFIX
-    return {
+    labels = {
         "org.opencontainers.image.title": f"PyTorch {spec.torch.version} ({spec.variant})",
         "org.opencontainers.image.description": (
             f"PyTorch {spec.torch.version} with {spec.wheel.name} wheels on CUDA {spec.cuda.version}, "
@@ -75,3 +84,6 @@ def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str) 
         f"{p}.min-driver-compat": str(spec.cuda.min_driver_compat),
         f"{p}.inputs-hash": inputs_hash,
     }
+    if base_digest:
+        labels["org.opencontainers.image.base.digest"] = base_digest
+    return labels

@@ -162,6 +162,29 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
             docker_engine.remove_image(ref)
 
 
+DEVEL_TORCH, DEVEL_CUDA = "2.12", "13.0"  # CUDA 13's nvcc comes from PyPI: a devel image on plain Debian
+
+
+@pytest.fixture(scope="session")
+def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A devel image (torch 2.12, CUDA 13.0, Debian base) built once per session through the
+    CLI; the devel-jupyter image is built FROM it. Yields the build report's image entry."""
+    import json
+
+    repository = f"{TEST_REPOSITORY_PREFIX}/devel-{uuid.uuid4().hex[:8]}"
+    report = tmp_path_factory.mktemp("devel") / "report.json"
+    done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS, "--variant", "devel",
+                        "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
+                        "--report", str(report))
+    assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
+    entry = json.loads(report.read_text())["images"][0]
+    entry["repository"] = repository
+    try:
+        yield entry
+    finally:
+        remove_local_tags(docker_engine, repository)
+
+
 def remove_block(text: str, key: str) -> str:
     """matrix.yaml without one torch release's block (and its own comment lines above it)."""
     lines = text.splitlines(keepends=True)

@@ -22,6 +22,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from conftest import ca_bundle_args, imagebuilder, remove_local_tags
 from imagebuilder import publish
 from imagebuilder.build import HASH
 from imagebuilder.errors import BadRequest, ImageBuilderError
+from imagebuilder.lock import load_locks, locks_dir
 from imagebuilder.matrix import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.registry import (
@@ -118,6 +120,33 @@ def test_plan(name: str, remotes: dict[str, Remote], force: bool, expected: list
     for step in steps:
         if step.action == RETAG:
             assert step.digest == D1 and step.retag and set(step.retag) < set(step.image.refs)
+            assert step.dated is None  # no day given: no dated tags
+
+
+DAY = date(2026, 11, 30)
+
+
+def test_dated_tags_are_added_once_a_day_and_never_moved() -> None:
+    dated = publish.dated_ref(RUNTIME, DAY)
+    assert dated == f"{RUNTIME.repository}:{RUNTIME.spec.key}-20261130"
+    # A new image gets the day's tag with its push.
+    (step,) = publish.plan([RUNTIME], {}, day=DAY)
+    assert (step.action, step.dated) == (BUILD, dated)
+    # An unchanged image gets it by a re-point: the next day adds only the dated tag.
+    remote = published(RUNTIME)
+    (step,) = publish.plan([RUNTIME], {RUNTIME.ref: remote}, day=DAY)
+    assert (step.action, step.retag, step.digest) == (RETAG, (dated,), D1)
+    # The same day again: nothing to do.
+    today = Remote({**remote.digests, dated: D1}, remote.inputs_hash)
+    assert publish.plan([RUNTIME], {RUNTIME.ref: today}, day=DAY)[0].action == SKIP
+    # Rebuilt the same day: the dated tag keeps naming the image it was first given to.
+    changed = Remote({**remote.digests, dated: D2}, "old")
+    (step,) = publish.plan([RUNTIME], {RUNTIME.ref: changed}, day=DAY)
+    assert (step.action, step.dated) == (BUILD, None)
+    # A stale alias and a missing dated tag are fixed in one re-point.
+    stale = published(RUNTIME, missing=(2,))
+    (step,) = publish.plan([RUNTIME], {RUNTIME.ref: stale}, day=DAY)
+    assert step.action == RETAG and step.retag == (RUNTIME.refs[2], dated)
 
 
 def test_plan_lists_every_tag_in_order() -> None:
@@ -336,8 +365,9 @@ def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any
     assert first_run["report"]["ok"] is True
     assert (image["action"], image["status"], image["built"], image["verified"]) == (BUILD, PUSHED, True, True)
     assert image["verify"]["require_gpu"] is False or image["verify"]["gpu_count"]
-    assert set(image["pushed"]) == set(image["tags"]) and len(image["tags"]) >= 2
-    assert len(set(image["pushed"].values())) == 1  # every tag names the one image
+    dated = f"{image['ref'].rsplit(':', 1)[0]}:{image['image']}-{datetime.now(timezone.utc):%Y%m%d}"
+    assert set(image["pushed"]) == {*image["tags"], dated} and len(image["tags"]) >= 2
+    assert len(set(image["pushed"].values())) == 1  # every tag names the one image, the dated one too
     for ref, digest in image["pushed"].items():
         assert _head(ref) == digest
     labels = HttpRegistry(config={}).labels(image["ref"])
@@ -381,6 +411,24 @@ def test_second_run_skips_and_pushes_nothing(base_image: str, first_run: dict[st
 
 @pytest.mark.docker
 @pytest.mark.registry
+def test_the_next_day_adds_only_the_dated_tag(base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
+    (before,) = first_run["report"]["images"]
+    digest = next(iter(before["pushed"].values()))
+    tomorrow = datetime.now(timezone.utc).date() + timedelta(days=1)
+    done = imagebuilder(*_publish_args(base_image, first_run["registry"], tmp_path / "next.json",
+                                       "--date", tomorrow.isoformat()))
+    assert done.returncode == 0, done.stderr[-4000:]
+    (image,) = json.loads((tmp_path / "next.json").read_text())["images"]
+    dated = f"{image['ref'].rsplit(':', 1)[0]}:{image['image']}-{tomorrow:%Y%m%d}"
+    assert (image["action"], image["status"], image["built"]) == (RETAG, RETAGGED, False)
+    assert set(image["pushed"]) - set(before["pushed"]) == {dated}  # the only new tag
+    assert _head(dated) == digest
+    for ref, was in before["pushed"].items():
+        assert _head(ref) == was  # nothing else moved, yesterday's dated tag included
+
+
+@pytest.mark.docker
+@pytest.mark.registry
 def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, base_image: str,
                                                            first_run: dict[str, Any]) -> None:
     (before,) = first_run["report"]["images"]
@@ -406,7 +454,8 @@ def _rendered(registry: str, base_image: str) -> RenderedImage:
     ca = os.environ.get("SSL_CERT_FILE")
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
     opts = RenderOptions(repository=f"{registry}/pytorch", source=_source_label(),
-                         ca_bundle=Path(ca) if ca and Path(ca).is_file() else None)
+                         ca_bundle=Path(ca) if ca and Path(ca).is_file() else None,
+                         locks=load_locks(locks_dir(matrix)))
     return render(spec, matrix, opts)
 
 

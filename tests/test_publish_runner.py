@@ -56,6 +56,12 @@ class CannedEngine:
         self.built.append(ref)
         return BuildResult(f"sha256:{len(self.built)}", req.tags, 1, 1.0, 9, 0, 9, None)
 
+    def read_file(self, image: str, path: str) -> bytes | None:
+        return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
+
+    def remove_image(self, ref: str, force: bool = True) -> None:
+        pass  # (build untags the unlabelled image it labelled)
+
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
@@ -136,7 +142,7 @@ def test_a_failed_push_mid_way_keeps_the_confirmed_ones_and_fails():
 
 def test_without_keep_going_the_first_failure_stops_the_run_and_its_jupyter_fails():
     plan = publish.plan(images(variant=None), {})
-    assert [s.image.spec.variant for s in plan][-1] == "jupyter"
+    assert [s.image.spec.variant for s in plan][-2:] == ["jupyter", "devel-jupyter"]
     runtime = next(s.image.ref for s in plan if s.image.spec.variant == "runtime")
     engine = CannedEngine(fail_build={runtime})
     outcomes = run(plan, engine, CannedRegistry(engine=engine), keep_going=True)
@@ -144,6 +150,7 @@ def test_without_keep_going_the_first_failure_stops_the_run_and_its_jupyter_fail
     assert by_variant["runtime"].status == publish.FAILED and "step 3/9" in by_variant["runtime"].reason
     assert by_variant["jupyter"].status == publish.FAILED and runtime in by_variant["jupyter"].reason
     assert by_variant["devel"].status == publish.PUSHED  # --keep-going: the others ran
+    assert by_variant["devel-jupyter"].status == publish.PUSHED  # its devel parent did not fail
     stopped = run(plan, CannedEngine(fail_build={runtime}), CannedRegistry())
     assert [o.status for o in stopped][0] == publish.FAILED
     assert {o.status for o in stopped[1:]} == {publish.NOT_RUN}

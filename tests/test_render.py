@@ -12,7 +12,7 @@ import pytest
 
 from packaging.version import Version
 
-from imagebuilder.matrix import driver_key, load_matrix
+from imagebuilder.matrix import VARIANTS, driver_key, load_matrix
 from imagebuilder.output import ForeignFolder, write_tree
 from imagebuilder.render import RenderError, RenderOptions, render
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
@@ -28,6 +28,7 @@ GOLDEN_CASES = {
     "devel-2.12-cuda13.0-debian12.Dockerfile": Request("2.12", "13.0", variant="devel", os="debian12"),
     "runtime-2.6-cuda12.4-py3.12.Dockerfile": Request("2.6", "12.4", python="3.12"),
     "jupyter-2.6-cuda12.4.Dockerfile": Request("2.6", "12.4", variant="jupyter"),
+    "devel-jupyter-2.12-cuda13.0-debian12.Dockerfile": Request("2.12", "13.0", variant="devel-jupyter", os="debian12"),
 }
 
 
@@ -101,7 +102,7 @@ def test_the_runtime_guard_admits_every_driver_the_wheels_run_on():
 def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    for variant in ("runtime", "devel", "jupyter"):
+    for variant in VARIANTS:
         image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(ca_bundle=ca))
         build_stage, final = image.dockerfile.split("\nFROM ${BASE_IMAGE}\n", 1)
         assert "COPY ca-bundle.pem" in build_stage

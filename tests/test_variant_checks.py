@@ -23,6 +23,7 @@ BASE = ("environment", "cuda", "nccl", "compile", "cuda_graph")
     ("runtime", BASE),
     ("devel", BASE + ("devel",)),
     ("jupyter", BASE + ("jupyter",)),
+    ("devel-jupyter", BASE + ("devel", "jupyter")),  # JupyterLab on a devel image promises both
 ])
 def test_checks_for_a_variant(variant: str | None, expected: tuple[str, ...]) -> None:
     assert checks_for(variant) == expected

@@ -325,10 +325,11 @@ class FakeEngine:
 
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
-            workdir: str | None = None, archives: Mapping[str, bytes] | None = None) -> RunResult:
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult:
         self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
                           "shm_size": shm_size, "environment": dict(environment or {}),
-                          "archives": dict(archives or {})})
+                          "volumes": dict(volumes or {}), "archives": dict(archives or {})})
         if command[0] == "nvidia-smi":
             if isinstance(self.smi, Exception):
                 raise self.smi
@@ -380,7 +381,7 @@ def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
     assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--require-gpu"]
     assert run["gpus"] is True and run["shm_size"] == "1g" and run["timeout"] == 60
     # Its own smoke tests: nothing lent, nothing said about it.
-    assert run["archives"] == {} and report.notices == ()
+    assert run["volumes"] == {} and run["archives"] == {} and report.notices == ()
     gpu = {item.name: item for item in report.preflight}["gpu"]
     assert gpu.detail == "2 GPU(s): NVIDIA H100 80GB HBM3"
 
@@ -421,8 +422,8 @@ def test_a_foreign_image_is_lent_the_smoke_tests_and_judged_by_its_own_torch() -
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3", "python3"]
     run = engine.smoke_run
     assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--manifest", LENT_MANIFEST, "--allow-no-gpu"]
-    # Copied in through the API (the engine has no bind mounts): a remote daemon gets them too.
-    assert list(run["archives"]) == ["/"]
+    # Copied in through the API, not bind-mounted: a remote daemon has no such host path.
+    assert run["volumes"] == {} and list(run["archives"]) == ["/"]
     files = unpacked(run["archives"]["/"])
     assert files["opt/imagebuilder/host/smoke_tests/__main__.py"].startswith(b'"""python -m smoke_tests')
     assert "opt/imagebuilder/host/smoke_tests/checks/devel.py" in files

@@ -265,3 +265,71 @@ def test_update_adds_a_new_release_and_opens_one_pull_request(update: dict[str, 
         "pr create --base main --head matrix/torch-2.15.0 --title matrix.yaml: torch 2.15.0 --body-file body.md"]
     pushed = _git(checkout, "show", "origin/matrix/torch-2.15.0:matrix.yaml")
     assert '  "2.15":\n    version: "2.15.0"' in pushed
+
+
+# --------------------------------------------------------------------------- locks.yml: drift becomes a pull request
+
+LOCKS_WORKFLOW = REPO_ROOT / ".github" / "workflows" / "locks.yml"
+
+
+@pytest.fixture(scope="module")
+def locks_workflow() -> dict[str, Any]:
+    document = yaml.safe_load(LOCKS_WORKFLOW.read_text())
+    document["on"] = document.pop(True, document.get("on"))
+    return dict(document)
+
+
+def test_locks_workflow_is_scheduled_and_may_open_pull_requests(locks_workflow: dict[str, Any]) -> None:
+    """(The schema test above checks its keys and cron; this checks what the schema cannot.)"""
+    on = locks_workflow["on"]
+    assert set(on) == {"schedule", "workflow_dispatch"}
+    assert locks_workflow["permissions"] == {"contents": "write", "pull-requests": "write"}
+    (job,) = locks_workflow["jobs"].values()
+    ids = {step.get("id") for step in job["steps"]}
+    for step in job["steps"]:
+        text = json.dumps(step)
+        for name in re.findall(r"steps\.([\w-]+)\.", text):
+            assert name in ids, f"{step.get('name')}: no step id {name}"
+        for name in re.findall(r"inputs\.([\w-]+)", text):
+            assert name in on["workflow_dispatch"]["inputs"], text
+    text = json.dumps(job["steps"])
+    # Drift is never published from here: the refreshed locks go to a branch and a pull request.
+    assert "gh pr create" in text and "git add locks" in text and "imagebuilder publish" not in text
+
+
+@pytest.mark.network
+def test_locks_workflow_check_step_finds_drift_and_the_refresh_step_fixes_it(
+        locks_workflow: dict[str, Any], tmp_path: Path) -> None:
+    """The check and refresh steps, run for real against the index (uv), on a copy of the
+    matrix and its locks, restricted to the image CI builds."""
+    if not (Path(sys.executable).parent / "uv").exists() and shutil.which("uv") is None:
+        pytest.skip("uv is not installed")
+    from imagebuilder.lock import parse_lock
+    from packaging.version import Version
+
+    shutil.copy(REPO_ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copytree(REPO_ROOT / "locks", tmp_path / "locks")
+    (job,) = locks_workflow["jobs"].values()
+    steps = {step.get("id"): step for step in job["steps"]}
+    only = "--cuda 12.1 --os debian12 --variant runtime"
+    env = {"PATH": f"{_shim(tmp_path / 'bin', only)}:{os.environ['PATH']}", "TORCH": "2.6"}
+
+    def check() -> str:
+        output = tmp_path / "github_output"
+        output.write_text("")
+        done = _run_step(steps["check"]["run"], {**env, "GITHUB_OUTPUT": str(output)}, tmp_path)
+        assert done.returncode == 0, done.stderr
+        return output.read_text().strip()
+
+    assert check() == "drift=false"
+    path = tmp_path / "locks" / "torch2.6.0-cu124-py3.11-runtime.txt"
+    lock = parse_lock(path.stem, path.read_text())
+    from dataclasses import replace
+
+    path.write_text(replace(lock, pins=tuple(replace(p, version=Version("1.26.0")) if p.name == "numpy" else p
+                                             for p in lock.pins)).text())
+    assert check() == "drift=true"
+    assert "numpy 1.26.0 ->" in (tmp_path / "drift.txt").read_text()
+    done = _run_step(steps["refresh"]["run"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert path.read_text() == lock.text() and check() == "drift=false"

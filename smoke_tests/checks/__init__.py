@@ -28,10 +28,13 @@ CHECKS: Tuple[Tuple[str, Check], ...] = (
 
 CHECK_NAMES: Tuple[str, ...] = tuple(name for name, _ in CHECKS)
 
-# check -> the variant whose promise it checks; the others run in every image.
-VARIANT_CHECKS: Dict[str, str] = {"devel": "devel", "jupyter": "jupyter"}
+# check -> the variants whose promise it checks; the others run in every image.
+VARIANT_CHECKS: Dict[str, Tuple[str, ...]] = {
+    "devel": ("devel", "devel-jupyter"),
+    "jupyter": ("jupyter", "devel-jupyter"),
+}
 
 
 def checks_for(variant: Optional[str]) -> Tuple[str, ...]:
     """The checks an image of this variant gets when none are named."""
-    return tuple(name for name in CHECK_NAMES if VARIANT_CHECKS.get(name) in (None, variant))
+    return tuple(name for name in CHECK_NAMES if name not in VARIANT_CHECKS or variant in VARIANT_CHECKS[name])

@@ -3,22 +3,26 @@
 # torch 2.6.0 (cu124 wheels), CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.12, ubuntu22.04
 # Tags: 2.6.0-cuda12.4-cudnn9-py3.12-runtime, 2.6.0-cuda12.4-cudnn9-py3.12-ubuntu22.04-runtime
 # Note: ubuntu22.04 ships Python 3.10; Python 3.12 is installed with `uv python install`, which downloads python-build-standalone at build time
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
+# Note: base image nvidia/cuda:12.4.1-base-ubuntu22.04 has no digest in locks/base-images.json: FROM by tag
 
 ARG BASE_IMAGE=nvidia/cuda:12.4.1-base-ubuntu22.04
 
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
 # apt's downloads stay in a cache mount shared by every image built on this host (so no
 # `apt-get clean`, which would empty it; only apt's package index caches go).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
     apt-get update \
- && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-venv \
+ && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-venv tini \
  && rm -f /var/cache/apt/*.bin \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 /opt/venv /opt/python
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -40,12 +44,17 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.12/site-packages/imagebuilder.pth
+COPY rootfs/ /
+# The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
+    UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (runtime)" \
     org.opencontainers.image.description="PyTorch 2.6.0 with cu124 wheels on CUDA 12.4.1, Python 3.12, ubuntu22.04" \
@@ -63,7 +72,10 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="9b24fefee09df75b59aca1dec2688bb86a2210723da68e17c6c54c67b6dfb576"
+    io.imagebuilder.inputs-hash="bf90bb39df571b300f23b9d3dcb1b8f1066e2c82e7557d17e9f38fb6908bbc55"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["python3"]

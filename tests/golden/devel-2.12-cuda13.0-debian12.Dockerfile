@@ -2,19 +2,28 @@
 # Image: 2.12.0-cuda13.0-cudnn9-py3.11-debian12-devel
 # torch 2.12.0 (cu130 wheels), CUDA 13.0.2, cuDNN 9.13.0.50, NCCL 2.27.7, Python 3.11, debian12
 # Tags: 2.12.0-cuda13.0-cudnn9-debian12-devel, 2.12.0-cuda13.0-cudnn9-py3.11-debian12-devel
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
+# Note: base image debian:bookworm-slim has no digest in locks/base-images.json: FROM by tag
 
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# SSH: host keys are made at each container's first start, never kept in the image; the
+# password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ git make python3 python3-dev python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
+ && install -d -o 1000 -g 0 -m 775 /workspace \
+ && rm -f /etc/ssh/ssh_host_* \
+ && usermod --password '*' torch \
+ && sed -i '1i [ -n "${SSH_CONNECTION:-}" ] && [ -r /etc/profile.d/00-container-env.sh ] && . /etc/profile.d/00-container-env.sh' /etc/bash.bashrc \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -37,12 +46,17 @@ USER 0
 # The resolved spec and the smoke tests travel with the image: `python -m smoke_tests`.
 COPY imagebuilder /opt/imagebuilder
 COPY imagebuilder.pth /opt/venv/lib/python3.11/site-packages/imagebuilder.pth
+COPY rootfs/ /
+# The SBOM: the venv's distributions (with the lock's hashes) and the OS packages (dpkg).
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/opt/venv/lib/python3.11/site-packages/nvidia/cu13/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=13.0 \
     PYTHONUNBUFFERED=1 \
+    PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
+    UV_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     CUDA_HOME=/opt/venv/lib/python3.11/site-packages/nvidia/cu13
 LABEL \
     org.opencontainers.image.title="PyTorch 2.12.0 (devel)" \
@@ -61,6 +75,9 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="f2b0f76bdbac2eaf9914597e785338637435a3329dc5409e179b1bd925a147c2"
+    io.imagebuilder.inputs-hash="1bb691165f4e24501c3a7cc04f63ff5ead697e1df4c2a709061d2218583784a3"
 WORKDIR /workspace
+# tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
+# warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint"]
 CMD ["/bin/bash"]

@@ -2,6 +2,7 @@
 # Image: 2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-jupyter
 # torch 2.6.0 (cu124 wheels), CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.10, ubuntu22.04
 # Tags: 2.6.0-cuda12.4-cudnn9-jupyter, 2.6.0-cuda12.4-cudnn9-py3.10-ubuntu22.04-jupyter, 2.6-cuda12.4-jupyter, 2.6.0-jupyter, 2.6-jupyter
+# Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
 
 ARG BASE_IMAGE=pytorch:2.6.0-cuda12.4-cudnn9-runtime
 
@@ -16,8 +17,16 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
+        jupyterlab==4.6.6 \
+        ipykernel==7.4.0 \
+        ipywidgets==8.1.9 \
+        pandas==2.3.3 \
+        matplotlib==3.10.9 \
+        tqdm==4.70.1 \
  && rm -rf /tmp/uv /tmp/constraints.txt
-COPY imagebuilder/manifest.json /opt/imagebuilder/manifest.json
+USER 0
+COPY imagebuilder /opt/imagebuilder
+RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (jupyter)" \
     org.opencontainers.image.description="PyTorch 2.6.0 with cu124 wheels on CUDA 12.4.1, Python 3.10, ubuntu22.04" \
@@ -35,10 +44,11 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="5cdbaf02aa2cfbd8699c1cff4416125607178f3165bfbbfb145381093eb841ec"
+    io.imagebuilder.inputs-hash="eb2b5956a67fc6fda820c027dd92608dbab9f369779ad3196ba052ddf89f5ad2"
 USER 1000
-WORKDIR /home/torch
+WORKDIR /workspace
 EXPOSE 8888
 # Token authentication stays on: Jupyter makes a random token at each start (printed in the
-# log) unless JUPYTER_TOKEN is set. There is no default password.
-CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/home/torch"]
+# log) unless JUPYTER_TOKEN is set. There is no default password. `-v $(pwd):/workspace`
+# shows the user's files in JupyterLab.
+CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--ServerApp.root_dir=/workspace"]

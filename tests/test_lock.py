@@ -1,0 +1,445 @@
+"""Locks: the lock file format, naming, staleness, base pins and the inputs hash (fast, no
+Docker); `imagebuilder lock` against the real index with the real uv; and inside the real
+torch 2.6 runtime image that the session shares (conftest's runtime_image): pip freeze
+equals the lock, the constraint file protects torch, the SBOM lists what is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from conftest import REPO_ROOT, imagebuilder
+from imagebuilder import lock as locking
+from imagebuilder.lock import BasePin, Lock, LockSet, Pin, StaleLock, load_locks, parse_lock
+from imagebuilder.matrix import load_matrix, parse_matrix
+from imagebuilder.render import RenderOptions, render
+from imagebuilder.resolve import Request, enumerate_matrix, resolve
+
+MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
+LOCKS = load_locks(REPO_ROOT / "locks")
+E2E = Request("2.6", "12.1", None, "runtime", "debian12")  # conftest's runtime_image
+E2E_LOCK = "torch2.6.0-cu124-py3.11-runtime"
+H = ["sha256:" + c * 64 for c in "abcdef"]
+
+
+def pin(name: str, version: str, *hashes: str) -> Pin:
+    return Pin(name, Version(version), tuple(hashes or H[:1]))
+
+
+# --------------------------------------------------------------------------- the file (pure)
+
+
+def test_a_lock_reads_back_what_it_wrote_and_uv_output_reads_the_same() -> None:
+    lock = Lock("x", ("torch==2.6.0", "pip"), "x86_64-manylinux_2_28", "3.11",
+                (pin("nvidia-nccl-cu12", "2.21.5", H[0], H[1]), pin("torch", "2.6.0", H[2])))
+    again = parse_lock("x", lock.text())
+    assert again.text() == lock.text()
+    assert again.requirements == lock.requirements and again.python == "3.11"
+    uv_output = ("Torch==2.6.0 \\\n    --hash=sha256:" + "c" * 64 + "\n    # via -r -\n"
+                 "nvidia_nccl_cu12==2.21.5 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64 + "\n")
+    assert parse_lock("x", uv_output).pins == lock.pins  # names canonical, hashes sorted
+
+
+def test_the_constraint_file_pins_torch_and_its_cuda_stack_only() -> None:
+    lock = Lock("x", (), "", "", (pin("numpy", "2.4.6"), pin("nvidia-cublas-cu12", "12.4.5.8"),
+                                  pin("torch", "2.6.0"), pin("torchvision", "0.21.0"), pin("triton", "3.2.0")))
+    assert lock.constraints() == "nvidia-cublas-cu12==12.4.5.8\ntorch==2.6.0\ntorchvision==0.21.0\ntriton==3.2.0\n"
+
+
+@pytest.mark.parametrize("line", ["torch>=2.6", "-e .", "torch==2.6.0 --hash"])
+def test_a_line_that_is_not_a_pin_is_an_error_naming_the_lock(line: str) -> None:
+    if line.endswith("--hash"):
+        assert parse_lock("x", line).pins[0].hashes == ()  # no hash: uv refuses it in the build
+        return
+    with pytest.raises(locking.LockError, match="x: cannot read line"):
+        parse_lock("x", line + "\n")
+
+
+def test_images_installing_the_same_set_share_a_lock_and_extras_name_their_own() -> None:
+    debian = resolve(MATRIX, Request("2.6", "12.4", "3.11", "runtime", "debian12"))
+    ubuntu = resolve(MATRIX, Request("2.6", "12.4", "3.11", "runtime", "ubuntu22.04"))
+    cuda121 = resolve(MATRIX, E2E)
+    assert locking.lock_name(debian) == locking.lock_name(ubuntu) == locking.lock_name(cuda121) == E2E_LOCK
+    a = locking.parse_extras(["tqdm", "pandas==2.2.3"])
+    assert a == locking.parse_extras(["pandas == 2.2.3", "tqdm", "tqdm"])
+    assert locking.lock_name(debian, a).startswith(E2E_LOCK + "-with-")
+    with pytest.raises(locking.BadExtra, match="not a requirement"):
+        locking.parse_extras(["pandas==="])
+
+
+def test_a_lock_made_for_other_requirements_is_stale_not_silently_used() -> None:
+    spec = resolve(MATRIX, E2E)
+    current = LOCKS.locks[E2E_LOCK]
+    assert LOCKS.lock_for(spec, MATRIX) is current
+    old = replace(current, requirements=("torch==2.6.0", "torchvision==0.20.0", "torchaudio==2.6.0", "pip"))
+    with pytest.raises(StaleLock, match="imagebuilder lock --torch 2.6.0 --cuda 12.1"):
+        LockSet(None, {E2E_LOCK: old}).lock_for(spec, MATRIX)
+
+
+def test_the_committed_locks_cover_what_ci_builds_and_pin_pip() -> None:
+    for request in (E2E, replace(E2E, variant="jupyter"), Request("2.12", "13.0", None, "devel", "debian12")):
+        spec = resolve(MATRIX, request)
+        lock = LOCKS.lock_for(spec, MATRIX)
+        assert lock is not None, f"no lock for {spec.key}"
+        if spec.variant != "jupyter":
+            assert lock.version_of("torch") == spec.torch.version
+            assert lock.version_of("pip") and lock.version_of("setuptools")  # torch.compile imports setuptools
+        assert all(p.hashes for p in lock.pins)
+
+
+# --------------------------------------------------------------------------- resolving (fake resolver)
+
+
+def test_jupyter_resolves_under_its_runtime_lock_and_keeps_only_its_additions() -> None:
+    runtime = resolve(MATRIX, E2E)
+    jupyter = resolve(MATRIX, replace(E2E, variant="jupyter"))
+    asked: list[tuple[str, ...]] = []
+
+    def resolver(request, reqs, constraints):
+        asked.append((request.spec.variant, tuple(reqs), constraints.name if constraints else None))
+        pins = [pin("torch", "2.6.0"), pin("pip", "26.3")]
+        if request.spec.variant == "jupyter":
+            pins += [pin("jupyterlab", "4.6.6"), pin("jinja2", "3.1.6")]
+        return "\n".join(p.line() for p in pins) + "\n"
+
+    plan = locking.lock_images([jupyter, runtime], MATRIX, resolver=resolver, pin=lambda image: None)
+    assert [lock.name for lock in plan.locks] == [E2E_LOCK, E2E_LOCK.replace("runtime", "jupyter")]
+    assert asked[0] == ("runtime", ("torch==2.6.0", "torchvision==0.21.0", "torchaudio==2.6.0", "pip", "setuptools"),
+                        None)
+    assert asked[1] == ("jupyter", ("jupyterlab==4.6.6", "ipykernel==7.4.0"), E2E_LOCK)
+    assert [p.name for p in plan.locks[1].pins] == ["jinja2", "jupyterlab"]
+    assert plan.unpinned == ("debian:bookworm-slim",)  # one base, asked once
+
+
+def test_drift_names_each_package_that_moved() -> None:
+    old = Lock("x", (), "", "", (pin("numpy", "2.4.5"), pin("torch", "2.6.0", H[0]), pin("gone", "1")))
+    new = Lock("x", (), "", "", (pin("numpy", "2.4.6"), pin("torch", "2.6.0", H[1]), pin("new", "2")))
+    assert locking.drift(old, new) == ["x.txt: gone 1 dropped", "x.txt: new 2 added", "x.txt: numpy 2.4.5 -> 2.4.6",
+                                       "x.txt: torch 2.6.0 files changed on the index"]
+    assert locking.drift(None, new) == ["x.txt: no lock (run `imagebuilder lock`)"]
+
+
+class FakeEngine:
+    def __init__(self, images: dict[str, tuple[str, tuple[str, ...]]]) -> None:
+        self.images = images
+
+    def image_identity(self, ref: str):
+        return self.images.get(ref)
+
+
+class FakeRegistry:
+    def digest(self, ref: str):
+        return {"debian:bookworm-slim": H[3]}.get(ref)
+
+
+@pytest.mark.parametrize("image, engine, expected", [
+    ("mirror.local/cuda:12.4", {"mirror.local/cuda:12.4": ("sha256:id", ("mirror.local/cuda@" + H[0],))},
+     BasePin("mirror.local/cuda:12.4", digest=H[0])),
+    ("imagebuilder-base:bookworm", {"imagebuilder-base:bookworm": ("sha256:id", ())},
+     BasePin("imagebuilder-base:bookworm", image_id="sha256:id")),
+    ("debian:bookworm-slim", {}, BasePin("debian:bookworm-slim", digest=H[3])),
+    ("nvidia/cuda:12.4.1-base-ubuntu22.04", {}, None),
+])
+def test_a_base_image_is_pinned_by_registry_digest_else_local_image_id(image, engine, expected) -> None:
+    assert locking.pin_base(image, FakeEngine(engine), FakeRegistry()) == expected
+
+
+# --------------------------------------------------------------------------- the inputs hash (pure)
+
+
+def _hashes(matrix, locks: LockSet) -> dict[str, str]:
+    opts = RenderOptions(locks=locks)
+    return {spec.key: render(spec, matrix, opts).inputs_hash for spec in enumerate_matrix(matrix)}
+
+
+def test_adding_a_release_leaves_every_older_images_inputs_hash_unchanged(tmp_path: Path) -> None:
+    """The new release takes `latest` and the `2.x-runtime` aliases from the previous one; those
+    images are re-pointed in the registry, never rebuilt, so their hashes must not move."""
+    text = MATRIX.text
+    newest = MATRIX.newest_torch()
+    key = newest.key
+    block_start = text.index(f'\n  "{key}":\n')
+    block = text[block_start:]
+    future = block.replace(f'"{key}":', '"9.9":', 1).replace(f'version: "{newest.version}"', 'version: "9.9.0"', 1)
+    bigger = parse_matrix(text + future if block_start + len(block) == len(text) else text, tmp_path / "matrix.yaml")
+    assert "9.9" in bigger.torches, "the new release block did not parse"
+    before, after = _hashes(MATRIX, LOCKS), _hashes(bigger, LOCKS)
+    assert set(before) < set(after)
+    assert {k: after[k] for k in before} == before
+    # ... although the newest release's tags did change:
+    spec = resolve(MATRIX, Request(str(newest.version), str(newest.variant(newest.pypi_variant).cuda)))
+    assert "latest" in render(spec, MATRIX).tags and "latest" not in render(resolve(bigger, Request(
+        str(newest.version), str(newest.variant(newest.pypi_variant).cuda))), bigger).tags
+
+
+def test_the_hash_is_the_content_not_the_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    spec = resolve(MATRIX, E2E)
+    base = render(spec, MATRIX, RenderOptions(locks=LOCKS))
+    renamed = parse_matrix(MATRIX.text, tmp_path / "site.yaml")  # another file name
+    assert render(spec, renamed, RenderOptions(locks=LOCKS, source="https://github.com/acme/images")).inputs_hash \
+        == base.inputs_hash
+    monkeypatch.setattr("imagebuilder.render.__version__", "99.0")
+    assert render(spec, MATRIX, RenderOptions(locks=LOCKS)).inputs_hash == base.inputs_hash
+    # Editing the smoke tests rebuilds nothing: publish lends the current ones at verify time.
+    import imagebuilder.render as r
+    files = r._smoke_test_files() + (("imagebuilder/smoke_tests/new_check.py", b"pass\n"),)
+    monkeypatch.setattr(r, "_smoke_test_files", lambda: files)
+    assert render(spec, MATRIX, RenderOptions(locks=LOCKS)).inputs_hash == base.inputs_hash
+
+
+def test_the_lock_and_the_base_digest_are_inputs() -> None:
+    spec = resolve(MATRIX, E2E)
+    locked = render(spec, MATRIX, RenderOptions(locks=LOCKS))
+    unlocked = render(spec, MATRIX)
+    assert locked.inputs_hash != unlocked.inputs_hash
+    numpy = next(p for p in LOCKS.locks[E2E_LOCK].pins if p.name == "numpy")
+    bumped = replace(LOCKS.locks[E2E_LOCK], pins=tuple(
+        replace(p, version=Version("9.9"), hashes=(H[5],)) if p is numpy else p for p in LOCKS.locks[E2E_LOCK].pins))
+    assert render(spec, MATRIX, RenderOptions(locks=replace(LOCKS, locks={E2E_LOCK: bumped}))).inputs_hash \
+        != locked.inputs_hash
+    hashes = []
+    for digest in (H[0], H[1]):
+        locks = replace(LOCKS, bases={spec.base_image: BasePin(spec.base_image, digest=digest)})
+        image = render(spec, MATRIX, RenderOptions(locks=locks))
+        assert f"ARG BASE_IMAGE=debian:bookworm-slim@{digest}\n" in image.dockerfile
+        assert image.labels["org.opencontainers.image.base.digest"] == digest
+        hashes.append(image.inputs_hash)
+    assert len({*hashes, locked.inputs_hash}) == 3  # a security fix in the base is a new image
+    by_id = replace(LOCKS, bases={spec.base_image: BasePin(spec.base_image, image_id="sha256:" + "9" * 64)})
+    image = render(spec, MATRIX, RenderOptions(locks=by_id))
+    assert "ARG BASE_IMAGE=debian:bookworm-slim\n" in image.dockerfile and "9" * 64 in image.dockerfile
+    assert image.inputs_hash not in hashes
+
+
+def test_a_locked_build_installs_exactly_the_lock_and_protects_torch() -> None:
+    spec = resolve(MATRIX, E2E)
+    image = render(spec, MATRIX, RenderOptions(locks=LOCKS))
+    text = image.dockerfile
+    assert "--require-hashes --no-deps" in text and "-r /opt/imagebuilder/requirements.lock" in text
+    assert "torch==2.6.0" not in text and " --seed" not in text  # nothing resolved, nothing seeded
+    assert image.files["imagebuilder/requirements.lock"].decode() == LOCKS.locks[E2E_LOCK].text()
+    constraints = image.files["imagebuilder/constraints.txt"].decode().splitlines()
+    assert "torch==2.6.0" in constraints and "triton==3.2.0" in constraints
+    assert any(line.startswith("nvidia-cudnn-cu12==") for line in constraints)
+    assert "PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt" in text and "UV_CONSTRAINT=" in text
+    assert "RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py" in text
+    jupyter = render(resolve(MATRIX, replace(E2E, variant="jupyter")), MATRIX, RenderOptions(locks=LOCKS))
+    assert "-r /opt/imagebuilder/jupyter.lock" in jupyter.dockerfile and "pip freeze" not in jupyter.dockerfile
+
+
+# --------------------------------------------------------------------------- the sbom module (pure)
+
+
+def test_the_sbom_lists_venv_distributions_with_the_locks_hashes_and_dpkg_packages(tmp_path: Path) -> None:
+    from imagebuilder import sbom
+
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    for name, version in (("torch", "2.6.0"), ("Typing_Extensions", "4.16.0")):
+        (site / f"{name}-{version}.dist-info").mkdir(parents=True)
+        (site / f"{name}-{version}.dist-info/METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(Lock("x", (), "", "", (pin("torch", "2.6.0", H[0], H[1]),)).text())
+    status = tmp_path / "status"
+    status.write_text("Package: libc6\nStatus: install ok installed\nVersion: 2.36-9+deb12u9\nArchitecture: amd64\n\n"
+                      "Package: removed\nStatus: deinstall ok config-files\nVersion: 1\n")
+    python = sbom.python_components(tmp_path / "venv", sbom.locked_hashes((str(lock),)))
+    torch = next(c for c in python if c["name"] == "torch")
+    assert torch["version"] == "2.6.0" and torch["purl"] == "pkg:pypi/torch@2.6.0"
+    assert [h["content"] for h in torch["hashes"]] == ["a" * 64, "b" * 64]
+    assert next(c for c in python if c["name"] == "typing-extensions")["properties"][0]["value"] == "false"
+    debs = sbom.deb_components(str(status), {"ID": "debian", "VERSION_ID": "12"})
+    assert [c["purl"] for c in debs] == ["pkg:deb/debian/libc6@2.36-9%2Bdeb12u9?arch=amd64&distro=debian-12"]
+
+
+# --------------------------------------------------------------------------- the real index
+
+
+def _copy_matrix(tmp_path: Path) -> Path:
+    shutil.copy(REPO_ROOT / "matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copytree(REPO_ROOT / "locks", tmp_path / "locks")
+    return tmp_path / "matrix.yaml"
+
+
+def _uv() -> str:
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists() and shutil.which("uv") is None:
+        pytest.skip("uv is not installed (pip install uv==<matrix.yaml tools.uv>)")
+    return str(uv) if uv.exists() else "uv"
+
+
+@pytest.mark.network
+def test_lock_check_passes_on_the_committed_lock_and_names_what_drifted(tmp_path: Path) -> None:
+    _uv()
+    matrix = _copy_matrix(tmp_path)
+    args = ["--matrix", str(matrix), "lock", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--variant",
+            "runtime", "--check"]
+    done = imagebuilder(*args, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    path = tmp_path / "locks" / f"{E2E_LOCK}.txt"
+    lock = parse_lock(E2E_LOCK, path.read_text())
+    older = replace(lock, pins=tuple(replace(p, version=Version("1.26.0")) if p.name == "numpy" else p for p in lock.pins))
+    path.write_text(older.text())
+    done = imagebuilder(*args, timeout=300)
+    assert done.returncode == 1
+    numpy = lock.version_of("numpy")
+    assert f"drift: {E2E_LOCK}.txt: numpy 1.26.0 -> {numpy}" in done.stdout
+    assert path.read_text() == older.text()  # --check writes nothing
+
+
+@pytest.mark.network
+def test_with_adds_a_package_under_the_torch_pins_and_refuses_one_wanting_another_torch(tmp_path: Path) -> None:
+    _uv()
+    matrix = _copy_matrix(tmp_path)
+    base = ["--matrix", str(matrix), "lock", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12",
+            "--variant", "runtime"]
+    done = imagebuilder(*base, "--with", "tqdm==4.67.1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    extras = locking.parse_extras(["tqdm==4.67.1"])
+    name = locking.lock_name(resolve(MATRIX, E2E), extras)
+    lock = parse_lock(name, (tmp_path / "locks" / f"{name}.txt").read_text())
+    assert lock.version_of("tqdm") == Version("4.67.1") and lock.version_of("torch") == Version("2.6.0")
+    # and the build takes that lock when asked for the same --with:
+    dockerfile = imagebuilder("--matrix", str(matrix), "render", "--torch", "2.6", "--cuda", "12.1", "--os",
+                              "debian12", "--with", "tqdm==4.67.1", "--dry-run").stdout
+    assert "--require-hashes" in dockerfile and "no lock" not in dockerfile
+    done = imagebuilder(*base, "--with", "xformers==0.0.29.post1", timeout=300)  # requires torch==2.5.1
+    assert done.returncode == 1
+    assert "cannot lock" in done.stderr and "torch==2.5.1" in done.stderr
+
+
+# --------------------------------------------------------------------------- inside the real image
+
+
+def _run(docker_engine, image: str, *command: str, **kw) -> tuple[int, str]:
+    result = docker_engine.run(image, list(command), timeout=600, **kw)
+    assert not result.timed_out, result.output[-2000:]
+    return result.exit_code, result.output
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_pip_freeze_in_the_image_is_the_lock(docker_engine, runtime_image) -> None:
+    code, out = _run(docker_engine, runtime_image["tags"][0], "python", "-m", "pip", "freeze", "--all")
+    assert code == 0, out
+    installed = {}
+    for line in out.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            installed[canonicalize_name(name)] = version
+    locked = {p.name: str(p.version) for p in LOCKS.locks[E2E_LOCK].pins}
+    assert installed == locked
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.network
+def test_pip_cannot_replace_the_images_torch(docker_engine, runtime_image) -> None:
+    """The constraint file turns a torch downgrade, or a package that wants another torch,
+    into the resolver's conflict; torch stays the image's."""
+    ref = runtime_image["tags"][0]
+    ca = os.environ.get("SSL_CERT_FILE")
+    kw = {}
+    if ca and Path(ca).is_file():  # behind a TLS-intercepting proxy pip needs its CA
+        kw = {"volumes": {ca: "/tmp/ca.pem"}, "environment": {"PIP_CERT": "/tmp/ca.pem"}}
+    script = ("pip install --no-cache-dir torch==2.5.1; echo rc=$?; "
+              "pip install --no-cache-dir xformers==0.0.29.post1; echo rc=$?; "
+              "python -c 'import torch; print(\"torch\", torch.__version__)'")
+    code, out = _run(docker_engine, ref, "bash", "-c", script, **kw)
+    assert code == 0, out
+    assert out.count("rc=1") == 2, out
+    assert "conflict" in out.lower() or "ResolutionImpossible" in out, out
+    assert "torch 2.6.0" in out.splitlines()[-1]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_sbom_lists_torch_with_its_version_and_hash(docker_engine, runtime_image) -> None:
+    ref = runtime_image["tags"][0]
+    code, out = _run(docker_engine, ref, "cat", "/opt/imagebuilder/sbom.cdx.json")
+    assert code == 0, out
+    document = json.loads(out)
+    assert document["bomFormat"] == "CycloneDX" and document["specVersion"] == "1.5"
+    torch = next(c for c in document["components"] if c["purl"] == "pkg:pypi/torch@2.6.0")
+    locked = next(p for p in LOCKS.locks[E2E_LOCK].pins if p.name == "torch")
+    assert {f"sha256:{h['content']}" for h in torch["hashes"]} == set(locked.hashes)
+    assert any(c["purl"].startswith("pkg:deb/debian/libc6@") for c in document["components"])
+    labels = docker_engine.image_labels(ref)
+    assert labels["io.imagebuilder.sbom.digest"] == "sha256:" + hashlib.sha256(out.encode()).hexdigest()
+
+
+@pytest.mark.docker
+def test_a_base_pinned_by_image_id_is_checked_before_the_build(docker_engine, base_image, tmp_path) -> None:
+    """A local base without a registry digest: FROM keeps the tag, the build checks the id."""
+    from imagebuilder.build import BaseImageChanged, build_image, check_base
+
+    image_id, _ = docker_engine.image_identity(base_image)
+    spec = resolve(MATRIX, replace(E2E, base_image=base_image))
+    locks = replace(LOCKS, bases={base_image: BasePin(base_image, image_id=image_id)})
+    image = render(spec, MATRIX, RenderOptions(locks=locks))
+    assert f"ARG BASE_IMAGE={base_image}\n" in image.dockerfile and image_id in image.dockerfile
+    check_base(docker_engine, image)  # the tag still names the locked image: no error
+    moved = render(spec, MATRIX, RenderOptions(locks=replace(locks, bases={
+        base_image: BasePin(base_image, image_id="sha256:" + "0" * 64)})))
+    with pytest.raises(BaseImageChanged, match=f"base image {base_image} is {image_id}"):
+        build_image(docker_engine, moved, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+
+
+def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) -> None:
+    site = parse_matrix(MATRIX.text + "\nextras: ['transformers==4.57.1', 'tqdm']\n", tmp_path / "site.yaml")
+    spec = resolve(site, E2E)
+    image = render(spec, site, RenderOptions(extras=("pandas==2.2.3",)))
+    extras = locking.parse_extras(["transformers==4.57.1", "tqdm", "pandas==2.2.3"])
+    assert image.lock is None and "no lock for this image" in image.notices[-2]
+    assert all(f"        {e} \\" in image.dockerfile or f"        {e}\n" in image.dockerfile for e in extras)
+    assert locking.lock_name(spec, extras) != E2E_LOCK  # a site's lock never shadows the default one
+    with pytest.raises(Exception, match="extras is a list of requirements"):
+        parse_matrix(MATRIX.text + "\nextras: transformers\n", tmp_path / "bad.yaml")
+
+
+class RecordingEngine:
+    """The engine calls build_image makes, answered from canned values."""
+
+    def __init__(self, sbom: bytes | None) -> None:
+        self.sbom, self.builds, self.removed = sbom, [], []
+
+    def image_exists(self, ref):
+        return False
+
+    def build(self, req, on_progress=None):
+        from imagebuilder.engine import BuildResult
+
+        self.builds.append((req.tags, (req.context / "Dockerfile").read_text()))
+        return BuildResult(f"sha256:{len(self.builds)}", req.tags, 1, 1.0, 2, 0, 2, None)
+
+    def read_file(self, image, path):
+        assert (image, path) == ("sha256:1", "/opt/imagebuilder/sbom.cdx.json")
+        return self.sbom
+
+    def remove_image(self, ref, force=True):
+        self.removed.append((ref, force))
+
+
+def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_takes_the_tags(tmp_path) -> None:
+    from imagebuilder.build import SBOM_DIGEST, SbomMissing, build_image
+
+    image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
+    engine = RecordingEngine(b'{"bomFormat": "CycloneDX"}\n')
+    built = build_image(engine, image, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    (first_tags, _), (tags, dockerfile) = engine.builds
+    unlabelled = f"{image.ref}-unlabelled"
+    assert first_tags == (unlabelled,) and tags == image.refs
+    digest = hashlib.sha256(b'{"bomFormat": "CycloneDX"}\n').hexdigest()
+    assert dockerfile == f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="sha256:{digest}"\n'
+    assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
+    with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
+        build_image(RecordingEngine(None), image, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
