@@ -22,8 +22,6 @@ RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
-        jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -49,7 +47,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="8935e4d0250ffc3e0155293f42dafd52bb5e2128351df4c93d0b6398f4a232c2"
+    io.imagebuilder.inputs-hash="88f994eb57aa698d886f4ff66501c7a69423ac42bd6e6a3eb1b76c3fa36608d7"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -17,8 +17,6 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
-        jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -44,7 +42,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="84e6e14a742b4e6d4b6dd959ea2f4640c9bf5e17c4a64b8d8b20326a21c7815c"
+    io.imagebuilder.inputs-hash="ea72d889edb59aa9cd1023bdcf3b4e5adf7de4ecf5857a7fa7ea0c8f1a32512e"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

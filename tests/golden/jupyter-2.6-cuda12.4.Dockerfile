@@ -17,8 +17,6 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
-        jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -44,7 +42,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="eb2b5956a67fc6fda820c027dd92608dbab9f369779ad3196ba052ddf89f5ad2"
+    io.imagebuilder.inputs-hash="f9098e1ab73706f0feaa842aa9dd854726e66a6e4b52f005aad3cc1213373648"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
