@@ -358,7 +358,6 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     assert marker.decode() not in history and "BEGIN CERTIFICATE" not in history
     env = docker_engine.inspect_image(ref)["Config"]["Env"]
     assert not [e for e in env if e.startswith(("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"))], env
-    assert image["steps"] == 6  # one stage: FROM, apt, install, 2 COPY, WORKDIR
     run = docker_engine.run(ref, ["bash", "-c", "test ! -e /run/secrets/ca && python -c 'import torch; print(torch.__version__)'"],
                             timeout=300)
     assert run.exit_code == 0 and "2.6.0" in run.output, run.output
