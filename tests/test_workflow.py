@@ -120,18 +120,23 @@ def _run_step(script: str, env: dict[str, str], tmp_path: Path) -> subprocess.Co
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env})
 
 
-@pytest.fixture(scope="module")
-def generated(workflow: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The plan job's matrix step, run with this checkout's imagebuilder and jq, for torch 2.6."""
+def _run_plan(workflow: dict[str, Any], tmp: Path, torch: str) -> dict[str, str]:
+    """The plan job's matrix step, run with this checkout's imagebuilder and jq; its outputs."""
     if shutil.which("jq") is None:
         pytest.skip("jq is not installed (GitHub's runners have it)")
-    tmp = tmp_path_factory.mktemp("plan")
     (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
     output = tmp / "github_output"
-    done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": "2.6",
+    done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": torch,
                                    "GITHUB_OUTPUT": str(output)}, tmp)
     assert done.returncode == 0, done.stderr
-    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    return dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def generated(workflow: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plan job's matrix step for torch 2.6."""
+    tmp = tmp_path_factory.mktemp("plan")
+    outputs = _run_plan(workflow, tmp, "2.6")
     images = json.loads((tmp / "images.json").read_text())["include"]
     return {"matrix": json.loads(outputs["matrix"]), "count": outputs["count"], "images": images}
 
@@ -180,15 +185,7 @@ def test_arm64_runners_publish_the_releases_with_aarch64_wheels_and_merge_joins_
         workflow: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
     """The plan step's arm64 matrix, run for real over the whole matrix: only 2.11+ releases;
     the arm64 job publishes linux/arm64 without merging; the merge job runs after both."""
-    if shutil.which("jq") is None:
-        pytest.skip("jq is not installed (GitHub's runners have it)")
-    tmp = tmp_path_factory.mktemp("plan-arm64")
-    (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
-    output = tmp / "github_output"
-    done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": "",
-                                   "GITHUB_OUTPUT": str(output)}, tmp)
-    assert done.returncode == 0, done.stderr
-    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    outputs = _run_plan(workflow, tmp_path_factory.mktemp("plan-arm64"), "")
     arm64 = json.loads(outputs["arm64_matrix"])["include"]
     assert int(outputs["arm64_count"]) == len(arm64) > 0
     assert {c["torch"].rsplit(".", 1)[0] for c in arm64} >= {"2.11"}
