@@ -133,7 +133,7 @@ def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRe
               + (f"torchaudio {audio[0]} Requires-Dist {audio[1]}" if audio else
                  f"no torchaudio among the {COMPANION_TRIES} newest declares it accepts torch {version}")
               + (f"; left out: Python {'; '.join(left_out)}" if left_out else "")
-              + (f"; PyPI aarch64 wheel is a CUDA build" if "linux/arm64" in platforms else ""))
+              + ("; PyPI aarch64 wheel is a CUDA build" if "linux/arm64" in platforms else ""))
     return NewRelease(version=version, torchvision=vision[0], torchaudio=audio[0] if audio else None,
                       triton=triton, pythons=tuple(pythons), platforms=platforms, pypi_variant=pypi,
                       extra_variants=extras, source=source, left_out=tuple(left_out))

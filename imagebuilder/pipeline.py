@@ -57,7 +57,7 @@ class Selection:
 
 
 class BaseImageOs(BadRequest):
-    template = "{message}"
+    """The base image's OS and the request disagree, or the matrix knows no such OS."""
 
 
 def parse_os_release(text: str) -> dict[str, str]:

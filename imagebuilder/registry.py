@@ -138,11 +138,6 @@ def is_insecure_by_default(host: str) -> bool:
         return False
 
 
-def scheme_for(host: str) -> str:
-    """The scheme to try first where no answer told otherwise: http for loopback, else https."""
-    return "http" if is_insecure_by_default(host) else "https"
-
-
 def daemon_ca(host: str, certs_root: Path = Path("/etc/docker/certs.d")) -> Path | None:
     """The CA dockerd trusts for `host` (/etc/docker/certs.d/HOST[:PORT]/ca.crt), if any."""
     ca = certs_root / host / "ca.crt"

@@ -43,7 +43,7 @@ from imagebuilder.registry import (
     parse_reference,
     parse_registry,
     pick_manifest,
-    scheme_for,
+    is_insecure_by_default,
 )
 from imagebuilder.render import RenderedImage, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
@@ -191,7 +191,8 @@ def test_parse_registry(text: str, expected: Any) -> None:
     ("ghcr.io", "https"), ("10.0.0.5:5000", "https"), ("registry.local:443", "https"),
 ])
 def test_scheme(host: str, scheme: str) -> None:
-    assert scheme_for(host) == scheme
+    """Loopback registries may fall back to http, as dockerd lets them; all others are https only."""
+    assert ("http" if is_insecure_by_default(host) else "https") == scheme
 
 
 def _auth(user: str, password: str) -> dict[str, str]:
