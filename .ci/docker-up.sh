@@ -20,16 +20,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-missing=()
-command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
-command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
-[ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
-if [ "${#missing[@]}" -gt 0 ]; then
-    say "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update
-    apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+bash "$(dirname "$0")/docker-install.sh"
 
 if pgrep -x dockerd >/dev/null 2>&1; then
     say "dockerd is already running (pid $(pgrep -x dockerd | head -1)); waiting for it"
