@@ -17,7 +17,7 @@ import click
 
 from . import __version__, options, pipeline
 from .errors import ImageBuilderError
-from .matrix import Matrix, load_matrix
+from .matrix import Matrix, load_matrix, matrix_file
 from .options import Rendering
 from .pipeline import Selection
 from .render import RenderedImage, RenderOptions
@@ -93,11 +93,11 @@ class Group(click.Group):
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, metavar="PATH", help="The matrix to use. Default: the packaged matrix.yaml.")
+@click.option("--matrix", "matrix_path", default=None, metavar="PATH",
+              help="The matrix to use. Default: the packaged matrix.yaml.")
 @click.version_option(__version__, prog_name="imagebuilder")
 @click.pass_context
-def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
+def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
     """Build, verify and publish PyTorch GPU images from a compatibility matrix.
 
     \b
@@ -108,7 +108,7 @@ def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
       imagebuilder publish --torch 2.6 --registry registry.example.com/ml
     """
-    click_ctx.obj = Context(matrix_path or default_matrix_path())
+    click_ctx.obj = Context(matrix_file(matrix_path))
 
 
 # --- matrix ---------------------------------------------------------------------------------

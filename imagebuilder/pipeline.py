@@ -19,7 +19,7 @@ from .build import build_order
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from .render import RenderedImage, RenderOptions, render
-from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
+from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 
 ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
 
@@ -114,6 +114,7 @@ def settle_os(matrix: Matrix, selection: Selection, read_os_release: ReadOsRelea
 def select_specs(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
     """Every image the filters select, the base image override applied."""
     variant = None if selection.variant == ALL else selection.variant
+    check_filters(matrix, selection.torch, selection.cuda, selection.python, selection.os, selection.strict)
     if selection.torch and selection.cuda:
         torch, cuda = find_torch(matrix, selection.torch), find_cuda(matrix, selection.cuda)
         if not any(wheel.cuda == cuda.key for wheel in torch.variants):

@@ -354,6 +354,22 @@ def _sbom_file() -> bytes:
     return (Path(__file__).parent / "sbom.py").read_bytes()
 
 
+PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+
+
+def read_ca_bundle(path: Path) -> bytes:
+    """The --ca-bundle's bytes, refused unless it holds a PEM certificate: an empty or wrong
+    file would otherwise surface minutes later as a TLS failure inside the build."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise RenderError(f"cannot read --ca-bundle {path}: {e.strerror}; pass a PEM file") from e
+    if PEM_CERTIFICATE not in data:
+        raise RenderError(f"--ca-bundle {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
+                          "pass the proxy's CA bundle, e.g. $SSL_CERT_FILE")
+    return data
+
+
 def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
     env = _environment(str(templates_dir()))
     tags = tags_for(spec, matrix)
@@ -386,10 +402,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     two_stage = options.ca_bundle is not None and not options.buildkit
     apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
-        try:
-            ca = options.ca_bundle.read_bytes()
-        except OSError as e:
-            raise RenderError(f"cannot read --ca-bundle {options.ca_bundle}: {e.strerror}; pass a PEM file") from e
+        ca = read_ca_bundle(options.ca_bundle)
 
     def render_with(inputs_hash: str, naming: _Naming) -> tuple[str, dict[str, bytes]]:
         labels = labels_for(spec, base_image, inputs_hash, naming.source, base_pin.digest if base_pin else None)
