@@ -43,6 +43,9 @@ class MatrixError(BadRequest):
 
     A bad request (exit 2): the matrix is the user's input, like a flag."""
 
+    file: Path
+    problems: list[Problem]
+
     def describe(self) -> str:
         file: Path = self.fields["file"]
         problems: list[Problem] = self.fields["problems"]

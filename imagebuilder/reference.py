@@ -92,9 +92,10 @@ def parse_reference(text: str, what: str = "image") -> Reference:
         if algorithm == "sha256" and not _SHA256.fullmatch(encoded):
             raise invalid("a sha256 digest has 64 lowercase hex digits")
     # A ':' after the last '/' separates the tag; one before it is a registry's port.
-    slash = remainder.rfind("/")
-    colon = remainder.rfind(":")
-    name, tag = (remainder[:colon], remainder[colon + 1:]) if colon > slash else (remainder, None)
+    last_slash = remainder.rfind("/")
+    last_colon = remainder.rfind(":")
+    name, tag = ((remainder[:last_colon], remainder[last_colon + 1:]) if last_colon > last_slash
+                 else (remainder, None))
     if tag is not None and not _TAG.fullmatch(tag):
         raise invalid("the tag after ':' is empty" if not tag else
                       f"{tag!r} is not a tag (letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')")
