@@ -18,7 +18,7 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .errors import BadRequest
-from .lock import BasePin, Lock, LockSet, index_args, parse_extras, requirements
+from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .output import write_tree
@@ -375,6 +375,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     tags = tags_for(spec, matrix)
     extras = parse_extras((*matrix.extras, *options.extras))
     lock = options.locks.lock_for(spec, matrix, extras)
+    check_extras(spec, extras, lock)
     base_pin: BasePin | None = None
     parent_hash = ""
     if spec.parent is not None:
