@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .engine import BuildRequest, BuildResult, Engine, Progress
 from .engine_errors import BuildFailed, EngineError, network_hint
+from .export import Export
 from .render import SBOM_PATH, RenderedImage
 
 if TYPE_CHECKING:
@@ -144,8 +145,11 @@ def build_image(
     timeout: float = 3 * 3600,
     builder: Builder | None = None,
     platform: str | None = None,
+    export: Export | None = None,
 ) -> Built:
-    """Build one image: with `builder` (BuildKit, say), else the engine's classic builder."""
+    """Build one image: with `builder` (BuildKit, say), else the engine's classic builder.
+
+    `export` (BuildKit): the final image's compression, provenance and registry caches."""
     check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -175,6 +179,8 @@ def build_image(
                     timeout=timeout,
                     platform=platform,
                     secrets=secrets,
+                    # The layers compressed once, as the final image keeps them; caches imported.
+                    export=None if export is None else Export(export.compression, cache_from=export.cache_from),
                 ),
                 on_progress=on_progress,
             )
@@ -183,10 +189,18 @@ def build_image(
                 raise
             raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
         try:
-            result = _label_sbom(engine, builder or engine, image, unlabelled, result,
-                                 BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
-                                              nocache=False, pull=False, timeout=300, platform=platform,
-                                              log_path=log_path.with_name(log_path.stem + "-sbom.log")))
+            sbom_log = log_path.with_name(log_path.stem + "-sbom.log")
+            if builder is not None and builder.name == "buildkit":
+                # The same Dockerfile plus the label, every step cached: the final image's
+                # provenance then describes the real build (its base, its steps), not a FROM
+                # of an intermediate image; and its export writes the registry cache.
+                request = BuildRequest(context=context, dockerfile=SBOM_DOCKERFILE, tags=image.refs, labels=labels,
+                                       timeout=timeout, platform=platform, secrets=secrets, log_path=sbom_log,
+                                       export=export)
+            else:
+                request = BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
+                                       nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log)
+            result = _label_sbom(engine, builder or engine, image, unlabelled, result, request)
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
@@ -200,11 +214,19 @@ def _label_sbom(engine: Engine, builder: Builder | Engine, image: RenderedImage,
     sbom = engine.read_file(result.image_id, SBOM_PATH)
     if sbom is None:
         raise SbomMissing(ref=image.ref, path=SBOM_PATH)
-    request.context.mkdir()
     digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
-    (request.context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
+    label = f'LABEL {SBOM_DIGEST}="{digest}"\n'
+    if request.dockerfile == SBOM_DOCKERFILE:
+        dockerfile = (request.context / "Dockerfile").read_text()
+        (request.context / SBOM_DOCKERFILE).write_text(dockerfile.rstrip("\n") + "\n" + label)
+    else:
+        request.context.mkdir()
+        (request.context / "Dockerfile").write_text(f"FROM {unlabelled}\n{label}")
     labelled = builder.build(request)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
+
+
+SBOM_DOCKERFILE = "Dockerfile.sbom"
 
 
 def human_size(size: int) -> str:

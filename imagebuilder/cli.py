@@ -389,9 +389,14 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.builders
 @options.platforms
 @options.report
+@options.compression
+@click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+              help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
+                   "(BuildKit with the containerd image store): a rebuild reuses the torch layers.")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None) -> None:
+              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              compressing: options.Compressing, cache_from_registry: str | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -403,12 +408,15 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .build import ProgressPrinter, build_image, human_size
     from .builder import select_builder
     from .engine import DockerEngine
+    from .export import choose_for_build
     from .platforms import for_platforms, parse_platforms
 
     wanted = parse_platforms(platforms)
     engine = DockerEngine()
     engine.ping()
     builder = select_builder(builder_choice, engine, buildx_builder)
+    exports = choose_for_build(compressing.kind, compressing.level, cache_from_registry, builder.name == "buildkit",
+                               engine.keeps_compressed_layers)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = render_options(ctx.matrix, rendering, buildkit=builder.name == "buildkit")
@@ -427,7 +435,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
             try:
                 built = build_image(engine, image, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-                                    on_progress=None if quiet else printer, builder=builder, platform=platform)
+                                    on_progress=None if quiet else printer, builder=builder, platform=platform,
+                                    export=exports(image.spec.key))
             finally:
                 printer.close()
             done.append(built)
@@ -518,6 +527,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.builders
 @options.platforms
 @options.report
+@options.compression
 @click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
               help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                    "(http for a loopback registry without TLS); credentials as docker finds them.")
@@ -544,7 +554,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool) -> None:
+                merge_only: bool, compressing: options.Compressing) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -570,15 +580,21 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     multi = platforms is not None
     wanted = parse_platforms(platforms)
     engine = builder = None
+    export = None
     if not dry_run and not merge_only:
         from .builder import select_builder
         from .engine import DockerEngine
+        from .export import choose
 
         engine = DockerEngine()
         engine.ping()
         builder = select_builder(builder_choice, engine, buildx_builder)
+        buildkit = builder.name == "buildkit"
+        export = choose(compressing.kind, compressing.level, buildkit=buildkit,
+                        image_store=buildkit and engine.keeps_compressed_layers(), provenance=True)
         if not quiet:
             click.echo(f"builder: {builder.describe()}", err=True)
+            click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
     opts = render_options(ctx.matrix, rendering, f"{base}/{rendering.repository or ctx.matrix.defaults.repository}",
                           buildkit=builder is not None and builder.name == "buildkit")
     registry = HttpRegistry(ca_file=registry_ca)
@@ -642,7 +658,8 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                                              allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
                                              nocache=no_cache, pull=pull, builder=builder,
                                              platform=platform if multi else None,
-                                             verify=platform == host_platform())
+                                             verify=platform == host_platform(), export=export,
+                                             cache_base=base if export is not None else None)
             for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
                                            on_event=on_event, on_progress=on_progress):
                 if printer is not None:

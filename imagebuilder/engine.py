@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from .classic_stream import Progress
+from .export import Export
 from .classic_stream import BuildState as _BuildState
 from .engine_errors import (BaseImageMissing, BuildFailed, BuildTimedOut, ContainerFailed, DaemonUnavailable,
                             EngineError, GpuUnavailable, ImageMissing, PullFailed, PushFailed, TagFailed,
@@ -61,6 +62,8 @@ class BuildRequest:
     """os/arch to build for (linux/arm64); None: the daemon's own."""
     secrets: Mapping[str, Path] = field(default_factory=dict)
     """Build secrets by id (BuildKit's `RUN --mount=type=secret,id=...`); in no layer."""
+    export: Export | None = None
+    """BuildKit only: compression, provenance and registry caches; None: `--load`."""
 
 
 def check_request(req: BuildRequest) -> None:
@@ -86,6 +89,19 @@ class BuildResult:
     removed: tuple[str, ...] = ()
     """Images this build made and nobody asked for, removed after it: the earlier stages of a
     multi-stage build, and the image a rebuilt tag pointed at before when no tag is left on it."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    digest: str
+    """The manifest (or index) digest the registry stored."""
+    uploaded: frozenset[str]
+    """The short ids (12 hex digits) of the blobs this push uploaded, as the daemon names them."""
+
+    def uploaded_bytes(self, blobs: Mapping[str, tuple[int, str]]) -> int:
+        """The bytes uploaded, given the pushed image's blobs (digest -> (size, media type))."""
+        return sum(size for digest, (size, _) in blobs.items()
+                   if digest.removeprefix("sha256:")[:12] in self.uploaded)
 
 
 @dataclass(frozen=True)
@@ -218,11 +234,20 @@ class DockerEngine:
         with self._daemon_errors():
             return dict(self._client.info())
 
+    def keeps_compressed_layers(self) -> bool:
+        """True with the containerd image store: an image is the index BuildKit exported,
+        blobs as compressed, and `docker push` sends them as they are (its image id is that
+        index's digest). The classic store unpacks layers and recompresses them (gzip) on push."""
+        return stores_manifests(self.info())
+
     # -- build
 
     def build(self, req: BuildRequest,
               on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
         check_request(req)
+        if req.export is not None and req.export != Export():
+            raise EngineError("the classic builder cannot choose compression, attach provenance or use a "
+                              "registry cache; build with --builder buildkit (buildx)")
         if req.secrets:
             raise EngineError("the classic builder cannot take build secrets; build with "
                               "--builder buildkit (a docker CLI with BuildKit or buildx)")
@@ -605,34 +630,42 @@ class DockerEngine:
 
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         """Push `ref`; the manifest digest the registry stored. Retries transient errors."""
+        return self.push_counted(ref, retries=retries, backoff=backoff).digest
+
+    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
+        """Push `ref`: the digest the registry stored and the blobs this push uploaded (the
+        others were there already or mounted from another repository)."""
         import docker
 
         repository, tag = _split_ref(ref)
         attempts = 0
         detail = ""
+        uploaded: set[str] = set()
         while attempts < max(1, retries):
             attempts += 1
             try:
                 with self._daemon_errors():
-                    digest, detail = self._push_once(repository, tag)
+                    digest, detail = self._push_once(repository, tag, uploaded)
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=ref) from e
             except docker.errors.APIError as e:
                 digest, detail = None, _short(e)
             if digest:
-                return digest
+                return Pushed(digest, frozenset(uploaded))
             if _PERMANENT_PUSH_ERROR.search(detail):
                 break
             if attempts < retries:
                 time.sleep(backoff * 2 ** (attempts - 1))
         raise PushFailed(ref=ref, attempts=attempts, detail=detail)
 
-    def _push_once(self, repository: str, tag: str) -> tuple[str | None, str]:
+    def _push_once(self, repository: str, tag: str, uploaded: set[str]) -> tuple[str | None, str]:
         digest: str | None = None
         for event in self._client.api.push(repository, tag=tag, stream=True, decode=True):
             if "errorDetail" in event or "error" in event:
                 detail = event.get("errorDetail") or {}
                 return None, _short_text(str(detail.get("message") or event.get("error")))
+            if event.get("status") == "Pushed" and event.get("id"):
+                uploaded.add(str(event["id"]))
             aux = event.get("aux")
             if isinstance(aux, dict) and aux.get("Digest"):
                 digest = str(aux["Digest"])
@@ -650,6 +683,12 @@ class DockerEngine:
                         raise PullFailed(ref=ref, detail=_short_text(str(detail.get("message") or event.get("error"))))
             except docker.errors.APIError as e:
                 raise PullFailed(ref=ref, detail=_short(e)) from e
+
+
+def stores_manifests(info: Mapping[str, Any]) -> bool:
+    """Whether `docker info` shows the containerd image store (a snapshotter as the driver)."""
+    status = dict((str(k), str(v)) for k, v in (info.get("DriverStatus") or []) if k)
+    return status.get("driver-type", "").startswith("io.containerd.snapshotter")
 
 
 _PERMANENT_PUSH_ERROR = re.compile(

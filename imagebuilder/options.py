@@ -153,3 +153,24 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                          help="linux/amd64, linux/arm64 or both (comma list). Default: the host's. "
                               "Another platform than the host's needs BuildKit (and QEMU to build); "
                               "its local tags end in -arm64 / -amd64.")
+
+
+@dataclass(frozen=True)
+class Compressing:
+    """--compression and --compression-level: None each means the engine's best default."""
+
+    kind: str | None
+    level: int | None
+
+
+def compression(f: F) -> F:
+    """Handed to the command as `compressing: Compressing`."""
+    return _stack(
+        click.option("--compression", type=click.Choice(["zstd", "gzip"]), default=None,
+                     help="The layers' compression. Default: zstd where BuildKit exports into Docker's "
+                          "containerd image store (pulled by Docker >= 23, containerd >= 1.5, current "
+                          "Kubernetes nodes), else gzip (docker push's own). gzip for older pullers."),
+        click.option("--compression-level", type=int, default=None, metavar="N",
+                     help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
+        _collect("compressing", Compressing, ("compression", "compression_level")),
+    )(f)

@@ -167,7 +167,7 @@ def test_a_cli_that_died_without_output_still_says_so():
 
 
 def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
-    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build", "--load")), engine=None)  # type: ignore[arg-type]
+    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build")), engine=None)  # type: ignore[arg-type]
     req = BuildRequest(context=tmp_path, tags=("r:a", "r:b"), labels={"k": "v"},
                        secrets={"ca": tmp_path / "ca.pem"}, platform="linux/arm64", nocache=True)
     argv = builder.command(req, tmp_path / "iid")
@@ -197,7 +197,7 @@ def _fake_docker(folder: Path, *, buildx: bool, buildkit: bool) -> None:
 @pytest.mark.parametrize("clis, choice, expected", [
     # docker 23+ without buildx first on PATH, Debian's 20.10 CLI behind it: that one.
     ([("new", False, False), ("old", False, True)], "auto", ("old/docker", "build")),
-    ([("new", True, False)], "auto", ("new/docker", "buildx", "build", "--load")),
+    ([("new", True, False)], "auto", ("new/docker", "buildx", "build")),
     ([("new", False, False)], "auto", "classic"),
     ([("new", False, False)], "classic", "classic"),
     ([("new", True, True)], "classic", "classic"),
