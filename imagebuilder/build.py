@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .engine import BuildRequest, BuildResult, Engine, Progress
 from .engine_errors import BuildFailed, EngineError, network_hint
 from .export import Export
+from .provenance import LOCK, MATRIX
 from .render import SBOM_PATH, RenderedImage
 
 if TYPE_CHECKING:
@@ -130,6 +131,14 @@ def build_labels(engine: Engine, image: RenderedImage, matrix_path: Path) -> dic
     revision = _revision(matrix_path)
     if revision:
         labels[REVISION] = revision
+    # What the image was rendered from, by content: in the image's labels and (set at build
+    # time) in its provenance attestation, which `verify` reads back.
+    try:
+        labels[MATRIX] = f"{matrix_path.name} sha256:{hashlib.sha256(matrix_path.read_bytes()).hexdigest()}"
+    except OSError:
+        pass
+    if image.lock is not None:
+        labels[LOCK] = f"locks/{image.lock.filename} sha256:{hashlib.sha256(image.lock.text().encode()).hexdigest()}"
     return labels
 
 
@@ -185,6 +194,8 @@ def build_image(
                 on_progress=on_progress,
             )
         except BuildFailed as e:
+            # BuildKit may have named the image before a step after the export failed.
+            engine.remove_image(unlabelled, force=False)
             if e.fields["cause"] != "network":
                 raise
             raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
@@ -199,7 +210,8 @@ def build_image(
                                        export=export)
             else:
                 request = BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
-                                       nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log)
+                                       nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log,
+                                       export=export)
             result = _label_sbom(engine, builder or engine, image, unlabelled, result, request)
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it

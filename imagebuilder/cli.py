@@ -409,6 +409,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .builder import select_builder
     from .engine import DockerEngine
     from .export import choose_for_build
+    from .registry import HttpRegistry
     from .platforms import for_platforms, parse_platforms
 
     wanted = parse_platforms(platforms)
@@ -416,7 +417,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     engine.ping()
     builder = select_builder(builder_choice, engine, buildx_builder)
     exports = choose_for_build(compressing.kind, compressing.level, cache_from_registry, builder.name == "buildkit",
-                               engine.keeps_compressed_layers)
+                               engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = render_options(ctx.matrix, rendering, buildkit=builder.name == "buildkit")

@@ -10,7 +10,7 @@ recompresses them with gzip), so there compression is not ours to choose.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .errors import BadRequest
@@ -126,15 +126,50 @@ def choose(kind: str | None, level: int | None, *, buildkit: bool, image_store: 
 
 
 def choose_for_build(kind: str | None, level: int | None, cache_base: str | None, buildkit: bool,
-                     image_store: Callable[[], bool]) -> Callable[[str], Export | None]:
-    """`build`'s export per image key: compression where the store keeps it, the image's
-    registry cache imported from `cache_base` (--cache-from-registry)."""
+                     image_store: Callable[[], bool],
+                     cached: Callable[[str], bool]) -> Callable[[str], Export | None]:
+    """`build`'s export per image key: compression where the store keeps it, and the image's
+    registry cache (--cache-from-registry) imported where `cached` says the registry has it
+    (BuildKit fails a build whose cache is missing)."""
     store = buildkit and image_store()
     choose(kind, level, buildkit=buildkit, image_store=store, provenance=False,
-           cache_from=("-",) if cache_base else ())
+           cache_from=(cache_base,) if cache_base else ())  # refused before any build, not after one
 
     def for_image(key: str) -> Export | None:
-        cache_from = (cache_ref(cache_base, key),) if cache_base else ()
+        ref = cache_ref(cache_base, key) if cache_base else None
+        cache_from = (ref,) if ref and cached(ref) else ()
         return choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from)
 
     return for_image
+
+
+ZSTD_DOCKER = "23.0"  # moby/moby#41759: dockerd pulls zstd layers from Docker 23.0 on
+
+
+def compression_of(media_types: Iterable[str]) -> str | None:
+    """"zstd" when any layer is zstd-compressed, "gzip" when all compressed ones are gzip."""
+    kinds = {m.rsplit("+", 1)[1] for m in media_types
+             if "layer" in m and "+" in m and m.rsplit("+", 1)[1] in COMPRESSIONS}
+    if "zstd" in kinds:
+        return "zstd"
+    if "gzip" in kinds or any(m.endswith(".tar.gzip") for m in media_types):
+        return "gzip"
+    return None
+
+
+def cannot_pull(compression: str | None, server_version: str | None) -> str | None:
+    """Why a daemon of `server_version` cannot pull layers of `compression`; None: it can
+    (or there is nothing to judge)."""
+    from packaging.version import InvalidVersion, Version
+
+    if compression != "zstd" or not server_version:
+        return None
+    try:
+        version = Version(server_version.split("+")[0].split("-")[0])
+    except InvalidVersion:
+        return None
+    if version >= Version(ZSTD_DOCKER):
+        return None
+    return (f"the image's layers are zstd-compressed and this daemon (Docker {server_version}) pulls only "
+            f"gzip ones (zstd needs Docker >= {ZSTD_DOCKER} or containerd >= 1.5): upgrade the engine, or "
+            "publish the image with --compression gzip")

@@ -172,5 +172,6 @@ def compression(f: F) -> F:
                           "Kubernetes nodes), else gzip (docker push's own). gzip for older pullers."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
-        _collect("compressing", Compressing, ("compression", "compression_level")),
+        _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),
+                 ("compression", "compression_level")),
     )(f)
