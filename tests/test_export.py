@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from imagebuilder.engine import Pushed
+from imagebuilder.engine.api import Pushed
 from imagebuilder.errors import BadRequest
-from imagebuilder.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose,
+from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose,
                                  compression_of, output_args)
 from imagebuilder.provenance import built_from
 from imagebuilder.verify import HostFacts, preflight

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import BadRequest
+from ..errors import BadRequest
 
 COMPRESSIONS = ("zstd", "gzip")
 # BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
