@@ -296,6 +296,11 @@ class DockerEngine:
             aux = event.get("aux")
             if isinstance(aux, dict) and aux.get("Digest"):
                 digest = str(aux["Digest"])
+            # Docker 26 with the containerd image store sends no aux record: only the line
+            # `TAG: digest: sha256:... size: N` names what the registry stored.
+            said = _PUSHED_DIGEST.match(str(event.get("status") or ""))
+            if digest is None and said is not None and said["tag"] == tag:
+                digest = said["digest"]
         return (digest, "") if digest else (None, "the daemon reported no digest")
 
     def pull(self, ref: str) -> None:
@@ -329,6 +334,7 @@ def answering_engine() -> DockerEngine | None:
     return engine
 
 
+_PUSHED_DIGEST = re.compile(r"^(?P<tag>[^:\s]+): digest: (?P<digest>sha256:[0-9a-f]{64}) size: \d+$")
 _PERMANENT_PUSH_ERROR = re.compile(
     r"denied|unauthorized|authentication required|does not exist locally|invalid reference", re.I
 )
