@@ -74,7 +74,7 @@ def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, **kw)  # type: ignore[call-overload]
     if done.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    return done  # type: ignore[no-any-return]
+    return done
 
 
 def timed(*argv: str) -> float:

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag),
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ class UserError(click.ClickException):
 
     def __init__(self, error: ImageBuilderError) -> None:
         super().__init__(str(error))
-        self.exit_code = error.exit_code
+        self.exit_code = error.exit_code  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
         self.details = error.details()
 
     def show(self, file: Any = None) -> None:
@@ -140,7 +141,8 @@ def matrix_check(ctx: Context, online: bool) -> None:
 
 
 @matrix.command("add")
-@click.option("--torch", "torch_version", type=options.Release(), help="The release to add, e.g. 2.15.0.")
+@click.option("--torch", "torch_version", metavar="X.Y.Z", callback=options.release,
+              help="The release to add, e.g. 2.15.0.")
 @click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
 @click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
@@ -157,12 +159,9 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")
-    if torch_version is not None:
-        versions = [torch_version]
-    else:
-        versions = new_releases(ctx.matrix)
-        if not versions:
-            click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
+    versions = [torch_version] if torch_version is not None else new_releases(ctx.matrix)
+    if not versions:
+        click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
     for version in versions:
         block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
         click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
@@ -304,7 +303,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
         for n, (platform, image) in enumerate(plan, 1):
             if not quiet:
                 click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
-            printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
+            printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
             try:
                 built = build_image(engine, image, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache,
                                     pull=pull, on_progress=None if quiet else printer, platform=platform,
@@ -434,7 +433,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
-    events = publish.EventPrinter(click.get_text_stream("stderr"), quiet=quiet)
+    events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                      pull=pull, export=export, cache_base=base if export is not None else None)

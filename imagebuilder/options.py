@@ -207,21 +207,17 @@ def publishing(f: F) -> F:
     )(f)
 
 
-class Release(click.ParamType):
-    """A full torch release, X.Y.Z."""
-
-    name = "X.Y.Z"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Version:
-        if isinstance(value, Version):
-            return value
-        try:
-            version = Version(value)
-        except InvalidVersion:
-            self.fail(f"not a version: {value!r}", param, ctx)
-        if len(version.release) != 3:
-            self.fail("give the full release, e.g. 2.15.0", param, ctx)
-        return version
+def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Version | None:
+    """A full torch release, X.Y.Z (a click callback)."""
+    if value is None:
+        return None
+    try:
+        version = Version(value)
+    except InvalidVersion:
+        raise click.BadParameter(f"not a version: {value!r}") from None
+    if len(version.release) != 3:
+        raise click.BadParameter("give the full release, e.g. 2.15.0")
+    return version
 
 
 @dataclass(frozen=True)

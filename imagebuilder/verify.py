@@ -74,6 +74,9 @@ BUILT_LABEL = f"{LABEL_PREFIX}.inputs-hash"
 class VerificationFailed(ImageBuilderError):
     """The image (or this environment) did not pass; `failures` is (name, reason) pairs."""
 
+    target: str
+    failures: Sequence[tuple[str, str]]
+
     def describe(self) -> str:
         what = "; ".join(f"{name}: {reason}" for name, reason in self.fields["failures"])
         return f"{self.fields['target']} failed verification: {what}"
@@ -325,10 +328,7 @@ def collect_facts(engine: Runner, ref: str) -> HostFacts:
     if not engine.image_exists(ref):
         # Before the pull: a daemon that cannot pull zstd fails it with an obscure error.
         compression = registry_compression(ref)
-        try:
-            version = str(engine.info().get("ServerVersion") or "") or None
-        except docker.errors.DockerException:
-            version = None
+        version = str(engine.info().get("ServerVersion") or "") or None
         why = cannot_pull(compression, version)
         if why is not None:
             return HostFacts(compression=compression, compression_error=why)

@@ -68,7 +68,7 @@ class RemoteEngine:
 
 
 def _run(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=120, **kw)  # type: ignore[call-overload, no-any-return]
+    return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=120, **kw)  # type: ignore[call-overload]
 
 
 def _certs(folder: Path, address: str) -> None:

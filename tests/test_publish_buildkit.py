@@ -123,7 +123,7 @@ def test_a_republish_of_identical_content_uploads_no_blob(published: dict[str, A
 @pytest.fixture
 def remote(local_registry: str) -> Iterator[Any]:
     """The second engine; skips (fails in CI) where namespaces cannot be made."""
-    from remote_engine import remote_engine
+    from remote_engine import remote_engine  # type: ignore[import-not-found]
 
     if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
         _unavailable("ip netns does not work here (root and iproute2 needed) for the remote engine")

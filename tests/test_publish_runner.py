@@ -222,7 +222,7 @@ class CannedStore(CannedEngine):
     requests: list[BuildRequest] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
-    def build(self, req: BuildRequest, on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
         self.requests.append(req)
         result = super().build(req, on_progress)
         for tag in req.tags:
