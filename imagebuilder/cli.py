@@ -60,6 +60,7 @@ def render_options(matrix: Matrix, rendering: Rendering, repository: str | None 
         index_url=rendering.index_url,
         extra_index_urls=rendering.extra_index_urls,
         ca_bundle=rendering.ca_bundle,
+        python_mirror=rendering.python_mirror,
         source=_source_label(),
         buildkit=buildkit,
     )
