@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from .errors import ImageBuilderError
 from .matrix import Matrix, load_matrix
 from .options import Rendering
 from .pipeline import Selection
-from .render import RenderedImage, RenderOptions
+from .render import RenderOptions
 from .resolve import BuildSpec, enumerate_matrix
 from .resources import default_matrix_path
 
@@ -318,19 +317,10 @@ def _engine_or_none() -> Any:
 # --- render ---------------------------------------------------------------------------------
 
 
-def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
-    return {
-        "images": [
-            {"dir": image.spec.key, "ref": image.ref, "tags": list(image.tags),
-             "depends_on": image.depends_on, "inputs_hash": image.inputs_hash}
-            for image in images
-        ]
-    }
-
-
 @cli.command("render")
 @options.selection(required=False, strict=True)
 @options.rendering
+@options.platforms
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -339,13 +329,19 @@ def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: Rendering) -> None:
+               rendering: Rendering, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
+
+    -o writes what `build` builds: one image's context into DIR, or, when the request builds
+    several (a jupyter image and the runtime or devel image it is built FROM; several
+    platforms), a folder per image and index.json listing them in build order.
 
     \b
     Examples:
       imagebuilder render --torch 2.6 --cuda 12.1 --dry-run
       imagebuilder render --torch 2.6 --cuda 12.4 --variant devel -o build/devel
+      imagebuilder render --torch 2.6 --cuda 12.4 --variant jupyter -o build/jupyter
+      imagebuilder render --torch 2.13 --cuda 13.0 --platform linux/arm64 --dry-run
       imagebuilder render --all -o build/all
     """
     if not dry_run and output is None:
@@ -354,30 +350,44 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
     if not render_all and (not selection.torch or not selection.cuda):
         raise click.UsageError("give --torch and --cuda (or --all)")
+    if render_all and (platforms or selection.platform_bases):
+        raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
+                               "not --all")
     from .output import write_tree
+    from .platforms import parse_platforms
 
-    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
-    opts = render_options(ctx.matrix, rendering)
     if render_all:
-        images = pipeline.render_selected(ctx.matrix, selection, opts)
+        selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+        images = pipeline.render_selected(ctx.matrix, selection, render_options(ctx.matrix, rendering))
         if not images:
             raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
-        files: dict[str, bytes] = {}
-        for image in images:
-            files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
-            files[f"{image.spec.key}/Dockerfile"] = image.dockerfile.encode()
-        files["index.json"] = (json.dumps(index_document(images), indent=2) + "\n").encode()
         assert output is not None
-        write_tree(output, files)
+        write_tree(output, pipeline.context_files([(image.spec.key, None, image) for image in images]))
         click.echo(f"wrote {len(images)} images to {output}")
         return
-    (image,) = pipeline.render_request(ctx.matrix, selection, opts, note)
+    wanted = parse_platforms(platforms)
+    if dry_run and len(wanted) > 1:
+        raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
+    # Another platform than the host's is built by BuildKit, so it renders as BuildKit builds it.
+    buildkit = pipeline.needs_buildkit(wanted)
+    plan = pipeline.plan_request(ctx.matrix, selection, wanted, render_options(ctx.matrix, rendering, buildkit=buildkit),
+                                 note, buildkit=buildkit)
+    image = pipeline.requested(plan)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
+        if len(plan) > 1:
+            note(f"{image.ref} is built FROM {image.depends_on}; -o DIR writes both build contexts")
         return
     assert output is not None
-    image.write(output)
-    click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+    if len(plan) == 1:
+        image.write(output)
+        click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+        return
+    folders = pipeline.plan_folders(plan)
+    write_tree(output, pipeline.context_files(folders))
+    click.echo(f"wrote {len(plan)} build contexts to {output}, in build order (index.json):")
+    for folder, _, planned in folders:
+        click.echo(f"  {folder}/  {planned.ref}")
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -404,7 +414,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .build import ProgressPrinter, build_image, human_size
     from .builder import select_builder
     from .engine import DockerEngine
-    from .platforms import for_platforms, parse_platforms
+    from .platforms import parse_platforms
 
     wanted = parse_platforms(platforms)
     engine = DockerEngine()
@@ -412,13 +422,10 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     builder = select_builder(builder_choice, engine, buildx_builder)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    opts = render_options(ctx.matrix, rendering, buildkit=builder.name == "buildkit")
-    platform_plan = []
-    for platform in wanted:
-        chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform), engine.os_release, note)
-        images = pipeline.render_request(ctx.matrix, chosen, opts, note, exists=engine.image_exists)
-        platform_plan += [(platform, image) for image in
-                          for_platforms(ctx.matrix, images, platform, buildkit=builder.name == "buildkit")]
+    buildkit = builder.name == "buildkit"
+    platform_plan = pipeline.plan_request(ctx.matrix, selection, wanted, render_options(ctx.matrix, rendering, buildkit=buildkit),
+                                          note, buildkit=buildkit, read_os_release=engine.os_release,
+                                          exists=engine.image_exists)
     plan = [image for _, image in platform_plan]
     done = []
     try:
@@ -570,6 +577,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     # skipped and pushed per platform; then every TAG becomes an index over them.
     multi = platforms is not None
     wanted = parse_platforms(platforms)
+    selection.check_platform_bases(wanted)
     engine = builder = None
     if not dry_run and not merge_only:
         from .builder import select_builder

@@ -11,13 +11,15 @@ The base image override and the OS it implies apply to both.
 
 from __future__ import annotations
 
+import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from .build import build_order
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
+from .platforms import arch, for_platforms, host_platform
 from .render import RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
 
@@ -42,6 +44,14 @@ class Selection:
         """The selection one platform builds: its own --base-image PLATFORM=IMAGE if given."""
         return replace(self, base_image=dict(self.platform_bases).get(platform, self.base_image),
                        platform_bases=())
+
+    def check_platform_bases(self, platforms: Sequence[str]) -> None:
+        """A --base-image PLATFORM=IMAGE for a platform that is not built would be ignored."""
+        unused = [p for p, _ in self.platform_bases if p not in platforms]
+        if unused:
+            raise BadRequest(f"--base-image {unused[0]}=... is for {unused[0]}, which is not asked for "
+                             f"(platforms: {', '.join(platforms)}); add --platform {','.join([*platforms, *unused])} "
+                             "or drop it")
 
     def request(self, variant: str | None) -> Request:
         if self.torch is None or self.cuda is None:
@@ -169,3 +179,63 @@ def render_request(matrix: Matrix, selection: Selection, options: RenderOptions,
         note(notice)
     return build_order(with_parents(images, matrix, options, exists))
 
+
+
+# --------------------------------------------------------------------------- a request's plan
+
+Planned = tuple[str, RenderedImage]  # (platform, the image as built for it)
+
+
+def plan_request(matrix: Matrix, selection: Selection, platforms: Sequence[str], options: RenderOptions,
+                 note: Note, *, buildkit: bool, read_os_release: ReadOsRelease | None = None,
+                 exists: Callable[[str], bool] = lambda ref: False, host: str | None = None) -> list[Planned]:
+    """A request for each platform -> what `build` builds, in build order (render writes the
+    same): each platform's own --base-image, its OS, a jupyter image's parent first when it is
+    missing, and the platform's tags; a release without CUDA wheels for a platform, or another
+    platform than the host's without BuildKit, is refused before anything builds."""
+    selection.check_platform_bases(platforms)
+    plan: list[Planned] = []
+    for platform in platforms:
+        chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
+        images = render_request(matrix, chosen, options, note, exists=exists)
+        plan += [(platform, image) for image in for_platforms(matrix, images, platform, buildkit=buildkit, host=host)]
+    return plan
+
+
+def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
+    """Another platform than the host's is built by BuildKit only."""
+    return any(platform != (host or host_platform()) for platform in platforms)
+
+
+def requested(plan: Sequence[Planned]) -> RenderedImage:
+    """The image a one-image, one-platform request asked for: the last one built (a parent
+    that comes along is built first)."""
+    return plan[-1][1]
+
+
+def index_document(entries: Sequence[tuple[str, str | None, RenderedImage]]) -> dict[str, object]:
+    """index.json beside several build contexts: each folder's image, in build order."""
+    return {
+        "images": [
+            {"dir": folder, "ref": image.ref, "tags": list(image.tags), "depends_on": image.depends_on,
+             "inputs_hash": image.inputs_hash, **({"platform": platform} if platform else {})}
+            for folder, platform, image in entries
+        ]
+    }
+
+
+def context_files(entries: Sequence[tuple[str, str | None, RenderedImage]]) -> dict[str, bytes]:
+    """Several build contexts as one tree: a folder per image (Dockerfile and files) and index.json."""
+    files: dict[str, bytes] = {}
+    for folder, _, image in entries:
+        files.update({f"{folder}/{name}": data for name, data in image.files.items()})
+        files[f"{folder}/Dockerfile"] = image.dockerfile.encode()
+    files["index.json"] = (json.dumps(index_document(entries), indent=2) + "\n").encode()
+    return files
+
+
+def plan_folders(plan: Sequence[Planned]) -> list[tuple[str, str | None, RenderedImage]]:
+    """A folder name per planned image: its key, and the platform's arch when there are several."""
+    several = len({platform for platform, _ in plan}) > 1
+    return [(f"{image.spec.key}-{arch(platform)}" if several else image.spec.key, platform if several else None, image)
+            for platform, image in plan]
