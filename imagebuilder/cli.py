@@ -400,9 +400,13 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.builders
 @options.platforms
 @options.report
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be built, in build order, and stop: nothing is built (the daemon is "
+                   "still asked for the base image's OS and the images already there).")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None) -> None:
+              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              dry_run: bool) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -427,6 +431,10 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
                                           note, buildkit=buildkit, read_os_release=engine.os_release,
                                           exists=engine.image_exists)
     plan = [image for _, image in platform_plan]
+    if dry_run:
+        for platform, image in platform_plan:
+            click.echo(f"would build {image.ref} ({platform})")
+        return
     done = []
     try:
         for n, (platform, image) in enumerate(platform_plan, 1):
