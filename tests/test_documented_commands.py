@@ -103,7 +103,7 @@ def _help_examples(command: click.Command, path: str) -> Iterator[Documented]:
 
 
 def documented() -> list[Documented]:
-    found = []
+    found: list[Documented] = []
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         found += _commands_in(page.read_text(encoding="utf-8"), page.relative_to(ROOT).as_posix())
     found += _help_examples(cli, "imagebuilder")
