@@ -408,6 +408,20 @@ def _sbom_file() -> bytes:
     return (Path(__file__).parent / "sbom.py").read_bytes()
 
 
+NO_NVCC = "imagebuilder: no nvcc in --base-image"  # engine.errors recognises a build that stopped here
+
+
+def nvcc_check(spec: BuildSpec) -> str | None:
+    """A devel image on a --base-image that must bring nvcc: the shell test its first step runs,
+    so a base without the compiler fails in seconds, not after the install (or at verify)."""
+    if spec.variant != "devel" or spec.toolchain != "base" or spec.base_is_default:
+        return None
+    nvcc = "/usr/local/cuda/bin/nvcc"
+    return (f"{nvcc} --version 2>/dev/null | grep -q 'release {spec.cuda.key},' || {{ echo "
+            f"\"{NO_NVCC} {spec.base_image}: a CUDA {spec.cuda.key} devel image needs nvcc {spec.cuda.key} at {nvcc} "
+            f"(NVIDIA's nvidia/cuda:{spec.cuda.version}-devel-* images have it)\" >&2; exit 1; }}")
+
+
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
 
 
@@ -476,6 +490,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "base_image": from_ref,
             "base_pin": base_pin,
             "two_stage": two_stage,
+            "nvcc_check": nvcc_check(spec),
             "shared_venv": venv is not None,
             "venv_base": venv.pin.from_ref if venv else "",
             "torch_lock_path": TORCH_LOCK_PATH,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
-from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
+from .errors import BuildFailed, BuildTimedOut, EngineError, base_image_missing, classify_failure
 from .export import Export, output_args
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
@@ -177,7 +177,7 @@ class PlainProgress:
             metadata = _METADATA.match(vertex.name)
             if metadata or vertex.instruction.upper().startswith("FROM "):
                 base = metadata[1] if metadata else _from_image(vertex.instruction)
-                return BaseImageMissing(image=base.removeprefix("docker.io/library/"), detail=message)
+                return base_image_missing(base.removeprefix("docker.io/library/"), message)
         tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
         return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
                            instruction=vertex.instruction if vertex else None, error=message,
