@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="ea72d889edb59aa9cd1023bdcf3b4e5adf7de4ecf5857a7fa7ea0c8f1a32512e"
+    io.imagebuilder.inputs-hash="c946fa1767f00bbe656cc12705ed15a207bc2a1086cdb3afcf0bc6688bf12bb2"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="f9098e1ab73706f0feaa842aa9dd854726e66a6e4b52f005aad3cc1213373648"
+    io.imagebuilder.inputs-hash="df010d8cb6a261b2ebf5206069cd3a8d878936198092aae950bef6d004410902"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
