@@ -218,7 +218,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: Rendering, builder_choice: str, platforms: str | None) -> None:
+               rendering: Rendering, builder_choice: str | None, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
 
     -o writes what `build` builds: one image's context into DIR, or, when the request builds
@@ -242,17 +242,14 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if render_all and (platforms or selection.platform_bases):
         raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
                                "not --all")
-    from .engine.select import decide
+    from .engine.select import decide_for_render
     from .output import write_tree
     from .platforms import parse_platforms
 
     wanted = parse_platforms(platforms)
     if dry_run and len(wanted) > 1:
         raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
-    kind = decide(builder_choice).kind
-    if pipeline.needs_buildkit(wanted) and click.get_current_context().get_parameter_source(
-            "builder_choice") is click.core.ParameterSource.DEFAULT:
-        kind = "buildkit"  # another platform than the host's is built by BuildKit: render what it builds
+    kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
     opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
         count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
@@ -268,15 +265,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
             note(f"{image.ref} is built FROM {image.depends_on}; -o DIR writes both build contexts")
         return
     assert output is not None
-    if len(plan) == 1:
-        image.write(output)
-        click.echo(f"wrote {output}/Dockerfile for {image.ref}")
-        return
-    folders = pipeline.plan_folders(plan)
-    write_tree(output, pipeline.context_files(folders))
-    click.echo(f"wrote {len(plan)} build contexts to {output}, in build order (index.json):")
-    for folder, _, planned in folders:
-        click.echo(f"  {folder}/  {planned.ref}")
+    for line in pipeline.write_contexts(plan, output):
+        click.echo(line)
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -289,13 +279,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.builders
 @options.platforms
 @options.report
-@click.option("--dry-run", is_flag=True,
-              help="Print what would be built, in build order, and stop: nothing is built (the daemon is "
-                   "still asked for the base image's OS and the images already there).")
+@options.build_only
 @options.compression
-@click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
-              help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
-                   "(BuildKit with the containerd image store): a rebuild reuses the torch layer.")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
               rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
@@ -308,8 +293,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .atomic import write_json
-    from .build import ProgressPrinter, build_image, format_built, report_document
+    from .build import build_all
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
     from .engine.select import decide, make_builder
@@ -332,23 +316,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
         for platform, image in plan:
             click.echo(f"would build {image.ref} ({platform})")
         return
-    done = []
-    try:
-        for n, (platform, image) in enumerate(plan, 1):
-            if not quiet:
-                click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
-            printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
-            try:
-                built = build_image(engine, image, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache,
-                                    pull=pull, on_progress=None if quiet else printer, platform=platform,
-                                    export=exports(image.spec.key))
-            finally:
-                printer.close()
-            done.append(built)
-            click.echo(built.refs[0] if quiet else format_built(built))
-    finally:
-        if report is not None:
-            write_json(report, report_document(plan, done))
+    build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
+              quiet=quiet, exports=exports, report=report, echo=click.echo, err=progress)
 
 
 # --- verify ---------------------------------------------------------------------------------
@@ -424,7 +393,6 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
     from . import publish
-    from .atomic import write_json
     from .engine.docker import DockerEngine
     from .engine.export import choose
     from .engine.select import CLASSIC, decide, make_builder
@@ -467,31 +435,12 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
-    events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                      pull=pull, export=export, cache_base=base if export is not None else None)
-    outcomes: list[publish.Outcome] = []
-    indexes: list[publish.Index] = []
-    try:
-        for done in publish.publish_all(plan.steps, engine=engine, builder=builder, registry=registry,
-                                        options=run_options, multi=multi, merge=merge,
-                                        index_platforms=plan.index_platforms, on_event=events.on_event,
-                                        on_progress=events.on_progress):
-            if isinstance(done, publish.Index):
-                indexes.append(done)
-                events.line(publish.format_index(done))
-            else:
-                outcomes.append(done)
-                events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
-    finally:
-        events.close()
-        if outcomes:
-            click.echo(publish.format_summary(outcomes))
-        if report is not None:
-            planned = [step for _, steps in plan.steps for step in steps]
-            write_json(report, publish.report_document(base, push, planned, outcomes, indexes))
-    publish.raise_if_failed(outcomes)
+    publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
+                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=base, report=report,
+                           events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
 
 
 def main() -> None:
