@@ -473,8 +473,14 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
               help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
                    "(an image an older imagebuilder built). Images without imagebuilder's labels "
                    "get them anyway.")
+@click.option("--key", metavar="PUB",
+              help="Before any container starts, check that the digest TAG names in its registry is signed "
+                   "by this cosign public key (a file, env://VAR or a KMS URI), and that its SBOM attestation "
+                   "verifies and is the image's own; the smoke tests then run that digest. Offline: no "
+                   "transparency log. Without --key, verify says whether the image is signed.")
+@click.option("--signature-only", is_flag=True, help="Check the signature (and SBOM attestation) and stop.")
 def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
-               manifest: str | None, mount_smoke_tests: bool) -> None:
+               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool) -> None:
     """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
 
     Exit 0 only when every check passed.
@@ -484,12 +490,15 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime --allow-no-gpu --json
       imagebuilder verify --local --timeout 600
+      imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
     """
-    from .verify import verify_image, verify_local
+    from .verify import verify_local, verify_published
 
     if local:
         if mount_smoke_tests:
             raise click.UsageError("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
+        if key is not None or signature_only:
+            raise click.UsageError("--key and --signature-only check a published image; --local checks this environment")
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest,
                               target=f"local {tag}" if tag else None)
     else:
@@ -499,8 +508,8 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
             raise click.UsageError("--manifest is for --local; an image carries its own manifest")
         from .engine import DockerEngine
 
-        report = verify_image(DockerEngine(), tag, allow_no_gpu=allow_no_gpu, timeout=timeout,
-                              mount_smoke_tests=mount_smoke_tests)
+        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only,
+                                  allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
@@ -539,12 +548,16 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
               help="Seconds the smoke tests of one image may take.")
 @click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
               help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC).")
+@click.option("--sign-key", metavar="KEY",
+              help="Sign every pushed digest with cosign, its SBOM attached as a signed attestation: a cosign "
+                   "key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned image in "
+                   "the registry is rebuilt and signed.")
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool) -> None:
+                merge_only: bool, sign_key: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -565,6 +578,11 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
+    signer = None
+    if sign_key is not None:
+        from .signing import key_signer
+
+        signer = key_signer(sign_key)
     # With --platform, each platform's images go under their own tags (TAG-arm64), planned,
     # skipped and pushed per platform; then every TAG becomes an index over them.
     multi = platforms is not None
@@ -606,13 +624,14 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         images = [platform_image(image, platform) for image in images] if multi else checked
         if merge_only:
             continue
-        steps = publish.plan(images, {} if force else publish.lookup(registry, images, today), force=force, day=today)
+        remotes = {} if force else publish.lookup(registry, images, today, signing=signer is not None)
+        steps = publish.plan(images, remotes, force=force, day=today)
         click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
         plans.append((platform, steps))
     if merge_only:
         if not multi:
             raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
-        for index in publish.write_indexes(registry, index_platforms):
+        for index in publish.write_indexes(registry, index_platforms, signer):
             click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
         return
     if engine is None:
@@ -642,7 +661,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                                              allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
                                              nocache=no_cache, pull=pull, builder=builder,
                                              platform=platform if multi else None,
-                                             verify=platform == host_platform())
+                                             verify=platform == host_platform(), signer=signer)
             for outcome in publish.publish(steps, engine=engine, registry=registry, options=run_options,
                                            on_event=on_event, on_progress=on_progress):
                 if printer is not None:
@@ -651,13 +670,13 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 outcomes.append(outcome)
                 click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
         if multi and merge and push and outcomes and not any(o.failed for o in outcomes):
-            indexes = publish.write_indexes(registry, index_platforms)
+            indexes = publish.write_indexes(registry, index_platforms, signer)
             for index in indexes:
                 click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}",
                            err=True)
     finally:
         if outcomes:
-            click.echo(publish.format_summary(outcomes))
+            click.echo(publish.format_summary(outcomes, signing=signer is not None))
         if report is not None:
             planned = [step for _, steps in plans for step in steps]
             write_json(report, {"ok": len(outcomes) == len(planned) and not any(o.failed for o in outcomes),
