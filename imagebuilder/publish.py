@@ -39,10 +39,11 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .build import HASH, Built, build_image, build_order
+from .build import HASH, SBOM_DIGEST, Built, build_image, build_order
 from .errors import ImageBuilderError
 from .registry import Registry, parse_reference
 from .render import SBOM_PATH, RenderedImage
+from .signing import SbomNotTheImages, pinned, signature_tag
 from .tags import dated_tag, image_ref
 
 if TYPE_CHECKING:
@@ -168,8 +169,6 @@ def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None
            signing: bool = False) -> dict[str, Remote]:
     """Ask the registry about every tag of every image, the day's dated one included (HEADs,
     and one config blob each); `signing`: also whether the primary tag's image is signed."""
-    from .signing import pinned, signature_tag
-
     remotes: dict[str, Remote] = {}
     for image in images:
         refs = image.refs + ((dated_ref(image, day),) if day is not None else ())
@@ -377,9 +376,6 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
 def _sign(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer) -> tuple[Signed, ...]:
     """Sign each digest the registry confirmed (one, unless a tag's push went astray), with the
     SBOM the pushed image carries attested; that SBOM must be the one its label names."""
-    from .build import SBOM_DIGEST
-    from .signing import SbomNotTheImages, pinned
-
     sbom = engine.read_file(image.ref, SBOM_PATH) or b""
     found, labelled = "sha256:" + hashlib.sha256(sbom).hexdigest(), engine.image_labels(image.ref).get(SBOM_DIGEST)
     if found != labelled:
@@ -403,7 +399,6 @@ def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]],
     which must all be in the registry already; a rerun with the same children writes the
     same index (its digest does not change). `signer` signs each index's digest (the
     platform images carry their own SBOM attestations)."""
-    from .signing import pinned
 
     from .platforms import platform_tags
 

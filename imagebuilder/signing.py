@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .build import HASH as INPUTS_HASH
+from .build import SBOM_DIGEST
 from .errors import BadRequest, ImageBuilderError
 from .registry import (
     INDEXES,
@@ -50,9 +52,6 @@ KEY_SCHEMES = ("env://", "awskms://", "gcpkms://", "azurekms://", "hashivault://
 """Key references cosign resolves itself; anything else is a key file."""
 CYCLONEDX = "https://cyclonedx.org/bom"
 """The predicate type of `cosign attest --type cyclonedx`."""
-INPUTS_HASH = "io.imagebuilder.inputs-hash"
-SBOM_DIGEST = "io.imagebuilder.sbom.digest"
-"""Labels of every image imagebuilder builds (build.py writes them)."""
 ATTESTATION_MANIFEST = "attestation-manifest"
 """BuildKit's provenance: an index entry whose vnd.docker.reference.type says so."""
 
