@@ -31,6 +31,7 @@ from test_publish_runner import images as canned_images
 
 from imagebuilder import publish, signing
 from imagebuilder.build import SBOM_DIGEST
+from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.registry import HttpRegistry
 from imagebuilder.render import SBOM_PATH, RenderedImage
 from imagebuilder.resources import default_matrix_path
@@ -105,7 +106,7 @@ class RecordingSigner:
 def _run(signer: RecordingSigner, ok: bool = True) -> tuple[publish.Outcome, CannedEngine]:
     engine = LabelledEngine()
     options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=1, push_backoff=0, signer=signer)
-    (outcome,) = publish.publish(publish.plan(canned_images(), {}), engine=engine,  # type: ignore[arg-type]
+    (outcome,) = publish.publish(publish.plan(canned_images(), {}), engine=engine, builder=engine,
                                  registry=CannedRegistry(engine=engine), options=options, verifier=verdict(ok))
     return outcome, engine
 
@@ -275,8 +276,8 @@ def _publish(docker_engine: Any, image: RenderedImage, signed_run: dict[str, Any
     registry = HttpRegistry(config={})
     steps = publish.plan([image], publish.lookup(registry, [image], signing=signer is not None), force=False)
     options = publish.RunOptions(matrix_path=default_matrix_path(), signer=signer)
-    (outcome,) = publish.publish(steps, engine=docker_engine, registry=registry, options=options,
-                                 verifier=_recorded(signed_run, ok))
+    (outcome,) = publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                 registry=registry, options=options, verifier=_recorded(signed_run, ok))
     return outcome
 
 
@@ -329,7 +330,8 @@ def test_the_same_image_retagged_from_an_unsigned_build_fails(
     registry = HttpRegistry(config={})
     options = publish.RunOptions(matrix_path=default_matrix_path())
     (outcome,) = publish.publish([publish.Step(image, publish.BUILD, "an unsigned rebuild")], engine=docker_engine,
-                                 registry=registry, options=options, verifier=_recorded(signed_run))
+                                 builder=ClassicBuilder(docker_engine), registry=registry, options=options,
+                                 verifier=_recorded(signed_run))
     assert outcome.status == publish.PUSHED and outcome.signed == ()
     unsigned = outcome.pushed[image.ref]
     assert unsigned != signed_run["digest"] and registry.digest(image.ref) == unsigned
