@@ -13,6 +13,7 @@ canned engine and registry answers, without Docker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -85,8 +86,6 @@ class LabelledEngine(CannedEngine):
     """A canned engine whose images carry the SBOM label of the SBOM read_file() returns."""
 
     def image_labels(self, ref: str) -> dict[str, str]:
-        import hashlib
-
         return {SBOM_DIGEST: "sha256:" + hashlib.sha256(b'{"bomFormat": "CycloneDX"}\n').hexdigest()}
 
 
@@ -137,6 +136,23 @@ def test_a_failed_verification_signs_nothing_canned() -> None:
     signer = RecordingSigner()
     outcome, engine = _run(signer, ok=False)
     assert outcome.status == publish.FAILED and signer.asked == [] and engine.pushed == []
+
+
+@dataclass
+class IndexingRegistry(CannedRegistry):
+    """A canned registry that writes image indexes (each index's digest: sha256 of its ref)."""
+
+    def put_index(self, ref: str, children: Any) -> str:
+        return "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+
+
+def test_the_indexes_written_are_signed_by_their_digest() -> None:
+    ref = "127.0.0.1:5999/ml/pytorch:2.11-runtime"
+    registry = IndexingRegistry(answers={f"{ref}-amd64": "sha256:" + "a" * 64, f"{ref}-arm64": "sha256:" + "b" * 64})
+    signer = RecordingSigner()
+    (index,) = publish.write_indexes(registry, {ref: ["linux/amd64", "linux/arm64"]}, signer)
+    # The index alone is signed here; each platform's image was signed, SBOM attested, when pushed.
+    assert signer.asked == [(f"127.0.0.1:5999/ml/pytorch@{index.digest}", None)]
 
 
 @pytest.mark.parametrize("args", [
