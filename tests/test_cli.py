@@ -113,12 +113,12 @@ def test_build_without_a_daemon_says_which_socket_and_how_to_start_one(monkeypat
 
 
 def test_ctrl_c_exits_130(monkeypatch):
-    import imagebuilder.cli as cli_module
+    from imagebuilder import pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module.pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "render_request", interrupted)
     code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
     assert code == 130 and "interrupted" in err
 
@@ -166,6 +166,8 @@ def test_matrix_and_publish_take_a_torch_cuda_request_as_build_does():
     assert f"# Tags: {tag}," in build_request
 
 
+@pytest.mark.docker
+@pytest.mark.registry
 def test_publish_dry_run_plans_the_image_build_makes(registry):
     code, out, err = run("publish", "--torch", "2.6", "--cuda", "12.1", "--variant", "runtime", "--os",
                          "ubuntu22.04", "--registry", f"{registry}/ns", "--dry-run")
