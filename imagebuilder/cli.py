@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag),
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from datetime import datetime, timezone
@@ -25,13 +26,10 @@ from .resources import default_matrix_path
 class Context:
     def __init__(self, matrix_path: Path) -> None:
         self.matrix_path = matrix_path
-        self._matrix: Matrix | None = None
 
-    @property
+    @functools.cached_property
     def matrix(self) -> Matrix:
-        if self._matrix is None:
-            self._matrix = load_matrix(self.matrix_path)
-        return self._matrix
+        return load_matrix(self.matrix_path)
 
 
 pass_context = click.make_pass_decorator(Context)
@@ -401,25 +399,19 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from .engine.select import CLASSIC, decide, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry, parse_registry
+    from .signing import key_signer
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    signer = None
-    if sign_key is not None:
-        from .signing import key_signer
-
-        signer = key_signer(sign_key)
-    # With --platform, each platform's images go under their own tags (TAG-arm64), planned,
-    # skipped and pushed per platform; then every TAG becomes an index over them.
+    signer = key_signer(sign_key) if sign_key is not None else None
+    # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
     if merge_only and not multi:
         raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
-    # Decided once, the same way for the dry run and the run: it decides what is rendered,
-    # and so the inputs hash the plan compares with the registry's.
+    # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
-    engine = None
-    if not dry_run and not merge_only:
-        engine = DockerEngine()
+    engine = None if dry_run or merge_only else DockerEngine()
+    if engine is not None:
         engine.ping()
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind,
                                    f"{base}/{rendering.repository or ctx.matrix.defaults.repository}")
@@ -439,8 +431,8 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
-    export = choose(compressing.kind, compressing.level, buildkit=buildkit,
-                    image_store=buildkit and engine.keeps_compressed_layers(), provenance=True)
+    export = choose(compressing.kind, compressing.level, buildkit=buildkit, provenance=True,
+                    image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
