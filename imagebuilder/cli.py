@@ -177,8 +177,9 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
 @matrix.command("check")
 @click.option("--online", is_flag=True,
               help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
+@click.option("--index-url", metavar="URL", help="The package index --online reads. Default: pip's.")
 @pass_context
-def matrix_check(ctx: Context, online: bool) -> None:
+def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
     m = ctx.matrix
     images = sum(1 for _ in enumerate_matrix(m))
@@ -186,8 +187,9 @@ def matrix_check(ctx: Context, online: bool) -> None:
                f"{len(m.oses)} OSes, {images} images")
     if online:
         from .drift import check_drift
+        from .index import PackageIndex
 
-        drifts = check_drift(m, progress=lambda msg: click.echo(msg, err=True))
+        drifts = check_drift(PackageIndex(index_url), m, progress=lambda msg: click.echo(msg, err=True))
         for line in drifts:
             click.echo(f"drift: {line}")
         if drifts:
@@ -201,8 +203,10 @@ def matrix_check(ctx: Context, online: bool) -> None:
 @click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
+@click.option("--index-url", metavar="URL", help="The package index to read. Default: pip's.")
 @pass_context
-def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants: tuple[str, ...], dry_run: bool) -> None:
+def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants: tuple[str, ...], dry_run: bool,
+               index_url: str | None) -> None:
     """Write a torch release's block into the matrix from the index's wheel metadata.
 
     Comments and order of the file stay; what the metadata does not say is left for you, and
@@ -210,10 +214,12 @@ def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants
     """
     from packaging.version import InvalidVersion, Version
 
+    from .index import PackageIndex
     from .matrix_add import add_release, new_releases
 
     if bool(torch_version) == new:
         raise click.UsageError("give either --torch X.Y.Z or --new")
+    index = PackageIndex(index_url)
     if torch_version:
         try:
             versions = [Version(torch_version)]
@@ -222,11 +228,11 @@ def matrix_add(ctx: Context, torch_version: str | None, new: bool, cuda_variants
         if len(versions[0].release) != 3:
             raise click.BadParameter("give the full release, e.g. 2.15.0", param_hint="--torch")
     else:
-        versions = new_releases(ctx.matrix)
+        versions = new_releases(index, ctx.matrix)
         if not versions:
             click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
     for version in versions:
-        block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
+        block, todo = add_release(index, load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
         click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
         for line in todo:
             note(f"left for you: {line}")
