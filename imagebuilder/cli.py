@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -272,20 +274,32 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
     engine = _engine_or_none()
     selection = pipeline.settle_os(m, selection, engine.os_release if engine else None, note)
     specs = pipeline.select_specs(m, selection)
+    if selection.cuda is None:
+        specs = locking.pypi_builds(specs)
     if not specs:
         raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
     registry = HttpRegistry(timeout=15)
-    plan = locking.lock_images(specs, m, resolver=locking.uv_compile(uv_path or _find_uv()),
-                               pin=lambda image: locking.pin_base(image, engine, registry),
-                               extras=locking.parse_extras((*m.extras, *extras)), index_url=index_url,
-                               extra_index_urls=extra_index_urls, progress=lambda msg: click.echo(msg, err=True))
+    directory = locking.locks_dir(m)
+    recorded = locking.load_locks(directory)
+    wanted = locking.parse_extras((*m.extras, *extras))
+    sets = len(locking.set_names(specs, wanted))
+    finished: list[str] = []
+
+    def progress(name: str, outcome: locking.Outcome) -> None:
+        finished.append(name)
+        line = locking.outcome_line(name, outcome, recorded if check else None)
+        click.echo(f"[{len(finished)}/{sets}] {line}", err=True)
+
+    with locking.UvCompile(uv_path or _find_uv()) as resolver:
+        plan = locking.lock_images(specs, m, resolver=resolver, pin=lambda image: locking.pin_base(image, engine, registry),
+                                   extras=wanted, index_url=index_url,
+                                   extra_index_urls=extra_index_urls, progress=progress)
     for image in plan.unpinned:
         note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
     for failure in plan.failed:
         click.echo(f"error: {failure}", err=True)
-    directory = locking.locks_dir(m)
     if check:
-        lines = locking.check(plan, locking.load_locks(directory))
+        lines = locking.check(plan, recorded)
         for line in lines:
             click.echo(f"drift: {line}")
         if lines:
@@ -421,7 +435,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     platform_plan = []
     for platform in wanted:
         chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform), engine.os_release, note)
-        images = pipeline.render_request(ctx.matrix, chosen, opts, note, exists=engine.image_exists)
+        own = replace(opts, locks=opts.locks.for_platform(platform))  # each platform builds from its own lock
+        images = pipeline.render_request(ctx.matrix, chosen, own, note, exists=engine.image_exists)
         platform_plan += [(platform, image) for image in
                           for_platforms(ctx.matrix, images, platform, buildkit=builder.name == "buildkit")]
     plan = [image for _, image in platform_plan]
@@ -596,7 +611,8 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                                     engine.os_release if engine else None, note)
         # A selected jupyter image brings its runtime image along (publish decides whether that
         # one needs building).
-        images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, chosen, opts), ctx.matrix, opts)
+        own = replace(opts, locks=opts.locks.for_platform(platform))  # each platform builds from its own lock
+        images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, chosen, own), ctx.matrix, own)
         if not images:
             raise click.UsageError("no image of the matrix matches these filters; see `imagebuilder matrix`")
         if multi:
@@ -678,4 +694,10 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
 
 def main() -> None:
+    # What CI timeouts send: handled as Ctrl-C is, so every temporary file and child goes too.
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="imagebuilder")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
