@@ -29,12 +29,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.floor import build_floor  # noqa: E402
 from imagebuilder.engine import DockerEngine  # noqa: E402
+from imagebuilder.engine.classic import ClassicBuilder  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 
@@ -43,7 +45,7 @@ CA_BASE = "imagebuilder-base:bookworm-ca"
 REPO = f"imagebuilder-bench/{uuid.uuid4().hex[:6]}"
 
 
-def cli(*args: str) -> dict:
+def cli(*args: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
         start = time.perf_counter()
@@ -54,7 +56,7 @@ def cli(*args: str) -> dict:
         wall = time.perf_counter() - start
         if done.returncode != 0:
             sys.exit(f"imagebuilder {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-        doc = json.loads(report.read_text())
+        doc: dict[str, Any] = json.loads(report.read_text())
     doc["wall"] = wall
     return doc
 
@@ -62,14 +64,16 @@ def cli(*args: str) -> dict:
 def floor(engine: DockerEngine, ca: str | None) -> tuple[float, int, str]:
     ref = f"{REPO}:floor"
     start = time.perf_counter()
-    result = build_floor(engine, load_matrix(default_matrix_path()), "2.6", BASE, ref, Path(ca) if ca else None)
+    result = build_floor(ClassicBuilder(engine), load_matrix(default_matrix_path()), "2.6", BASE, ref,
+                         Path(ca) if ca else None)
     return time.perf_counter() - start, result.size, ref
 
 
 def layers(ref: str) -> list[str]:
     out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    found: list[str] = json.loads(out)
+    return found
 
 
 def main() -> None:

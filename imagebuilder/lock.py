@@ -21,7 +21,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +36,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from .atomic import write_atomic
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .resolve import BuildSpec
@@ -306,6 +309,11 @@ Resolver = Callable[[LockRequest, Sequence[str], "Lock | None"], str]
 
 UV_TIMEOUT_S = 600
 
+def default_uv() -> str:
+    """The uv beside this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if beside.exists() else (shutil.which("uv") or "uv")
+
 
 class UvCompile:
     """The resolver: `uv pip compile` for the image's Python and platform, with hashes.
@@ -352,7 +360,7 @@ class UvCompile:
     def __call__(self, request: LockRequest, reqs: Sequence[str], constraints: Lock | None) -> str:
         assert self._tmp is not None, "use UvCompile as a context manager"
         spec = request.spec
-        name = lock_name(spec, request.extras)
+        name = lock_name(spec, request.extras, request.platform)
         # --no-build: a lock is of wheels; without it uv would fetch a Python to build an sdist
         # for a target Python this host lacks (from GitHub: minutes of retries behind a proxy).
         cmd = [self.uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
@@ -402,7 +410,7 @@ def resolve_lock(request: LockRequest, matrix: Matrix, resolver: Resolver, paren
     if parent is not None:
         have = {(p.name, p.version) for p in parent.pins}
         pins = tuple(p for p in pins if (p.name, p.version) not in have)
-    return Lock(name=lock_name(spec, request.extras), requirements=tuple(asked),
+    return Lock(name=lock_name(spec, request.extras, request.platform), requirements=tuple(asked),
                 platform=PLATFORMS[request.platform], python=str(spec.python), pins=pins)
 
 
@@ -465,20 +473,13 @@ def write_locks(directory: Path, locks: Iterable[Lock], bases: Mapping[str, Base
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for lock in locks:
-        written.append(_write_atomic(directory / lock.filename, lock.text()))
+        written.append(write_atomic(directory / lock.filename, lock.text()))
     if bases:
         path = directory / BASES_FILE
         current = json.loads(path.read_text()) if path.is_file() else {}
         current.update({image: pin.to_json() for image, pin in bases.items()})
-        written.append(_write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
+        written.append(write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
     return written
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
 
 
 # --------------------------------------------------------------------------- many images (I/O)
@@ -598,3 +599,28 @@ def check(plan: LockPlan, current: LockSet) -> list[str]:
             was = recorded.identity if recorded else "not recorded"
             lines.append(f"{BASES_FILE}: {image} {was} -> {pin.identity}")
     return lines
+
+
+def check_or_write(plan: LockPlan, directory: Path, *, check_only: bool, echo: Callable[[str], None],
+                   note: Callable[[str], None], err: Callable[[str], None]) -> None:
+    """`lock`'s result: with `check_only`, each drift (an error when there is any), else the
+    locks written; then an error when some set could not be resolved (the others are done).
+    `echo` prints the result, `note` and `err` what the user should know on stderr."""
+    for image in plan.unpinned:
+        note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
+    for failure in plan.failed:
+        err(f"error: {failure}")
+    if check_only:
+        lines = check(plan, load_locks(directory))
+        for line in lines:
+            echo(f"drift: {line}")
+        if lines:
+            raise ImageBuilderError(f"{len(lines)} locked pins differ from what the index offers; "
+                                    "refresh with `imagebuilder lock` (same filters)")
+        echo(f"{len(plan.locks)} locks match the index")
+    else:
+        for path in write_locks(directory, plan.locks, plan.bases):
+            echo(f"wrote {path}")
+    if plan.failed:
+        raise ImageBuilderError(f"{len(plan.failed)} of {len(plan.failed) + len(plan.locks)} locks could not be "
+                                "resolved (above); the others are " + ("checked" if check_only else "written"))

@@ -40,6 +40,9 @@ class Problem:
 class MatrixError(ImageBuilderError):
     """Fields: file, problems. The command to re-check names the same file the user gave."""
 
+    file: Path
+    problems: list[Problem]
+
     def describe(self) -> str:
         file: Path = self.fields["file"]
         problems: list[Problem] = self.fields["problems"]

@@ -32,14 +32,15 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .build import HASH, Built, build_image, build_order
+from .build import HASH, Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
 from .registry import Registry, parse_reference
 from .render import RenderedImage
+from .table import format_table
 from .tags import dated_tag, image_ref
 
 if TYPE_CHECKING:
-    from .engine import Engine, Progress
+    from .engine.api import Builder, Engine, OnProgress, Progress
     from .verify import VerifyReport
 
 BUILD, RETAG, SKIP = "build", "retag", "skip"
@@ -182,8 +183,6 @@ class RunOptions:
     pull: bool = False
     push_retries: int = 3
     push_backoff: float = 2.0
-    builder: Any = None
-    """The Builder to build with (builder.Builder); None: the engine's classic builder."""
     platform: str | None = None
     """The platform to build for; None: the daemon's."""
     verify: bool = True
@@ -241,8 +240,8 @@ def smoke_test(engine: Engine, ref: str, options: RunOptions) -> VerifyReport:
                         mount_smoke_tests=True)
 
 
-def publish(steps: Sequence[Step], *, engine: Engine, registry: Registry, options: RunOptions,
-            on_event: Event | None = None, on_progress: Callable[[Progress], None] | None = None,
+def publish(steps: Sequence[Step], *, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
+            on_event: Event | None = None, on_progress: OnProgress | None = None,
             verifier: Verifier = smoke_test) -> Iterator[Outcome]:
     """Run the plan, one Outcome per step as it finishes. Without keep_going the first failure
     stops the run (the rest are NOT_RUN); a jupyter image whose runtime failed fails too."""
@@ -258,7 +257,7 @@ def publish(steps: Sequence[Step], *, engine: Engine, registry: Registry, option
             outcome = Outcome(step, FAILED, f"its base image {image.depends_on} failed")
         else:
             started = time.monotonic()
-            outcome = _run(step, engine, registry, options, local, on_event or _quiet, on_progress, verifier)
+            outcome = _run(step, engine, builder, registry, options, local, on_event or _quiet, on_progress, verifier)
             outcome = replace(outcome, seconds=time.monotonic() - started)
         if outcome.built is not None:
             local.add(image.ref)
@@ -273,13 +272,13 @@ def _quiet(phase: str, step: Step) -> None:
     pass
 
 
-def _run(step: Step, engine: Engine, registry: Registry, options: RunOptions, local: set[str],
-         on_event: Event, on_progress: Callable[[Progress], None] | None, verifier: Verifier) -> Outcome:
+def _run(step: Step, engine: Engine, builder: Builder, registry: Registry, options: RunOptions, local: set[str],
+         on_event: Event, on_progress: OnProgress | None, verifier: Verifier) -> Outcome:
     if step.action == SKIP:
         return Outcome(step, SKIPPED, step.reason)
     if step.action == RETAG:
         return _retag(step, registry, options, on_event)
-    return _build_verify_push(step, engine, registry, options, local, on_event, on_progress, verifier)
+    return _build_verify_push(step, engine, builder, registry, options, local, on_event, on_progress, verifier)
 
 
 def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event) -> Outcome:
@@ -299,9 +298,9 @@ def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event)
     return Outcome(step, RETAGGED, step.reason, pushed=pushed)
 
 
-def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: RunOptions,
+def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
                        local: set[str], on_event: Event,
-                       on_progress: Callable[[Progress], None] | None, verifier: Verifier) -> Outcome:
+                       on_progress: OnProgress | None, verifier: Verifier) -> Outcome:
     image = step.image
     on_event(BUILD, step)
     try:
@@ -309,7 +308,7 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             # Build FROM the runtime image as published, not whatever this host has under its tag.
             engine.pull(image.depends_on)
         built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
-                            pull=options.pull, on_progress=on_progress, builder=options.builder,
+                            pull=options.pull, on_progress=on_progress, builder=builder,
                             platform=options.platform)
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"build failed: {e}")
@@ -373,12 +372,61 @@ def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]]) -> li
     return written
 
 
+def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
+                registry: Registry, options: RunOptions, multi: bool, merge: bool,
+                index_platforms: Mapping[str, Sequence[str]], on_event: Event | None = None,
+                on_progress: OnProgress | None = None) -> Iterator[Outcome | Index]:
+    """Every platform's plan in turn (`options.platform` set per platform with `multi`; the
+    smoke tests run where the platform is the host's), then, with `multi` and `merge`, when
+    everything was pushed, the image indexes: each Outcome and Index as it is done."""
+    from .platforms import host_platform
+
+    outcomes: list[Outcome] = []
+    for platform, steps in plans:
+        per_platform = replace(options, platform=platform if multi else None, verify=platform == host_platform())
+        for outcome in publish(steps, engine=engine, builder=builder, registry=registry, options=per_platform,
+                               on_event=on_event, on_progress=on_progress):
+            outcomes.append(outcome)
+            yield outcome
+    if multi and merge and options.push and outcomes and not any(o.failed for o in outcomes):
+        yield from write_indexes(registry, index_platforms)
+
+
 # --------------------------------------------------------------------------- presenting
+
+
+class EventPrinter:
+    """A line per phase of each image on `stream`, and a build's progress while it builds."""
+
+    def __init__(self, stream: Any, quiet: bool = False) -> None:
+        self.stream, self.quiet = stream, quiet
+        self._printer: ProgressPrinter | None = None
+
+    def on_event(self, phase: str, step: Step) -> None:
+        self.close()
+        self.line(f"{phase} {step.image.ref}")
+        if phase == BUILD and not self.quiet:
+            self._printer = ProgressPrinter(step.image.spec.variant, stream=self.stream)
+
+    def on_progress(self, progress: Progress) -> None:
+        if self._printer is not None:
+            self._printer(progress)
+
+    def line(self, text: str) -> None:
+        self.close()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._printer is not None:
+            self._printer.close()
+            self._printer = None
+
 
 
 def format_plan(steps: Sequence[Step]) -> str:
     rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
-    lines = [_columns(("#", "ACTION", "IMAGE", "WHY"), rows)]
+    lines = [format_table(("#", "ACTION", "IMAGE", "WHY"), rows)]
     for step in steps:
         aliases = [parse_reference(ref).reference for ref in step.image.refs[1:]]
         if aliases:
@@ -397,14 +445,23 @@ def format_summary(outcomes: Sequence[Outcome]) -> str:
         pushed = f"{len(set(o.pushed) & set(refs))}/{len(refs)}" if o.pushed or o.status == FAILED else "-"
         rows.append((o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
                      mark(verified), pushed, o.status, o.reason))
-    return _columns(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
+    return format_table(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
 
 
-def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(line.rstrip() for line in lines)
+def format_index(index: Index) -> str:
+    return f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}"
+
+
+def report_document(registry: str, push: bool, planned: Sequence[Step], outcomes: Sequence[Outcome],
+                    indexes: Sequence[Index]) -> dict[str, Any]:
+    """`publish --report`: what was planned, and what became of each image and index."""
+    return {"ok": len(outcomes) == len(planned) and not any(o.failed for o in outcomes),
+            "registry": registry, "push": push,
+            "images": [o.to_json() for o in outcomes],
+            "indexes": [{"ref": i.ref, "digest": i.digest,
+                         "manifests": [{"digest": d, "platform": p} for d, p in i.children]}
+                        for i in indexes],
+            "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason} for s in planned]}
 
 
 def raise_if_failed(outcomes: Sequence[Outcome]) -> None:

@@ -80,7 +80,7 @@ def test_every_problem_is_reported_at_once_with_lines():
         parse_matrix(text, Path("m.yaml"))
     assert len(e.value.problems) == 3  # unknown key, unknown CUDA, wrong type
     colour = next(p for p in e.value.problems if p.path[-1] == "colour")
-    assert text.splitlines()[colour.line - 1].strip() == "colour: blue"
+    assert colour.line is not None and text.splitlines()[colour.line - 1].strip() == "colour: blue"
     assert "has 3 problems" in str(e.value)
 
 
