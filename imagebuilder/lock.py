@@ -361,10 +361,11 @@ class UvCompile:
         assert self._tmp is not None, "use UvCompile as a context manager"
         spec = request.spec
         name = lock_name(spec, request.extras, request.platform)
-        # --no-build: a lock is of wheels; without it uv would fetch a Python to build an sdist
-        # for a target Python this host lacks (from GitHub: minutes of retries behind a proxy).
+        # --no-build (a lock is of wheels) and --no-python-downloads: otherwise uv fetches a
+        # Python of the target version from GitHub to build sdists with, on every call, and
+        # behind a proxy that serves only the index it spends ~45 s in retries each time.
         cmd = [self.uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
-               "--no-annotate", "--no-build", "--python-version", str(spec.python),
+               "--no-annotate", "--no-build", "--no-python-downloads", "--python-version", str(spec.python),
                "--python-platform", PLATFORMS[request.platform]]
         for arg in index_args(spec, request.index_url, request.extra_index_urls):
             cmd += arg.split(" ", 1)
@@ -535,7 +536,10 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
         try:
             for future in as_completed(futures):
                 name, outcome = future.result()
-                (done if isinstance(outcome, Lock) else failed)[name] = outcome  # type: ignore[index]
+                if isinstance(outcome, Lock):
+                    done[name] = outcome
+                else:
+                    failed[name] = outcome
                 progress(name, outcome)
         finally:
             # Not waiting: on Ctrl-C the resolver's owner stops the running ones (UvCompile's exit).

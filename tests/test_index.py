@@ -66,7 +66,7 @@ def test_markers_see_the_target_not_this_host():
 class CannedIndex:
     """Canned answers: project -> Python -> versions with a wheel; every wheel's metadata is torch 2.5.1's."""
 
-    def __init__(self, wheels):
+    def __init__(self, wheels: dict[str, dict[Version, set[Version]]]) -> None:
         self.wheels = wheels
 
     def versions_with_wheels(self, project, python, platform="linux/amd64", abi=None):
@@ -149,7 +149,7 @@ class IndexHandler(http.server.BaseHTTPRequestHandler):
         end = min(len(data) - 1, int(last)) if first and last else len(data) - 1
         self.answer(206, data[start:end + 1], {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
 
-    def answer(self, status, body, headers):
+    def answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             self.send_header(key, value)
@@ -170,7 +170,7 @@ def local_index(request, tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/simple/", handler.log
+    yield f"http://127.0.0.1:{server.server_port}/simple/", handler.log  # type: ignore[attr-defined]
     server.shutdown()
     server.server_close()
 

@@ -126,7 +126,8 @@ def test_each_platform_of_a_release_has_its_own_lock_and_builds_from_it() -> Non
         lock = arm_locks.lock_for(spec, MATRIX)
         assert lock is not None, f"no aarch64 lock for {locking.lock_name(spec, (), 'linux/arm64')}"
         assert lock.platform == "aarch64-manylinux_2_28" and lock.name.endswith("-aarch64")
-        assert LOCKS.lock_for(spec, MATRIX).platform == "x86_64-manylinux_2_28"
+        x86 = LOCKS.lock_for(spec, MATRIX)
+        assert x86 is not None and x86.platform == "x86_64-manylinux_2_28"
     spec = resolve(MATRIX, Request("2.11", "13.0", None, "runtime", "debian12"))
     arm_image = render(spec, MATRIX, RenderOptions(locks=arm_locks))
     x86_image = render(spec, MATRIX, RenderOptions(locks=LOCKS))

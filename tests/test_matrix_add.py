@@ -15,6 +15,7 @@ from packaging.version import Version
 
 from conftest import remove_block
 from imagebuilder.cli import cli
+from imagebuilder.index import PackageIndex
 from imagebuilder.matrix import load_matrix, parse_matrix
 from imagebuilder.matrix_add import CannotAdd, NewRelease, Variant, add_release, block_text, insert_block
 from imagebuilder.resources import default_matrix_path
@@ -59,7 +60,7 @@ def test_a_release_the_matrix_has_is_refused_before_the_index_is_asked(tmp_path)
     path = tmp_path / "m.yaml"
     path.write_text(SMALL.read_text())
     with pytest.raises(CannotAdd, match="already has torch 2.6 .2.6.0.; remove that block first"):
-        add_release(None, load_matrix(path), Version("2.6.0"))
+        add_release(PackageIndex("http://127.0.0.1:9/"), load_matrix(path), Version("2.6.0"))
     assert path.read_text() == SMALL.read_text()
 
 
@@ -157,7 +158,7 @@ def test_what_metadata_cannot_say_is_left_for_the_user_and_named(tmp_path, monke
     monkeypatch.setattr(matrix_add, "read_release", lambda index, version, cuda_variants=(): new)
     path = tmp_path / "m.yaml"
     path.write_text(SMALL.read_text())
-    block, todo = add_release(None, load_matrix(path), Version("2.9.1"))
+    block, todo = add_release(PackageIndex("http://127.0.0.1:9/"), load_matrix(path), Version("2.9.1"))
     assert block in path.read_text()
     assert len(todo) == 1 and "torch.2.9.variants.cu129.cuda: unknown CUDA 12.9; add it under cuda:" in todo[0]
     assert list(tmp_path.iterdir()) == [path]  # replaced in place, no temporary file left
