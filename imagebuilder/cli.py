@@ -216,6 +216,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @options.selection(required=False, strict=True)
 @options.rendering
 @options.render_builder
+@options.platforms
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -224,13 +225,19 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: Rendering, builder_choice: str) -> None:
+               rendering: Rendering, builder_choice: str, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
+
+    -o writes what `build` builds: one image's context into DIR, or, when the request builds
+    several (a jupyter image and the runtime or devel image it is built FROM; several
+    platforms), a folder per image and index.json listing them in build order.
 
     \b
     Examples:
       imagebuilder render --torch 2.6 --cuda 12.1 --dry-run
       imagebuilder render --torch 2.6 --cuda 12.4 --variant devel -o build/devel
+      imagebuilder render --torch 2.6 --cuda 12.4 --variant jupyter -o build/jupyter
+      imagebuilder render --torch 2.13 --cuda 13.0 --platform linux/arm64 --dry-run
       imagebuilder render --all -o build/all
     """
     if not dry_run and output is None:
@@ -239,24 +246,44 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
     if not render_all and (not selection.torch or not selection.cuda):
         raise click.UsageError("give --torch and --cuda (or --all)")
+    if render_all and (platforms or selection.platform_bases):
+        raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
+                               "not --all")
     from .engine.select import decide
     from .output import write_tree
+    from .platforms import parse_platforms
 
-    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
-    opts = pipeline.render_options(ctx.matrix, rendering, decide(builder_choice).kind)
+    wanted = parse_platforms(platforms)
+    if dry_run and len(wanted) > 1:
+        raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
+    kind = decide(builder_choice).kind
+    if pipeline.needs_buildkit(wanted) and click.get_current_context().get_parameter_source(
+            "builder_choice") is click.core.ParameterSource.DEFAULT:
+        kind = "buildkit"  # another platform than the host's is built by BuildKit: render what it builds
+    opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
-        count, files = pipeline.render_tree(ctx.matrix, selection, opts)
+        count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
         assert output is not None
         write_tree(output, files)
         click.echo(f"wrote {count} images to {output}")
         return
-    (image,) = pipeline.render_request(ctx.matrix, selection, opts, note)
+    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
+    image = pipeline.requested(plan)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
+        if len(plan) > 1:
+            note(f"{image.ref} is built FROM {image.depends_on}; -o DIR writes both build contexts")
         return
     assert output is not None
-    image.write(output)
-    click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+    if len(plan) == 1:
+        image.write(output)
+        click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+        return
+    folders = pipeline.plan_folders(plan)
+    write_tree(output, pipeline.context_files(folders))
+    click.echo(f"wrote {len(plan)} build contexts to {output}, in build order (index.json):")
+    for folder, _, planned in folders:
+        click.echo(f"  {folder}/  {planned.ref}")
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -269,9 +296,17 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.builders
 @options.platforms
 @options.report
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be built, in build order, and stop: nothing is built (the daemon is "
+                   "still asked for the base image's OS and the images already there).")
+@options.compression
+@click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+              help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
+                   "(BuildKit with the containerd image store): a rebuild reuses the torch layer.")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None) -> None:
+              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              dry_run: bool, compressing: options.Compressing, cache_from_registry: str | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -283,19 +318,27 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .atomic import write_json
     from .build import ProgressPrinter, build_image, format_built, report_document
     from .engine.docker import DockerEngine
+    from .engine.export import choose_for_build
     from .engine.select import decide, make_builder
     from .platforms import parse_platforms
+    from .registry import HttpRegistry
 
     wanted = parse_platforms(platforms)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
+    exports = choose_for_build(compressing.kind, compressing.level, cache_from_registry, decision.kind == "buildkit",
+                               engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind)
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
                                engine.image_exists, note)
+    if dry_run:
+        for platform, image in plan:
+            click.echo(f"would build {image.ref} ({platform})")
+        return
     done = []
     try:
         for n, (platform, image) in enumerate(plan, 1):
@@ -304,7 +347,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
             try:
                 built = build_image(engine, image, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache,
-                                    pull=pull, on_progress=None if quiet else printer, platform=platform)
+                                    pull=pull, on_progress=None if quiet else printer, platform=platform,
+                                    export=exports(image.spec.key))
             finally:
                 printer.close()
             done.append(built)
@@ -366,12 +410,13 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.platforms
 @options.report
 @options.publishing
+@options.compression
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool) -> None:
+                merge_only: bool, compressing: options.Compressing) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -388,6 +433,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from . import publish
     from .atomic import write_json
     from .engine.docker import DockerEngine
+    from .engine.export import choose
     from .engine.select import CLASSIC, decide, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry, parse_registry
@@ -422,12 +468,16 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if engine is None:
         return
     builder = make_builder(decision, engine)
+    buildkit = decision.kind == "buildkit"
+    export = choose(compressing.kind, compressing.level, buildkit=buildkit,
+                    image_store=buildkit and engine.keeps_compressed_layers(), provenance=True)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
+        click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
     events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull)
+                                     pull=pull, export=export, cache_base=base if export is not None else None)
     outcomes: list[publish.Outcome] = []
     indexes: list[publish.Index] = []
     try:

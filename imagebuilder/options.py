@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,6 +91,12 @@ with_extras = click.option(
          "(repeatable), e.g. --with 'pandas==2.2.3'. Build with the same --with you locked with.")
 
 
+def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://", "file://")):
+        raise click.BadParameter(f"{value!r} is not an http(s):// or file:// URL", ctx, param)
+    return value.rstrip("/") if value else None
+
+
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
@@ -111,9 +118,14 @@ def rendering(f: F) -> F:
         click.option("--repository", metavar="NAME",
                      help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
         with_extras,
+        click.option("--python-mirror", metavar="URL", envvar="IMAGEBUILDER_PYTHON_MIRROR",
+                     callback=_mirror_url,
+                     help="Where a Python the OS does not ship is downloaded from: a mirror of "
+                          "python-build-standalone's GitHub releases (uv's UV_PYTHON_INSTALL_MIRROR). "
+                          "Default: GitHub. Env: IMAGEBUILDER_PYTHON_MIRROR."),
         _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"]),
                                                         "extras": tuple(kw["extras"])}),
-                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras")),
+                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras", "python_mirror")),
     )(f)
 
 
@@ -217,3 +229,25 @@ def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Ve
     if len(version.release) != 3:
         raise click.BadParameter("give the full release, e.g. 2.15.0")
     return version
+
+
+@dataclass(frozen=True)
+class Compressing:
+    """--compression and --compression-level: None each means the engine's best default."""
+
+    kind: str | None
+    level: int | None
+
+
+def compression(f: F) -> F:
+    """Handed to the command as `compressing: Compressing`."""
+    return _stack(
+        click.option("--compression", type=click.Choice(["zstd", "gzip"]), default=None,
+                     help="The layers' compression. Default: zstd where BuildKit exports into Docker's "
+                          "containerd image store (pulled by Docker >= 23, containerd >= 1.5, current "
+                          "Kubernetes nodes), else gzip (docker push's own). gzip for older pullers."),
+        click.option("--compression-level", type=int, default=None, metavar="N",
+                     help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
+        _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),
+                 ("compression", "compression_level")),
+    )(f)
