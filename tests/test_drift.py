@@ -12,7 +12,7 @@ from imagebuilder.index import PackageIndex
 from imagebuilder.matrix import load_matrix
 from imagebuilder.resources import default_matrix_path
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.network  # reads the real index (about 10 s, no wheel downloaded)
 
 
 @pytest.fixture(scope="module")

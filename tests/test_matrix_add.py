@@ -1,7 +1,7 @@
 """`matrix add`: text insertion that keeps the file, refusals, and (network) a block equal to today's.
 
-The network test reads the index as `matrix check --online` does; it is marked slow like
-test_drift.py (about 2 minutes: one pip call per package and Python, cached within the run).
+The network test reads the index as `matrix check --online` does, like test_drift.py (seconds:
+page reads and range requests, no wheel downloaded).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_every_variant_in_the_packaged_matrix_names_its_source():
             assert len(variant.source) > 20, (key, variant.name)  # a source, not a placeholder
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_matrix_add_writes_2_14_equal_in_every_pin_to_todays(tmp_path):
     today = load_matrix(default_matrix_path())
     path = tmp_path / "matrix.yaml"
