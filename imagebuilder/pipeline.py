@@ -359,9 +359,10 @@ class PublishPlan:
 
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, registry: Registry,
-                 force: bool, day: date, merge_only: bool, note: Note) -> PublishPlan:
+                 force: bool, day: date, merge_only: bool, note: Note, signing: bool = False) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
-    platform, each compared with what the registry holds (skip, retag or build)."""
+    platform, each compared with what the registry holds (skip, retag or build; `signing`: an
+    unsigned one is rebuilt)."""
     from . import publish
     from .platforms import for_platforms, platform_image
 
@@ -387,7 +388,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
             continue  # builds nothing: the indexes join what is pushed
         checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
         images = [platform_image(image, platform) for image in images] if multi else checked
-        remotes = {} if force else publish.lookup(registry, images, day)
+        remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
         plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
     return PublishPlan(tuple(plans), index_platforms, multi)
 
