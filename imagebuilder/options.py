@@ -162,10 +162,10 @@ allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
 BUILDER_CHOICES = ["auto", "buildkit", "classic"]
 
 render_builder = click.option(
-    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default="classic", show_default=True,
+    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default=None,
     help="The builder to render for: classic (any `docker build`), buildkit (the CA bundle as a build "
          "secret, shared caches: what `build` renders when it builds with BuildKit), or auto (what "
-         "`build` would choose here).")
+         "`build` would choose here). Default: classic, or buildkit for another platform than the host's.")
 
 
 def builders(f: F) -> F:
@@ -188,6 +188,18 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                               "its local tags end in -arm64 / -amd64.")
 
 
+def build_only(f: F) -> F:
+    """build's own options: a dry run, and the registry caches to import."""
+    return _stack(
+        click.option("--dry-run", is_flag=True,
+                     help="Print what would be built, in build order, and stop: nothing is built (the daemon "
+                          "is still asked for the base image's OS and the images already there)."),
+        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+                     help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
+                          "(BuildKit with the containerd image store): a rebuild reuses the torch layer."),
+    )(f)
+
+
 def verifying(f: F) -> F:
     """verify's own options: what to check, how long, how to report."""
     return _stack(
@@ -203,6 +215,12 @@ def verifying(f: F) -> F:
                      help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
                           "(an image an older imagebuilder built). Images without imagebuilder's labels "
                           "get them anyway."),
+        click.option("--key", metavar="PUB",
+                     help="Before any container starts, check that the digest TAG names in its registry is "
+                          "signed by this cosign public key (a file, env://VAR or a KMS URI), and that its SBOM "
+                          "attestation verifies and is the image's own; the smoke tests then run that digest. "
+                          "Offline: no transparency log. Without --key, verify says whether the image is signed."),
+        click.option("--signature-only", is_flag=True, help="Check the signature (and SBOM attestation) and stop."),
     )(f)
 
 
@@ -230,6 +248,10 @@ def publishing(f: F) -> F:
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
+        click.option("--sign-key", metavar="KEY",
+                     help="Sign every pushed digest with cosign, its SBOM attached as a signed attestation: a "
+                          "cosign key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned "
+                          "image in the registry is rebuilt and signed."),
     )(f)
 
 

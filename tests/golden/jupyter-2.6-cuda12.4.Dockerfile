@@ -16,7 +16,7 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
+        ipykernel==7.3.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="df010d8cb6a261b2ebf5206069cd3a8d878936198092aae950bef6d004410902"
+    io.imagebuilder.inputs-hash="0a617f675e1b955df529c6f7e8d075cec384729b34000b5269f21cb35e958084"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
