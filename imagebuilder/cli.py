@@ -48,7 +48,7 @@ class UserError(click.ClickException):
 
     def __init__(self, error: ImageBuilderError) -> None:
         super().__init__(str(error))
-        self.exit_code = error.status  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
+        self.exit_code = error.exit_status  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
         self.details = error.details()
 
     def show(self, file: Any = None) -> None:

@@ -35,7 +35,7 @@ class ImageBuilderError(Exception):
         return self.template.format(**self.fields)
 
     @property
-    def status(self) -> int:
+    def exit_status(self) -> int:
         """The exit status cli.py exits with: the class's, unless the error's data decides
         (a build step that stopped because the request cannot be built)."""
         return self.exit_code

@@ -94,7 +94,7 @@ class BuildFailed(EngineError):
         return f"{where} failed: {what}; {hint}{log}"
 
     @property
-    def status(self) -> int:
+    def exit_status(self) -> int:
         return 2 if self.fields["cause"] in REQUEST_CAUSES else self.exit_code
 
     def details(self) -> list[str]:
