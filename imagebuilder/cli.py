@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -120,8 +121,9 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
 @matrix.command("check")
 @click.option("--online", is_flag=True,
               help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
+@click.option("--index-url", metavar="URL", help="The package index --online reads. Default: pip's.")
 @pass_context
-def matrix_check(ctx: Context, online: bool) -> None:
+def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
     m = ctx.matrix
     images = sum(1 for _ in enumerate_matrix(m))
@@ -129,8 +131,9 @@ def matrix_check(ctx: Context, online: bool) -> None:
                f"{len(m.oses)} OSes, {images} images")
     if online:
         from .drift import check_drift
+        from .index import PackageIndex
 
-        drifts = check_drift(m, progress=progress)
+        drifts = check_drift(PackageIndex(index_url), m, progress=progress)
         for line in drifts:
             click.echo(f"drift: {line}")
         if drifts:
@@ -145,23 +148,26 @@ def matrix_check(ctx: Context, online: bool) -> None:
 @click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
+@click.option("--index-url", metavar="URL", help="The package index to read. Default: pip's.")
 @pass_context
 def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_variants: tuple[str, ...],
-               dry_run: bool) -> None:
+               dry_run: bool, index_url: str | None) -> None:
     """Write a torch release's block into the matrix from the index's wheel metadata.
 
     Comments and order of the file stay; what the metadata does not say is left for you, and
     `imagebuilder matrix check` names it.
     """
+    from .index import PackageIndex
     from .matrix_add import add_release, new_releases
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")
-    versions = [torch_version] if torch_version is not None else new_releases(ctx.matrix)
+    index = PackageIndex(index_url)
+    versions = [torch_version] if torch_version is not None else new_releases(index, ctx.matrix)
     if not versions:
         click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
     for version in versions:
-        block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
+        block, todo = add_release(index, load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
         click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
         for line in todo:
             note(f"left for you: {line}")
@@ -193,10 +199,11 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
-    from .lock import check_or_write, locks_dir
+    from .lock import check_or_write, load_locks, locks_dir
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
-                                  extra_index_urls=extra_index_urls, progress=progress, note=note)
+                                  extra_index_urls=extra_index_urls, progress=progress, note=note,
+                                  recorded=load_locks(locks_dir(ctx.matrix)) if check else None)
     check_or_write(plan, locks_dir(ctx.matrix), check_only=check, echo=click.echo, note=note, err=progress)
 
 
@@ -446,4 +453,10 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
 
 def main() -> None:
+    # What CI timeouts send: handled as Ctrl-C is, so every temporary file and child goes too.
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="imagebuilder")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -355,7 +355,8 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     planned: list[tuple[str, RenderedImage]] = []
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        images = render_request(matrix, chosen, options, note, exists=exists)
+        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        images = render_request(matrix, chosen, own, note, exists=exists)
         planned += [(platform, image) for image in
                     for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
     return planned
@@ -385,7 +386,8 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     index_platforms: dict[str, list[str]] = {}
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        images = with_parents(render_selected(matrix, chosen, options), matrix, options)
+        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        images = with_parents(render_selected(matrix, chosen, own), matrix, own)
         if not images:
             raise NothingSelected()
         if multi:
@@ -411,9 +413,10 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
 
 def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extras: Sequence[str],
                   index_url: str | None, extra_index_urls: Sequence[str], progress: Note,
-                  note: Note) -> locking.LockPlan:
-    """`lock`: resolve every selected image's requirements; base images pinned through the
-    local engine (when one answers) or their registry."""
+                  note: Note, recorded: locking.LockSet | None = None) -> locking.LockPlan:
+    """`lock`: resolve every selected image's requirements (the PyPI builds unless --cuda asks
+    for another), a line on `progress` per set as it is done (against `recorded`, for --check);
+    base images pinned through the local engine (when one answers) or their registry."""
     from . import lock as locking
     from .engine.docker import answering_engine
     from .registry import HttpRegistry
@@ -421,10 +424,20 @@ def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extra
     engine = answering_engine()
     selection = settle_os(matrix, selection, engine.os_release if engine else None, note)
     specs = select_specs(matrix, selection)
+    if selection.cuda is None:
+        specs = locking.pypi_builds(specs)
     if not specs:
         raise NothingSelected()
     registry = HttpRegistry(timeout=15)
-    return locking.lock_images(specs, matrix, resolver=locking.uv_compile(uv or locking.default_uv()),
-                               pin=lambda image: locking.pin_base(image, engine, registry),
-                               extras=locking.parse_extras((*matrix.extras, *extras)), index_url=index_url,
-                               extra_index_urls=extra_index_urls, progress=progress)
+    wanted = locking.parse_extras((*matrix.extras, *extras))
+    total, finished = len(locking.set_names(specs, wanted)), []
+
+    def done(name: str, outcome: locking.Outcome) -> None:
+        finished.append(name)
+        progress(f"[{len(finished)}/{total}] {locking.outcome_line(name, outcome, recorded)}")
+
+    with locking.UvCompile(uv or locking.default_uv()) as resolver:
+        return locking.lock_images(specs, matrix, resolver=resolver,
+                                   pin=lambda image: locking.pin_base(image, engine, registry),
+                                   extras=wanted, index_url=index_url, extra_index_urls=extra_index_urls,
+                                   progress=done)
