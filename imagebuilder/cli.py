@@ -120,7 +120,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
 @matrix.command("check")
 @click.option("--online", is_flag=True,
               help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
-@click.option("--index-url", metavar="URL", help="The package index --online reads. Default: pip's.")
+@options.index_url
 @pass_context
 def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
@@ -129,15 +129,9 @@ def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
     click.echo(f"{m.path}: ok: {len(m.torches)} torch releases, {len(m.cudas)} CUDA versions, "
                f"{len(m.oses)} OSes, {images} images")
     if online:
-        from .drift import check_drift
-        from .index import PackageIndex
+        from .drift import report_drift
 
-        drifts = check_drift(PackageIndex(index_url), m, progress=progress)
-        for line in drifts:
-            click.echo(f"drift: {line}")
-        if drifts:
-            raise ImageBuilderError(f"{len(drifts)} differences from the index; update {m.path}")
-        click.echo("online: pins, Pythons, platforms and releases match the index")
+        report_drift(m, index_url, echo=click.echo, progress=progress)
 
 
 @matrix.command("add")
@@ -147,7 +141,7 @@ def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
 @click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
-@click.option("--index-url", metavar="URL", help="The package index to read. Default: pip's.")
+@options.index_url
 @pass_context
 def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_variants: tuple[str, ...],
                dry_run: bool, index_url: str | None) -> None:
@@ -156,20 +150,11 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
     Comments and order of the file stay; what the metadata does not say is left for you, and
     `imagebuilder matrix check` names it.
     """
-    from .index import PackageIndex
-    from .matrix_add import add_release, new_releases
+    from .matrix_add import add_releases
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")
-    index = PackageIndex(index_url)
-    versions = [torch_version] if torch_version is not None else new_releases(index, ctx.matrix)
-    if not versions:
-        click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
-    for version in versions:
-        block, todo = add_release(index, load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
-        click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
-        for line in todo:
-            note(f"left for you: {line}")
+    add_releases(ctx.matrix_path, torch_version, index_url, cuda_variants, dry_run, echo=click.echo, note=note)
 
 
 # --- lock -----------------------------------------------------------------------------------

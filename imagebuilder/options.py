@@ -99,11 +99,14 @@ def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value.rstrip("/") if value else None
 
 
+index_url = click.option("--index-url", metavar="URL",
+                         help="Package index for the wheels, replacing the default one (a mirror).")
+
+
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
-        click.option("--index-url", metavar="URL",
-                     help="Package index for the wheels, replacing the default one (a mirror)."),
+        index_url,
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
                      help="Additional package index; repeatable."),
     )(f)
