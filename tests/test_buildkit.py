@@ -486,6 +486,7 @@ def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
 
 
 @pytest.mark.docker
+@pytest.mark.slow
 def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine):
     """pip works under QEMU (it imports no torch): what the image holds is the aarch64 lock,
     not the x86_64 pins."""
