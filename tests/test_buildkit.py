@@ -507,7 +507,7 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
     # The pins of 2.11 happen to resolve alike on both machines; the lock the build installed
     # from (kept in the image) says for which it was resolved.
     recorded = docker_engine.run(arm64_image["tags"][0], ["cat", "/opt/imagebuilder/requirements.lock"], timeout=300)
-    assert recorded.output == lock.text() and "# platform: aarch64-manylinux_2_28\n" in recorded.output
+    assert recorded.output.strip() == lock.text().strip() and "# platform: aarch64-manylinux_2_28\n" in recorded.output
 
 
 # --- multi-arch index -----------------------------------------------------------------------
