@@ -17,6 +17,7 @@ from collections.abc import Callable
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from .errors import ImageBuilderError
 from .index import Index, applies, cuda_pins, cuda_platforms, pinned
 from .matrix import Matrix, TorchRelease
 
@@ -106,3 +107,16 @@ def check_drift(index: Index, matrix: Matrix, progress: Callable[[str], None] = 
             drifts.append(f"torch {version} is on the index but not in matrix.yaml; "
                           f"add it with `imagebuilder matrix add --torch {version}`")
     return drifts
+
+
+def report_drift(matrix: Matrix, index_url: str | None, *, echo: Callable[[str], None],
+                 progress: Callable[[str], None]) -> None:
+    """`matrix check --online`: a `drift:` line per difference, an error when there is any."""
+    from .index import PackageIndex
+
+    drifts = check_drift(PackageIndex(index_url), matrix, progress=progress)
+    for line in drifts:
+        echo(f"drift: {line}")
+    if drifts:
+        raise ImageBuilderError(f"{len(drifts)} differences from the index; update {matrix.path}")
+    echo("online: pins, Pythons, platforms and releases match the index")

@@ -40,6 +40,7 @@ from .atomic import write_atomic
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .resolve import BuildSpec
+from .variants import variant
 
 LOCKS_DIR = "locks"
 BASES_FILE = "base-images.json"
@@ -103,7 +104,7 @@ def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) ->
     reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
     if spec.torch.torchaudio is not None:
         reqs.append(f"torchaudio=={spec.torch.torchaudio}")
-    if spec.variant == "devel":
+    if variant(spec.variant).toolchain:
         reqs.append(f"ninja=={matrix.tools.ninja}")  # torch.utils.cpp_extension builds with ninja
         if spec.toolchain == "pip":
             reqs += list(spec.cuda.pip_toolchain)
@@ -128,7 +129,7 @@ def lock_name(spec: BuildSpec, extras: Sequence[str] = (), platform: str = DEFAU
     Python share a lock whatever their OS or image CUDA; extras get a short hash of their own;
     another platform than linux/amd64 gets its machine (its wheels, and their dependencies, differ)."""
     parts = [f"torch{spec.torch.version}", spec.wheel.name, f"py{spec.python}", spec.variant]
-    if spec.variant == "devel" and spec.toolchain == "pip":
+    if variant(spec.variant).toolchain and spec.toolchain == "pip":
         parts.append(f"cuda{spec.cuda.key}")  # the nvcc wheels are the image CUDA's
     if extras:
         parts.append("with-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:8])

@@ -17,10 +17,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest, ImageBuilderError
+from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
+from .variants import VARIANTS as VARIANTS
 
-VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
-# A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
-JUPYTER_PARENTS = {"jupyter": "runtime", "devel-jupyter": "devel"}
 PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import date
+from pathlib import Path
 
 from packaging.version import Version
 
@@ -24,7 +26,7 @@ from .drift import lacking, missing_releases
 from .errors import ImageBuilderError
 from .index import (BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, applies, cuda_pins,
                     cuda_platforms, pinned)
-from .matrix import Matrix, MatrixError, parse_matrix
+from .matrix import Matrix, MatrixError, load_matrix, parse_matrix
 
 # Pythons probed for wheels; a release outside this range would need this line to move.
 CANDIDATE_PYTHONS = tuple(Version(f"3.{minor}") for minor in range(8, 17))
@@ -226,3 +228,18 @@ def new_releases(index: Index, matrix: Matrix) -> list[Version]:
     """Releases of a minor the matrix does not have yet (patch releases are reported by
     `matrix check --online`; their blocks carry hand-kept variants, so they are edited by hand)."""
     return [v for v in missing_releases(index, matrix) if f"{v.major}.{v.minor}" not in matrix.torches]
+
+
+def add_releases(matrix_path: Path, torch: Version | None, index_url: str | None, cuda_variants: Sequence[str],
+                 dry_run: bool, *, echo: Callable[[str], None], note: Callable[[str], None]) -> None:
+    """`matrix add`: `torch`, or (None) every new release the index has, each block written
+    (or with `dry_run` printed) and what is left for the user noted."""
+    index = PackageIndex(index_url)
+    versions = [torch] if torch is not None else new_releases(index, load_matrix(matrix_path))
+    if not versions:
+        echo(f"{matrix_path}: the index has no release the matrix lacks")
+    for version in versions:
+        block, todo = add_release(index, load_matrix(matrix_path), version, tuple(cuda_variants), dry_run)
+        echo(block if dry_run else f"{matrix_path}: added torch {version}")
+        for line in todo:
+            note(f"left for you: {line}")

@@ -314,6 +314,21 @@ def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
             for platform, image in plan]
 
 
+def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:
+    """`render -o`: one image's context into `output`, or several (a parent that comes along,
+    several platforms) a folder each with index.json; what was written, a line each."""
+    from .output import write_tree
+
+    if len(plan) == 1:
+        image = plan[0][1]
+        image.write(output)
+        return [f"wrote {output}/Dockerfile for {image.ref}"]
+    folders = plan_folders(plan)
+    write_tree(output, context_files(folders))
+    return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",
+            *(f"  {folder}/  {planned.ref}" for folder, _, planned in folders)]
+
+
 def requested(plan: Sequence[tuple[str, RenderedImage]]) -> RenderedImage:
     """The image a one-variant, one-platform request asked for: the last one built (a parent
     that comes along is built first)."""
