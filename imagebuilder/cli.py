@@ -163,7 +163,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    selection = pipeline.settle_os(ctx.matrix, selection, _base_os_reader(selection), note)
     rows = [_row(spec, ctx) for spec in pipeline.select_specs(ctx.matrix, selection)]
     if fmt == "table":
         click.echo(_table(rows))
@@ -299,6 +299,15 @@ def _find_uv() -> str:
 
     beside = Path(sys.executable).parent / "uv"
     return str(beside) if beside.exists() else (shutil.which("uv") or "uv")
+
+
+def _base_os_reader(selection: Selection) -> pipeline.ReadOsRelease | None:
+    """How a command that builds nothing reads a --base-image's OS: as the run does, through
+    the daemon, when one answers."""
+    if selection.base_image is None and not selection.platform_bases:
+        return None
+    engine = _engine_or_none()
+    return engine.os_release if engine else None
 
 
 def _engine_or_none() -> Any:
@@ -587,7 +596,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     index_platforms: dict[str, list[str]] = {}  # plain ref -> the platforms its index joins
     for platform in wanted:
         chosen = pipeline.settle_os(ctx.matrix, selection.for_platform(platform),
-                                    engine.os_release if engine else None, note)
+                                    engine.os_release if engine else _base_os_reader(selection), note)
         # A selected jupyter image brings its runtime image along (publish decides whether that
         # one needs building).
         images = pipeline.with_parents(pipeline.render_selected(ctx.matrix, chosen, opts), ctx.matrix, opts)
@@ -609,13 +618,33 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         steps = publish.plan(images, {} if force else publish.lookup(registry, images, today), force=force, day=today)
         click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
         plans.append((platform, steps))
+    planned = [step for _, steps in plans for step in steps]
     if merge_only:
         if not multi:
             raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
-        for index in publish.write_indexes(registry, index_platforms):
-            click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}")
+        index_plan = publish.plan_indexes(registry, index_platforms)
+        if dry_run:
+            click.echo(publish.format_index_plan(index_plan))
+            if report is not None:
+                write_json(report, publish.report(registry=base, push=push, dry_run=True, planned=[],
+                                                  indexes=index_plan))
+            return
+        merged = publish.write_indexes(registry, index_plan)
+        click.echo(publish.format_index_outcomes(merged))
+        if report is not None:
+            write_json(report, publish.report(registry=base, push=push, dry_run=False, planned=[], indexes=merged))
+        publish.raise_if_unmerged(merged)
         return
     if engine is None:
+        # The dry run: the indexes the run writes once its pushes are done.
+        index_plan = ()
+        if multi and merge and push:
+            index_plan = publish.plan_indexes(registry, index_platforms,
+                                              pending={ref for step in planned for ref in step.writes})
+            click.echo(publish.format_index_plan(index_plan))
+        if report is not None:
+            write_json(report, publish.report(registry=base, push=push, dry_run=True, planned=planned,
+                                              indexes=index_plan))
         return
     from .engine import Progress
 
@@ -635,7 +664,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
             printer(progress)
 
     outcomes: list[publish.Outcome] = []
-    indexes: list[publish.Index] = []
+    merged: tuple[publish.IndexOutcome, ...] = ()
     try:
         for platform, steps in plans:
             run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
@@ -651,24 +680,16 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 outcomes.append(outcome)
                 click.echo(f"{outcome.status} {outcome.step.image.ref}: {outcome.reason}", err=True)
         if multi and merge and push and outcomes and not any(o.failed for o in outcomes):
-            indexes = publish.write_indexes(registry, index_platforms)
-            for index in indexes:
-                click.echo(f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}",
-                           err=True)
+            merged = publish.write_indexes(registry, publish.plan_indexes(registry, index_platforms))
+            click.echo(publish.format_index_outcomes(merged), err=True)
     finally:
         if outcomes:
             click.echo(publish.format_summary(outcomes))
         if report is not None:
-            planned = [step for _, steps in plans for step in steps]
-            write_json(report, {"ok": len(outcomes) == len(planned) and not any(o.failed for o in outcomes),
-                                "registry": base, "push": push,
-                                "images": [o.to_json() for o in outcomes],
-                                "indexes": [{"ref": i.ref, "digest": i.digest,
-                                             "manifests": [{"digest": d, "platform": p} for d, p in i.children]}
-                                            for i in indexes],
-                                "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason}
-                                            for s in planned]})
+            write_json(report, publish.report(registry=base, push=push, dry_run=False, planned=planned,
+                                              outcomes=outcomes, indexes=merged))
     publish.raise_if_failed(outcomes)
+    publish.raise_if_unmerged(merged)
 
 
 def main() -> None:

@@ -90,10 +90,12 @@ def settle_os(matrix: Matrix, selection: Selection, read_os_release: ReadOsRelea
     if base is None:
         return selection
     if read_os_release is None:
-        if selection.os is None:
-            note(f"--base-image {base} is assumed to run {matrix.defaults.os} (not inspected: no Docker "
-                 "daemon is asked when rendering); pass --os if it runs another OS")
-        return selection
+        if selection.os is not None:
+            return selection
+        # One base image is one OS: the filters then select that OS's images, not every OS's.
+        note(f"--base-image {base} is assumed to run {matrix.defaults.os} (not inspected: render asks no "
+             "Docker daemon, and the other commands found none); pass --os if it runs another OS")
+        return replace(selection, os=matrix.defaults.os)
     release = parse_os_release(read_os_release(base))
     pretty = release.get("PRETTY_NAME") or f"{release.get('ID', '?')} {release.get('VERSION_ID', '')}".strip()
     found = os_of_release(matrix, release)

@@ -25,12 +25,13 @@ index over them, through the registry API.
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .build import HASH, Built, build_image, build_order
 from .errors import ImageBuilderError
@@ -87,6 +88,17 @@ class Step:
     """RETAG: the refs to point at `digest`."""
     dated: str | None = None
     """BUILD: the dated ref to push besides the image's tags; None when that day already has one."""
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        """Every ref the run pushes (BUILD) or re-points (RETAG) for this step, the dated one included."""
+        if self.action == BUILD:
+            return (*self.image.refs, *((self.dated,) if self.dated else ()))
+        return self.retag
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image.spec.key, "ref": self.image.ref, "action": self.action, "reason": self.reason,
+                "push": list(self.writes), "digest": self.digest}
 
 
 def dated_ref(image: RenderedImage, day: date) -> str:
@@ -344,45 +356,171 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed)
 
 
+# Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).
+WRITE, UNCHANGED, WRITTEN = "write", "unchanged", "written"
+
+
+class MergeIncomplete(ImageBuilderError):
+    def describe(self) -> str:
+        unmerged, total = self.fields["unmerged"], self.fields["total"]
+        names = ", ".join(parse_reference(ref).reference for ref, _ in unmerged)
+        others = f"; the other {total - len(unmerged)} are indexes" if len(unmerged) < total else ""
+        return (f"{len(unmerged)} of {total} tags could not be made indexes (why: the `index` lines above): "
+                f"{names}{others}; rerun --merge-only once their platform images are published")
+
+
 @dataclass(frozen=True)
-class Index:
+class IndexChild:
     ref: str
-    """The tag made an index."""
-    children: tuple[tuple[str, str], ...]
-    """(digest, platform) of each platform's image."""
-    digest: str
+    """The platform's tag (TAG-amd64)."""
+    platform: str
+    digest: str | None
+    """What that tag names in the registry now; None: nothing (yet)."""
+    pending: bool = False
+    """This run pushes or re-points it before the index is written."""
 
 
-def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]]) -> list[Index]:
-    """Make every ref an image index over its platforms' images (ref-amd64, ref-arm64, ...),
-    which must all be in the registry already; a rerun with the same children writes the
-    same index (its digest does not change)."""
+@dataclass(frozen=True)
+class IndexStep:
+    """One tag to make an image index over its platforms' images (TAG-amd64, TAG-arm64, ...)."""
+
+    ref: str
+    children: tuple[IndexChild, ...]
+    action: str
+    """WRITE, UNCHANGED (the registry has this very index) or SKIP (a platform's image is missing)."""
+    reason: str = ""
+    digest: str | None = None
+    """The index's digest; None when skipped, or while a child is still to be pushed."""
+    body: bytes = b""
+    """WRITE, nothing pending: the index document to PUT."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ref": self.ref, "status": self.action, "reason": self.reason, "digest": self.digest,
+                "manifests": [{"ref": c.ref, "platform": c.platform, "digest": c.digest} for c in self.children]}
+
+
+@dataclass(frozen=True)
+class IndexOutcome:
+    step: IndexStep
+    status: str
+    """WRITTEN, UNCHANGED, SKIPPED or FAILED."""
+    reason: str = ""
+    digest: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.step.to_json(), "status": self.status, "reason": self.reason, "digest": self.digest}
+
+
+class IndexRegistry(Protocol):
+    """What merging needs of a registry."""
+
+    def digest(self, ref: str) -> str | None: ...
+
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes: ...
+
+    def put_index(self, ref: str, body: bytes) -> str: ...
+
+
+def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
+                 pending: Collection[str] = frozenset()) -> tuple[IndexStep, ...]:
+    """One IndexStep per tag in `wanted` (tag -> the platforms its index joins), asking the
+    registry (reads only) what each platform's tag names; `pending`: the platform tags this
+    run pushes before merging (a dry run's plan). A tag missing a platform's image is skipped,
+    not an error here: every other tag is still merged."""
     from .platforms import platform_tags
 
-    written = []
+    steps = []
     for ref, platforms in wanted.items():
         children = []
         for platform in platforms:
             child = platform_tags((ref,), platform)[0]
-            digest = registry.digest(child)
-            if digest is None:
-                raise ImageBuilderError(f"cannot make {ref} an index: {child} is not in the registry; "
-                                        f"publish --platform {platform} first")
-            children.append((digest, platform))
-        written.append(Index(ref, tuple(children), registry.put_index(ref, children)))
-    return written
+            waiting = child in pending
+            children.append(IndexChild(child, platform, None if waiting else registry.digest(child), waiting))
+        absent = [c for c in children if c.digest is None and not c.pending]
+        if absent:
+            verb = "is" if len(absent) == 1 else "are"
+            reason = (f"{', '.join(parse_reference(c.ref).reference for c in absent)} {verb} not in the registry; publish "
+                      f"--platform {','.join(c.platform for c in absent)} first")
+            steps.append(IndexStep(ref, tuple(children), SKIP, reason))
+        elif any(c.pending for c in children):
+            tags = ", ".join(parse_reference(c.ref).reference for c in children if c.pending)
+            steps.append(IndexStep(ref, tuple(children), WRITE, f"after this run writes {tags}"))
+        else:
+            body = registry.index_for(ref, [(c.digest or "", c.platform) for c in children])
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            if registry.digest(ref) == digest:
+                steps.append(IndexStep(ref, tuple(children), UNCHANGED, "the registry has this index", digest))
+            else:
+                steps.append(IndexStep(ref, tuple(children), WRITE, "", digest, body))
+    return tuple(steps)
+
+
+def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep]) -> tuple[IndexOutcome, ...]:
+    """Write every planned index (planned with nothing pending); a tag that cannot be written
+    is reported and the rest are still written. A rerun with the same children writes nothing."""
+    outcomes = []
+    for step in steps:
+        if step.action == SKIP:
+            outcomes.append(IndexOutcome(step, SKIPPED, step.reason))
+        elif step.action == UNCHANGED:
+            outcomes.append(IndexOutcome(step, UNCHANGED, step.reason, step.digest))
+        else:
+            assert step.body, f"{step.ref}: plan the indexes again once the platform images are pushed"
+            try:
+                outcomes.append(IndexOutcome(step, WRITTEN, "", registry.put_index(step.ref, step.body)))
+            except ImageBuilderError as e:
+                outcomes.append(IndexOutcome(step, FAILED, f"the index PUT failed: {e}"))
+    return tuple(outcomes)
+
+
+def raise_if_unmerged(outcomes: Sequence[IndexOutcome]) -> None:
+    unmerged = tuple((o.step.ref, o.reason) for o in outcomes if o.status in (SKIPPED, FAILED))
+    if unmerged:
+        raise MergeIncomplete(unmerged=unmerged, total=len(outcomes))
 
 
 # --------------------------------------------------------------------------- presenting
 
 
 def format_plan(steps: Sequence[Step]) -> str:
+    """The plan, and under it every tag each step pushes or re-points (the dated one too)."""
     rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
     lines = [_columns(("#", "ACTION", "IMAGE", "WHY"), rows)]
     for step in steps:
-        aliases = [parse_reference(ref).reference for ref in step.image.refs[1:]]
-        if aliases:
-            lines.append(f"  {step.image.tags[0]} also as: {', '.join(aliases)}")
+        tags = ", ".join(parse_reference(ref).reference for ref in step.writes)
+        if step.action == BUILD:
+            lines.append(f"  {step.image.tags[0]}: push {tags}")
+        elif step.action == RETAG:
+            lines.append(f"  {step.image.tags[0]}: point {tags} at {_short(step.digest or '')}")
+    return "\n".join(lines)
+
+
+def _over(step: IndexStep) -> str:
+    return f"over {', '.join(c.platform for c in step.children)}"
+
+
+def format_index_plan(steps: Sequence[IndexStep]) -> str:
+    """One line per tag: the index a run would write (its digest where the children are
+    known), the one the registry already has, or why the tag is skipped."""
+    lines = []
+    for step in steps:
+        if step.action == SKIP:
+            lines.append(f"index {step.ref}: would skip: {step.reason}")
+        elif step.action == UNCHANGED:
+            lines.append(f"index {step.ref}: unchanged {step.digest} {_over(step)}")
+        else:
+            what = " ".join(part for part in ("would write", step.digest, _over(step), step.reason) if part)
+            lines.append(f"index {step.ref}: {what}")
+    return "\n".join(lines)
+
+
+def format_index_outcomes(outcomes: Sequence[IndexOutcome]) -> str:
+    lines = []
+    for o in outcomes:
+        if o.status in (WRITTEN, UNCHANGED):
+            lines.append(f"index {o.step.ref}: {o.status} {o.digest} {_over(o.step)}")
+        else:
+            lines.append(f"index {o.step.ref}: {o.status}: {o.reason}")
     return "\n".join(lines)
 
 
@@ -411,3 +549,14 @@ def raise_if_failed(outcomes: Sequence[Outcome]) -> None:
     failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
     if failures:
         raise PublishFailed(failures=tuple(failures), total=len(outcomes))
+
+
+def report(*, registry: str, push: bool, dry_run: bool, planned: Sequence[Step], outcomes: Sequence[Outcome] = (),
+           indexes: Sequence[IndexStep] | Sequence[IndexOutcome] = ()) -> dict[str, Any]:
+    """The --report document of a run, or of a dry run's plan (`images` empty, `indexes` planned)."""
+    unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
+    ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
+    return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
+            "images": [o.to_json() for o in outcomes],
+            "indexes": [i.to_json() for i in indexes],
+            "planned": [step.to_json() for step in planned]}

@@ -220,9 +220,12 @@ class Registry(Protocol):
     def put_tag(self, ref: str, digest: str) -> str:
         """Point tag `ref` at manifest `digest` of the same repository; the digest it now names."""
 
-    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
-        """Make tag `ref` an image index over (digest, platform) manifests of the same
-        repository; the digest it now names."""
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        """The image index over (digest, platform) manifests of `ref`'s repository that
+        put_index would write (reads only)."""
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        """Make tag `ref` the image index `body` (from index_for); the digest it now names."""
 
 
 def docker_config() -> dict[str, Any]:
@@ -310,7 +313,7 @@ class HttpRegistry:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the tag is missing after PUT")
         return now
 
-    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
         r = parse_reference(ref)
         entries = []
         for digest, platform in children:
@@ -320,7 +323,10 @@ class HttpRegistry:
                                             detail=f"the {platform} image of the index is not in the repository")
             media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
             entries.append((media_type, len(got.body), digest, platform))
-        body = index_document(entries)
+        return index_document(entries)
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        r = parse_reference(ref)
         self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": OCI_INDEX}, body, push=True)
         now = self.digest(ref)
         expected = "sha256:" + hashlib.sha256(body).hexdigest()
