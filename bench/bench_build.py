@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.floor import build_floor  # noqa: E402
 from imagebuilder.engine import DockerEngine  # noqa: E402
+from imagebuilder.engine.classic import ClassicBuilder  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 
@@ -62,7 +63,8 @@ def cli(*args: str) -> dict:
 def floor(engine: DockerEngine, ca: str | None) -> tuple[float, int, str]:
     ref = f"{REPO}:floor"
     start = time.perf_counter()
-    result = build_floor(engine, load_matrix(default_matrix_path()), "2.6", BASE, ref, Path(ca) if ca else None)
+    result = build_floor(ClassicBuilder(engine), load_matrix(default_matrix_path()), "2.6", BASE, ref,
+                         Path(ca) if ca else None)
     return time.perf_counter() - start, result.size, ref
 
 

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.floor import build_floor  # noqa: E402
-from imagebuilder.builder import select_builder  # noqa: E402
 from imagebuilder.engine import DockerEngine  # noqa: E402
+from imagebuilder.engine.select import decide, make_builder  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 
@@ -70,14 +70,14 @@ def main() -> None:
     parser.add_argument("--arm64", action="store_true", help="also build the 2.11 runtime for linux/arm64 under QEMU")
     args = parser.parse_args()
     engine = DockerEngine()
-    builder = select_builder("buildkit", engine)
+    builder = make_builder(decide("buildkit"), engine)
     print(f"builder: {builder.describe()}")
     ca = os.environ.get("SSL_CERT_FILE")
     ca_args = ["--ca-bundle", ca] if ca else []
     rows: list[tuple[str, float, str]] = []
     try:
         start = time.perf_counter()
-        build_floor(builder, load_matrix(default_matrix_path()), "2.6", BASE, f"{REPO}:floor",  # type: ignore[arg-type]
+        build_floor(builder, load_matrix(default_matrix_path()), "2.6", BASE, f"{REPO}:floor",
                     Path(ca) if ca else None)
         floor = time.perf_counter() - start
         rows.append(("floor (BuildKit, uv --no-cache)", floor, "1.00x floor"))

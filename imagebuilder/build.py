@@ -13,18 +13,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .engine import BuildRequest, BuildResult, Engine, Progress
-from .engine_errors import BuildFailed, EngineError, network_hint
+from .engine.api import Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
+from .engine.errors import BuildFailed, EngineError, network_hint
 from .render import SBOM_PATH, RenderedImage
-
-if TYPE_CHECKING:
-    from .builder import Builder
 
 CREATED = "org.opencontainers.image.created"
 REVISION = "org.opencontainers.image.revision"
@@ -46,7 +43,7 @@ class SbomMissing(EngineError):
     template = ("{ref} has no {path}: the image's SBOM step did not run; rebuild it with --no-cache")
 
 
-def check_base(engine: Engine, image: RenderedImage) -> None:
+def check_base(engine: ImageStore, image: RenderedImage) -> None:
     """A local base image pinned by image id (no registry digest to put in FROM) must still
     be that image: FROM takes the tag, so this check is the pin."""
     pin = image.base_pin
@@ -113,7 +110,7 @@ def _revision(matrix_path: Path) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def build_labels(engine: Engine, image: RenderedImage, matrix_path: Path) -> dict[str, str]:
+def build_labels(engine: ImageStore, image: RenderedImage, matrix_path: Path) -> dict[str, str]:
     """created and revision, the labels that rendering leaves out to stay deterministic.
     An image already built from the same inputs keeps its created date, so a rebuild with
     nothing changed is served whole from the layer cache."""
@@ -133,19 +130,19 @@ def build_labels(engine: Engine, image: RenderedImage, matrix_path: Path) -> dic
 
 
 def build_image(
-    engine: Engine,
+    engine: ImageStore,
     image: RenderedImage,
     *,
+    builder: Builder,
     matrix_path: Path,
     nocache: bool = False,
     pull: bool = False,
-    on_progress: Callable[[Progress], None] | None = None,
+    on_progress: OnProgress | None = None,
     logs: Path | None = None,
     timeout: float = 3 * 3600,
-    builder: Builder | None = None,
     platform: str | None = None,
 ) -> Built:
-    """Build one image: with `builder` (BuildKit, say), else the engine's classic builder."""
+    """Build one image with `builder`; `engine` holds the images it builds on and makes."""
     check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -164,7 +161,7 @@ def build_image(
         # of the last build, and a rebuild of the same inputs would not be a cache hit.
         unlabelled = f"{image.ref}-unlabelled"
         try:
-            result = (builder or engine).build(
+            result = builder.build(
                 BuildRequest(
                     context=context,
                     tags=(unlabelled,),
@@ -183,7 +180,7 @@ def build_image(
                 raise
             raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
         try:
-            result = _label_sbom(engine, builder or engine, image, unlabelled, result,
+            result = _label_sbom(engine, builder, image, unlabelled, result,
                                  BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
                                               nocache=False, pull=False, timeout=300, platform=platform,
                                               log_path=log_path.with_name(log_path.stem + "-sbom.log")))
@@ -192,7 +189,7 @@ def build_image(
     return Built(image, result, image.refs)
 
 
-def _label_sbom(engine: Engine, builder: Builder | Engine, image: RenderedImage, unlabelled: str,
+def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unlabelled: str,
                 result: BuildResult, request: BuildRequest) -> BuildResult:
     """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
     installed, so its digest is known only after the build: a one-instruction build on top
@@ -205,6 +202,22 @@ def _label_sbom(engine: Engine, builder: Builder | Engine, image: RenderedImage,
     (request.context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
     labelled = builder.build(request)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
+
+
+def report_document(planned: Sequence[tuple[str, RenderedImage]], done: Sequence[Built]) -> dict[str, Any]:
+    """`build --report`: the images built (in plan order, each with its platform) and planned."""
+    return {"ok": len(done) == len(planned),
+            "images": [{**b.to_json(), "platform": platform} for b, (platform, _) in zip(done, planned)],
+            "planned": [image.ref for _, image in planned]}
+
+
+def format_built(built: Built) -> str:
+    r = built.result
+    return "\n".join([f"built {built.refs[0]}",
+                      f"  image  {r.image_id} ({human_size(r.size)})",
+                      f"  time   {r.seconds:.1f}s, {r.cached_steps}/{r.steps} steps cached",
+                      f"  tags   {', '.join(built.refs[1:])}",
+                      f"  log    {r.log_path}"])
 
 
 def human_size(size: int) -> str:

@@ -21,7 +21,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from .atomic import write_atomic
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .resolve import BuildSpec
@@ -295,6 +298,12 @@ Resolver = Callable[[LockRequest, Sequence[str], "Lock | None"], str]
 """(request, requirements, constraints lock) -> uv's compiled requirements text."""
 
 
+def default_uv() -> str:
+    """The uv beside this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if beside.exists() else (shutil.which("uv") or "uv")
+
+
 def uv_compile(uv: str) -> Resolver:
     """The resolver: `uv pip compile` for the image's Python and platform, with hashes."""
 
@@ -407,20 +416,13 @@ def write_locks(directory: Path, locks: Iterable[Lock], bases: Mapping[str, Base
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for lock in locks:
-        written.append(_write_atomic(directory / lock.filename, lock.text()))
+        written.append(write_atomic(directory / lock.filename, lock.text()))
     if bases:
         path = directory / BASES_FILE
         current = json.loads(path.read_text()) if path.is_file() else {}
         current.update({image: pin.to_json() for image, pin in bases.items()})
-        written.append(_write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
+        written.append(write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
     return written
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
 
 
 # --------------------------------------------------------------------------- many images (I/O)
@@ -485,3 +487,28 @@ def check(plan: LockPlan, current: LockSet) -> list[str]:
             was = recorded.identity if recorded else "not recorded"
             lines.append(f"{BASES_FILE}: {image} {was} -> {pin.identity}")
     return lines
+
+
+def check_or_write(plan: LockPlan, directory: Path, *, check_only: bool, echo: Callable[[str], None],
+                   note: Callable[[str], None], err: Callable[[str], None]) -> None:
+    """`lock`'s result: with `check_only`, each drift (an error when there is any), else the
+    locks written; then an error when some set could not be resolved (the others are done).
+    `echo` prints the result, `note` and `err` what the user should know on stderr."""
+    for image in plan.unpinned:
+        note(f"base image {image}: neither the engine nor its registry gave a digest; it stays FROM by tag")
+    for failure in plan.failed:
+        err(f"error: {failure}")
+    if check_only:
+        lines = check(plan, load_locks(directory))
+        for line in lines:
+            echo(f"drift: {line}")
+        if lines:
+            raise ImageBuilderError(f"{len(lines)} locked pins differ from what the index offers; "
+                                    "refresh with `imagebuilder lock` (same filters)")
+        echo(f"{len(plan.locks)} locks match the index")
+    else:
+        for path in write_locks(directory, plan.locks, plan.bases):
+            echo(f"wrote {path}")
+    if plan.failed:
+        raise ImageBuilderError(f"{len(plan.failed)} of {len(plan.failed) + len(plan.locks)} locks could not be "
+                                "resolved (above); the others are " + ("checked" if check_only else "written"))

@@ -13,16 +13,13 @@ they are; the file is replaced atomically and only once the new text parses.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
-import tempfile
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 
 from packaging.version import Version
 
+from .atomic import write_atomic
 from .drift import lacking, missing_releases
 from .errors import ImageBuilderError
 from .index import (IndexUnavailable, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned,
@@ -221,7 +218,7 @@ def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...]
     except MatrixError as e:
         todo = [p.render(matrix.path) for p in e.fields["problems"]]
     if not dry_run:
-        _replace(matrix.path, text)
+        write_atomic(matrix.path, text)
     return block, todo
 
 
@@ -229,15 +226,3 @@ def new_releases(matrix: Matrix) -> list[Version]:
     """Releases of a minor the matrix does not have yet (patch releases are reported by
     `matrix check --online`; their blocks carry hand-kept variants, so they are edited by hand)."""
     return [v for v in missing_releases(matrix) if f"{v.major}.{v.minor}" not in matrix.torches]
-
-
-def _replace(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is not the file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from packaging.version import InvalidVersion, Version
+
 from .matrix import VARIANTS
-from .pipeline import ALL, Selection
+from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -83,30 +84,26 @@ def selection(required: bool, all_variants: bool = False, strict: bool = False) 
     )
 
 
-@dataclass(frozen=True)
-class Rendering:
-    """How to render, whatever the image: where wheels come from, what CA to trust, the name."""
-
-    index_url: str | None
-    extra_index_urls: tuple[str, ...]
-    ca_bundle: Path | None
-    repository: str | None
-    extras: tuple[str, ...] = ()  # --with: packages added to the image's lock
-
-
 with_extras = click.option(
     "--with", "extras", multiple=True, metavar="REQ",
     help="Add a package to the image, resolved into its lock under the torch pins "
          "(repeatable), e.g. --with 'pandas==2.2.3'. Build with the same --with you locked with.")
 
 
-def rendering(f: F) -> F:
-    """Handed to the command as `rendering: Rendering`."""
+def index_urls(f: F) -> F:
+    """The package indexes wheels come from (rendering, locking)."""
     return _stack(
         click.option("--index-url", metavar="URL",
                      help="Package index for the wheels, replacing the default one (a mirror)."),
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
                      help="Additional package index; repeatable."),
+    )(f)
+
+
+def rendering(f: F) -> F:
+    """Handed to the command as `rendering: Rendering`."""
+    return _stack(
+        index_urls,
         click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      metavar="PATH",
                      help="CA bundle to trust inside the build (TLS-intercepting proxies), e.g. "
@@ -135,9 +132,18 @@ allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
                             help="On a host without GPUs, run the CPU mode of the smoke tests instead of failing.")
 
 
+BUILDER_CHOICES = ["auto", "buildkit", "classic"]
+
+render_builder = click.option(
+    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default="classic", show_default=True,
+    help="The builder to render for: classic (any `docker build`), buildkit (the CA bundle as a build "
+         "secret, shared caches: what `build` renders when it builds with BuildKit), or auto (what "
+         "`build` would choose here).")
+
+
 def builders(f: F) -> F:
     return _stack(
-        click.option("--builder", "builder_choice", type=click.Choice(["auto", "buildkit", "classic"]),
+        click.option("--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES),
                      default="auto", show_default=True, envvar="IMAGEBUILDER_BUILDER",
                      help="auto: BuildKit when a docker CLI here builds with it (buildx, or a CLI with "
                           "BuildKit built in), else the classic builder of the Engine API. BuildKit "
@@ -153,3 +159,65 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                          help="linux/amd64, linux/arm64 or both (comma list). Default: the host's. "
                               "Another platform than the host's needs BuildKit (and QEMU to build); "
                               "its local tags end in -arm64 / -amd64.")
+
+
+def verifying(f: F) -> F:
+    """verify's own options: what to check, how long, how to report."""
+    return _stack(
+        click.option("--local", is_flag=True,
+                     help="Check this Python environment instead of an image (bare-metal hosts, pods)."),
+        allow_no_gpu,
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
+        click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+                     help="Seconds the smoke tests may take in all; the container is killed and removed after."),
+        click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
+                     help="With --local: the manifest.json whose versions to expect. Default: none."),
+        click.option("--mount-smoke-tests", is_flag=True,
+                     help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
+                          "(an image an older imagebuilder built). Images without imagebuilder's labels "
+                          "get them anyway."),
+    )(f)
+
+
+def publishing(f: F) -> F:
+    """publish's own options: where to, what to push, how to merge, which day."""
+    return _stack(
+        click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
+                     help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
+                          "(http for a loopback registry without TLS); credentials as docker finds them."),
+        click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+                     help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
+                          "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs."),
+        click.option("--push/--no-push", default=True, show_default=True,
+                     help="--no-push builds and verifies what the plan says, and pushes nothing."),
+        click.option("--dry-run", is_flag=True, help="Print the plan (after asking the registry) and stop."),
+        click.option("--keep-going", is_flag=True, help="Continue past a failed image (its jupyter image fails too)."),
+        click.option("--force", is_flag=True, help="Rebuild, verify and push even images the registry has unchanged."),
+        click.option("--merge/--no-merge", default=True, show_default=True,
+                     help="With --platform: once every platform's images are pushed (TAG-amd64, TAG-arm64), "
+                          "make each TAG an image index over them. --no-merge for runners that publish one "
+                          "platform each; a --merge-only job writes the indexes after them."),
+        click.option("--merge-only", is_flag=True,
+                     help="Build nothing: make each TAG an index over the --platform images already pushed."),
+        click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+                     help="Seconds the smoke tests of one image may take."),
+        click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
+                     help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
+    )(f)
+
+
+class Release(click.ParamType):
+    """A full torch release, X.Y.Z."""
+
+    name = "X.Y.Z"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Version:
+        if isinstance(value, Version):
+            return value
+        try:
+            version = Version(value)
+        except InvalidVersion:
+            self.fail(f"not a version: {value!r}", param, ctx)
+        if len(version.release) != 3:
+            self.fail("give the full release, e.g. 2.15.0", param, ctx)
+        return version

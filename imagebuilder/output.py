@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from .atomic import write_atomic
 from .errors import BadRequest
 
 OUTPUT_LIST = ".imagebuilder-output.json"  # the files imagebuilder wrote into this folder
@@ -78,8 +79,8 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
         return
     directory.mkdir(parents=True, exist_ok=True)
     for name in sorted(files):
-        _replace_file(directory / name, files[name])
-    _replace_file(directory / OUTPUT_LIST, listing_bytes)
+        write_atomic(directory / name, files[name])
+    write_atomic(directory / OUTPUT_LIST, listing_bytes)
     for stale in sorted(previous - set(files), reverse=True):
         path = directory / stale
         if path.is_file() or path.is_symlink():
@@ -104,19 +105,6 @@ def _write_new(directory: Path, files: Mapping[str, bytes]) -> None:
         os.rename(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
 
 

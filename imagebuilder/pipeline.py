@@ -1,5 +1,6 @@
 """Filters or a request -> resolved, rendered images: the one planner that render, build,
-matrix and publish share, so the four commands read the same request the same way.
+matrix, lock and publish share, so the commands read the same request the same way, and
+the CLI only parses options and prints what comes back.
 
 Two readings of the coordinates (torch, CUDA, Python, variant, OS):
 - a *request* (`build`, `render`): one image per variant, defaults filled in;
@@ -11,20 +12,37 @@ The base image override and the OS it implies apply to both.
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .build import build_order
+from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from .render import RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
 
+if TYPE_CHECKING:
+    from . import lock as locking
+    from . import publish
+    from .publish import IndexRegistry
+    from .registry import Registry
+
 ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
 
 Note = Callable[[str], None]
 ReadOsRelease = Callable[[str], str]  # image reference -> its /etc/os-release text
+Exists = Callable[[str], bool]  # image reference -> whether the engine has it
+
+
+class NothingSelected(BadRequest):
+    template = "no image of the matrix matches these filters; see `imagebuilder matrix`"
 
 
 @dataclass(frozen=True)
@@ -171,3 +189,219 @@ def render_request(matrix: Matrix, selection: Selection, options: RenderOptions,
         note(notice)
     return build_order(with_parents(images, matrix, options, exists))
 
+
+
+# --------------------------------------------------------------------------- rendering options
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """How to render, whatever the image: where wheels come from, what CA to trust, the name."""
+
+    index_url: str | None
+    extra_index_urls: tuple[str, ...]
+    ca_bundle: Path | None
+    repository: str | None
+    extras: tuple[str, ...] = ()  # --with: packages added to the image's lock
+
+
+def source_label() -> str:
+    """The image's org.opencontainers.image.source: the repository CI builds from."""
+    server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    return f"{server}/{repo}" if server and repo else "imagebuilder"
+
+
+def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
+                   repository: str | None = None) -> RenderOptions:
+    """The options every image of a command renders with, for the builder `kind` that
+    engine.select decided (the same for a dry run as for the run)."""
+    from .lock import load_locks, locks_dir
+
+    return RenderOptions(
+        extras=rendering.extras,
+        locks=load_locks(locks_dir(matrix)),
+        repository=repository or rendering.repository or matrix.defaults.repository,
+        index_url=rendering.index_url,
+        extra_index_urls=rendering.extra_index_urls,
+        ca_bundle=rendering.ca_bundle,
+        source=source_label(),
+        buildkit=kind == "buildkit",
+    )
+
+
+# --------------------------------------------------------------------------- matrix, render --all
+
+
+def matrix_rows(matrix: Matrix, selection: Selection) -> list[dict[str, Any]]:
+    """`imagebuilder matrix`: one row per selected image."""
+    from .tags import primary_tag
+
+    return [{
+        "torch": str(spec.torch.version),
+        "cuda": str(spec.cuda.key),
+        "wheel": spec.wheel.name,
+        "cudnn": str(spec.wheel.cudnn),
+        "nccl": str(spec.wheel.nccl),
+        "python": str(spec.python),
+        "os": spec.os.name,
+        "variant": spec.variant,
+        "min_driver": str(spec.min_driver),
+        "tag": primary_tag(spec, matrix),
+        "platforms": list(spec.torch.platforms),
+    } for spec in select_specs(matrix, selection)]
+
+
+def format_listing(rows: Sequence[dict[str, Any]], fmt: str) -> str:
+    """`imagebuilder matrix --format table|json|github` of `matrix_rows`."""
+    from .table import format_table
+
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if fmt == "github":
+        include = [{k: r[k] for k in ("torch", "cuda", "python", "os", "variant", "tag")} for r in rows]
+        return json.dumps({"include": include}, separators=(",", ":"))
+    if not rows:
+        return "(no images match)"
+    return format_table([h.upper() for h in rows[0]], [list(r.values()) for r in rows])
+
+
+def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
+    return {
+        "images": [
+            {"dir": image.spec.key, "ref": image.ref, "tags": list(image.tags),
+             "depends_on": image.depends_on, "inputs_hash": image.inputs_hash}
+            for image in images
+        ]
+    }
+
+
+def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions) -> tuple[int, dict[str, bytes]]:
+    """`render --all`: every selected image's build context in a folder named for it, and an
+    index.json of them all; (the number of images, the files by relative name)."""
+    images = render_selected(matrix, selection, options)
+    if not images:
+        raise NothingSelected()
+    files: dict[str, bytes] = {}
+    for image in images:
+        files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
+        files[f"{image.spec.key}/Dockerfile"] = image.dockerfile.encode()
+    files["index.json"] = (json.dumps(index_document(images), indent=2) + "\n").encode()
+    return len(images), files
+
+
+# --------------------------------------------------------------------------- build, publish
+
+
+def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
+               kind: BuilderKind, read_os_release: ReadOsRelease | None, exists: Exists,
+               note: Note) -> list[tuple[str, RenderedImage]]:
+    """`build`: (platform, image) in build order, every platform's images resolved and
+    checked (wheels for the platform; BuildKit for a foreign one) before anything builds."""
+    from .platforms import for_platforms
+
+    planned: list[tuple[str, RenderedImage]] = []
+    for platform in platforms:
+        chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
+        images = render_request(matrix, chosen, options, note, exists=exists)
+        planned += [(platform, image) for image in
+                    for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
+    return planned
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    steps: tuple[tuple[str, tuple[publish.Step, ...]], ...]
+    """Per platform, its steps (none with --merge-only)."""
+    index_platforms: dict[str, list[str]]
+    """Each plain ref -> the platforms its image index joins."""
+    multi: bool
+    """--platform given: each platform's images go under their own tags, then an index."""
+
+    @property
+    def planned(self) -> list[publish.Step]:
+        return [step for _, steps in self.steps for step in steps]
+
+    def indexes(self, registry: IndexRegistry, *, merge: bool,
+                write: bool = False) -> tuple[publish.IndexStep, ...] | tuple[publish.IndexOutcome, ...]:
+        """The indexes planned over the platform images, those this plan pushes included (what
+        a dry run shows; none without --platform or with --no-merge / --no-push); `write`
+        (--merge-only) writes each one it can."""
+        from . import publish
+
+        if not (self.multi and merge):
+            return ()
+        steps = publish.plan_indexes(registry, self.index_platforms,
+                                     pending={ref for step in self.planned for ref in step.writes})
+        return publish.write_indexes(registry, steps) if write else steps
+
+
+def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
+                 multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, registry: Registry,
+                 force: bool, day: date, merge_only: bool, note: Note) -> PublishPlan:
+    """`publish`: the selected images (a jupyter image brings its runtime image along), per
+    platform, each compared with what the registry holds (skip, retag or build)."""
+    from . import publish
+    from .platforms import for_platforms, platform_image
+
+    plans: list[tuple[str, tuple[publish.Step, ...]]] = []
+    index_platforms: dict[str, list[str]] = {}
+    # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
+    # the run reads it, when a daemon answers: the plan is the run's.
+    read_os_release = read_os_release or base_os_reader(selection)
+    for platform in platforms:
+        chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
+        images = with_parents(render_selected(matrix, chosen, options), matrix, options)
+        if not images:
+            raise NothingSelected()
+        if multi:
+            # Filters, not a request: a release without CUDA wheels for this platform is left out.
+            images = [image for image in images if platform in image.spec.torch.platforms]
+            if not images:
+                note(f"no selected release has CUDA wheels for {platform}; nothing to publish for it")
+                continue
+        for image in images:
+            for ref in image.refs:
+                index_platforms.setdefault(ref, []).append(platform)
+        if merge_only:
+            continue  # builds nothing: the indexes join what is pushed
+        checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
+        images = [platform_image(image, platform) for image in images] if multi else checked
+        remotes = {} if force else publish.lookup(registry, images, day)
+        plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
+    return PublishPlan(tuple(plans), index_platforms, multi)
+
+
+def base_os_reader(selection: Selection) -> ReadOsRelease | None:
+    """How a command that builds nothing (matrix, a dry run, --merge-only) reads --base-image's
+    OS: as the run does, through the daemon (pulling the image if it is not here), when one
+    answers; None (the OS is then assumed) without a base image or a daemon."""
+    from .engine.docker import answering_engine
+
+    if selection.base_image is None and not selection.platform_bases:
+        return None
+    engine = answering_engine()
+    return engine.os_release if engine else None
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extras: Sequence[str],
+                  index_url: str | None, extra_index_urls: Sequence[str], progress: Note,
+                  note: Note) -> locking.LockPlan:
+    """`lock`: resolve every selected image's requirements; base images pinned through the
+    local engine (when one answers) or their registry."""
+    from . import lock as locking
+    from .engine.docker import answering_engine
+    from .registry import HttpRegistry
+
+    engine = answering_engine()
+    selection = settle_os(matrix, selection, engine.os_release if engine else None, note)
+    specs = select_specs(matrix, selection)
+    if not specs:
+        raise NothingSelected()
+    registry = HttpRegistry(timeout=15)
+    return locking.lock_images(specs, matrix, resolver=locking.uv_compile(uv or locking.default_uv()),
+                               pin=lambda image: locking.pin_base(image, engine, registry),
+                               extras=locking.parse_extras((*matrix.extras, *extras)), index_url=index_url,
+                               extra_index_urls=extra_index_urls, progress=progress)

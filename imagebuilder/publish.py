@@ -33,14 +33,15 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .build import HASH, Built, build_image, build_order
+from .build import HASH, Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
 from .registry import Registry, parse_reference
 from .render import RenderedImage
+from .table import format_table
 from .tags import dated_tag, image_ref
 
 if TYPE_CHECKING:
-    from .engine import Engine, Progress
+    from .engine.api import Builder, Engine, OnProgress, Progress
     from .verify import VerifyReport
 
 BUILD, RETAG, SKIP = "build", "retag", "skip"
@@ -194,8 +195,6 @@ class RunOptions:
     pull: bool = False
     push_retries: int = 3
     push_backoff: float = 2.0
-    builder: Any = None
-    """The Builder to build with (builder.Builder); None: the engine's classic builder."""
     platform: str | None = None
     """The platform to build for; None: the daemon's."""
     verify: bool = True
@@ -253,8 +252,8 @@ def smoke_test(engine: Engine, ref: str, options: RunOptions) -> VerifyReport:
                         mount_smoke_tests=True)
 
 
-def publish(steps: Sequence[Step], *, engine: Engine, registry: Registry, options: RunOptions,
-            on_event: Event | None = None, on_progress: Callable[[Progress], None] | None = None,
+def publish(steps: Sequence[Step], *, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
+            on_event: Event | None = None, on_progress: OnProgress | None = None,
             verifier: Verifier = smoke_test) -> Iterator[Outcome]:
     """Run the plan, one Outcome per step as it finishes. Without keep_going the first failure
     stops the run (the rest are NOT_RUN); a jupyter image whose runtime failed fails too."""
@@ -270,7 +269,7 @@ def publish(steps: Sequence[Step], *, engine: Engine, registry: Registry, option
             outcome = Outcome(step, FAILED, f"its base image {image.depends_on} failed")
         else:
             started = time.monotonic()
-            outcome = _run(step, engine, registry, options, local, on_event or _quiet, on_progress, verifier)
+            outcome = _run(step, engine, builder, registry, options, local, on_event or _quiet, on_progress, verifier)
             outcome = replace(outcome, seconds=time.monotonic() - started)
         if outcome.built is not None:
             local.add(image.ref)
@@ -285,13 +284,13 @@ def _quiet(phase: str, step: Step) -> None:
     pass
 
 
-def _run(step: Step, engine: Engine, registry: Registry, options: RunOptions, local: set[str],
-         on_event: Event, on_progress: Callable[[Progress], None] | None, verifier: Verifier) -> Outcome:
+def _run(step: Step, engine: Engine, builder: Builder, registry: Registry, options: RunOptions, local: set[str],
+         on_event: Event, on_progress: OnProgress | None, verifier: Verifier) -> Outcome:
     if step.action == SKIP:
         return Outcome(step, SKIPPED, step.reason)
     if step.action == RETAG:
         return _retag(step, registry, options, on_event)
-    return _build_verify_push(step, engine, registry, options, local, on_event, on_progress, verifier)
+    return _build_verify_push(step, engine, builder, registry, options, local, on_event, on_progress, verifier)
 
 
 def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event) -> Outcome:
@@ -311,9 +310,9 @@ def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event)
     return Outcome(step, RETAGGED, step.reason, pushed=pushed)
 
 
-def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: RunOptions,
+def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
                        local: set[str], on_event: Event,
-                       on_progress: Callable[[Progress], None] | None, verifier: Verifier) -> Outcome:
+                       on_progress: OnProgress | None, verifier: Verifier) -> Outcome:
     image = step.image
     on_event(BUILD, step)
     try:
@@ -321,7 +320,7 @@ def _build_verify_push(step: Step, engine: Engine, registry: Registry, options: 
             # Build FROM the runtime image as published, not whatever this host has under its tag.
             engine.pull(image.depends_on)
         built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
-                            pull=options.pull, on_progress=on_progress, builder=options.builder,
+                            pull=options.pull, on_progress=on_progress, builder=builder,
                             platform=options.platform)
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"build failed: {e}")
@@ -473,19 +472,62 @@ def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep]) -> tuple[
     return tuple(outcomes)
 
 
-def raise_if_unmerged(outcomes: Sequence[IndexOutcome]) -> None:
-    unmerged = tuple((o.step.ref, o.reason) for o in outcomes if o.status in (SKIPPED, FAILED))
-    if unmerged:
-        raise MergeIncomplete(unmerged=unmerged, total=len(outcomes))
+def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
+                registry: Registry, options: RunOptions, multi: bool, merge: bool,
+                index_platforms: Mapping[str, Sequence[str]], on_event: Event | None = None,
+                on_progress: OnProgress | None = None) -> Iterator[Outcome | IndexOutcome]:
+    """Every platform's plan in turn (`options.platform` set per platform with `multi`; the
+    smoke tests run where the platform is the host's), then, with `multi` and `merge`, when
+    everything was pushed, the image indexes: each Outcome and IndexOutcome as it is done."""
+    from .platforms import host_platform
+
+    outcomes: list[Outcome] = []
+    for platform, steps in plans:
+        per_platform = replace(options, platform=platform if multi else None, verify=platform == host_platform())
+        for outcome in publish(steps, engine=engine, builder=builder, registry=registry, options=per_platform,
+                               on_event=on_event, on_progress=on_progress):
+            outcomes.append(outcome)
+            yield outcome
+    if multi and merge and options.push and outcomes and not any(o.failed for o in outcomes):
+        yield from write_indexes(registry, plan_indexes(registry, index_platforms))
 
 
 # --------------------------------------------------------------------------- presenting
 
 
+class EventPrinter:
+    """A line per phase of each image on `stream`, and a build's progress while it builds."""
+
+    def __init__(self, stream: Any, quiet: bool = False) -> None:
+        self.stream, self.quiet = stream, quiet
+        self._printer: ProgressPrinter | None = None
+
+    def on_event(self, phase: str, step: Step) -> None:
+        self.close()
+        self.line(f"{phase} {step.image.ref}")
+        if phase == BUILD and not self.quiet:
+            self._printer = ProgressPrinter(step.image.spec.variant, stream=self.stream)
+
+    def on_progress(self, progress: Progress) -> None:
+        if self._printer is not None:
+            self._printer(progress)
+
+    def line(self, text: str) -> None:
+        self.close()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._printer is not None:
+            self._printer.close()
+            self._printer = None
+
+
+
 def format_plan(steps: Sequence[Step]) -> str:
     """The plan, and under it every tag each step pushes or re-points (the dated one too)."""
     rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
-    lines = [_columns(("#", "ACTION", "IMAGE", "WHY"), rows)]
+    lines = [format_table(("#", "ACTION", "IMAGE", "WHY"), rows)]
     for step in steps:
         tags = ", ".join(parse_reference(ref).reference for ref in step.writes)
         if step.action == BUILD:
@@ -495,32 +537,22 @@ def format_plan(steps: Sequence[Step]) -> str:
     return "\n".join(lines)
 
 
-def _over(step: IndexStep) -> str:
-    return f"over {', '.join(c.platform for c in step.children)}"
-
-
-def format_index_plan(steps: Sequence[IndexStep]) -> str:
-    """One line per tag: the index a run would write (its digest where the children are
+def format_indexes(indexes: Sequence[IndexStep | IndexOutcome]) -> str:
+    """One line per tag: the index written or planned (its digest where the children are
     known), the one the registry already has, or why the tag is skipped."""
     lines = []
-    for step in steps:
-        if step.action == SKIP:
-            lines.append(f"index {step.ref}: would skip: {step.reason}")
-        elif step.action == UNCHANGED:
-            lines.append(f"index {step.ref}: unchanged {step.digest} {_over(step)}")
+    for item in indexes:
+        if isinstance(item, IndexOutcome):
+            step, status, reason, digest = item.step, item.status, item.reason, item.digest
         else:
-            what = " ".join(part for part in ("would write", step.digest, _over(step), step.reason) if part)
-            lines.append(f"index {step.ref}: {what}")
-    return "\n".join(lines)
-
-
-def format_index_outcomes(outcomes: Sequence[IndexOutcome]) -> str:
-    lines = []
-    for o in outcomes:
-        if o.status in (WRITTEN, UNCHANGED):
-            lines.append(f"index {o.step.ref}: {o.status} {o.digest} {_over(o.step)}")
+            step, reason, digest = item, item.reason, item.digest
+            status = {WRITE: "would write", SKIP: "would skip"}.get(item.action, item.action)
+        if status in (SKIPPED, FAILED, "would skip"):
+            lines.append(f"index {step.ref}: {status}: {reason}")
         else:
-            lines.append(f"index {o.step.ref}: {o.status}: {o.reason}")
+            over = f"over {', '.join(c.platform for c in step.children)}"
+            details = (reason,) if isinstance(item, IndexStep) and item.action == WRITE else ()
+            lines.append(f"index {step.ref}: " + " ".join(part for part in (status, digest, over, *details) if part))
     return "\n".join(lines)
 
 
@@ -535,28 +567,28 @@ def format_summary(outcomes: Sequence[Outcome]) -> str:
         pushed = f"{len(set(o.pushed) & set(refs))}/{len(refs)}" if o.pushed or o.status == FAILED else "-"
         rows.append((o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
                      mark(verified), pushed, o.status, o.reason))
-    return _columns(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
+    return format_table(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
 
 
-def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def raise_if_failed(outcomes: Sequence[Outcome]) -> None:
-    failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
-    if failures:
-        raise PublishFailed(failures=tuple(failures), total=len(outcomes))
-
-
-def report(*, registry: str, push: bool, dry_run: bool, planned: Sequence[Step], outcomes: Sequence[Outcome] = (),
-           indexes: Sequence[IndexStep] | Sequence[IndexOutcome] = ()) -> dict[str, Any]:
-    """The --report document of a run, or of a dry run's plan (`images` empty, `indexes` planned)."""
+def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],
+                    outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome]) -> dict[str, Any]:
+    """`publish --report`: what was planned, and what became of each image and index; of a dry
+    run, the plan (`images` empty, `indexes` as planned, `ok` true)."""
     unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
     ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
     return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
             "images": [o.to_json() for o in outcomes],
             "indexes": [i.to_json() for i in indexes],
             "planned": [step.to_json() for step in planned]}
+
+
+def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:
+    """Fail naming the images that failed, else the tags left without an index (a dry run's
+    planned skips are no failure)."""
+    failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
+    if failures:
+        raise PublishFailed(failures=tuple(failures), total=len(outcomes))
+    written = [i for i in indexes if isinstance(i, IndexOutcome)]
+    unmerged = tuple((i.step.ref, i.reason) for i in written if i.status in (SKIPPED, FAILED))
+    if unmerged:
+        raise MergeIncomplete(unmerged=unmerged, total=len(written))

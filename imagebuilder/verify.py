@@ -40,13 +40,13 @@ from smoke_tests.expected import DEFAULT_MANIFEST, ManifestError, load_expected
 from smoke_tests.report import format_table
 from smoke_tests.result import FAIL, PASS, SKIP, Result
 
-from .engine_errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed
+from .engine.errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed
 from .errors import BadRequest, ImageBuilderError
 from .matrix import driver_key
 from .tags import LABEL_PREFIX
 
 if TYPE_CHECKING:
-    from .engine import Engine, RunResult
+    from .engine.api import Runner, RunResult
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds for the whole smoke-test run; smoke_tests gives each check 300s of its own."""
@@ -297,7 +297,7 @@ def read_gpu_probe(outcome: RunResult | str) -> GpuProbe:
     return GpuProbe(gpus, None if gpus else "nvidia-smi lists none", accepted=True)
 
 
-def probe_gpus(engine: Engine, ref: str) -> GpuProbe:
+def probe_gpus(engine: Runner, ref: str) -> GpuProbe:
     """nvidia-smi in a container of `ref` with every GPU: the NVIDIA runtime mounts it in, so
     this sees the GPUs and driver of the daemon's host, whatever image and client."""
     try:
@@ -307,10 +307,8 @@ def probe_gpus(engine: Engine, ref: str) -> GpuProbe:
     return read_gpu_probe(run)
 
 
-def collect_facts(engine: Engine, ref: str) -> HostFacts:
+def collect_facts(engine: Runner, ref: str) -> HostFacts:
     """The I/O half of preflight for an image: ask the daemon, pull if needed, probe the GPUs."""
-    import docker
-
     try:
         engine.ping()
     except DaemonUnavailable as e:
@@ -324,10 +322,7 @@ def collect_facts(engine: Engine, ref: str) -> HostFacts:
             return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
                                          "build it or check the reference and `docker login`")
     labels = engine.image_labels(ref)
-    try:
-        info: Mapping[str, Any] = engine.info()
-    except docker.errors.DockerException:
-        info = {}
+    info: Mapping[str, Any] = engine.info()
     probe = probe_gpus(engine, ref)
     runtime = daemon_runtime(info)
     if runtime is None and probe.accepted:
@@ -385,7 +380,7 @@ def expected_from_torch(output: str) -> dict[str, Any] | None:
     return None
 
 
-def probe_torch(engine: Engine, ref: str, timeout: float) -> dict[str, Any] | None:
+def probe_torch(engine: Runner, ref: str, timeout: float) -> dict[str, Any] | None:
     try:
         run = engine.run(ref, ["python3", "-c", TORCH_PROBE], timeout=min(PROBE_TIMEOUT, timeout))
     except ContainerFailed:
@@ -598,7 +593,7 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
     return command
 
 
-def verify_image(engine: Engine, ref: str, *, allow_no_gpu: bool = False,
+def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
                  timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False) -> VerifyReport:
     """Preflight the daemon's host for `ref`, then run the smoke tests in a container from it.
 

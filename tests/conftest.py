@@ -199,8 +199,8 @@ def remove_block(text: str, key: str) -> str:
 
 
 def _buildkit_cli() -> str | None:
-    """A docker CLI that speaks to BuildKit's cache (the one `select_builder` would pick)."""
-    from imagebuilder.builder import docker_clis
+    """A docker CLI that speaks to BuildKit's cache (the one `engine.select.decide` would pick)."""
+    from imagebuilder.engine.select import docker_clis
 
     for cli in docker_clis():
         # A docker 23+ CLI without buildx refuses `builder prune`; the probe id matches nothing.

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tarfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from imagebuilder.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
-from imagebuilder.builder import ClassicBuilder, NoBuildKit, detect_buildkit, select_builder
+from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
+from imagebuilder.engine.classic import ClassicBuilder
+from imagebuilder.engine.docker import DockerEngine
+from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
 from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, Progress
 from imagebuilder.matrix import load_matrix
 from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
@@ -167,7 +168,7 @@ def test_a_cli_that_died_without_output_still_says_so():
 
 
 def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
-    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build", "--load")), engine=None)  # type: ignore[arg-type]
+    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build", "--load")), DockerEngine())
     req = BuildRequest(context=tmp_path, tags=("r:a", "r:b"), labels={"k": "v"},
                        secrets={"ca": tmp_path / "ca.pem"}, platform="linux/arm64", nocache=True)
     argv = builder.command(req, tmp_path / "iid")
@@ -208,7 +209,9 @@ def test_auto_detects_a_buildkit_cli_and_falls_back_to_classic(tmp_path, monkeyp
     monkeypatch.setenv("PATH", os.pathsep.join(str(tmp_path / name) for name, _, _ in clis))
     monkeypatch.delenv("BUILDX_BUILDER", raising=False)
     detect_buildkit.cache_clear()
-    builder = select_builder(choice, engine=None)  # type: ignore[arg-type]
+    decision = decide(choice)
+    builder = make_builder(decision, DockerEngine())
+    assert builder.kind == decision.kind == ("classic" if expected == "classic" else "buildkit")
     if expected == "classic":
         assert isinstance(builder, ClassicBuilder)
     else:
@@ -222,7 +225,7 @@ def test_buildkit_without_a_buildkit_cli_is_a_bad_request(tmp_path, monkeypatch)
     monkeypatch.setenv("PATH", str(tmp_path / "new"))
     detect_buildkit.cache_clear()
     with pytest.raises(NoBuildKit, match="install the buildx plugin") as e:
-        select_builder("buildkit", engine=None)  # type: ignore[arg-type]
+        decide("buildkit")
     assert e.value.exit_code == 2 and "buildx component is missing" in str(e.value)
     detect_buildkit.cache_clear()
 
@@ -231,8 +234,9 @@ def test_a_buildx_builder_instance_goes_to_buildx(tmp_path, monkeypatch):
     _fake_docker(tmp_path / "new", buildx=True, buildkit=False)
     monkeypatch.setenv("PATH", str(tmp_path / "new"))
     detect_buildkit.cache_clear()
-    builder = select_builder("auto", engine=None, buildx_builder="k8s")  # type: ignore[arg-type]
-    assert isinstance(builder, BuildKitBuilder) and builder.cli.command[-2:] == ("--builder", "k8s")
+    decision = decide("auto", buildx_builder="k8s")
+    assert decision.kind == "buildkit" and decision.cli is not None
+    assert decision.cli.command[-2:] == ("--builder", "k8s")
     detect_buildkit.cache_clear()
 
 
@@ -399,7 +403,7 @@ def test_ctrl_c_stops_a_buildkit_build_and_leaves_nothing(docker_engine, base_im
     log = tmp_path / "build.log"
     script = (
         "import sys; from pathlib import Path\n"
-        "from imagebuilder.buildkit import BuildKitBuilder, BuildKitCli\n"
+        "from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli\n"
         "from imagebuilder.engine import BuildRequest, DockerEngine\n"
         f"cli = BuildKitCli({buildkit_cli.command!r}, buildkit_env={buildkit_cli.buildkit_env!r})\n"
         f"BuildKitBuilder(cli, DockerEngine()).build(BuildRequest(context=Path({str(tmp_path)!r}), "

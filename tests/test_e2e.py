@@ -199,13 +199,14 @@ def test_verify_fails_a_devel_image_without_nvcc(docker_engine, devel_image, ima
     """A devel image without nvcc (a CUDA 12 devel on a base without NVIDIA's devel layers)
     fails the devel check that verify, and so publish, runs."""
     from imagebuilder.engine import BuildRequest
+    from imagebuilder.engine.classic import ClassicBuilder
     from imagebuilder.verify import parse_output
 
     context = tmp_path / "no-nvcc"
     context.mkdir()
     (context / "Dockerfile").write_text(f'FROM {devel_image["tags"][0]}\nRUN rm "$CUDA_HOME/bin/nvcc"\n')
     ref = f"{image_repo}:no-nvcc"
-    docker_engine.build(BuildRequest(context=context, tags=(ref,), timeout=300))
+    ClassicBuilder(docker_engine).build(BuildRequest(context=context, tags=(ref,), timeout=300))
     result = docker_engine.run(ref, ["python", "-m", "smoke_tests", "--json", "--checks", "devel", "--allow-no-gpu"],
                                timeout=300)
     (devel,) = parse_output(result.output, result.exit_code).checks
@@ -224,12 +225,13 @@ def test_verify_passes_the_built_image_in_cpu_mode(runtime_image):
 def test_verify_fails_a_plain_pip_install_image_for_want_of_a_compiler(docker_engine, base_image):
     """A venv + `pip install torch` on the same base: what users get without imagebuilder."""
     from bench.floor import build_floor
+    from imagebuilder.engine.classic import ClassicBuilder
     from imagebuilder.matrix import load_matrix
     from imagebuilder.resources import default_matrix_path
 
     ref = f"{TEST_REPOSITORY_PREFIX}/plain-{uuid.uuid4().hex[:8]}:2.6.0"
     ca = ca_bundle_args()
-    build_floor(docker_engine, load_matrix(default_matrix_path()), "2.6", base_image, ref,
+    build_floor(ClassicBuilder(docker_engine), load_matrix(default_matrix_path()), "2.6", base_image, ref,
                 Path(ca[1]) if ca else None, nocache=False)
     try:
         # No --mount-smoke-tests: a user verifying an image imagebuilder did not build.

@@ -30,8 +30,9 @@ from imagebuilder.engine import (
     Progress,
     PushFailed,
     TagFailed,
-    classify_failure,
 )
+from imagebuilder.engine.classic import ClassicBuilder
+from imagebuilder.engine.errors import classify_failure
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 docker = pytest.mark.docker
@@ -105,7 +106,7 @@ CLASSIC_STREAM = [
 
 
 def test_classic_stream_parser_on_canned_output() -> None:
-    from imagebuilder.classic_stream import BuildState as _BuildState
+    from imagebuilder.engine.classic import BuildState as _BuildState
 
     events: list[Progress] = []
     state = _BuildState(time.monotonic(), events.append)
@@ -128,7 +129,7 @@ def test_classic_stream_parser_on_canned_output() -> None:
 
 
 def test_network_hint_names_the_host_and_skips_ca_advice_when_a_ca_was_given() -> None:
-    from imagebuilder.engine_errors import network_hint
+    from imagebuilder.engine.errors import network_hint
 
     tail = ["error: Request failed after 3 retries", "  Caused by: error sending request for url "
             "(http://127.0.0.1:9/simple/torch/)", "  Caused by: tcp connect error: Connection refused"]
@@ -166,7 +167,7 @@ def test_build_applies_all_tags_and_labels_reports_progress_and_writes_log(
     tags = (f"{image_repo}:1.0", f"{image_repo}:latest")
     events: list[Progress] = []
     log = tmp_path / "logs" / "build.log"
-    result = docker_engine.build(
+    result = ClassicBuilder(docker_engine).build(
         BuildRequest(ctx, tags, {"org.opencontainers.image.revision": "abc123"}, log_path=log,
                      nocache=True),
         events.append,
@@ -197,9 +198,9 @@ def test_second_identical_build_is_fully_cached(
         RUN echo cached-build
     """)
     request = BuildRequest(ctx, (f"{image_repo}:1",), {"purpose": "cache-test"})
-    first = docker_engine.build(request)
+    first = ClassicBuilder(docker_engine).build(request)
     cached: list[Progress] = []
-    second = docker_engine.build(request, cached.append)
+    second = ClassicBuilder(docker_engine).build(request, cached.append)
 
     assert second.image_id == first.image_id
     assert second.executed_steps == 0
@@ -221,7 +222,7 @@ def test_failing_run_step_reports_step_and_last_lines_and_leaves_no_tag(
     tags = (f"{image_repo}:1", f"{image_repo}:2")
     log = tmp_path / "build.log"
     with pytest.raises(BuildFailed) as e:
-        docker_engine.build(BuildRequest(ctx, tags, {}, log_path=log))
+        ClassicBuilder(docker_engine).build(BuildRequest(ctx, tags, {}, log_path=log))
 
     failed = e.value
     assert (failed.step, failed.total) == (3, 4)
@@ -256,7 +257,7 @@ def test_failing_step_says_when_network_or_disk_was_the_cause(
         RUN echo '{output}' >&2; exit 1
     """)
     with pytest.raises(BuildFailed) as e:
-        docker_engine.build(BuildRequest(ctx, (f"{image_repo}:1",), {}))
+        ClassicBuilder(docker_engine).build(BuildRequest(ctx, (f"{image_repo}:1",), {}))
     assert e.value.cause == cause
     assert advice in str(e.value)
 
@@ -273,7 +274,7 @@ def test_missing_base_image_names_it_and_suggests_base_image_flag(
     missing = f"{image_repo}-no-such-base:0"
     ctx = context(dockerfile.format(missing=missing))
     with pytest.raises(BaseImageMissing) as e:
-        docker_engine.build(BuildRequest(ctx, (f"{image_repo}:1",), {}))
+        ClassicBuilder(docker_engine).build(BuildRequest(ctx, (f"{image_repo}:1",), {}))
     assert e.value.image == missing
     assert missing in str(e.value) and "--base-image" in str(e.value) and "${BASE_IMAGE}" not in str(e.value)
 
@@ -294,10 +295,10 @@ def test_a_build_removes_its_earlier_stages_and_the_image_a_rebuild_untagged(
         RUN echo {{}} > /version.txt
     """
     tag = f"{image_repo}:1"
-    first = docker_engine.build(BuildRequest(context(dockerfile.format("one")), (tag,), {}))
+    first = ClassicBuilder(docker_engine).build(BuildRequest(context(dockerfile.format("one")), (tag,), {}))
     assert len(first.removed) == 1  # the first stage's image: untagged, nobody asked for it
     assert _image_gone(docker_engine, first.removed[0])
-    second = docker_engine.build(BuildRequest(context(dockerfile.format("two")), (tag,), {}))
+    second = ClassicBuilder(docker_engine).build(BuildRequest(context(dockerfile.format("two")), (tag,), {}))
     assert second.image_id != first.image_id
     assert first.image_id in second.removed and _image_gone(docker_engine, first.image_id)
     assert docker_engine.image_exists(tag) and docker_engine.image_exists(base_image)
@@ -308,8 +309,8 @@ def test_a_rebuild_keeps_the_previous_image_while_another_tag_names_it(
     docker_engine: DockerEngine, base_image: str, image_repo: str, context: Callable[[str], Path], marker: str,
 ) -> None:
     keep, moving = f"{image_repo}:kept", f"{image_repo}:moving"
-    first = docker_engine.build(BuildRequest(context(f"FROM {base_image}\nRUN echo {marker}-a\n"), (keep, moving), {}))
-    second = docker_engine.build(BuildRequest(context(f"FROM {base_image}\nRUN echo {marker}-b\n"), (moving,), {}))
+    first = ClassicBuilder(docker_engine).build(BuildRequest(context(f"FROM {base_image}\nRUN echo {marker}-a\n"), (keep, moving), {}))
+    second = ClassicBuilder(docker_engine).build(BuildRequest(context(f"FROM {base_image}\nRUN echo {marker}-b\n"), (moving,), {}))
     assert first.image_id not in second.removed and docker_engine.image_exists(keep)
 
 
@@ -320,7 +321,7 @@ def test_a_tag_that_cannot_be_applied_removes_the_tags_already_applied(
     ctx = context(f"FROM {base_image}\nRUN echo tag-test\n")
     good, bad = f"{image_repo}:ok", f"{image_repo}:Bad Tag"
     with pytest.raises(TagFailed) as e:
-        docker_engine.build(BuildRequest(ctx, (good, bad), {}))
+        ClassicBuilder(docker_engine).build(BuildRequest(ctx, (good, bad), {}))
     assert e.value.tag == bad
     assert not docker_engine.image_exists(good)
 
@@ -333,7 +334,7 @@ def test_build_over_its_timeout_is_stopped_and_cleaned_up(
     ctx = context(f"FROM {base_image}\nRUN echo {marker}; sleep 60\n")
     started = time.monotonic()
     with pytest.raises(BuildTimedOut) as e:
-        docker_engine.build(BuildRequest(ctx, (f"{image_repo}:1",), {}, nocache=True, timeout=4))
+        ClassicBuilder(docker_engine).build(BuildRequest(ctx, (f"{image_repo}:1",), {}, nocache=True, timeout=4))
     assert time.monotonic() - started < 30
     assert e.value.step == 2
     assert not _containers_running(marker)
@@ -344,13 +345,14 @@ _INTERRUPT_DRIVER = """
 import sys
 from pathlib import Path
 from imagebuilder.engine import BuildRequest, DockerEngine
+from imagebuilder.engine.classic import ClassicBuilder
 
 def progress(p):
     if p.line == "sleeping":
         print("SLEEPING", flush=True)
 
 try:
-    DockerEngine().build(BuildRequest(Path(sys.argv[1]), (sys.argv[2],), {}, nocache=True), progress)
+    ClassicBuilder(DockerEngine()).build(BuildRequest(Path(sys.argv[1]), (sys.argv[2],), {}, nocache=True), progress)
 except KeyboardInterrupt:
     print("INTERRUPTED", flush=True)
     sys.exit(130)
@@ -446,7 +448,7 @@ def test_push_returns_the_digest_the_registry_stored(
     registry: str,
 ) -> None:
     ref = f"{registry}/{image_repo}:1"
-    docker_engine.build(BuildRequest(context(f"FROM {base_image}\nRUN echo pushed\n"), (ref,), {}))
+    ClassicBuilder(docker_engine).build(BuildRequest(context(f"FROM {base_image}\nRUN echo pushed\n"), (ref,), {}))
     digest = docker_engine.push(ref)
     assert digest.startswith("sha256:")
     assert digest == _registry_digest(registry, image_repo, "1")
@@ -460,7 +462,7 @@ def test_push_to_a_registry_that_does_not_answer_fails_after_retries(
     free_port: int,
 ) -> None:
     ref = f"127.0.0.1:{free_port}/{image_repo}:1"
-    docker_engine.build(BuildRequest(context(f"FROM {base_image}\nRUN echo unpushed\n"), (ref,), {}))
+    ClassicBuilder(docker_engine).build(BuildRequest(context(f"FROM {base_image}\nRUN echo unpushed\n"), (ref,), {}))
     with pytest.raises(PushFailed) as e:
         docker_engine.push(ref, retries=2, backoff=0.1)
     assert e.value.attempts == 2 and e.value.ref == ref

@@ -381,6 +381,7 @@ def test_the_sbom_lists_torch_with_its_version_and_hash(docker_engine, runtime_i
 def test_a_base_pinned_by_image_id_is_checked_before_the_build(docker_engine, base_image, tmp_path) -> None:
     """A local base without a registry digest: FROM keeps the tag, the build checks the id."""
     from imagebuilder.build import BaseImageChanged, build_image, check_base
+    from imagebuilder.engine.classic import ClassicBuilder
 
     image_id, _ = docker_engine.image_identity(base_image)
     spec = resolve(MATRIX, replace(E2E, base_image=base_image))
@@ -391,7 +392,8 @@ def test_a_base_pinned_by_image_id_is_checked_before_the_build(docker_engine, ba
     moved = render(spec, MATRIX, RenderOptions(locks=replace(locks, bases={
         base_image: BasePin(base_image, image_id="sha256:" + "0" * 64)})))
     with pytest.raises(BaseImageChanged, match=f"base image {base_image} is {image_id}"):
-        build_image(docker_engine, moved, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+        build_image(docker_engine, moved, builder=ClassicBuilder(docker_engine), matrix_path=REPO_ROOT / "matrix.yaml",
+                    logs=tmp_path)
 
 
 def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) -> None:
@@ -407,7 +409,12 @@ def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) 
 
 
 class RecordingEngine:
-    """The engine calls build_image makes, answered from canned values."""
+    """The engine (and builder) calls build_image makes, answered from canned values."""
+
+    kind = "classic"
+
+    def describe(self):
+        return "a recording builder"
 
     def __init__(self, sbom: bytes | None) -> None:
         self.sbom, self.builds, self.removed = sbom, [], []
@@ -434,7 +441,7 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
     engine = RecordingEngine(b'{"bomFormat": "CycloneDX"}\n')
-    built = build_image(engine, image, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    built = build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
     (first_tags, _), (tags, dockerfile) = engine.builds
     unlabelled = f"{image.ref}-unlabelled"
     assert first_tags == (unlabelled,) and tags == image.refs
@@ -442,4 +449,4 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
     assert dockerfile == f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="sha256:{digest}"\n'
     assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
     with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
-        build_image(RecordingEngine(None), image, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+        build_image(RecordingEngine(None), image, builder=RecordingEngine(None), matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)

@@ -32,6 +32,7 @@ from conftest import ca_bundle_args, imagebuilder, remove_local_tags
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
+from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.lock import load_locks, locks_dir
 from imagebuilder.matrix import load_matrix
@@ -413,6 +414,37 @@ def test_second_run_skips_and_pushes_nothing(base_image: str, first_run: dict[st
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
+def test_a_dry_run_after_a_buildkit_publish_plans_nothing_to_rebuild(docker_engine: Any, base_image: str,
+                                                                    local_registry: LocalRegistry,
+                                                                    tmp_path: Path) -> None:
+    """The dry run decides the builder as the run does (engine.select, asked once, without
+    building): it renders the same BuildKit Dockerfile, so its inputs hash is the registry's
+    and the image the run just pushed is planned as a skip, not a rebuild."""
+    from imagebuilder.engine.select import detect_buildkit
+
+    if detect_buildkit()[0] is None:
+        from conftest import _unavailable
+
+        _unavailable("no docker CLI here builds with BuildKit")
+    registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
+    args = _publish_args(base_image, registry, tmp_path / "run.json", "--builder", "buildkit")
+    try:
+        done = imagebuilder(*args)
+        assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+        (pushed,) = json.loads((tmp_path / "run.json").read_text())["images"]
+        assert pushed["status"] == PUSHED
+        dry = imagebuilder(*args, "--dry-run")
+        assert dry.returncode == 0, dry.stderr[-4000:]
+        rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
+        assert [(action, ref) for _, action, ref, _ in rows] == [(SKIP, pushed["ref"])], dry.stdout
+        assert f"published as {pushed['digest'].removeprefix('sha256:')[:12]}" in dry.stdout
+    finally:
+        remove_local_tags(docker_engine, registry)
+
+
+@pytest.mark.docker
+@pytest.mark.registry
 def test_the_next_day_adds_only_the_dated_tag(base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
     (before,) = first_run["report"]["images"]
     digest = next(iter(before["pushed"].values()))
@@ -442,20 +474,20 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
     registry = HttpRegistry(config={})
     (step,) = publish.plan([with_alias], publish.lookup(registry, [with_alias]))
     assert (step.action, step.retag) == (RETAG, (with_alias.refs[-1],))
-    (outcome,) = publish.publish([step], engine=docker_engine, registry=registry,
-                                 options=publish.RunOptions(matrix_path=default_matrix_path()))
+    (outcome,) = publish.publish([step], engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                 registry=registry, options=publish.RunOptions(matrix_path=default_matrix_path()))
     assert outcome.status == RETAGGED and outcome.pushed[with_alias.refs[-1]] == digest
     assert _head(with_alias.refs[-1]) == digest
 
 
 def _rendered(registry: str, base_image: str) -> RenderedImage:
     """The image `publish` renders for the test's options (the CA bundle is outside the hash)."""
-    from imagebuilder.cli import _source_label
+    from imagebuilder.pipeline import source_label
 
     matrix = load_matrix(default_matrix_path())
     ca = os.environ.get("SSL_CERT_FILE")
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
-    opts = RenderOptions(repository=f"{registry}/pytorch", source=_source_label(),
+    opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(),
                          ca_bundle=Path(ca) if ca and Path(ca).is_file() else None,
                          locks=load_locks(locks_dir(matrix)))
     return render(spec, matrix, opts)
@@ -488,8 +520,8 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
             local_registry.stop()
 
     try:
-        outcomes = list(publish.publish(steps, engine=docker_engine, registry=registry, options=options,
-                                        on_event=stop_before_push, verifier=recorded))
+        outcomes = list(publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                        registry=registry, options=options, on_event=stop_before_push, verifier=recorded))
     finally:
         local_registry.start()
     (outcome,) = outcomes
@@ -501,7 +533,7 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
 
     # Back up: the same plan completes; every tag names what the push reported.
     (outcome,) = publish.publish(publish.plan([image], publish.lookup(registry, [image])), engine=docker_engine,
-                                 registry=registry, options=options, verifier=recorded)
+                                 builder=ClassicBuilder(docker_engine), registry=registry, options=options, verifier=recorded)
     assert outcome.status == PUSHED and set(outcome.pushed) == set(image.refs)
     assert all(_head(ref) == digest for ref, digest in outcome.pushed.items())
     assert registry.labels(image.ref) == docker_engine.image_labels(image.ref)
@@ -552,8 +584,8 @@ def test_a_failed_runtime_fails_its_jupyter(docker_engine: Any, base_image: str,
     other = replace(runtime, tags=("other",))  # published already: skipped, never built
     steps = [publish.Step(broken, BUILD, "not in the registry"), publish.Step(jupyter, BUILD, "base image rebuilt"),
              publish.Step(other, SKIP, "unchanged", D1)]
-    outcomes = list(publish.publish(steps, engine=docker_engine, registry=HttpRegistry(config={}),
-                                    options=publish.RunOptions(matrix_path=SMALL, keep_going=keep_going)))
+    outcomes = list(publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                    registry=HttpRegistry(config={}), options=publish.RunOptions(matrix_path=SMALL, keep_going=keep_going)))
     assert [o.status for o in outcomes] == [FAILED, jupyter_status, other_status]
     assert "build failed" in outcomes[0].reason and "exit code 3" in outcomes[0].reason
     if keep_going:
@@ -756,7 +788,8 @@ def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_p
     before = _storage(fresh_registry)
     report = tmp_path / "plan.json"
     done = imagebuilder("publish", *MERGE_COORDINATES, "--variant", "runtime", "--registry", registry,
-                        "--platform", ",".join(BOTH), "--dry-run", "--date", day.isoformat(), "--report", str(report))
+                        "--platform", ",".join(BOTH), "--builder", "buildkit", "--dry-run", "--date", day.isoformat(),
+                        "--report", str(report))
     assert done.returncode == 0, done.stderr
     assert _storage(fresh_registry) == before
     document = json.loads(report.read_text())

@@ -6,14 +6,14 @@ decides when a build, a verification, a push or a confirmation goes wrong.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imagebuilder import publish
-from imagebuilder.engine import BuildRequest, BuildResult, Progress, PushFailed
-from imagebuilder.engine_errors import BuildFailed
+from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, PushFailed, RunResult
+from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix import load_matrix
 from imagebuilder.pipeline import Selection, render_selected, with_parents
 from imagebuilder.render import RenderedImage, RenderOptions
@@ -42,13 +42,33 @@ class CannedEngine:
     pushed: list[str] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
 
+    kind: BuilderKind = "classic"  # it is the builder too
+
+    def describe(self) -> str:
+        return "canned builds"
+
+    def ping(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
     def image_exists(self, ref: str) -> bool:
         return False
 
     def image_labels(self, ref: str) -> dict[str, str]:
         return {}
 
-    def build(self, req: BuildRequest, on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        return None
+
+    def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
+            shm_size: str | None = None, environment: Mapping[str, str] | None = None,
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult:
+        raise AssertionError("the runner starts no container itself: its verifier does")
+
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
         ref = req.tags[0]
         if ref in self.fail_build:
             raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
@@ -90,6 +110,9 @@ class CannedRegistry:
         self.put.append((ref, digest))
         return self.answers.get(ref, digest) or ""
 
+    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+        raise AssertionError("these runs publish one platform: no index")
+
 
 def verdict(ok: bool) -> Callable[[Any, str, publish.RunOptions], VerifyReport]:
     def verifier(engine: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
@@ -103,7 +126,7 @@ def run(steps: Sequence[publish.Step], engine: CannedEngine, registry: CannedReg
         **options: Any) -> list[publish.Outcome]:
     from dataclasses import replace
 
-    return list(publish.publish(steps, engine=engine, registry=registry,  # type: ignore[arg-type]
+    return list(publish.publish(steps, engine=engine, builder=engine, registry=registry,
                                 options=replace(OPTIONS, **options), verifier=verdict(ok)))
 
 

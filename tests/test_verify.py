@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from imagebuilder.engine import BuildRequest, ContainerFailed, GpuUnavailable, RunResult
+from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.verify import (
     LENT_MANIFEST,
     NOT_RUN,
@@ -373,7 +374,7 @@ def no_client_reads(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequ
 def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "530.30.02",
                                 "io.imagebuilder.cuda": "12.4.1"})
-    report = verify_image(engine, "img:1", timeout=60)  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1", timeout=60)
     assert report.ok, report.format()
     probe, run = engine.runs
     assert probe["command"] == ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
@@ -390,7 +391,7 @@ def test_gpus_and_runtime_come_from_the_daemons_host(tmp_path: Path) -> None:
     """A CDI spec on this client says nothing about the daemon's host (DOCKER_HOST=ssh://...)."""
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
     engine = FakeEngine(info_doc={"Runtimes": {"runc": {}}, "CDISpecDirs": [str(tmp_path)]})
-    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1")
     items = {item.name: item for item in report.preflight}
     assert items["runtime"].detail == "the daemon accepted a GPU device request"
     assert str(tmp_path) not in report.format()
@@ -398,10 +399,10 @@ def test_gpus_and_runtime_come_from_the_daemons_host(tmp_path: Path) -> None:
 
 def test_a_daemon_without_gpu_support_is_a_host_without_gpus() -> None:
     engine = cpu_daemon()
-    refused = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    refused = verify_image(engine, "img:1")
     assert [name for name, _ in refused.failures] == ["gpu"]
     assert "the Docker daemon's host" in refused.failures[0][1] and NO_DEVICE_DRIVER in refused.failures[0][1]
-    allowed = verify_image(cpu_daemon(), "img:1", allow_no_gpu=True)  # type: ignore[arg-type]
+    allowed = verify_image(cpu_daemon(), "img:1", allow_no_gpu=True)
     assert allowed.ok and not allowed.require_gpu
     statuses = {item.name: item.status for item in allowed.preflight}
     assert statuses == {"daemon": "pass", "image": "pass", "gpu": "skip", "runtime": "skip", "driver": "skip"}
@@ -417,7 +418,7 @@ def test_a_foreign_image_is_lent_the_smoke_tests_and_judged_by_its_own_torch() -
     """pytorch/pytorch, or a venv with `pip install torch`: no labels, no smoke_tests, no manifest."""
     engine = cpu_daemon()
     engine.labels = {"maintainer": "someone"}
-    report = verify_image(engine, "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", allow_no_gpu=True)  # type: ignore[arg-type]
+    report = verify_image(engine, "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", allow_no_gpu=True)
     assert report.ok, report.format()
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3", "python3"]
     run = engine.smoke_run
@@ -442,7 +443,7 @@ def test_a_foreign_image_without_torch_is_still_judged() -> None:
     engine = cpu_daemon()
     engine.labels = {}
     engine.probe = RunResult(0, PROBE_PREFIX + json.dumps({"python": "3.11.2", "error": "no torch"}), False, 1.0)
-    report = verify_image(engine, "python:3.11", allow_no_gpu=True)  # type: ignore[arg-type]
+    report = verify_image(engine, "python:3.11", allow_no_gpu=True)
     run = engine.smoke_run
     assert "--manifest" not in run["command"] and LENT_MANIFEST.lstrip("/") not in unpacked(run["archives"]["/"])
     assert report.notices[0].endswith("its torch could not be read, so there are no expectations")
@@ -451,7 +452,7 @@ def test_a_foreign_image_without_torch_is_still_judged() -> None:
 def test_mount_smoke_tests_lends_them_to_an_imagebuilder_image_too() -> None:
     """The explicit way, kept: for an image whose own copy is older. Its manifest still counts."""
     engine = cpu_daemon()
-    report = verify_image(engine, "img:1", allow_no_gpu=True, mount_smoke_tests=True)  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1", allow_no_gpu=True, mount_smoke_tests=True)
     assert report.ok and not report.require_gpu
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3"]  # no torch probe
     run = engine.smoke_run
@@ -466,7 +467,7 @@ def test_verify_image_reads_the_compat_floor_label() -> None:
     """A cu128 image on a 550 driver: the min-driver label alone would refuse it."""
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "570.124.06",
                                 "io.imagebuilder.min-driver-compat": "525.60.13", "io.imagebuilder.cuda": "12.8.1"})
-    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1")
     assert report.ok, report.format()
     (driver,) = [item for item in report.preflight if item.name == "driver"]
     assert "through minor-version compatibility (>= 525.60.13)" in driver.detail
@@ -474,7 +475,7 @@ def test_verify_image_reads_the_compat_floor_label() -> None:
 
 def test_verify_image_stops_at_a_failed_preflight() -> None:
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "999.0"})
-    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1")
     assert not report.ok and report.error == NOT_RUN
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi"]
     assert [name for name, _ in report.failures] == ["driver"]
@@ -482,7 +483,7 @@ def test_verify_image_stops_at_a_failed_preflight() -> None:
 
 def test_verify_image_names_an_image_it_cannot_pull() -> None:
     engine = FakeEngine(present=False)
-    report = verify_image(engine, "registry.example/ml/pytorch:nope")  # type: ignore[arg-type]
+    report = verify_image(engine, "registry.example/ml/pytorch:nope")
     assert engine.pulled == ["registry.example/ml/pytorch:nope"] and engine.runs == []
     ((name, reason),) = report.failures
     assert name == "image" and "registry.example/ml/pytorch:nope" in reason and "manifest unknown" in reason
@@ -490,21 +491,21 @@ def test_verify_image_names_an_image_it_cannot_pull() -> None:
 
 def test_verify_image_rejected_device_request_is_a_runtime_problem() -> None:
     engine = FakeEngine(run_error=GpuUnavailable(image="img:1", detail=NO_DEVICE_DRIVER))
-    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1")
     assert [name for name, _ in report.failures] == ["runtime"]
     assert "could not select device driver" in report.failures[0][1]
 
 
 def test_verify_image_container_that_cannot_start() -> None:
     engine = FakeEngine(run_error=ContainerFailed(image="img:1", detail='exec: "python3": executable file not found in $PATH'))
-    report = verify_image(engine, "img:1")  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1")
     assert report.failures == (("smoke tests", 'could not run a container from img:1: exec: "python3": '
                                                "executable file not found in $PATH"),)
 
 
 def test_verify_image_timeout_keeps_the_output_tail() -> None:
     engine = FakeEngine(result=RunResult(137, "compiling...\n" * 100, True, 30.0))
-    report = verify_image(engine, "img:1", timeout=30)  # type: ignore[arg-type]
+    report = verify_image(engine, "img:1", timeout=30)
     assert report.failures == (("smoke tests", "the smoke tests did not finish within 30s and were killed; "
                                                "raise --timeout or look at the output below"),)
     assert len(report.output_tail) == 40 and report.output_tail[-1] == "compiling..."
@@ -672,7 +673,7 @@ def build(engine: DockerEngine, tmp_path: Path, ref: str, dockerfile: str,
     for name, text in (files or {}).items():
         (context / name).write_text(textwrap.dedent(text))
         (context / name).chmod(0o755)
-    engine.build(BuildRequest(context=context, tags=(ref,), timeout=600))
+    ClassicBuilder(engine).build(BuildRequest(context=context, tags=(ref,), timeout=600))
     return ref
 
 

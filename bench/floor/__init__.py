@@ -10,13 +10,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from imagebuilder.engine import BuildRequest, BuildResult, Engine
+from imagebuilder.engine import Builder, BuildRequest, BuildResult
 from imagebuilder.matrix import Matrix
 
 HERE = Path(__file__).resolve().parent
 
 
-def build_floor(engine: Engine, matrix: Matrix, torch_key: str, base_image: str, tag: str,
+def build_floor(builder: Builder, matrix: Matrix, torch_key: str, base_image: str, tag: str,
                 ca_bundle: Path | None, nocache: bool = True) -> BuildResult:
     release = matrix.torches[torch_key]
     reqs = [f"torch=={release.version}", f"torchvision=={release.torchvision}"]
@@ -26,7 +26,7 @@ def build_floor(engine: Engine, matrix: Matrix, torch_key: str, base_image: str,
         context = Path(tmp)
         shutil.copy(HERE / "Dockerfile", context / "Dockerfile")
         (context / "ca-bundle.pem").write_bytes(ca_bundle.read_bytes() if ca_bundle else b"")
-        return engine.build(BuildRequest(
+        return builder.build(BuildRequest(
             context=context, tags=(tag,), nocache=nocache,
             buildargs={"BASE_IMAGE": base_image, "REQUIREMENTS": " ".join(reqs), "UV_VERSION": matrix.tools.uv},
         ))

@@ -1,6 +1,6 @@
 """What can go wrong with a container engine, and what to do about each; shared by builders.
 
-The classic builder (engine.py) and BuildKit report the same errors, and the same causes
+The classic builder (classic.py) and BuildKit (buildkit.py) report the same errors, and the same causes
 recognised in a failed step's output."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import ImageBuilderError
+from ..errors import ImageBuilderError
 
 
 class EngineError(ImageBuilderError):

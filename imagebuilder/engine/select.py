@@ -1,13 +1,15 @@
-"""The narrow builder interface and the choice of builder: BuildKit where it works, else classic.
+"""Which builder a command uses, decided once, without building the images: BuildKit or classic.
 
-A builder turns a build context into a tagged image: `build(BuildRequest) -> BuildResult`
-(the request carries the context, tags, platform and secrets; the result the image id and
-the log). Running, inspecting, tagging and pushing stay with the Docker SDK (engine.py).
+Every path asks here (render, build, publish, and publish --dry-run), so what a dry run
+renders, and so the inputs hash it compares with the registry, is what the run builds.
+`decide()` answers the kind (which templates to render) and how BuildKit runs here;
+`make_builder()` turns that decision into the builder that builds.
 
 `auto` detects, it does not assume: a docker CLI whose `buildx version` answers builds
-with `docker buildx build`; else one whose built-in BuildKit really builds (Debian's 20.10
-CLI does; a docker 23+ CLI without the buildx plugin refuses); else the classic builder
-through the Engine API (a remote daemon with only the API, a host without a BuildKit CLI).
+with `docker buildx build` (asked without a daemon); else one whose built-in BuildKit
+really builds (Debian's 20.10 CLI does; a docker 23+ CLI without the buildx plugin refuses:
+probed with an empty FROM scratch build to /dev/null); else the classic builder through the
+Engine API (a remote daemon with only the API, a host without a BuildKit CLI).
 """
 
 from __future__ import annotations
@@ -16,43 +18,18 @@ import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
 
+from ..errors import BadRequest
+from .api import Builder, BuilderKind
 from .buildkit import BuildKitBuilder, BuildKitCli
-from .engine import BuildRequest, BuildResult, DockerEngine, Progress
-from .errors import BadRequest
+from .classic import ClassicBuilder
+from .docker import DockerEngine
 
 CHOICES = ("auto", "buildkit", "classic")
 _PROBE_TIMEOUT = 60.0
 # The smallest build there is: no base image, nothing written anywhere but /dev/null.
 _PROBE_DOCKERFILE = "FROM scratch\nLABEL io.imagebuilder.probe=1\n"
-
-
-class Builder(Protocol):
-    name: str
-    """"buildkit" or "classic": which templates the images it builds are rendered with."""
-
-    def describe(self) -> str: ...
-
-    def build(self, req: BuildRequest,
-              on_progress: Callable[[Progress], None] | None = None) -> BuildResult: ...
-
-
-class ClassicBuilder:
-    """The Engine API's classic builder, as docker-py drives it (engine.py)."""
-
-    name = "classic"
-
-    def __init__(self, engine: DockerEngine) -> None:
-        self.engine = engine
-
-    def describe(self) -> str:
-        return "the classic builder (Docker Engine API)"
-
-    def build(self, req: BuildRequest,
-              on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
-        return self.engine.build(req, on_progress)
 
 
 class NoBuildKit(BadRequest):
@@ -112,18 +89,40 @@ def detect_buildkit(buildx_builder: str | None = None) -> tuple[BuildKitCli | No
     return None, tuple(tried)
 
 
-def select_builder(choice: str, engine: DockerEngine, buildx_builder: str | None = None) -> Builder:
+@dataclass(frozen=True)
+class Decision:
+    """The builder a command will use: its kind, and for BuildKit the CLI that runs it."""
+
+    kind: BuilderKind
+    cli: BuildKitCli | None = None
+
+    def describe(self) -> str:
+        if self.cli is not None:
+            return f"BuildKit ({self.cli.description or ' '.join(self.cli.command)})"
+        return "the classic builder (Docker Engine API)"
+
+
+CLASSIC = Decision("classic")
+
+
+def decide(choice: str, buildx_builder: str | None = None) -> Decision:
     """The builder `--builder` asks for; `auto`: BuildKit when a CLI here builds with it."""
     if choice not in CHOICES:
         raise BadRequest(f"unknown builder {choice!r}; known: {', '.join(CHOICES)}")
     if choice == "classic":
         if buildx_builder:
             raise BadRequest("--buildx-builder needs --builder buildkit or auto")
-        return ClassicBuilder(engine)
+        return CLASSIC
     cli, tried = detect_buildkit(buildx_builder or os.environ.get("BUILDX_BUILDER") or None)
     if cli is not None:
-        return BuildKitBuilder(cli, engine)
+        return Decision("buildkit", cli)
     if choice == "buildkit" or buildx_builder:
         raise NoBuildKit(tried="; ".join(tried) or "no docker CLI on PATH")
-    return ClassicBuilder(engine)
+    return CLASSIC
 
+
+def make_builder(decision: Decision, engine: DockerEngine) -> Builder:
+    """The builder that builds what `decision` rendered for."""
+    if decision.cli is not None:
+        return BuildKitBuilder(decision.cli, engine)
+    return ClassicBuilder(engine)

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from .classic_stream import TAIL_LINES, Progress
-from .engine import BuildRequest, BuildResult, DockerEngine, check_request
-from .engine_errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
+from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
+from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
 _COUNTED = frozenset({"FROM", "RUN", "COPY", "ADD", "WORKDIR"})
@@ -203,9 +202,9 @@ class BuildKitCli:
 class BuildKitBuilder:
     """Builds with BuildKit through the docker CLI; inspects with the SDK."""
 
-    name = "buildkit"
+    kind: BuilderKind = "buildkit"
 
-    def __init__(self, cli: BuildKitCli, engine: DockerEngine) -> None:
+    def __init__(self, cli: BuildKitCli, engine: ImageInspector) -> None:
         self.cli = cli
         self.engine = engine
 
@@ -231,8 +230,7 @@ class BuildKitBuilder:
             args.append("--pull")
         return [*args, str(req.context)]
 
-    def build(self, req: BuildRequest,
-              on_progress: Callable[[Progress], None] | None = None) -> BuildResult:
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
         check_request(req)
         self.engine.ping()
         started = time.monotonic()

@@ -1,0 +1,25 @@
+"""The only package that talks to a container engine (with registry auth, the only users of `docker`).
+
+- api.py: the value objects (BuildRequest, BuildResult, RunResult, Progress) and the small
+  protocols the rest of imagebuilder sees: Builder (with its `kind`), ImageStore, Runner, Pusher;
+- docker.py: DockerEngine, the Docker SDK adapter behind ImageStore, Runner and Pusher;
+- classic.py: the Engine API's classic builder and the parser of its stream;
+- buildkit.py: BuildKit through the docker CLI, and the parser of its plain progress;
+- select.py: which builder a command uses, decided once without building (dry runs too);
+- errors.py: what can go wrong, and what to do about each.
+
+The names below are the package's interface; importing it loads no `docker` module.
+"""
+
+from .api import (Builder, BuilderKind, BuildRequest, BuildResult, Engine, ImageInspector, ImageStore, OnProgress,
+                  Progress, Pusher, Runner, RunResult, check_request)
+from .docker import DockerEngine
+from .errors import (BaseImageMissing, BuildFailed, BuildTimedOut, ContainerFailed, DaemonUnavailable, EngineError,
+                     GpuUnavailable, ImageMissing, PullFailed, PushFailed, TagFailed)
+
+__all__ = [
+    "BaseImageMissing", "BuildFailed", "BuildRequest", "BuildResult", "BuildTimedOut", "Builder", "BuilderKind",
+    "ContainerFailed", "DaemonUnavailable", "DockerEngine", "Engine", "EngineError", "GpuUnavailable",
+    "ImageInspector", "ImageMissing", "ImageStore", "OnProgress", "Progress", "PullFailed", "PushFailed", "Pusher",
+    "RunResult", "Runner", "TagFailed", "check_request",
+]

@@ -1,0 +1,163 @@
+"""What the rest of imagebuilder sees of a container engine: value objects and small protocols.
+
+Each protocol is sized to its callers: a `Builder` turns a context into an image (build.py,
+publish.py), an `ImageStore` answers about local images (build.py, lock.py, verify.py), a
+`Runner` runs a container (verify.py), a `Pusher` pushes (publish.py). `DockerEngine`
+(docker.py) is all of the last three; the builders are classic.py and buildkit.py, and
+select.py is the one place that decides which builder a command uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from .errors import EngineError
+
+BuilderKind = Literal["buildkit", "classic"]
+TAIL_LINES = 30
+"""Output lines of a failed step an error keeps."""
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    context: Path
+    """Directory holding the Dockerfile and the files it copies."""
+    tags: tuple[str, ...]
+    """All applied only when the build succeeds; the first is the primary."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Applied at build time (the classic builder adds them as a last LABEL step)."""
+    dockerfile: str = "Dockerfile"
+    nocache: bool = False
+    pull: bool = False
+    log_path: Path | None = None
+    timeout: float = 3600
+    buildargs: Mapping[str, str] = field(default_factory=dict)
+    platform: str | None = None
+    """os/arch to build for (linux/arm64); None: the daemon's own."""
+    secrets: Mapping[str, Path] = field(default_factory=dict)
+    """Build secrets by id (BuildKit's `RUN --mount=type=secret,id=...`); in no layer."""
+
+
+def check_request(req: BuildRequest) -> None:
+    """What every builder needs before it starts: a tag and a rendered Dockerfile."""
+    if not req.tags:
+        raise ValueError("BuildRequest.tags must name at least one tag")
+    if not (req.context / req.dockerfile).is_file():
+        raise EngineError(f"no {req.dockerfile} in the build context {req.context}; "
+                          "render the Dockerfile first")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    tags: tuple[str, ...]
+    size: int
+    seconds: float
+    steps: int
+    cached_steps: int
+    executed_steps: int
+    """Steps that ran (neither FROM nor served from cache); 0 for a fully cached build."""
+    log_path: Path | None
+    removed: tuple[str, ...] = ()
+    """Images this build made and nobody asked for, removed after it: the earlier stages of a
+    multi-stage build, and the image a rebuilt tag pointed at before when no tag is left on it."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total: int
+    instruction: str
+    elapsed: float
+    """Seconds since the build started."""
+    cached: bool
+    line: str | None
+    """An output line of the step; None for the event that starts (or caches) the step."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    output: str
+    """stdout and stderr together; lines of the two streams may come out of order."""
+    timed_out: bool
+    seconds: float
+
+
+OnProgress = Callable[[Progress], None]
+
+
+class Builder(Protocol):
+    """Turns a build context into a tagged image."""
+
+    @property
+    def kind(self) -> BuilderKind:
+        """Which templates the images it builds are rendered for."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult: ...
+
+
+class ImageStore(Protocol):
+    """The engine's local images, as a build uses them (build.py, lock.py)."""
+
+    def image_exists(self, ref: str) -> bool: ...
+
+    def image_labels(self, ref: str) -> dict[str, str]: ...
+
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        """(image id, RepoDigests), None when the engine has no such image."""
+        ...
+
+    def read_file(self, image: str, path: str) -> bytes | None: ...
+
+    def remove_image(self, ref: str, force: bool = True) -> None: ...
+
+
+class ImageInspector(Protocol):
+    """What a builder that builds outside the SDK reads back (buildkit.py)."""
+
+    def ping(self) -> None: ...
+
+    def inspect_image(self, ref: str) -> dict[str, Any]: ...
+
+
+class Runner(Protocol):
+    """Containers of an image, run and always removed after (verify.py)."""
+
+    def ping(self) -> None: ...
+
+    def info(self) -> dict[str, Any]:
+        """The daemon's `docker info` (runtimes, CDI devices, ...); {} when it will not say."""
+        ...
+
+    def image_exists(self, ref: str) -> bool: ...
+
+    def image_labels(self, ref: str) -> dict[str, str]: ...
+
+    def pull(self, ref: str) -> None: ...
+
+    def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
+            gpus: bool = False, shm_size: str | None = None,
+            environment: Mapping[str, str] | None = None,
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult: ...
+
+
+class Pusher(Protocol):
+    """Images to and from a registry, through the engine (publish.py)."""
+
+    def pull(self, ref: str) -> None: ...
+
+    def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
+        """Push `ref`; the manifest digest the registry stored."""
+        ...
+
+
+class Engine(ImageStore, Runner, Pusher, Protocol):
+    """The whole engine, as publish uses it: builds' images, smoke tests' containers, pushes."""

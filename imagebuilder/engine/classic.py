@@ -1,0 +1,429 @@
+"""The classic builder: the Engine API's /build as docker-py drives it, and its stream's parser.
+
+`BuildState` is pure: fed the stream one chunk at a time, it is tested on canned output.
+`ClassicBuilder` moves bytes between the daemon and it: streamed, so the progress of every
+`Step n/m` reaches the caller and every line reaches the log file; on a timeout or Ctrl-C
+it closes the connection (dockerd then cancels the build) and removes what the build left.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, OnProgress, Progress, check_request
+from .docker import DockerEngine, short, short_text, split_ref
+from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, TagFailed, classify_failure
+
+if TYPE_CHECKING:
+    import requests
+
+
+# --------------------------------------------------------------------------- the stream
+
+
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_RUNNING_IN = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
+_LAYER = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+_BOOKKEEPING = re.compile(r"^( ---> |Removing intermediate container |Successfully (built|tagged) )")
+
+
+class BuildState:
+    """What the classic builder's stream said so far; pure, fed one stream chunk at a time."""
+
+    def __init__(self, started: float, on_progress: Callable[[Progress], None] | None) -> None:
+        self.started = started
+        self.on_progress = on_progress
+        self.step: int | None = None
+        self.total = 0
+        self.instruction = ""
+        self.cached_steps = 0
+        self.from_steps = 0
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.containers: set[str] = set()
+        self.last_layer: str | None = None
+        self.stage_images: list[str] = []  # the last image of each finished build stage
+        self._stage_layer: str | None = None
+        self._step_cached = False
+        self.image_id: str | None = None
+        self._partial = ""
+
+    def feed(self, text: str) -> None:
+        # The classic builder sends "Step n/m : X" and its newline as two chunks, and a
+        # RUN step's output arrives in whatever pieces the process wrote: split on lines.
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            self._line(line.rstrip("\r"))
+
+    def flush(self) -> None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+
+    def _line(self, line: str) -> None:
+        if m := _STEP.match(line):
+            self.step, self.total, self.instruction = int(m[1]), int(m[2]), m[3]
+            self.tail.clear()
+            self._step_cached = False
+            if self.instruction.upper().startswith("FROM "):
+                self.from_steps += 1
+                if self._stage_layer is not None:
+                    self.stage_images.append(self._stage_layer)
+                self._stage_layer = None
+            self._emit(cached=False, line=None)
+        elif line == " ---> Using cache":
+            self.cached_steps += 1
+            self._step_cached = True
+            self._emit(cached=True, line=None)
+        elif m := _RUNNING_IN.match(line):
+            self.containers.add(m[1])
+        elif m := _LAYER.match(line):
+            self.last_layer = m[1]
+            if not self.in_from_step:  # after FROM, " ---> id" is the base image itself
+                # A stage served from cache was made by an earlier build, and a concurrent
+                # build may be using it: only what this build made is this build's to remove.
+                self._stage_layer = None if self._step_cached else m[1]
+        elif m := re.match(r"^Successfully built ([0-9a-f]+)$", line):
+            self.image_id = self.image_id or m[1]
+        elif self.step is not None and not _BOOKKEEPING.match(line):
+            self.tail.append(line)
+            self._emit(cached=False, line=line)
+
+    def _emit(self, *, cached: bool, line: str | None) -> None:
+        if self.on_progress is not None and self.step is not None:
+            self.on_progress(Progress(self.step, self.total, self.instruction,
+                                      time.monotonic() - self.started, cached, line))
+
+    def images_made(self) -> list[str]:
+        """The last image of every stage so far, the unfinished one included: what a build
+        that stops here leaves behind (each one's untagged parents go with it)."""
+        return [*self.stage_images, *([self._stage_layer] if self._stage_layer else [])]
+
+    @property
+    def in_from_step(self) -> bool:
+        return self.instruction.upper().startswith("FROM ")
+
+    def base_image(self) -> str:
+        # "FROM [--platform=x] image [AS name]"
+        words = [w for w in self.instruction.split()[1:] if not w.startswith("--")]
+        return words[0] if words else self.instruction
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+class _Watchdog:
+    """Shuts the build's connection when the build's time is up, from another thread."""
+
+    def __init__(self, seconds: float, abort: Callable[[], None]) -> None:
+        self.fired = False
+        self._abort = abort
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        self._abort()
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
+
+class ClassicBuilder:
+    """The Engine API's classic builder (no secrets, no cache mounts, the daemon's platform)."""
+
+    kind: BuilderKind = "classic"
+
+    def __init__(self, engine: DockerEngine) -> None:
+        self.engine = engine
+        # The build running in this thread collects its HTTP response here (see build()).
+        self._response_sink = threading.local()
+        self._hooked = False
+
+    def describe(self) -> str:
+        return "the classic builder (Docker Engine API)"
+
+    @property
+    def _client(self) -> Any:
+        client = self.engine.client
+        if not self._hooked:
+            # Keep the streamed build's HTTP response reachable, so an interrupt or a
+            # timeout can close its connection: that is what makes dockerd cancel the build.
+            client.api.hooks["response"].append(self._collect_response)
+            self._hooked = True
+        return client
+
+    def _collect_response(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        sink: list[requests.Response] | None = getattr(self._response_sink, "responses", None)
+        if sink is not None and "/build" in (response.url or ""):
+            sink.append(response)
+
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
+        check_request(req)
+        if req.secrets:
+            raise EngineError("the classic builder cannot take build secrets; build with "
+                              "--builder buildkit (a docker CLI with BuildKit or buildx)")
+        self.engine.ping()
+        started = time.monotonic()
+        wall_started = time.time()
+        state = BuildState(started, on_progress)
+        responses: list[requests.Response] = []
+        self._response_sink.responses = responses
+        abort: Callable[[], None] = functools.partial(_close_responses, responses)
+        log: IO[str] | None = None
+        if req.log_path is not None:
+            req.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = req.log_path.open("w", encoding="utf-8")
+        error: str | None = None
+        try:
+            with _Watchdog(req.timeout, abort) as watchdog:
+                try:
+                    error = self._stream_build(req, state, log)
+                except KeyboardInterrupt:
+                    abort()
+                    self._remove_build_containers(state, wall_started)
+                    self._discard(state)
+                    if log:
+                        log.write("\n[imagebuilder] build interrupted; its containers were removed\n")
+                    raise
+                except Exception:
+                    if not watchdog.fired:
+                        raise
+            if watchdog.fired:
+                self._remove_build_containers(state, wall_started)
+                self._discard(state)
+                if log:
+                    log.write(f"\n[imagebuilder] build stopped after {req.timeout:.0f}s\n")
+                raise BuildTimedOut(seconds=req.timeout, step=state.step,
+                                    instruction=state.instruction or None, log_path=req.log_path)
+        finally:
+            self._response_sink.responses = None
+            if log:
+                log.close()
+        if error is not None:
+            self._discard(state)
+            raise self._build_error(error, state, req)
+        if state.image_id is None:
+            raise BuildFailed(step=state.step, total=state.total or None,
+                              instruction=state.instruction or None,
+                              error="the daemon ended the build without an image id",
+                              tail=tuple(state.tail), log_path=req.log_path)
+        previous = self._tagged_images(req.tags)
+        image = self._tag_all(state.image_id, req.tags)
+        removed = self._remove_leftovers([*state.stage_images, *previous], keep=image.id)
+        return BuildResult(
+            image_id=image.id,
+            tags=req.tags,
+            size=int(image.attrs.get("Size", 0)),
+            seconds=time.monotonic() - started,
+            steps=state.total,
+            cached_steps=state.cached_steps,
+            executed_steps=state.total - state.cached_steps - state.from_steps,
+            log_path=req.log_path,
+            removed=removed,
+        )
+
+    def _discard(self, state: BuildState) -> None:
+        """A build that did not finish removes the images its steps made: GBs nobody will
+        tag. Best effort: the build's own error is what the caller must see."""
+        try:
+            self._remove_leftovers(state.images_made(), keep="")
+        except Exception:  # noqa: BLE001 - never mask the build's own failure
+            pass
+
+    def _tagged_images(self, tags: Sequence[str]) -> list[str]:
+        """The images `tags` name now, before a build moves them."""
+        import docker
+
+        found = []
+        with self.engine.daemon_errors():
+            for tag in tags:
+                try:
+                    found.append(str(self._client.api.inspect_image(tag)["Id"]))
+                except docker.errors.APIError:
+                    pass  # no such image, or a tag the daemon cannot parse (tagging will say so)
+        return found
+
+    def _remove_leftovers(self, candidates: Sequence[str], keep: str) -> tuple[str, ...]:
+        """Remove each candidate that is not `keep`, has no tag and no child image: what this
+        build left untagged. Anything tagged, in use or built upon stays (the daemon is shared)."""
+        import docker
+
+        removed = []
+        with self.engine.daemon_errors():
+            children = {str(i.get("ParentId", "")) for i in self._client.api.images(all=True)}
+            for candidate in dict.fromkeys(candidates):
+                try:
+                    attrs = self._client.api.inspect_image(candidate)
+                except docker.errors.ImageNotFound:
+                    continue
+                image_id = str(attrs["Id"])
+                if image_id == keep or attrs.get("RepoTags") or image_id in children:
+                    continue
+                try:
+                    self._client.api.remove_image(image_id)
+                except docker.errors.APIError:
+                    continue  # a container uses it, or another build just did: leave it
+                removed.append(image_id)
+        return tuple(removed)
+
+    def _stream_build(self, req: BuildRequest, state: BuildState, log: IO[str] | None) -> str | None:
+        """Feed the build's stream to `state` and the log; the daemon's error, if any."""
+        with self.engine.daemon_errors():
+            stream = self._client.api.build(
+                path=str(req.context),
+                dockerfile=req.dockerfile,
+                labels=dict(req.labels) or None,
+                buildargs=dict(req.buildargs) or None,
+                nocache=req.nocache,
+                pull=req.pull,
+                platform=req.platform,
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    text = str(chunk["stream"])
+                    if log:
+                        log.write(text)
+                        log.flush()
+                    state.feed(text)
+                elif "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
+                    state.image_id = str(chunk["aux"]["ID"])
+                elif "errorDetail" in chunk or "error" in chunk:
+                    detail = chunk.get("errorDetail") or {}
+                    message = str(detail.get("message") or chunk.get("error") or "unknown error")
+                    state.flush()
+                    if log:
+                        log.write(f"\nERROR: {message}\n")
+                    return message
+                elif "status" in chunk and log:
+                    # FROM pulls report layer progress as status messages.
+                    log.write(f"{chunk['status']} {chunk.get('progress', '')}".rstrip() + "\n")
+            state.flush()
+        return None
+
+    def _build_error(self, error: str, state: BuildState, req: BuildRequest) -> EngineError:
+        if state.in_from_step:
+            image = _expand_args(state.base_image(), req.context / req.dockerfile, req.buildargs)
+            return BaseImageMissing(image=image, detail=short_text(error))
+        tail = tuple(state.tail)
+        return BuildFailed(step=state.step, total=state.total, instruction=state.instruction,
+                           error=short_text(error), tail=tail, log_path=req.log_path,
+                           cause=classify_failure(error, tail))
+
+    def _remove_build_containers(self, state: BuildState, since: float, settle: float = 10) -> None:
+        """Remove the intermediate containers a cancelled classic build left behind.
+
+        The classic builder names its containers nowhere but in the stream ("Running in
+        <id>") and gives them no label; dockerd removes the running step's container when
+        it sees the connection close, but may have created the next one before it looks.
+        So: every container the stream named, and every container created since the build
+        started from this build's last layer running the current step's command, until
+        none has shown up for a second. Others share the daemon: nothing wider than that.
+        """
+        import docker
+
+        client = self._client
+        deadline = time.monotonic() + settle
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            found = False
+            for container in client.api.containers(all=True):
+                if self._is_build_container(container, state, since):
+                    cid: str = container["Id"]
+                    found = True
+                    try:
+                        client.api.remove_container(cid, force=True)
+                    except docker.errors.NotFound:
+                        pass
+                    except docker.errors.APIError as e:
+                        if "already in progress" not in str(e):
+                            raise
+            if found:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > 1:
+                return
+            time.sleep(0.2)
+
+    @staticmethod
+    def _is_build_container(container: Mapping[str, Any], state: BuildState, since: float) -> bool:
+        cid = str(container["Id"])
+        if any(cid.startswith(named) for named in state.containers):
+            return True
+        if state.last_layer is None or int(container.get("Created", 0)) < int(since) - 1:
+            return False
+        image = str(container.get("ImageID", "")).removeprefix("sha256:")
+        _, _, arguments = state.instruction.partition(" ")
+        return image.startswith(state.last_layer) and bool(arguments) and (
+            arguments in str(container.get("Command", ""))
+        )
+
+    def _tag_all(self, image_id: str, tags: Sequence[str]) -> Any:
+        import docker
+
+        with self.engine.daemon_errors():
+            image = self._client.images.get(image_id)
+            applied: list[str] = []
+            for tag in tags:
+                repository, name = split_ref(tag)
+                try:
+                    if not image.tag(repository, name):
+                        raise docker.errors.APIError(f"the daemon refused tag {tag}")
+                except docker.errors.APIError as e:
+                    for done in applied:
+                        self._client.api.remove_image(done, noprune=True)
+                    raise TagFailed(image_id=image.id, tag=tag, detail=short(e)) from e
+                applied.append(tag)
+            image.reload()
+            return image
+
+    # -- images
+
+
+_ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)\s*$", re.M)
+_ARG_USE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _expand_args(text: str, dockerfile: Path, buildargs: Mapping[str, str]) -> str:
+    """`${BASE_IMAGE}` in a FROM line as the builder expanded it: build args, else the
+    Dockerfile's ARG defaults (the stream shows the line unexpanded)."""
+    try:
+        defaults = {m[1]: m[2].strip("\"'") for m in _ARG.finditer(dockerfile.read_text(encoding="utf-8"))}
+    except OSError:
+        defaults = {}
+    values = {**defaults, **buildargs}
+    return _ARG_USE.sub(lambda m: values.get(m[1] or m[2], m[0]), text)
+
+
+
+def _close_responses(responses: Sequence[requests.Response]) -> None:
+    """Close a streamed build's connection; dockerd then cancels the build and its step."""
+    for response in responses:
+        # close() alone does not wake a recv() blocked in another thread; shutdown() does.
+        sock = getattr(getattr(response.raw, "_connection", None), "sock", None)
+        if isinstance(sock, socket.socket):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            response.close()
+        except Exception:  # noqa: BLE001 - the connection is going away either way
+            pass
+
+

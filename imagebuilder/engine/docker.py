@@ -1,0 +1,334 @@
+"""The Docker Engine through the Docker SDK (docker-py): images, containers, pushes and pulls.
+
+`DockerEngine` is the adapter behind the `ImageStore`, `Runner` and `Pusher` protocols
+(api.py); the classic builder (classic.py) drives the same client. `docker` is imported
+lazily: `imagebuilder --help` must work on a machine without the SDK's dependencies loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import re
+import tarfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .api import RunResult
+from .errors import (BaseImageMissing, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing,
+                     PullFailed, PushFailed)
+
+if TYPE_CHECKING:
+    import docker
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+
+
+class DockerEngine:
+    """The Docker Engine through docker-py."""
+
+    def __init__(self, base_url: str | None = None, *, api_timeout: float = 120) -> None:
+        self.base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+        self._explicit_url = base_url
+        self._api_timeout = api_timeout
+        self._client_obj: docker.DockerClient | None = None
+
+    # -- plumbing
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The SDK's client, made on first use (for the classic builder, which drives it)."""
+        if self._client_obj is None:
+            import docker
+
+            try:
+                if self._explicit_url:
+                    client = docker.DockerClient(base_url=self._explicit_url,
+                                                 timeout=int(self._api_timeout))
+                else:
+                    client = docker.from_env(timeout=int(self._api_timeout))
+            except docker.errors.DockerException as e:
+                raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
+            self._client_obj = client
+        return self._client_obj
+
+    @contextmanager
+    def daemon_errors(self) -> Iterator[None]:
+        """A daemon that does not answer (or dies mid-stream) as DaemonUnavailable."""
+        import docker
+        import requests
+
+        import urllib3
+
+        try:
+            yield
+        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
+                urllib3.exceptions.ProtocolError) as e:
+            # Also a daemon that dies mid-stream: the streamed response breaks off.
+            raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
+        except docker.errors.DockerException as e:
+            if "Error while fetching server API version" in str(e):
+                raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
+            raise
+
+    def ping(self) -> None:
+        with self.daemon_errors():
+            self.client.ping()
+
+    def info(self) -> dict[str, Any]:
+        """The daemon's `docker info` (runtimes, CDI devices, ...); {} when the daemon answers
+        but will not say."""
+        import docker
+
+        with self.daemon_errors():
+            try:
+                return dict(self.client.info())
+            except docker.errors.DockerException:
+                return {}
+
+
+    def image_exists(self, ref: str) -> bool:
+        import docker
+
+        with self.daemon_errors():
+            try:
+                self.client.api.inspect_image(ref)
+            except docker.errors.ImageNotFound:
+                return False
+            return True
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        return dict((self.inspect_image(ref).get("Config") or {}).get("Labels") or {})
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        """`docker image inspect` of one image (Id, Size, Architecture, Config, ...)."""
+        import docker
+
+        with self.daemon_errors():
+            try:
+                return dict(self.client.api.inspect_image(ref))
+            except docker.errors.ImageNotFound as e:
+                raise ImageMissing(ref=ref) from e
+
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        """(image id, RepoDigests) of a local image, None when the engine has no such image:
+        what a lock pins a local base image by."""
+        import docker
+
+        with self.daemon_errors():
+            try:
+                attrs = self.client.api.inspect_image(ref)
+            except docker.errors.ImageNotFound:
+                return None
+        return str(attrs["Id"]), tuple(attrs.get("RepoDigests") or ())
+
+    def read_file(self, image: str, path: str, *, hops: int = 4) -> bytes | None:
+        """A file of `image` (None if absent), read without running anything: a container is
+        created, never started, its archive read through the API, and removed. Symlinks
+        inside the image are followed (Debian's /etc/os-release is one)."""
+        import docker
+
+        with self.daemon_errors():
+            try:
+                container = self.client.api.create_container(
+                    image, command=["/bin/true"], labels={"org.imagebuilder.run": "1"})
+            except docker.errors.ImageNotFound as e:
+                raise ImageMissing(ref=image) from e
+            try:
+                for _ in range(hops):
+                    try:
+                        chunks, _stat = self.client.api.get_archive(container["Id"], path)
+                    except docker.errors.NotFound:
+                        return None
+                    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                        member = tar.next()
+                        if member is None:
+                            return None
+                        if member.issym():
+                            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
+                            continue
+                        extracted = tar.extractfile(member)
+                        return extracted.read() if extracted is not None else None
+                return None
+            finally:
+                self.client.api.remove_container(container["Id"], force=True)
+
+    def os_release(self, image: str) -> str:
+        """The image's /etc/os-release text ("" if it has none); pulls a missing image first,
+        as its build would."""
+        try:
+            data = self.read_file(image, "/etc/os-release")
+        except ImageMissing:
+            try:
+                self.pull(image)
+            except PullFailed as e:
+                raise BaseImageMissing(image=image, detail=e.fields["detail"]) from e
+            data = self.read_file(image, "/etc/os-release")
+        return (data or b"").decode("utf-8", "replace")
+
+    def remove_image(self, ref: str, force: bool = True) -> None:
+        import docker
+
+        with self.daemon_errors():
+            try:
+                self.client.api.remove_image(ref, force=force)
+            except docker.errors.ImageNotFound:
+                pass
+
+    # -- containers
+
+    def run(self, image: str, command: Sequence[str] | str, *, timeout: float,
+            gpus: bool = False, shm_size: str | None = None,
+            environment: Mapping[str, str] | None = None,
+            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
+            archives: Mapping[str, bytes] | None = None) -> RunResult:
+        """Run `command` in a new container; the container is removed in every case.
+
+        `volumes` maps host paths to container paths (mounted read-only): paths on the
+        daemon's host, so only for a local daemon. `archives` maps a container directory to a
+        tar unpacked there before the container starts (what `docker cp` does): files reach a
+        remote daemon too.
+        On timeout the container is killed and `timed_out` is True (exit code 137 or -1).
+        """
+        import docker
+        import requests
+
+        client = self.client
+        device_requests = (
+            [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        )
+        binds = {host: {"bind": inside, "mode": "ro"} for host, inside in (volumes or {}).items()}
+        started = time.monotonic()
+        container = None
+        try:
+            with self.daemon_errors():
+                try:
+                    container = client.containers.create(
+                        image, command, environment=dict(environment or {}), shm_size=shm_size,
+                        device_requests=device_requests, volumes=binds or None,
+                        working_dir=workdir, labels={"org.imagebuilder.run": "1"},
+                    )
+                    for directory, tar in (archives or {}).items():
+                        if not container.put_archive(directory, tar):
+                            raise ContainerFailed(image=image,
+                                                  detail=f"the daemon refused files for {directory}")
+                    container.start()
+                except docker.errors.ImageNotFound as e:
+                    raise ImageMissing(ref=image) from e
+                except docker.errors.APIError as e:
+                    # The daemon's own words, without docker-py's status line and URL.
+                    said = short_text(str(e.explanation or e))
+                    if gpus and ("gpu" in said.lower() or "nvidia" in said.lower()):
+                        raise GpuUnavailable(image=image, detail=said) from e
+                    raise ContainerFailed(image=image, detail=said) from e
+                timed_out = False
+                try:
+                    status = container.wait(timeout=timeout)
+                    exit_code = int(status.get("StatusCode", -1))
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                    # docker-py surfaces wait()'s read timeout as either exception.
+                    if time.monotonic() - started < timeout:
+                        raise
+                    timed_out = True
+                    try:
+                        container.kill()
+                    except docker.errors.APIError:
+                        pass  # it finished just now
+                    exit_code = int(container.wait(timeout=30).get("StatusCode", -1))
+                output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+                return RunResult(exit_code, output, timed_out, time.monotonic() - started)
+        finally:
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+
+    # -- registry
+
+    def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
+        """Push `ref`; the manifest digest the registry stored. Retries transient errors."""
+        import docker
+
+        repository, tag = split_ref(ref)
+        attempts = 0
+        detail = ""
+        while attempts < max(1, retries):
+            attempts += 1
+            try:
+                with self.daemon_errors():
+                    digest, detail = self._push_once(repository, tag)
+            except docker.errors.ImageNotFound as e:
+                raise ImageMissing(ref=ref) from e
+            except docker.errors.APIError as e:
+                digest, detail = None, short(e)
+            if digest:
+                return digest
+            if _PERMANENT_PUSH_ERROR.search(detail):
+                break
+            if attempts < retries:
+                time.sleep(backoff * 2 ** (attempts - 1))
+        raise PushFailed(ref=ref, attempts=attempts, detail=detail)
+
+    def _push_once(self, repository: str, tag: str) -> tuple[str | None, str]:
+        digest: str | None = None
+        for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+            if "errorDetail" in event or "error" in event:
+                detail = event.get("errorDetail") or {}
+                return None, short_text(str(detail.get("message") or event.get("error")))
+            aux = event.get("aux")
+            if isinstance(aux, dict) and aux.get("Digest"):
+                digest = str(aux["Digest"])
+        return (digest, "") if digest else (None, "the daemon reported no digest")
+
+    def pull(self, ref: str) -> None:
+        import docker
+
+        with self.daemon_errors():
+            try:
+                # docker-py splits "repo:tag" and "repo@sha256:..." itself when tag is None.
+                for event in self.client.api.pull(ref, stream=True, decode=True):
+                    if "errorDetail" in event or "error" in event:
+                        detail = event.get("errorDetail") or {}
+                        raise PullFailed(ref=ref, detail=short_text(str(detail.get("message") or event.get("error"))))
+            except docker.errors.APIError as e:
+                raise PullFailed(ref=ref, detail=short(e)) from e
+
+
+
+def answering_engine() -> DockerEngine | None:
+    """The local engine when its daemon answers (to read base images), else None."""
+    engine = DockerEngine()
+    try:
+        engine.ping()
+    except DaemonUnavailable:
+        return None
+    return engine
+
+
+_PERMANENT_PUSH_ERROR = re.compile(
+    r"denied|unauthorized|authentication required|does not exist locally|invalid reference", re.I
+)
+
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """("host:5000/repo", "tag") from "host:5000/repo:tag"; the tag defaults to latest."""
+    # "host:5000/repo" has a port, not a tag; "repo@sha256:..." is a digest reference.
+    if "@" not in ref and ":" in ref.rsplit("/", 1)[-1]:
+        repository, _, tag = ref.rpartition(":")
+        return repository, tag
+    return ref, "latest"
+
+
+
+def short_text(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(e: BaseException) -> str:
+    return short_text(str(e) or type(e).__name__)
