@@ -50,7 +50,8 @@ class DockerEngine:
                                                  timeout=int(self._api_timeout))
                 else:
                     client = docker.from_env(timeout=int(self._api_timeout))
-            except docker.errors.DockerException as e:
+            except (docker.errors.DockerException, *_ssh_errors(self.base_url)) as e:
+                # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
                 raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
             self._client_obj = client
         return self._client_obj
@@ -66,7 +67,7 @@ class DockerEngine:
         try:
             yield
         except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
-                urllib3.exceptions.ProtocolError) as e:
+                urllib3.exceptions.ProtocolError, *_ssh_errors(self.base_url)) as e:
             # Also a daemon that dies mid-stream: the streamed response breaks off.
             raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
         except docker.errors.DockerException as e:
@@ -297,6 +298,16 @@ class DockerEngine:
             except docker.errors.APIError as e:
                 raise PullFailed(ref=ref, detail=short(e)) from e
 
+
+
+def _ssh_errors(base_url: str) -> tuple[type[Exception], ...]:
+    """What docker-py's ssh transport (paramiko, the `docker[ssh]` extra) raises when the far
+    side cannot be reached or refuses the login; nothing for other daemons."""
+    if not base_url.startswith("ssh://"):
+        return ()
+    import paramiko
+
+    return (paramiko.SSHException, OSError)
 
 
 def answering_engine() -> DockerEngine | None:
