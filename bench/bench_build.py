@@ -29,6 +29,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,7 +45,7 @@ CA_BASE = "imagebuilder-base:bookworm-ca"
 REPO = f"imagebuilder-bench/{uuid.uuid4().hex[:6]}"
 
 
-def cli(*args: str) -> dict:
+def cli(*args: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
         start = time.perf_counter()
@@ -55,7 +56,7 @@ def cli(*args: str) -> dict:
         wall = time.perf_counter() - start
         if done.returncode != 0:
             sys.exit(f"imagebuilder {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-        doc = json.loads(report.read_text())
+        doc: dict[str, Any] = json.loads(report.read_text())
     doc["wall"] = wall
     return doc
 
@@ -71,7 +72,8 @@ def floor(engine: DockerEngine, ca: str | None) -> tuple[float, int, str]:
 def layers(ref: str) -> list[str]:
     out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    found: list[str] = json.loads(out)
+    return found
 
 
 def main() -> None:

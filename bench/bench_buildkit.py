@@ -32,6 +32,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,7 +48,7 @@ ARM64_BASE = "imagebuilder-base:bookworm-arm64"
 REPO = f"imagebuilder-bench/buildkit-{uuid.uuid4().hex[:6]}"
 
 
-def build(*args: str) -> tuple[float, dict]:
+def build(*args: str) -> tuple[float, dict[str, Any]]:
     """The CLI with BuildKit; (wall seconds, the report's image entry)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"

@@ -176,9 +176,12 @@ def build_image(
                 on_progress=on_progress,
             )
         except BuildFailed as e:
-            if e.fields["cause"] != "network":
+            hint = python_download_hint(e.fields["tail"], image)
+            if hint is None and e.fields["cause"] == "network":
+                hint = network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)
+            if hint is None:
                 raise
-            raise e.with_hint(network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)) from e
+            raise e.with_hint(hint) from e
         try:
             result = _label_sbom(engine, builder, image, unlabelled, result,
                                  BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
@@ -187,6 +190,25 @@ def build_image(
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
+
+
+_UV_PYTHON_FAILED = "Failed to install cpython-"  # `uv python install`'s error line
+_DOWNLOAD_URL = re.compile(r"Failed to download `(?:https?|file)://([^/`]+)")
+
+
+def python_download_hint(tail: Iterable[str], image: RenderedImage) -> str | None:
+    """What to do when `uv python install` could not fetch the image's CPython (a proxy that
+    serves only the package index, a mirror that refuses); None for any other failure."""
+    lines = list(tail)
+    if not any(_UV_PYTHON_FAILED in line for line in lines):
+        return None
+    hosts = [m[1] for line in lines for m in _DOWNLOAD_URL.finditer(line)]
+    spec = image.spec
+    own = spec.os.python in (spec.wheel.pythons or spec.torch.pythons)
+    return (f"`uv python install {spec.python}` could not download CPython from {hosts[-1] if hosts else 'GitHub'}: "
+            "point --python-mirror URL (env IMAGEBUILDER_PYTHON_MIRROR) at a mirror of python-build-standalone's "
+            "releases that the Docker host reaches"
+            + (f", or build with {spec.os.name}'s own Python (--python {spec.os.python})" if own else "") + "; ")
 
 
 def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unlabelled: str,

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag),
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ class UserError(click.ClickException):
 
     def __init__(self, error: ImageBuilderError) -> None:
         super().__init__(str(error))
-        self.exit_code = error.exit_code
+        self.exit_code = error.exit_code  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
         self.details = error.details()
 
     def show(self, file: Any = None) -> None:
@@ -140,7 +141,8 @@ def matrix_check(ctx: Context, online: bool) -> None:
 
 
 @matrix.command("add")
-@click.option("--torch", "torch_version", type=options.Release(), help="The release to add, e.g. 2.15.0.")
+@click.option("--torch", "torch_version", metavar="X.Y.Z", callback=options.release,
+              help="The release to add, e.g. 2.15.0.")
 @click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
 @click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
@@ -157,12 +159,9 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")
-    if torch_version is not None:
-        versions = [torch_version]
-    else:
-        versions = new_releases(ctx.matrix)
-        if not versions:
-            click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
+    versions = [torch_version] if torch_version is not None else new_releases(ctx.matrix)
+    if not versions:
+        click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
     for version in versions:
         block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
         click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
@@ -210,6 +209,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @options.selection(required=False, strict=True)
 @options.rendering
 @options.render_builder
+@options.platforms
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -218,13 +218,19 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: Rendering, builder_choice: str) -> None:
+               rendering: Rendering, builder_choice: str, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
+
+    -o writes what `build` builds: one image's context into DIR, or, when the request builds
+    several (a jupyter image and the runtime or devel image it is built FROM; several
+    platforms), a folder per image and index.json listing them in build order.
 
     \b
     Examples:
       imagebuilder render --torch 2.6 --cuda 12.1 --dry-run
       imagebuilder render --torch 2.6 --cuda 12.4 --variant devel -o build/devel
+      imagebuilder render --torch 2.6 --cuda 12.4 --variant jupyter -o build/jupyter
+      imagebuilder render --torch 2.13 --cuda 13.0 --platform linux/arm64 --dry-run
       imagebuilder render --all -o build/all
     """
     if not dry_run and output is None:
@@ -233,24 +239,44 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
     if not render_all and (not selection.torch or not selection.cuda):
         raise click.UsageError("give --torch and --cuda (or --all)")
+    if render_all and (platforms or selection.platform_bases):
+        raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
+                               "not --all")
     from .engine.select import decide
     from .output import write_tree
+    from .platforms import parse_platforms
 
-    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
-    opts = pipeline.render_options(ctx.matrix, rendering, decide(builder_choice).kind)
+    wanted = parse_platforms(platforms)
+    if dry_run and len(wanted) > 1:
+        raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
+    kind = decide(builder_choice).kind
+    if pipeline.needs_buildkit(wanted) and click.get_current_context().get_parameter_source(
+            "builder_choice") is click.core.ParameterSource.DEFAULT:
+        kind = "buildkit"  # another platform than the host's is built by BuildKit: render what it builds
+    opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
-        count, files = pipeline.render_tree(ctx.matrix, selection, opts)
+        count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
         assert output is not None
         write_tree(output, files)
         click.echo(f"wrote {count} images to {output}")
         return
-    (image,) = pipeline.render_request(ctx.matrix, selection, opts, note)
+    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
+    image = pipeline.requested(plan)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
+        if len(plan) > 1:
+            note(f"{image.ref} is built FROM {image.depends_on}; -o DIR writes both build contexts")
         return
     assert output is not None
-    image.write(output)
-    click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+    if len(plan) == 1:
+        image.write(output)
+        click.echo(f"wrote {output}/Dockerfile for {image.ref}")
+        return
+    folders = pipeline.plan_folders(plan)
+    write_tree(output, pipeline.context_files(folders))
+    click.echo(f"wrote {len(plan)} build contexts to {output}, in build order (index.json):")
+    for folder, _, planned in folders:
+        click.echo(f"  {folder}/  {planned.ref}")
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -263,9 +289,13 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.builders
 @options.platforms
 @options.report
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be built, in build order, and stop: nothing is built (the daemon is "
+                   "still asked for the base image's OS and the images already there).")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None) -> None:
+              rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              dry_run: bool) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -290,12 +320,16 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind)
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
                                engine.image_exists, note)
+    if dry_run:
+        for platform, image in plan:
+            click.echo(f"would build {image.ref} ({platform})")
+        return
     done = []
     try:
         for n, (platform, image) in enumerate(plan, 1):
             if not quiet:
                 click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
-            printer = ProgressPrinter(image.spec.variant, stream=click.get_text_stream("stderr"))
+            printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
             try:
                 built = build_image(engine, image, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache,
                                     pull=pull, on_progress=None if quiet else printer, platform=platform)
@@ -419,7 +453,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     builder = make_builder(decision, engine)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    events = publish.EventPrinter(click.get_text_stream("stderr"), quiet=quiet)
+    events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                      pull=pull)

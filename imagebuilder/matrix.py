@@ -40,6 +40,9 @@ class Problem:
 class MatrixError(ImageBuilderError):
     """Fields: file, problems. The command to re-check names the same file the user gave."""
 
+    file: Path
+    problems: list[Problem]
+
     def describe(self) -> str:
         file: Path = self.fields["file"]
         problems: list[Problem] = self.fields["problems"]
@@ -75,7 +78,7 @@ class CudaRelease:
     key: Version  # major.minor, e.g. 12.1
     version: Version  # full toolkit version, e.g. 12.1.1
     min_driver: str  # the toolkit's own Linux driver floor, as NVIDIA writes it (530.30.02)
-    min_driver_compat: str  # floor through CUDA minor-version compatibility
+    min_driver_compat: str  # floor through CUDA minor-version compatibility; a branch ("580") where NVIDIA states one
     images: Mapping[str, Mapping[str, str]]  # os -> {"runtime"|"devel": nvidia/cuda tag}
     pip_toolchain: tuple[str, ...]  # PyPI packages giving a working nvcc (CUDA 13+)
     source: str
@@ -240,10 +243,13 @@ class _Checker:
             return None
         return self.version_value(value, path + (key,))
 
-    def driver(self, data: dict[str, Any], key: str, path: KeyPath) -> str:
+    def driver(self, data: dict[str, Any], key: str, path: KeyPath, branch_ok: bool = False) -> str:
+        """A driver version; `branch_ok`: also a branch ("580"), as NVIDIA states a floor that
+        every driver of the branch meets."""
         value = self.text(data, key, path)
-        if value and not DRIVER_VERSION.fullmatch(value):
-            self.problem(path + (key,), f"not a driver version like \"530.30.02\": {value!r}")
+        if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and value.isdigit())):
+            like = "\"530.30.02\"" + (" or a branch like \"580\"" if branch_ok else "")
+            self.problem(path + (key,), f"not a driver version like {like}: {value!r}")
         return value
 
     def version_value(self, value: Any, path: KeyPath) -> Version | None:
@@ -306,7 +312,7 @@ def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease 
         key=cuda_key,
         version=version or cuda_key,
         min_driver=c.driver(d, "min_driver", path),
-        min_driver_compat=c.driver(d, "min_driver_compat", path),
+        min_driver_compat=c.driver(d, "min_driver_compat", path, branch_ok=True),
         images=images,
         pip_toolchain=tuple(toolchain),
         source=c.text(d, "source", path),

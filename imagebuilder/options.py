@@ -90,6 +90,12 @@ with_extras = click.option(
          "(repeatable), e.g. --with 'pandas==2.2.3'. Build with the same --with you locked with.")
 
 
+def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://", "file://")):
+        raise click.BadParameter(f"{value!r} is not an http(s):// or file:// URL", ctx, param)
+    return value.rstrip("/") if value else None
+
+
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
@@ -111,9 +117,14 @@ def rendering(f: F) -> F:
         click.option("--repository", metavar="NAME",
                      help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
         with_extras,
+        click.option("--python-mirror", metavar="URL", envvar="IMAGEBUILDER_PYTHON_MIRROR",
+                     callback=_mirror_url,
+                     help="Where a Python the OS does not ship is downloaded from: a mirror of "
+                          "python-build-standalone's GitHub releases (uv's UV_PYTHON_INSTALL_MIRROR). "
+                          "Default: GitHub. Env: IMAGEBUILDER_PYTHON_MIRROR."),
         _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"]),
                                                         "extras": tuple(kw["extras"])}),
-                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras")),
+                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras", "python_mirror")),
     )(f)
 
 
@@ -206,18 +217,14 @@ def publishing(f: F) -> F:
     )(f)
 
 
-class Release(click.ParamType):
-    """A full torch release, X.Y.Z."""
-
-    name = "X.Y.Z"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Version:
-        if isinstance(value, Version):
-            return value
-        try:
-            version = Version(value)
-        except InvalidVersion:
-            self.fail(f"not a version: {value!r}", param, ctx)
-        if len(version.release) != 3:
-            self.fail("give the full release, e.g. 2.15.0", param, ctx)
-        return version
+def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Version | None:
+    """A full torch release, X.Y.Z (a click callback)."""
+    if value is None:
+        return None
+    try:
+        version = Version(value)
+    except InvalidVersion:
+        raise click.BadParameter(f"not a version: {value!r}") from None
+    if len(version.release) != 3:
+        raise click.BadParameter("give the full release, e.g. 2.15.0")
+    return version

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -25,6 +25,7 @@ from .build import build_order
 from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
+from .platforms import arch, host_platform
 from .render import RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
 
@@ -60,6 +61,14 @@ class Selection:
         """The selection one platform builds: its own --base-image PLATFORM=IMAGE if given."""
         return replace(self, base_image=dict(self.platform_bases).get(platform, self.base_image),
                        platform_bases=())
+
+    def check_platform_bases(self, platforms: Sequence[str]) -> None:
+        """A --base-image PLATFORM=IMAGE for a platform that is not built would be ignored."""
+        unused = [p for p, _ in self.platform_bases if p not in platforms]
+        if unused:
+            raise BadRequest(f"--base-image {unused[0]}=... is for {unused[0]}, which is not asked for "
+                             f"(platforms: {', '.join(platforms)}); add --platform {','.join([*platforms, *unused])} "
+                             "or drop it")
 
     def request(self, variant: str | None) -> Request:
         if self.torch is None or self.cuda is None:
@@ -203,6 +212,7 @@ class Rendering:
     ca_bundle: Path | None
     repository: str | None
     extras: tuple[str, ...] = ()  # --with: packages added to the image's lock
+    python_mirror: str | None = None  # --python-mirror: where uv downloads a CPython the OS lacks
 
 
 def source_label() -> str:
@@ -224,6 +234,7 @@ def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
         index_url=rendering.index_url,
         extra_index_urls=rendering.extra_index_urls,
         ca_bundle=rendering.ca_bundle,
+        python_mirror=rendering.python_mirror,
         source=source_label(),
         buildkit=kind == "buildkit",
     )
@@ -265,14 +276,28 @@ def format_listing(rows: Sequence[dict[str, Any]], fmt: str) -> str:
     return format_table([h.upper() for h in rows[0]], [list(r.values()) for r in rows])
 
 
-def index_document(images: Iterable[RenderedImage]) -> dict[str, Any]:
+Folder = tuple[str, str | None, RenderedImage]  # (folder, platform when several, image)
+
+
+def index_document(entries: Sequence[Folder]) -> dict[str, Any]:
+    """index.json beside several build contexts: each folder's image, in build order."""
     return {
         "images": [
-            {"dir": image.spec.key, "ref": image.ref, "tags": list(image.tags),
-             "depends_on": image.depends_on, "inputs_hash": image.inputs_hash}
-            for image in images
+            {"dir": folder, "ref": image.ref, "tags": list(image.tags), "depends_on": image.depends_on,
+             "inputs_hash": image.inputs_hash, **({"platform": platform} if platform else {})}
+            for folder, platform, image in entries
         ]
     }
+
+
+def context_files(entries: Sequence[Folder]) -> dict[str, bytes]:
+    """Several build contexts as one tree: a folder per image (Dockerfile and files) and index.json."""
+    files: dict[str, bytes] = {}
+    for folder, _, image in entries:
+        files.update({f"{folder}/{name}": data for name, data in image.files.items()})
+        files[f"{folder}/Dockerfile"] = image.dockerfile.encode()
+    files["index.json"] = (json.dumps(index_document(entries), indent=2) + "\n").encode()
+    return files
 
 
 def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions) -> tuple[int, dict[str, bytes]]:
@@ -281,12 +306,26 @@ def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions) ->
     images = render_selected(matrix, selection, options)
     if not images:
         raise NothingSelected()
-    files: dict[str, bytes] = {}
-    for image in images:
-        files.update({f"{image.spec.key}/{name}": data for name, data in image.files.items()})
-        files[f"{image.spec.key}/Dockerfile"] = image.dockerfile.encode()
-    files["index.json"] = (json.dumps(index_document(images), indent=2) + "\n").encode()
-    return len(images), files
+    return len(images), context_files([(image.spec.key, None, image) for image in images])
+
+
+def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
+    """`render -o` of several images: a folder per planned image, named for it (and for its
+    platform's arch when there are several platforms)."""
+    several = len({platform for platform, _ in plan}) > 1
+    return [(f"{image.spec.key}-{arch(platform)}" if several else image.spec.key, platform if several else None, image)
+            for platform, image in plan]
+
+
+def requested(plan: Sequence[tuple[str, RenderedImage]]) -> RenderedImage:
+    """The image a one-variant, one-platform request asked for: the last one built (a parent
+    that comes along is built first)."""
+    return plan[-1][1]
+
+
+def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
+    """Another platform than the host's is built by BuildKit only."""
+    return any(platform != (host or host_platform()) for platform in platforms)
 
 
 # --------------------------------------------------------------------------- build, publish
@@ -295,10 +334,12 @@ def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions) ->
 def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
                kind: BuilderKind, read_os_release: ReadOsRelease | None, exists: Exists,
                note: Note) -> list[tuple[str, RenderedImage]]:
-    """`build`: (platform, image) in build order, every platform's images resolved and
-    checked (wheels for the platform; BuildKit for a foreign one) before anything builds."""
+    """`build` (and `render`, which shows it): (platform, image) in build order, every
+    platform's images resolved and checked (wheels for the platform; BuildKit for a foreign
+    one; no --base-image PLATFORM=IMAGE for a platform not asked for) before anything builds."""
     from .platforms import for_platforms
 
+    selection.check_platform_bases(platforms)
     planned: list[tuple[str, RenderedImage]] = []
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
@@ -343,6 +384,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     from . import publish
     from .platforms import for_platforms, platform_image
 
+    selection.check_platform_bases(platforms)
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
     index_platforms: dict[str, list[str]] = {}
     # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -48,6 +49,7 @@ class RenderOptions:
     index_url: str | None = None  # replaces the wheel variant's index (mirrors, air-gapped sites)
     extra_index_urls: tuple[str, ...] = ()
     ca_bundle: Path | None = None  # trusted inside the build only
+    python_mirror: str | None = None  # where `uv python install` downloads CPython (UV_PYTHON_INSTALL_MIRROR)
     source: str = DEFAULT_SOURCE  # org.opencontainers.image.source
     buildkit: bool = False  # for the BuildKit builder: the CA as a secret, shared cache mounts
     extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
@@ -214,7 +216,8 @@ def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     commands = [_uv_env(options, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     if not spec.python_from_os:
-        commands.append(f"{UV}/bin/uv python install {spec.python}")
+        mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
+        commands.append(f"{mirror}{UV}/bin/uv python install {spec.python}")
     # --allow-existing: in a single stage the (empty) venv folder is made beforehand, owned by the user.
     # With a lock, no --seed: pip and setuptools come from the lock, so nothing in the venv floats.
     seed = "" if lock is not None else " --seed"

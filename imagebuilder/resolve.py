@@ -209,7 +209,7 @@ def resolve(matrix: Matrix, request: Request) -> BuildSpec:
     if python != os.python:
         notices.append(
             f"{os.name} ships Python {os.python}; Python {python} is installed with `uv python install`, "
-            "which downloads python-build-standalone at build time"
+            "which downloads python-build-standalone at build time (from GitHub unless --python-mirror URL)"
         )
     if variant in JUPYTER_PARENTS:
         parent = resolve(matrix, replace(request, variant=JUPYTER_PARENTS[variant]))

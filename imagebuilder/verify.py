@@ -72,6 +72,9 @@ BUILT_LABEL = f"{LABEL_PREFIX}.inputs-hash"
 class VerificationFailed(ImageBuilderError):
     """The image (or this environment) did not pass; `failures` is (name, reason) pairs."""
 
+    target: str
+    failures: Sequence[tuple[str, str]]
+
     def describe(self) -> str:
         what = "; ".join(f"{name}: {reason}" for name, reason in self.fields["failures"])
         return f"{self.fields['target']} failed verification: {what}"

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 RESULT_PREFIX = "SMOKE_TESTS_RESULT "
 
@@ -27,7 +27,7 @@ def child_env() -> Dict[str, str]:
     return env
 
 
-def module_command(module: str, args: Sequence[str] = ()) -> list:
+def module_command(module: str, args: Sequence[str] = ()) -> List[str]:
     return [sys.executable, "-m", module, *args]
 
 

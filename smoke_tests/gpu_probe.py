@@ -39,16 +39,16 @@ def relative_error_on(device: "torch.device | str", size: int = MATMUL_SIZE, see
 def device_facts(index: int, arch_list: List[str], driver_cuda: Optional[str],
                  listed: Optional[driver.Device]) -> Dict[str, Any]:
     capability = tuple(torch.cuda.get_device_capability(index))
-    covered = coverage(capability, arch_list)  # type: ignore[arg-type]
+    covered = coverage(capability, arch_list)
     facts: Dict[str, Any] = {
         "index": index,
         "name": torch.cuda.get_device_name(index),
         "capability": list(capability),
-        "arch": sm_name(capability),  # type: ignore[arg-type]
+        "arch": sm_name(capability),
         "covered": covered.covered,
         "jit": covered.jit,
         "via": covered.via,
-        "kernels": covered.describe(capability),  # type: ignore[arg-type]
+        "kernels": covered.describe(capability),
         "pci_bus_id": listed.pci_bus_id if listed else None,
         "compute_mode": listed.compute_mode if listed else None,
         "matmul_rel_error": None,

@@ -113,12 +113,12 @@ def test_build_without_a_daemon_says_which_socket_and_how_to_start_one(monkeypat
 
 
 def test_ctrl_c_exits_130(monkeypatch):
-    import imagebuilder.cli as cli_module
+    from imagebuilder import pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module.pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "render_request", interrupted)
     code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
     assert code == 130 and "interrupted" in err
 

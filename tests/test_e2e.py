@@ -143,7 +143,9 @@ def test_jupyter_runs_as_non_root_with_a_token(docker_engine, runtime_image, jup
     assert jupyter["spec"]["base_image"] == runtime_image["tags"][0]  # built FROM the runtime image
     assert len(jupyter_image["images"]) == 1  # the runtime image was there: not built again
     client = docker.from_env()
-    container = client.containers.run(jupyter["tags"][0], detach=True, ports={"8888/tcp": ("127.0.0.1", None)})
+    # A None port is "any free one" to docker-py; types-docker's ports type leaves it out.
+    container = client.containers.run(jupyter["tags"][0], detach=True,
+                                      ports={"8888/tcp": ("127.0.0.1", None)})  # type: ignore[call-overload]
     try:
         container.reload()
         port = container.attrs["NetworkSettings"]["Ports"]["8888/tcp"][0]["HostPort"]

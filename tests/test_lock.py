@@ -13,6 +13,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 from packaging.utils import canonicalize_name
@@ -103,7 +104,7 @@ def test_the_committed_locks_cover_what_ci_builds_and_pin_pip() -> None:
 def test_jupyter_resolves_under_its_runtime_lock_and_keeps_only_its_additions() -> None:
     runtime = resolve(MATRIX, E2E)
     jupyter = resolve(MATRIX, replace(E2E, variant="jupyter"))
-    asked: list[tuple[str, ...]] = []
+    asked: list[tuple[Any, ...]] = []
 
     def resolver(request, reqs, constraints):
         asked.append((request.spec.variant, tuple(reqs), constraints.name if constraints else None))
@@ -411,16 +412,24 @@ def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) 
 class RecordingEngine:
     """The engine (and builder) calls build_image makes, answered from canned values."""
 
-    kind = "classic"
+    kind: Literal["classic"] = "classic"
 
-    def describe(self):
+    def describe(self) -> str:
         return "a recording builder"
 
     def __init__(self, sbom: bytes | None) -> None:
-        self.sbom, self.builds, self.removed = sbom, [], []
+        self.sbom = sbom
+        self.builds: list[tuple[tuple[str, ...], str]] = []
+        self.removed: list[tuple[str, bool]] = []
 
-    def image_exists(self, ref):
+    def image_exists(self, ref: str) -> bool:
         return False
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        raise AssertionError("asked only when the image exists")
+
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        return None
 
     def build(self, req, on_progress=None):
         from imagebuilder.engine import BuildResult

@@ -80,7 +80,7 @@ def test_every_problem_is_reported_at_once_with_lines():
         parse_matrix(text, Path("m.yaml"))
     assert len(e.value.problems) == 3  # unknown key, unknown CUDA, wrong type
     colour = next(p for p in e.value.problems if p.path[-1] == "colour")
-    assert text.splitlines()[colour.line - 1].strip() == "colour: blue"
+    assert colour.line is not None and text.splitlines()[colour.line - 1].strip() == "colour: blue"
     assert "has 3 problems" in str(e.value)
 
 
@@ -93,3 +93,42 @@ def test_a_missing_matrix_file_is_a_bad_request(tmp_path):
 @pytest.mark.parametrize("a,b", [("530.30.02", "525.60.13"), ("550.54.15", "550.54.14"), ("1000.1", "999.99.99")])
 def test_driver_versions_compare_as_integers(a, b):
     assert driver_key(a) > driver_key(b)
+
+
+# Facts read from primary sources; matrix.yaml cites each (its header and the blocks' source).
+CU118_BUILDS = [("2.4", "9.1.0.70", "2.20.5"), ("2.5", "9.1.0.70", "2.21.5")]
+
+
+@pytest.mark.parametrize("torch,cudnn,nccl", CU118_BUILDS)
+def test_the_cu118_builds_of_2_4_and_2_5_are_in_the_matrix(torch, cudnn, nccl):
+    """RELEASE.md's rows give cuDNN; NCCL is the one submodule's, as PyPI's wheel of the release."""
+    release = load_matrix(default_matrix_path()).torches[torch]
+    cu118 = release.variant("cu118")
+    assert (cu118.cuda, cu118.cudnn, cu118.nccl) == (Version("11.8"), Version(cudnn), Version(nccl))
+    assert cu118.nccl == release.variant(release.pypi_variant).nccl
+    assert "third_party/nccl submodule" in cu118.source and "nccl-cu11.txt" not in cu118.source
+
+
+def test_cuda_13_floors_are_nvidias():
+    """13.x runs on any R580 driver (minor-version compatibility: ">= 580"); 13.2's own floor is
+    that of 13.2 Update 2, the update PyTorch's cu132 wheels are built with."""
+    from smoke_tests.driver import PASS, judge_driver
+
+    cudas = load_matrix(default_matrix_path()).cudas
+    assert cudas[Version("13.0")].min_driver_compat == cudas[Version("13.2")].min_driver_compat == "580"
+    assert cudas[Version("13.2")].min_driver == "595.71.05"
+    verdict = judge_driver("580.10.02", "595.71.05", "580", cuda="13.2")  # an R580 driver older than 13.0 GA's
+    assert verdict.status == PASS and verdict.minor_version_compat
+    assert judge_driver("575.57.08", "595.71.05", "580").status != PASS
+
+
+@pytest.mark.parametrize("key,ok", [("min_driver_compat", True), ("min_driver", False)])
+def test_a_driver_branch_is_a_floor_only_through_compatibility(key, ok):
+    """NVIDIA states the compatibility floor as a branch; a toolkit's own floor is a release."""
+    text = SMALL_TEXT.replace(f'{key}: "525.60.13"' if key == "min_driver_compat" else 'min_driver: "530.30.02"',
+                              f'{key}: "525"', 1)
+    assert text != SMALL_TEXT
+    if ok:
+        parse_matrix(text, Path("m.yaml"))
+    else:
+        assert any(f"cuda.12.1.{key}: not a driver version" in line for line in problems_of(text))

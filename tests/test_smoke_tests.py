@@ -112,9 +112,9 @@ def test_arch_coverage(device, arch_list, covered, via, jit) -> None:
 
 
 def test_arch_entry_reads_three_digit_capabilities() -> None:
-    assert parse_entry("sm_120").capability == (12, 0)
-    assert parse_entry("sm_86").capability == (8, 6)
-    assert parse_entry("compute_100a").suffix == "a"
+    entries = {text: parse_entry(text) for text in ("sm_120", "sm_86", "compute_100a")}
+    assert {text: (e.capability, e.suffix) if e else None for text, e in entries.items()} == {
+        "sm_120": ((12, 0), ""), "sm_86": ((8, 6), ""), "compute_100a": ((10, 0), "a")}
     assert parse_entry("sm_8") is None
 
 
@@ -287,7 +287,11 @@ def test_a_stuck_check_is_abandoned_at_its_deadline(torch: Any, monkeypatch: pyt
     from smoke_tests.runner import run_one
 
     monkeypatch.setattr("smoke_tests.runner.GRACE_S", 0.0)
-    result = run_one("stuck", lambda ctx: time.sleep(60) or Result("stuck", "pass"), Context(timeout=0.3))
+    def stuck(ctx: Context) -> Result:
+        time.sleep(60)
+        return Result("stuck", "pass")
+
+    result = run_one("stuck", stuck, Context(timeout=0.3))
     assert result.status == "fail" and "did not finish within 0.3s" in result.reason
 
 
@@ -573,7 +577,7 @@ def probe_facts(*devices: Dict[str, Any], driver_version: str = "550.54.15",
             "devices_error": None, "mig": [], "devices": list(devices)}
 
 
-def gpu(index: int = 0, capability=(9, 0), covered: bool = True, jit: bool = False, via: str = "sm_90",
+def gpu(index: int = 0, capability=(9, 0), covered: bool = True, jit: bool = False, via: Optional[str] = "sm_90",
         error: Optional[float] = 1e-7, raised: Optional[str] = None, mode: str = "DEFAULT") -> Dict[str, Any]:
     return {"index": index, "name": "NVIDIA H200", "capability": list(capability),
             "arch": f"sm_{capability[0]}{capability[1]}", "covered": covered, "jit": jit, "via": via,
@@ -646,7 +650,7 @@ def test_matmul_error_is_computed_on_the_device_with_torch_kernels(torch: Any) -
     ops = []
 
     class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             devices = {a.device.type for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
             ops.append((func.overloadpacket.__name__, devices))
             return func(*args, **(kwargs or {}))
@@ -725,14 +729,14 @@ def test_allreduce_crash_blames_the_rank_that_died_first(torch: Any, monkeypatch
 # ---------------------------------------------------------------- compile on a Python Dynamo does not support
 
 def test_compile_skips_with_dynamos_reason(torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch._dynamo.eval_frame
+    from torch._dynamo import eval_frame
 
     from smoke_tests.checks import compile as compile_check
 
     def unsupported() -> None:
         raise RuntimeError("Python 3.13+ not yet supported for torch.compile")
 
-    monkeypatch.setattr(torch._dynamo.eval_frame, "check_if_dynamo_supported", unsupported)
+    monkeypatch.setattr(eval_frame, "check_if_dynamo_supported", unsupported)
     result = compile_check.check(Context(require_gpu=True))
     assert result.status == "skip"
     assert result.reason == "torch.compile is not supported here: Python 3.13+ not yet supported for torch.compile"
@@ -764,7 +768,9 @@ def test_gpu_verify_script_keeps_what_finished_when_a_check_hangs(torch: Any, tm
     assert list(checks) == ["environment", "nccl", "cuda"]
     assert checks["environment"]["status"] == "pass"
     assert checks["nccl"]["status"] == "fail"
-    limit = int(re.match(r"killed at the check's limit of (\d+)s", checks["nccl"]["reason"]).group(1))
+    killed = re.match(r"killed at the check's limit of (\d+)s", checks["nccl"]["reason"])
+    assert killed is not None, checks["nccl"]["reason"]
+    limit = int(killed.group(1))
     # Whatever this host's speed: nccl got min(15s, what was left) and 5s more for SIGKILL,
     # so at most 9 of the 30s remain, too few for another check.
     assert checks["cuda"]["reason"] == "not run: the run's total limit of 30s is spent"

@@ -178,7 +178,7 @@ def test_jupyter_check_leaves_no_server_behind(fake_jupyter: Path, monkeypatch: 
         started.append(process)
         return process
 
-    monkeypatch.setattr(jupyter.subprocess, "Popen", recording)
+    monkeypatch.setattr("smoke_tests.checks.jupyter.subprocess.Popen", recording)
     assert jupyter.check(Context()).status == "pass"
     (process,) = started
     assert process.poll() is not None

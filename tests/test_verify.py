@@ -660,7 +660,7 @@ def containers_from(engine: DockerEngine, ref: str) -> list[str]:
 
     client = sdk.DockerClient(base_url=engine.base_url)
     try:
-        return [c.id for c in client.containers.list(all=True, filters={"ancestor": ref})]
+        return [str(c.id) for c in client.containers.list(all=True, filters={"ancestor": ref})]
     finally:
         client.close()
 

@@ -91,12 +91,16 @@ class DockerEngine:
                 return {}
 
 
+    def _inspect(self, ref: str) -> dict[str, Any]:
+        # types-docker leaves APIClient.inspect_image untyped; it answers the Engine API's JSON.
+        return dict(self.client.api.inspect_image(ref))  # type: ignore[no-untyped-call]
+
     def image_exists(self, ref: str) -> bool:
         import docker
 
         with self.daemon_errors():
             try:
-                self.client.api.inspect_image(ref)
+                self._inspect(ref)
             except docker.errors.ImageNotFound:
                 return False
             return True
@@ -110,7 +114,7 @@ class DockerEngine:
 
         with self.daemon_errors():
             try:
-                return dict(self.client.api.inspect_image(ref))
+                return self._inspect(ref)
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=ref) from e
 
@@ -121,7 +125,7 @@ class DockerEngine:
 
         with self.daemon_errors():
             try:
-                attrs = self.client.api.inspect_image(ref)
+                attrs = self._inspect(ref)
             except docker.errors.ImageNotFound:
                 return None
         return str(attrs["Id"]), tuple(attrs.get("RepoDigests") or ())
@@ -208,7 +212,7 @@ class DockerEngine:
             with self.daemon_errors():
                 try:
                     container = client.containers.create(
-                        image, command, environment=dict(environment or {}), shm_size=shm_size,
+                        image, command if isinstance(command, str) else list(command), environment=dict(environment or {}), shm_size=shm_size,
                         device_requests=device_requests, volumes=binds or None,
                         working_dir=workdir, labels={"org.imagebuilder.run": "1"},
                     )

@@ -91,6 +91,11 @@ class BuildFailed(EngineError):
 
 
 class BuildTimedOut(EngineError):
+    seconds: float
+    step: int | None
+    instruction: str | None
+    log_path: Path | None
+
     def describe(self) -> str:
         f = self.fields
         where = f" in step {f['step']} `{f['instruction']}`" if f["step"] is not None else ""

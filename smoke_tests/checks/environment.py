@@ -28,7 +28,7 @@ NAME = "environment"
 def measured_cudnn() -> Optional[Release]:
     try:
         code = torch.backends.cudnn.version()
-    except Exception:  # a broken libcudnn raises here; report it as absent
+    except Exception:  # noqa: BLE001 - a broken libcudnn raises here; report it as absent
         return None
     return None if code is None else decode_cudnn(int(code))
 
@@ -41,7 +41,7 @@ def measured_nccl() -> Optional[Release]:
         return None
     try:
         return decode_nccl(torch.cuda.nccl.version())
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken libnccl: report it as absent, as cuDNN
         return None
 
 

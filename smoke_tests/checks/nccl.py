@@ -115,7 +115,7 @@ def run_workers(plan: Plan, timeout: float, devices: Sequence[driver.Device] = (
         "iterations": plan.iterations,
     }
     logs: List[IO[str]] = []
-    workers: List[subprocess.Popen] = []
+    workers: List["subprocess.Popen[bytes]"] = []
     try:
         for rank in range(plan.world_size):
             out = tempfile.TemporaryFile("w+")

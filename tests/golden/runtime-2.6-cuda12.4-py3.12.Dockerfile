@@ -2,7 +2,7 @@
 # Image: 2.6.0-cuda12.4-cudnn9-py3.12-ubuntu22.04-runtime
 # torch 2.6.0 (cu124 wheels), CUDA 12.4.1, cuDNN 9.1.0.70, NCCL 2.21.5, Python 3.12, ubuntu22.04
 # Tags: 2.6.0-cuda12.4-cudnn9-py3.12-runtime, 2.6.0-cuda12.4-cudnn9-py3.12-ubuntu22.04-runtime
-# Note: ubuntu22.04 ships Python 3.10; Python 3.12 is installed with `uv python install`, which downloads python-build-standalone at build time
+# Note: ubuntu22.04 ships Python 3.10; Python 3.12 is installed with `uv python install`, which downloads python-build-standalone at build time (from GitHub unless --python-mirror URL)
 # Note: no lock for this image in locks/: the build resolves its dependencies (run `imagebuilder lock` to pin them)
 # Note: base image nvidia/cuda:12.4.1-base-ubuntu22.04 has no digest in locks/base-images.json: FROM by tag
 
@@ -66,7 +66,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="dddcf85c876fb703aa150397ba5806fab13dc44a0f6a1d36252c3993401cee5a"
+    io.imagebuilder.inputs-hash="c3ddb1cf620ced2062535473d140fbf73bc6e3ea4aa9607df19578fa1e4b538a"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

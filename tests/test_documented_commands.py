@@ -1,0 +1,203 @@
+"""Every imagebuilder command the documentation shows runs without a crash.
+
+Documentation: README.md, docs/*.md, and the Examples of each command's --help. A documented
+command is a line in a code block (a fenced ```sh / ```bash / ```console / unlabelled block, or
+an indented one) that invokes `imagebuilder` or `.venv/bin/imagebuilder` (also after `&&`);
+`\\` continuations are joined, the shell expands it (so ${SSL_CERT_FILE:+...} works), and
+redirections and pipes after it are dropped. A synopsis (a line with `...` or `[--`) and
+fenced ```text blocks are not commands.
+
+What each command costs decides how it runs:
+- every command is parsed by click (options, values, files that must exist): a documented
+  flag that does not exist fails here, in the fast run;
+- matrix (listing, offline check), render and --help/--version run in-process, and must exit 0
+  (render -o writes into a temporary folder);
+- build and publish run with --dry-run (the plan, with the daemon and registry asked; nothing
+  is built or pushed), verify as written: marked docker. They may fail for want of what this
+  machine lacks (exit 1 with an `error:` line: an example registry, a GPU), never with a
+  traceback or a usage error. The README's main job is built for real by conftest's
+  runtime_image, which CI runs anyway;
+- lock, matrix check --online and matrix add read the package index: parsed only here (their
+  own network tests run them), so CI never resolves or downloads for a documentation line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from imagebuilder.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+_INVOCATION = re.compile(r"(?:^|&&|;|\$)\s*(?:[\w./-]*/)?imagebuilder\s+(?P<args>.*)$")
+_END = re.compile(r"\s(?:&&|\|\||\||;|\d?>>?)\s")  # what follows the command: another one, a pipe, a redirection
+_COMMAND_BLOCKS = {"", "sh", "bash", "shell", "console"}
+
+
+@dataclass(frozen=True)
+class Documented:
+    where: str  # file:line, or `imagebuilder CMD --help`
+    args: str  # the text after `imagebuilder`, as written
+
+    def argv(self) -> list[str]:
+        """The arguments as the shell would pass them (variables expanded, quotes removed)."""
+        done = subprocess.run(["bash", "-c", f"printf '%s\\0' {self.args}"], capture_output=True, text=True,
+                              timeout=10, env=os.environ)
+        assert done.returncode == 0, f"{self.where}: the shell cannot read `{self.args}`: {done.stderr}"
+        return done.stdout.split("\0")[:-1]
+
+
+def _code_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line in a command code block, `\\` continuations joined."""
+    fence: str | None = None
+    pending: tuple[int, str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip().lower()
+            continue
+        in_code = (fence is not None and fence in _COMMAND_BLOCKS) or (fence is None and line.startswith(("    ", "\t")))
+        if not in_code:
+            pending = None
+            continue
+        if pending is not None:
+            number, stripped = pending[0], f"{pending[1]} {stripped}"
+        if stripped.endswith("\\"):
+            pending = (number, stripped[:-1].rstrip())
+            continue
+        pending = None
+        yield number, stripped
+
+
+def _command(line: str, where: str) -> Documented | None:
+    match = _INVOCATION.search(line)
+    if match is None:
+        return None
+    args = _END.split(f" {match['args']} ", maxsplit=1)[0].strip()
+    if "..." in args or "[--" in args:
+        return None  # a synopsis, not a command
+    return Documented(where, args)
+
+
+def _commands_in(text: str, name: str) -> Iterator[Documented]:
+    for number, line in _code_lines(text):
+        if (doc := _command(line, f"{name}:{number}")) is not None:
+            yield doc
+
+
+def _help_examples(command: click.Command, path: str) -> Iterator[Documented]:
+    for line in (command.help or "").splitlines():
+        if line.startswith(" ") and (doc := _command(line.strip(), f"`{path} --help`")) is not None:
+            yield doc
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _help_examples(sub, f"{path} {name}")
+
+
+def documented() -> list[Documented]:
+    found: list[Documented] = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        found += _commands_in(page.read_text(encoding="utf-8"), page.relative_to(ROOT).as_posix())
+    found += _help_examples(cli, "imagebuilder")
+    return list(dict.fromkeys(found))
+
+
+# ----------------------------------------------------------------------------- the tiers
+
+NETWORK = "network"  # reads the package index: parsed only
+DOCKER = "docker"  # build, publish (as dry runs), verify
+FAST = "fast"
+
+
+def subcommand(argv: list[str]) -> list[str]:
+    """The command words: ["matrix", "check"], ["render"], ... (after a global --matrix PATH)."""
+    if argv[:1] == ["--matrix"]:
+        argv = argv[2:]
+    words = argv[:1]
+    if words == ["matrix"] and argv[1:2] and argv[1] in ("check", "add"):
+        words.append(argv[1])
+    return words
+
+
+def tier(argv: list[str]) -> str:
+    words = subcommand(argv)
+    if words in (["lock"], ["matrix", "add"]) or (words == ["matrix", "check"] and "--online" in argv):
+        return NETWORK
+    if words and words[0] in ("build", "publish", "verify"):
+        return DOCKER
+    return FAST
+
+
+def cheap(argv: list[str]) -> list[str]:
+    """What runs for a documented command: build and publish plan and stop."""
+    if subcommand(argv)[:1] in (["build"], ["publish"]) and "--dry-run" not in argv:
+        return [*argv, "--dry-run"]
+    return argv
+
+
+DOCUMENTED = documented()
+ARGVS = {doc: doc.argv() for doc in DOCUMENTED}
+
+
+def _ids(docs: list[Documented]) -> list[str]:
+    return [f"{d.where}: {d.args[:60]}" for d in docs]
+
+
+def test_the_documentation_shows_commands():
+    """The collector still finds what the pages show (a format change must not make this pass empty)."""
+    readme = [d for d in DOCUMENTED if d.where.startswith("README.md")]
+    assert readme, "README.md shows no imagebuilder command in a code block"
+    assert any(subcommand(ARGVS[d])[:1] == ["build"] for d in readme), "README.md shows no build command"
+    assert any(d.where.startswith("`imagebuilder render --help`") for d in DOCUMENTED)
+
+
+@pytest.mark.parametrize("doc", DOCUMENTED, ids=_ids(DOCUMENTED))
+def test_every_documented_command_parses(doc):
+    """Options and values as click reads them, without running anything."""
+    argv = ARGVS[doc]
+    if {"--help", "-h", "--version"} & set(argv):
+        return  # they exit while parsing; the fast tier runs them
+    ctx = cli.make_context("imagebuilder", list(argv))
+    with ctx:
+        while isinstance(ctx.command, click.Group) and ctx._protected_args + ctx.args:
+            name, cmd, rest = ctx.command.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+            assert cmd is not None, f"{doc.where}: no command {name!r}"
+            ctx = cmd.make_context(name or "", rest, parent=ctx)
+    assert not ctx.args, f"{doc.where}: arguments left over: {ctx.args}"
+
+
+FAST_DOCS = [d for d in DOCUMENTED if tier(ARGVS[d]) == FAST]
+DOCKER_DOCS = [d for d in DOCUMENTED if tier(ARGVS[d]) == DOCKER]
+
+
+def run_in(tmp_path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    monkeypatch.chdir(tmp_path)  # render -o build/x lands here
+    result = CliRunner().invoke(cli, argv)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"crashed: {result.exception!r}") from result.exception
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("doc", FAST_DOCS, ids=_ids(FAST_DOCS))
+def test_every_documented_offline_command_succeeds(doc, tmp_path, monkeypatch):
+    code, output = run_in(tmp_path, ARGVS[doc], monkeypatch)
+    assert code == 0, f"{doc.where}: `imagebuilder {doc.args}` exited {code}:\n{output[-2000:]}"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("doc", DOCKER_DOCS, ids=_ids(DOCKER_DOCS))
+def test_every_documented_docker_command_runs_without_a_crash(doc, tmp_path, monkeypatch, docker_engine):
+    argv = cheap(ARGVS[doc])
+    code, output = run_in(tmp_path, argv, monkeypatch)
+    assert code in (0, 1), f"{doc.where}: `imagebuilder {' '.join(argv)}` exited {code}:\n{output[-2000:]}"
+    assert "Traceback" not in output
+    if code == 1:
+        assert re.search(r"^error: ", output, re.M), f"{doc.where}: exit 1 without an error line:\n{output[-2000:]}"
