@@ -21,6 +21,8 @@ from typing import Any
 
 from .engine.api import Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
+from .engine.export import Export
+from .provenance import LOCK, MATRIX
 from .render import SBOM_PATH, RenderedImage
 
 CREATED = "org.opencontainers.image.created"
@@ -126,6 +128,14 @@ def build_labels(engine: ImageStore, image: RenderedImage, matrix_path: Path) ->
     revision = _revision(matrix_path)
     if revision:
         labels[REVISION] = revision
+    # What the image was rendered from, by content: in the image's labels and (set at build
+    # time) in its provenance attestation, which `verify` reads back.
+    try:
+        labels[MATRIX] = f"{matrix_path.name} sha256:{hashlib.sha256(matrix_path.read_bytes()).hexdigest()}"
+    except OSError:
+        pass
+    if image.lock is not None:
+        labels[LOCK] = f"locks/{image.lock.filename} sha256:{hashlib.sha256(image.lock.text().encode()).hexdigest()}"
     return labels
 
 
@@ -141,8 +151,11 @@ def build_image(
     logs: Path | None = None,
     timeout: float = 3 * 3600,
     platform: str | None = None,
+    export: Export | None = None,
 ) -> Built:
-    """Build one image with `builder`; `engine` holds the images it builds on and makes."""
+    """Build one image with `builder`; `engine` holds the images it builds on and makes.
+
+    `export` (BuildKit): the final image's compression, provenance and registry caches."""
     check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -172,10 +185,14 @@ def build_image(
                     timeout=timeout,
                     platform=platform,
                     secrets=secrets,
+                    # The layers compressed once, as the final image keeps them; caches imported.
+                    export=None if export is None else Export(export.compression, cache_from=export.cache_from),
                 ),
                 on_progress=on_progress,
             )
         except BuildFailed as e:
+            # BuildKit may have named the image before a step after the export failed.
+            engine.remove_image(unlabelled, force=False)
             hint = python_download_hint(e.fields["tail"], image)
             if hint is None and e.fields["cause"] == "network":
                 hint = network_hint(e.fields["tail"], ca_bundle_given=image.trusts_ca_bundle)
@@ -183,10 +200,19 @@ def build_image(
                 raise
             raise e.with_hint(hint) from e
         try:
-            result = _label_sbom(engine, builder, image, unlabelled, result,
-                                 BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
-                                              nocache=False, pull=False, timeout=300, platform=platform,
-                                              log_path=log_path.with_name(log_path.stem + "-sbom.log")))
+            sbom_log = log_path.with_name(log_path.stem + "-sbom.log")
+            if builder.kind == "buildkit":
+                # The same Dockerfile plus the label, every step cached: the final image's
+                # provenance then describes the real build (its base, its steps), not a FROM
+                # of an intermediate image; and its export writes the registry cache.
+                request = BuildRequest(context=context, dockerfile=SBOM_DOCKERFILE, tags=image.refs, labels=labels,
+                                       timeout=timeout, platform=platform, secrets=secrets, log_path=sbom_log,
+                                       export=export)
+            else:
+                request = BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
+                                       nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log,
+                                       export=export)
+            result = _label_sbom(engine, builder, image, unlabelled, result, request)
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
@@ -219,9 +245,14 @@ def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unla
     sbom = engine.read_file(result.image_id, SBOM_PATH)
     if sbom is None:
         raise SbomMissing(ref=image.ref, path=SBOM_PATH)
-    request.context.mkdir()
     digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
-    (request.context / "Dockerfile").write_text(f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="{digest}"\n')
+    label = f'LABEL {SBOM_DIGEST}="{digest}"\n'
+    if request.dockerfile == SBOM_DOCKERFILE:
+        dockerfile = (request.context / "Dockerfile").read_text()
+        (request.context / SBOM_DOCKERFILE).write_text(dockerfile.rstrip("\n") + "\n" + label)
+    else:
+        request.context.mkdir()
+        (request.context / "Dockerfile").write_text(f"FROM {unlabelled}\n{label}")
     labelled = builder.build(request)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
 
@@ -240,6 +271,9 @@ def format_built(built: Built) -> str:
                       f"  time   {r.seconds:.1f}s, {r.cached_steps}/{r.steps} steps cached",
                       f"  tags   {', '.join(built.refs[1:])}",
                       f"  log    {r.log_path}"])
+
+
+SBOM_DOCKERFILE = "Dockerfile.sbom"
 
 
 def human_size(size: int) -> str:

@@ -292,10 +292,14 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @click.option("--dry-run", is_flag=True,
               help="Print what would be built, in build order, and stop: nothing is built (the daemon is "
                    "still asked for the base image's OS and the images already there).")
+@options.compression
+@click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+              help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
+                   "(BuildKit with the containerd image store): a rebuild reuses the torch layer.")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
               rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
-              dry_run: bool) -> None:
+              dry_run: bool, compressing: options.Compressing, cache_from_registry: str | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -307,14 +311,18 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .atomic import write_json
     from .build import ProgressPrinter, build_image, format_built, report_document
     from .engine.docker import DockerEngine
+    from .engine.export import choose_for_build
     from .engine.select import decide, make_builder
     from .platforms import parse_platforms
+    from .registry import HttpRegistry
 
     wanted = parse_platforms(platforms)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
+    exports = choose_for_build(compressing.kind, compressing.level, cache_from_registry, decision.kind == "buildkit",
+                               engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind)
@@ -332,7 +340,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
             printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
             try:
                 built = build_image(engine, image, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache,
-                                    pull=pull, on_progress=None if quiet else printer, platform=platform)
+                                    pull=pull, on_progress=None if quiet else printer, platform=platform,
+                                    export=exports(image.spec.key))
             finally:
                 printer.close()
             done.append(built)
@@ -394,12 +403,13 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.platforms
 @options.report
 @options.publishing
+@options.compression
 @pass_context
 def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool) -> None:
+                merge_only: bool, compressing: options.Compressing) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -416,6 +426,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from . import publish
     from .atomic import write_json
     from .engine.docker import DockerEngine
+    from .engine.export import choose
     from .engine.select import CLASSIC, decide, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry, parse_registry
@@ -451,12 +462,16 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         publish.raise_if_failed((), merged)
         return
     builder = make_builder(decision, engine)
+    buildkit = decision.kind == "buildkit"
+    export = choose(compressing.kind, compressing.level, buildkit=buildkit,
+                    image_store=buildkit and engine.keeps_compressed_layers(), provenance=True)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
+        click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
     events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull)
+                                     pull=pull, export=export, cache_base=base if export is not None else None)
     outcomes: list[publish.Outcome] = []
     indexes: list[publish.IndexOutcome] = []
     try:

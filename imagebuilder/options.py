@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -228,3 +229,25 @@ def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Ve
     if len(version.release) != 3:
         raise click.BadParameter("give the full release, e.g. 2.15.0")
     return version
+
+
+@dataclass(frozen=True)
+class Compressing:
+    """--compression and --compression-level: None each means the engine's best default."""
+
+    kind: str | None
+    level: int | None
+
+
+def compression(f: F) -> F:
+    """Handed to the command as `compressing: Compressing`."""
+    return _stack(
+        click.option("--compression", type=click.Choice(["zstd", "gzip"]), default=None,
+                     help="The layers' compression. Default: zstd where BuildKit exports into Docker's "
+                          "containerd image store (pulled by Docker >= 23, containerd >= 1.5, current "
+                          "Kubernetes nodes), else gzip (docker push's own). gzip for older pullers."),
+        click.option("--compression-level", type=int, default=None, metavar="N",
+                     help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
+        _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),
+                 ("compression", "compression_level")),
+    )(f)

@@ -99,11 +99,14 @@ def for_platform(image: RenderedImage, platform: str, host: str | None = None) -
 def platform_image(image: RenderedImage, platform: str) -> RenderedImage:
     """The image under its platform's tags; a jupyter image then starts FROM its runtime
     image's tag of the same platform (the Dockerfile's BASE_IMAGE default names it)."""
+    tags = platform_tags(image.tags, platform)
+    # The header names the tags the image gets (render shows it): the platform's.
+    dockerfile = image.dockerfile.replace(f"# Tags: {', '.join(image.tags)}\n", f"# Tags: {', '.join(tags)}\n", 1)
     if image.spec.parent is None:
-        return replace(image, tags=platform_tags(image.tags, platform))
+        return replace(image, tags=tags, dockerfile=dockerfile)
     base = f"{image.base_image}-{arch(platform)}"
-    dockerfile = image.dockerfile.replace(f"ARG BASE_IMAGE={image.base_image}\n", f"ARG BASE_IMAGE={base}\n", 1)
-    return replace(image, tags=platform_tags(image.tags, platform), base_image=base, dockerfile=dockerfile)
+    dockerfile = dockerfile.replace(f"ARG BASE_IMAGE={image.base_image}\n", f"ARG BASE_IMAGE={base}\n", 1)
+    return replace(image, tags=tags, base_image=base, dockerfile=dockerfile)
 
 
 def platform_tags(tags: Sequence[str], platform: str) -> tuple[str, ...]:

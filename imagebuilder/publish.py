@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .build import HASH, Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
+from .engine.export import Export, cache_ref
 from .registry import Registry, parse_reference
 from .render import RenderedImage
 from .table import format_table
@@ -54,6 +55,12 @@ PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
 class PushNotConfirmed(ImageBuilderError):
     template = ("the push of {ref} reported {pushed} but the registry answers {registry_has}; "
                 "another job may push the same tag, or the registry lost the upload: rerun")
+
+
+class PushedOtherContent(ImageBuilderError):
+    template = ("the push of {ref} stored {pushed}, but the image verify ran is {verified}: the engine "
+                "changed the image after the check (recompressed it?); nothing pushed counts as published: "
+                "rerun on an engine with the containerd image store, or with --compression gzip")
 
 
 class PublishFailed(ImageBuilderError):
@@ -199,6 +206,12 @@ class RunOptions:
     """The platform to build for; None: the daemon's."""
     verify: bool = True
     """False for a platform this host only emulates: its smoke tests are left to a native host."""
+    export: Export | None = None
+    """BuildKit: the image's compression, provenance and registry caches (export.Export).
+    With a compression the image store keeps the exported blobs, the pushed digest must be
+    the image id verify ran, and the image's registry cache is exported beside it."""
+    cache_base: str | None = None
+    """HOST[:PORT]/NAMESPACE whose imagebuilder-cache repository holds the build caches."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +224,10 @@ class Outcome:
     pushed: Mapping[str, str] = field(default_factory=dict)
     """Refs the registry confirmed, with their digests."""
     seconds: float = 0.0
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of each phase that ran: build_s, verify_s, push_s."""
+    pushed_bytes: int | None = None
+    """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
 
     @property
     def failed(self) -> bool:
@@ -232,6 +249,9 @@ class Outcome:
             "pushed": dict(self.pushed),
             "digest": next(iter(self.pushed.values()), self.step.digest),
             "seconds": round(self.seconds, 2),
+            **{phase: round(self.timings[phase], 2) if phase in self.timings else None
+               for phase in ("build_s", "verify_s", "push_s")},
+            "pushed_bytes": self.pushed_bytes,
             "build": self.built.to_json() if self.built else None,
             "verify": self.verify.to_json() if self.verify else None,
         }
@@ -248,8 +268,9 @@ def smoke_test(engine: Engine, ref: str, options: RunOptions) -> VerifyReport:
 
     # The current smoke tests, lent to the image: editing them rebuilds no image (they are
     # not in the inputs hash) and every image is still checked with today's checks.
+    # Not yet pushed: the registry's provenance under this tag is of the image it replaces.
     return verify_image(engine, ref, allow_no_gpu=options.allow_no_gpu, timeout=options.verify_timeout,
-                        mount_smoke_tests=True)
+                        mount_smoke_tests=True, read_provenance=False)
 
 
 def publish(steps: Sequence[Step], *, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
@@ -310,34 +331,68 @@ def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event)
     return Outcome(step, RETAGGED, step.reason, pushed=pushed)
 
 
+def export_for(image: RenderedImage, options: RunOptions, registry: Registry) -> Export | None:
+    """The image's export: options.export with this image's registry cache, imported where
+    the registry has it (BuildKit fails a build whose cache is not there) and exported."""
+    export = options.export
+    if export is None or options.cache_base is None:
+        return export
+    ref = cache_ref(options.cache_base, image.spec.key)
+    found = (ref,) if registry.digest(ref) is not None else ()
+    return replace(export, cache_from=(*export.cache_from, *found), cache_to=ref)
+
+
 def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
                        local: set[str], on_event: Event,
                        on_progress: OnProgress | None, verifier: Verifier) -> Outcome:
     image = step.image
+    timings: dict[str, float] = {}
     on_event(BUILD, step)
+    started = time.monotonic()
     try:
         if image.depends_on and image.depends_on not in local:
             # Build FROM the runtime image as published, not whatever this host has under its tag.
             engine.pull(image.depends_on)
         built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
                             pull=options.pull, on_progress=on_progress, builder=builder,
-                            platform=options.platform)
+                            platform=options.platform, export=export_for(image, options, registry))
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"build failed: {e}")
+    timings["build_s"] = time.monotonic() - started
     report = None
     if options.verify:
         on_event("verify", step)
+        started = time.monotonic()
         report = verifier(engine, image.ref, options)
+        timings["verify_s"] = time.monotonic() - started
     if report is not None and not report.ok:
         why = "; ".join(f"{name}: {reason}" for name, reason in report.failures)
-        return Outcome(step, FAILED, f"verification failed: {why}", built=built, verify=report)
+        return Outcome(step, FAILED, f"verification failed: {why}", built=built, verify=report, timings=timings)
     if not options.push:
-        return Outcome(step, VERIFIED, "--no-push", built=built, verify=report)
+        return Outcome(step, VERIFIED, "--no-push", built=built, verify=report, timings=timings)
     on_event("push", step)
+    started = time.monotonic()
     pushed: dict[str, str] = {}
+    uploaded: int | None = 0
+    # With the containerd image store the image id is the digest of the index BuildKit
+    # exported: the push must store exactly that, or it is not the image verify ran.
+    same_bytes = options.export is not None and options.export.compression is not None
     try:
         for ref in image.refs:
-            digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
+            counted = getattr(engine, "push_counted", None)
+            if counted is not None:
+                result = counted(ref, retries=options.push_retries, backoff=options.push_backoff)
+                digest = result.digest
+                blobs = getattr(registry, "blobs", None)
+                if uploaded is not None and blobs is not None:
+                    uploaded += result.uploaded_bytes(blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
+                else:
+                    uploaded = None
+            else:
+                digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
+                uploaded = None
+            if same_bytes and digest != built.result.image_id:
+                raise PushedOtherContent(ref=ref, pushed=digest, verified=built.result.image_id)
             confirmed = registry.digest(ref)
             if confirmed != digest:
                 raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
@@ -350,9 +405,13 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
                 raise PushNotConfirmed(ref=step.dated, pushed=digest, registry_has=now or "no such tag")
             pushed[step.dated] = now
     except ImageBuilderError as e:
-        return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed)
+        timings["push_s"] = time.monotonic() - started
+        return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed,
+                       timings=timings)
+    timings["push_s"] = time.monotonic() - started
     reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
-    return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed)
+    return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed, timings=timings,
+                   pushed_bytes=uploaded)
 
 
 # Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).

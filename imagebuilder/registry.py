@@ -301,6 +301,49 @@ class HttpRegistry:
         config = json.loads(blob.body)
         return dict((config.get("config") or {}).get("Labels") or {})
 
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        """Every blob the image under `ref` consists of (digest -> (size, media type)):
+        config and layers of each manifest of an index, attestations included; {} when absent."""
+        r = parse_reference(ref)
+        found: dict[str, tuple[int, str]] = {}
+        pending = [r.reference]
+        while pending:
+            manifest = self._manifest(r, pending.pop())
+            if manifest is None:
+                continue
+            document, media_type = manifest
+            if media_type in INDEXES or document.get("mediaType") in INDEXES:
+                pending += [str(entry["digest"]) for entry in document.get("manifests") or []]
+                continue
+            for blob in [document.get("config") or {}, *(document.get("layers") or [])]:
+                if blob.get("digest"):
+                    found[str(blob["digest"])] = (int(blob.get("size") or 0), str(blob.get("mediaType") or ""))
+        return found
+
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        """The SLSA provenance predicate BuildKit attached to the image under `ref` (the
+        in-toto statement in its index's attestation manifest); None when it has none."""
+        r = parse_reference(ref)
+        manifest = self._manifest(r, r.reference)
+        if manifest is None:
+            return None
+        document, media_type = manifest
+        if not (media_type in INDEXES or document.get("mediaType") in INDEXES):
+            return None
+        for entry in document.get("manifests") or []:
+            if (entry.get("annotations") or {}).get("vnd.docker.reference.type") != "attestation-manifest":
+                continue
+            attestation = self._manifest(r, str(entry["digest"]))
+            for layer in (attestation[0].get("layers") or []) if attestation else []:
+                predicate = (layer.get("annotations") or {}).get("in-toto.io/predicate-type", "")
+                if "slsa.dev/provenance" not in predicate:
+                    continue
+                blob = self._request("GET", r, f"blobs/{layer['digest']}", {})
+                if blob is not None:
+                    statement = json.loads(blob.body)
+                    return {"predicateType": statement.get("predicateType"), **(statement.get("predicate") or {})}
+        return None
+
     def put_tag(self, ref: str, digest: str) -> str:
         r = parse_reference(ref)
         got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})

@@ -10,7 +10,7 @@ import hashlib
 import json
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix,
 
 
 def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
-                      lock: Lock | None, extras: tuple[str, ...]) -> list[str]:
+                      lock: Lock | None, extras: tuple[str, ...], lock_path: str = LOCK_PATH) -> list[str]:
     """The one RUN that makes the venv: uv comes and goes within it."""
     commands = [_uv_env(options, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
@@ -222,7 +222,7 @@ def _install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     # With a lock, no --seed: pip and setuptools come from the lock, so nothing in the venv floats.
     seed = "" if lock is not None else " --seed"
     commands.append(f"{UV}/bin/uv venv{seed} --allow-existing --python {python} {VENV}")
-    commands.append(_install_from(lock, LOCK_PATH, spec, matrix, options, extras))
+    commands.append(_install_from(lock, lock_path, spec, matrix, options, extras))
     if spec.toolchain == "pip":
         # torch.utils.cpp_extension links -lcudart; the wheel ships only the versioned soname.
         lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
@@ -246,6 +246,57 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
                      + index_args(spec, options.index_url, options.extra_index_urls) + requirements(spec, matrix)),
         f"rm -rf {UV} /tmp/constraints.txt",
     ]
+
+
+TORCH_LOCK_PATH = "/opt/imagebuilder/torch.lock"  # the venv stage's lock: the runtime image's
+ADDED_LOCK_PATH = "/opt/imagebuilder/added.lock"  # what a devel image adds on top of it
+
+
+@dataclass(frozen=True)
+class SharedVenv:
+    """One torch layer per lock: a stage FROM the plain OS image (one per OS and Python)
+    installs the runtime lock into the venv, and every image of that lock (runtime, devel,
+    the images of other CUDA versions with the same wheels) takes it with `COPY --link`, a
+    layer that does not depend on what is below it: the same digest in all of them."""
+
+    base: str
+    """The venv stage's FROM: the OS's plain image, or --base-image."""
+    pin: BasePin
+    lock: Lock
+    """The runtime lock: the venv's whole content."""
+    added: Lock | None
+    """devel: the pins its lock has beyond the runtime lock, installed on top; None: runtime."""
+
+
+def shared_venv(spec: BuildSpec, matrix: Matrix, options: RenderOptions, lock: Lock | None,
+                extras: tuple[str, ...]) -> SharedVenv | None:
+    """The image's shared venv stage, or None where it takes the single-stage install: the
+    classic builder, a jupyter image (its torch is its parent's), an image without a lock, or
+    a devel lock that does not contain its runtime lock pin for pin."""
+    if not options.buildkit or spec.parent is not None or lock is None or spec.variant not in ("runtime", "devel"):
+        return None
+    base = spec.os.base if spec.base_is_default else spec.base_image
+    pin = options.locks.base_for(base)
+    if spec.variant == "runtime":
+        return SharedVenv(base, pin, lock, None)
+    runtime_lock = options.locks.lock_for(replace(spec, variant="runtime", toolchain="none"), matrix, extras)
+    if runtime_lock is None or not set(runtime_lock.pins) <= set(lock.pins):
+        return None
+    added = tuple(p for p in lock.pins if p not in set(runtime_lock.pins))
+    return SharedVenv(base, pin, runtime_lock, replace(lock, name=f"{lock.name}-added", pins=added))
+
+
+def _added_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> list[str]:
+    """devel on the shared venv: its lock's additions (ninja, the nvcc wheels) on top."""
+    commands = [_uv_env(options, True),
+                f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
+                _pip_install(index_args(spec, options.index_url, options.extra_index_urls)
+                             + ["--require-hashes --no-deps", f"-r {ADDED_LOCK_PATH}"])]
+    if spec.toolchain == "pip":
+        lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
+        commands.append(f"ln -s libcudart.so.{spec.cuda.major} {lib}/libcudart.so")
+    commands.append(f"rm -rf {UV}")
+    return commands
 
 
 def _constraints(spec: BuildSpec, lock: Lock | None) -> str:
@@ -387,6 +438,11 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         files["imagebuilder/constraints.txt"] = _constraints(spec, lock).encode()
     ca = None
     two_stage = options.ca_bundle is not None and not options.buildkit
+    venv = shared_venv(spec, matrix, options, lock, extras)
+    if venv is not None:
+        files[TORCH_LOCK_PATH.replace("/opt/", "", 1)] = venv.lock.text().encode()
+        if venv.added is not None:
+            files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
     apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         try:
@@ -406,6 +462,15 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "base_image": from_ref,
             "base_pin": base_pin,
             "two_stage": two_stage,
+            "shared_venv": venv is not None,
+            "venv_base": venv.pin.from_ref if venv else "",
+            "torch_lock_path": TORCH_LOCK_PATH,
+            "added_lock_path": ADDED_LOCK_PATH,
+            "added": venv is not None and venv.added is not None,
+            "venv_commands": [] if venv is None else _install_commands(
+                replace(spec, variant="runtime", toolchain="none"), matrix, options, True, venv.lock, extras,
+                TORCH_LOCK_PATH),
+            "added_commands": _added_commands(spec, matrix, options) if venv and venv.added else [],
             "ca_path": CA_PATH,
             "buildkit": options.buildkit,
             "ca_secret": options.buildkit and ca is not None,
@@ -451,7 +516,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     # publish compares it with the registry's copy.
     draft, draft_files = render_with("", _Naming((), "imagebuilder", "matrix.yaml", DEFAULT_SOURCE))
     inputs_hash = _hash(draft, {k: v for k, v in draft_files.items() if _hashed(k)},
-                        base_pin.identity if base_pin else "", parent_hash)
+                        base_pin.identity if base_pin else "", parent_hash,
+                        *((venv.pin.identity,) if venv else ()))
     naming = _Naming(tags, f"imagebuilder {__version__}", matrix.path.name, options.source)
     dockerfile, final_files = render_with(inputs_hash, naming)
     secrets: dict[str, bytes] = {}

@@ -42,6 +42,8 @@ from smoke_tests.result import FAIL, PASS, SKIP, Result
 
 from .engine.errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed
 from .errors import BadRequest, ImageBuilderError
+from .engine.export import cannot_pull, compression_of
+from .provenance import BuiltFrom, built_from
 from .matrix import driver_key
 from .tags import LABEL_PREFIX
 
@@ -111,6 +113,10 @@ class HostFacts:
     """How the daemon gives containers GPUs: its nvidia runtime, a CDI device, or device requests."""
     built_by_imagebuilder: bool = True
     """The image carries imagebuilder's labels, and so its own smoke_tests and manifest."""
+    compression: str | None = None
+    """The registry image's layer compression ("zstd", "gzip"); None: local or unknown."""
+    compression_error: str | None = None
+    """Why the daemon cannot pull that compression (export.cannot_pull); None: it can."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,8 @@ def _container_items(facts: HostFacts) -> list[PreflightItem]:
     if facts.daemon_error is not None:
         return [PreflightItem("daemon", FAIL, facts.daemon_error)]
     items = [PreflightItem("daemon", PASS, "the Docker daemon answers")]
+    if facts.compression_error is not None:
+        return [*items, PreflightItem("compression", FAIL, facts.compression_error)]
     if facts.image_error is not None:
         items.append(PreflightItem("image", FAIL, facts.image_error))
     else:
@@ -318,6 +326,12 @@ def collect_facts(engine: Runner, ref: str) -> HostFacts:
         return HostFacts(daemon_error=str(e))
     pulled = False
     if not engine.image_exists(ref):
+        # Before the pull: a daemon that cannot pull zstd fails it with an obscure error.
+        compression = registry_compression(ref)
+        version = str(engine.info().get("ServerVersion") or "") or None
+        why = cannot_pull(compression, version)
+        if why is not None:
+            return HostFacts(compression=compression, compression_error=why)
         try:
             engine.pull(ref)
             pulled = True
@@ -336,6 +350,35 @@ def collect_facts(engine: Runner, ref: str) -> HostFacts:
         cuda=labels.get(CUDA_LABEL),
         pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
     )
+
+
+def registry_compression(ref: str) -> str | None:
+    """The layer compression of `ref` in its registry; None: not a registry image, or unknown."""
+    from .registry import HttpRegistry, RegistryError, parse_reference
+
+    try:
+        if "/" not in ref or not _names_host(parse_reference(ref).host):
+            return None
+        return compression_of(media for _, media in HttpRegistry().blobs(ref).values())
+    except (RegistryError, ValueError, OSError):
+        return None
+
+
+def registry_built_from(ref: str) -> BuiltFrom | None:
+    """Where the registry image `ref` was built from, per its provenance; None: none readable."""
+    from .registry import HttpRegistry, RegistryError, parse_reference
+
+    try:
+        if "/" not in ref or not _names_host(parse_reference(ref).host):
+            return None
+        predicate = HttpRegistry().provenance(ref)
+    except (RegistryError, ValueError, OSError):
+        return None
+    return built_from(predicate) if predicate else None
+
+
+def _names_host(host: str) -> bool:
+    return "." in host or ":" in host or host == "localhost"
 
 
 def collect_local_facts(manifest: str | None) -> HostFacts:
@@ -527,6 +570,8 @@ class VerifyReport:
     require_gpu: bool = True
     notices: tuple[str, ...] = ()
     """What the reader should know about how the image was judged (lent smoke tests)."""
+    built_from: BuiltFrom | None = None
+    """Where the image was built from, per its registry provenance attestation."""
 
     @property
     def ok(self) -> bool:
@@ -563,6 +608,7 @@ class VerifyReport:
             "error": self.error,
             "output_tail": list(self.output_tail),
             "notices": list(self.notices),
+            "built_from": self.built_from.to_json() if self.built_from else None,
         }
 
     def format(self) -> str:
@@ -572,6 +618,8 @@ class VerifyReport:
                  f"{', GPUs required' if self.require_gpu else ', CPU mode allowed'})",
                  f"{'PREFLIGHT':<{width}}  STATUS  DETAIL"]
         lines += [f"{item.name:<{width}}  {item.status.upper():<6}  {item.detail}" for item in self.preflight]
+        if self.built_from is not None:
+            lines += self.built_from.lines()
         lines.append("")
         if self.checks:
             lines.append(format_table(list(self.checks)))
@@ -597,8 +645,10 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
 
 
 def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
-                 timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False) -> VerifyReport:
+                 timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False,
+                 read_provenance: bool = True) -> VerifyReport:
     """Preflight the daemon's host for `ref`, then run the smoke tests in a container from it.
+    A registry image's provenance (where it was built from) is read from the registry.
 
     The container gets every GPU, a 1 GiB /dev/shm and `timeout` seconds; it is removed
     afterwards in every case (the engine's run() guarantees it, Ctrl-C included).
@@ -638,7 +688,7 @@ def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
                             seconds=time.monotonic() - started, notices=notices)
     parsed = parse_output(run.output, run.exit_code, timed_out=run.timed_out, timeout=timeout)
     report = _report(ref, "docker", checked, parsed, run.output, require_gpu, time.monotonic() - started)
-    return replace(report, notices=notices)
+    return replace(report, notices=notices, built_from=registry_built_from(ref) if read_provenance else None)
 
 
 def verify_local(*, allow_no_gpu: bool = False, timeout: float = DEFAULT_TIMEOUT,

@@ -110,7 +110,10 @@ class CannedRegistry:
         self.put.append((ref, digest))
         return self.answers.get(ref, digest) or ""
 
-    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        raise AssertionError("these runs publish one platform: no index")
+
+    def put_index(self, ref: str, body: bytes) -> str:
         raise AssertionError("these runs publish one platform: no index")
 
 
@@ -203,3 +206,77 @@ def test_no_push_verifies_and_leaves_the_registry_alone():
     engine = CannedEngine()
     (outcome,) = run(publish.plan(images(), {}), engine, CannedRegistry(engine=engine), push=False)
     assert outcome.status == publish.VERIFIED and engine.pushed == []
+
+
+# --- the containerd image store: what is pushed is the image verify ran --------------------
+
+from imagebuilder.engine import Pushed  # noqa: E402
+from imagebuilder.engine.export import Compression, Export  # noqa: E402
+
+ZSTD_EXPORT = Export(Compression("zstd"), provenance=True)
+
+
+@dataclass
+class CannedStore(CannedEngine):
+    """dockerd with the containerd store: the image id is the digest of the index pushed,
+    unless `recompress` (an engine that changed the image after the check)."""
+
+    recompress: bool = False
+    requests: list[BuildRequest] = field(default_factory=list)
+    ids: dict[str, str] = field(default_factory=dict)
+
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
+        self.requests.append(req)
+        result = super().build(req, on_progress)
+        for tag in req.tags:
+            self.ids[tag] = result.image_id
+        return result
+
+    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
+        self.pushed.append(ref)
+        digest = "sha256:" + "f" * 64 if self.recompress else self.ids[ref]
+        self.digests[ref] = digest
+        # The first tag uploads the layer; the next ones find it there.
+        first = len(self.pushed) == 1
+        return Pushed(digest, frozenset({"a" * 12}) if first else frozenset())
+
+
+@dataclass
+class CannedBlobs(CannedRegistry):
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        return {"sha256:" + "a" * 64: (4000, "application/vnd.oci.image.layer.v1.tar+zstd"),
+                "sha256:" + "b" * 64: (30, "application/vnd.oci.image.config.v1+json")}
+
+
+def test_with_the_containerd_store_the_pushed_digest_is_the_verified_image_and_timed() -> None:
+    engine = CannedStore()
+    (image,) = images()
+    cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
+    registry = CannedBlobs(answers={cache: "sha256:" + "c" * 64}, engine=engine)
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    assert outcome.status == publish.PUSHED
+    assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
+    report = outcome.to_json()
+    assert report["pushed_bytes"] == 4000  # the layer once; the other tags uploaded nothing
+    assert all(isinstance(report[k], float) for k in ("build_s", "verify_s", "push_s"))
+    # Every build imports the image's registry cache; the final (labelled) build exports it too.
+    first, final = engine.requests
+    assert first.export == Export(Compression("zstd"), cache_from=(cache,))
+    assert final.export == Export(Compression("zstd"), provenance=True, cache_from=(cache,), cache_to=cache)
+
+
+def test_an_engine_that_pushes_other_bytes_than_it_verified_fails_the_push() -> None:
+    engine = CannedStore(recompress=True)
+    (image,) = images()
+    (outcome,) = run(publish.plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT)
+    assert outcome.status == publish.FAILED and "the image verify ran is" in outcome.reason
+    assert outcome.pushed == {}
+
+
+def test_a_cache_the_registry_does_not_have_yet_is_exported_not_imported() -> None:
+    engine = CannedStore()
+    (image,) = images()
+    run(publish.plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
+    assert [r.export.cache_from for r in engine.requests if r.export] == [(), ()]
+    assert engine.requests[-1].export.cache_to == cache  # type: ignore[union-attr]

@@ -165,3 +165,58 @@ def test_every_dockerfile_of_the_real_matrix_passes_hadolint(tmp_path):
                           capture_output=True, text=True)
     errors = [line for line in done.stdout.splitlines() if " error:" in line or "DL" in line and "error" in line]
     assert done.returncode == 0 and not errors, done.stdout[-3000:]
+
+
+# --- one torch layer per lock ------------------------------------------------------------
+
+
+def _venv_stage(dockerfile: str) -> str:
+    assert "FROM ${VENV_BASE} AS venv" in dockerfile, dockerfile[:2000]
+    return dockerfile.split("FROM ${VENV_BASE} AS venv", 1)[1].split("# Stage 2: the image.", 1)[0]
+
+
+def _buildkit_render(torch: str, cuda: str, variant: str, os: str = "debian12"):
+    from imagebuilder.lock import load_locks
+
+    matrix = load_matrix(default_matrix_path())
+    locks = load_locks(default_matrix_path().parent / "locks")
+    spec = resolve(matrix, Request(torch, cuda, variant=variant, os=os))
+    return render(spec, matrix, RenderOptions(buildkit=True, locks=locks))
+
+
+def test_runtime_and_devel_of_one_lock_copy_one_venv_stage_with_link():
+    runtime = _buildkit_render("2.12", "13.0", "runtime")
+    devel = _buildkit_render("2.12", "13.0", "devel")
+    # The same stage (FROM the plain OS image, the runtime lock) is the same layer: BuildKit
+    # builds it once and `COPY --link` puts it in both, whatever is below it.
+    assert _venv_stage(runtime.dockerfile) == _venv_stage(devel.dockerfile)
+    assert runtime.files["imagebuilder/torch.lock"] == devel.files["imagebuilder/torch.lock"]
+    assert runtime.files["imagebuilder/torch.lock"] == runtime.files["imagebuilder/requirements.lock"]
+    for image in (runtime, devel):
+        assert "COPY --link --from=venv /opt/venv /opt/venv" in image.dockerfile
+    # devel adds what its lock has beyond the runtime's (ninja, the nvcc wheels), on top.
+    added = [line for line in devel.files["imagebuilder/added.lock"].decode().splitlines() if "==" in line
+             and not line.startswith("#")]
+    assert [line.split("==")[0] for line in added] == ["ninja", "nvidia-cuda-cccl", "nvidia-cuda-crt",
+                                                       "nvidia-cuda-nvcc", "nvidia-nvvm"]
+    assert "-r /opt/imagebuilder/added.lock" in devel.dockerfile and "added.lock" not in runtime.dockerfile
+
+
+def test_images_of_other_cuda_versions_with_the_same_wheels_share_the_venv_stage():
+    on_121, on_124 = (_buildkit_render("2.6", cuda, "runtime", "ubuntu22.04") for cuda in ("12.1", "12.4"))
+    assert on_121.spec.wheel.name == on_124.spec.wheel.name == "cu124"
+    assert on_121.spec.base_image != on_124.spec.base_image  # nvidia/cuda 12.1.1 and 12.4.1
+    assert _venv_stage(on_121.dockerfile) == _venv_stage(on_124.dockerfile)
+    assert "ARG VENV_BASE=ubuntu:22.04" in on_121.dockerfile
+
+
+def test_the_classic_builder_and_jupyter_keep_their_own_install():
+    from imagebuilder.lock import load_locks
+
+    matrix = load_matrix(default_matrix_path())
+    locks = load_locks(default_matrix_path().parent / "locks")
+    spec = resolve(matrix, Request("2.12", "13.0", variant="runtime", os="debian12"))
+    classic = render(spec, matrix, RenderOptions(locks=locks))
+    assert "--link" not in classic.dockerfile and "VENV_BASE" not in classic.dockerfile
+    jupyter = _buildkit_render("2.12", "13.0", "jupyter")
+    assert "VENV_BASE" not in jupyter.dockerfile

@@ -10,10 +10,12 @@ from click.testing import CliRunner
 
 from imagebuilder.cli import cli
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
+from imagebuilder.platforms import arch, host_platform
 
 # CUDA 13.0 has a devel image on every OS (nvcc from PyPI), so every variant renders on both.
 REQUEST = ["--torch", "2.13", "--cuda", "13.0"]
 OSES = [None, "debian12"]  # None: matrix.yaml's default OS
+FOREIGN = "linux/arm64" if host_platform() == "linux/amd64" else "linux/amd64"  # not the host's
 
 
 def render(*args: str) -> tuple[int, str, str]:
@@ -69,20 +71,21 @@ def test_output_writes_what_build_builds(variant, os_name, tmp_path):
 # --- platforms ------------------------------------------------------------------------------
 
 
-def test_render_for_arm64_uses_that_platforms_base_image():
-    code, out, err = render(*REQUEST, "--platform", "linux/arm64", "--base-image", "imagebuilder-base:bookworm",
-                            "--base-image", "linux/arm64=imagebuilder-base:bookworm-arm64", "--os", "debian12",
+def test_render_for_another_platform_uses_that_platforms_base_image():
+    code, out, err = render(*REQUEST, "--platform", FOREIGN, "--base-image", "imagebuilder-base:bookworm",
+                            "--base-image", f"{FOREIGN}=imagebuilder-base:bookworm-{arch(FOREIGN)}", "--os", "debian12",
                             "--dry-run")
     assert code == 0, err
-    assert "ARG BASE_IMAGE=imagebuilder-base:bookworm-arm64\n" in out
+    assert f"ARG BASE_IMAGE=imagebuilder-base:bookworm-{arch(FOREIGN)}\n" in out
     assert "--mount=type=cache" in out  # another platform than the host's is built by BuildKit
+    assert f"-runtime-{arch(FOREIGN)}, " in next(line for line in out.splitlines() if line.startswith("# Tags: "))
 
 
-def test_a_jupyter_image_for_arm64_starts_from_the_arm64_runtime(tmp_path):
-    code, _, err = render(*REQUEST, "--variant", "jupyter", "--platform", "linux/arm64", "-o", str(tmp_path / "j"))
+def test_a_jupyter_image_for_another_platform_starts_from_that_platforms_runtime(tmp_path):
+    code, _, err = render(*REQUEST, "--variant", "jupyter", "--platform", FOREIGN, "-o", str(tmp_path / "j"))
     assert code == 0, err
     parent, child = json.loads((tmp_path / "j" / "index.json").read_text())["images"]
-    assert parent["ref"].endswith("-runtime-arm64") and child["ref"].endswith("-jupyter-arm64")
+    assert parent["ref"].endswith(f"-runtime-{arch(FOREIGN)}") and child["ref"].endswith(f"-jupyter-{arch(FOREIGN)}")
     assert f"ARG BASE_IMAGE={parent['ref']}\n" in (tmp_path / "j" / child["dir"] / "Dockerfile").read_text()
 
 
@@ -101,6 +104,8 @@ def test_both_platforms_write_a_folder_each(tmp_path):
     # A platform's base image for a platform not asked for was silently ignored.
     ([*REQUEST, "--base-image", "linux/arm64=imagebuilder-base:bookworm-arm64", "--dry-run"],
      "--base-image linux/arm64=... is for linux/arm64, which is not asked for"),
+    # Another platform than the host's is BuildKit's; asked to render it for the classic builder, refused.
+    ([*REQUEST, "--platform", FOREIGN, "--builder", "classic", "--dry-run"], "needs --builder buildkit"),
     ([*REQUEST, "--platform", "linux/amd64,linux/arm64", "--dry-run"], "give one --platform"),
     (["--all", "--platform", "linux/arm64", "-o", "x"], "not --all"),
 ])

@@ -12,7 +12,7 @@ The names below are the package's interface; importing it loads no `docker` modu
 """
 
 from .api import (Builder, BuilderKind, BuildRequest, BuildResult, Engine, ImageInspector, ImageStore, OnProgress,
-                  Progress, Pusher, Runner, RunResult, check_request)
+                  Progress, Pushed, Pusher, Runner, RunResult, check_request)
 from .docker import DockerEngine
 from .errors import (BaseImageMissing, BuildFailed, BuildTimedOut, ContainerFailed, DaemonUnavailable, EngineError,
                      GpuUnavailable, ImageMissing, PullFailed, PushFailed, TagFailed)
@@ -20,6 +20,7 @@ from .errors import (BaseImageMissing, BuildFailed, BuildTimedOut, ContainerFail
 __all__ = [
     "BaseImageMissing", "BuildFailed", "BuildRequest", "BuildResult", "BuildTimedOut", "Builder", "BuilderKind",
     "ContainerFailed", "DaemonUnavailable", "DockerEngine", "Engine", "EngineError", "GpuUnavailable",
-    "ImageInspector", "ImageMissing", "ImageStore", "OnProgress", "Progress", "PullFailed", "PushFailed", "Pusher",
+    "ImageInspector", "ImageMissing", "ImageStore", "OnProgress", "Progress", "PullFailed", "PushFailed", "Pushed",
+    "Pusher",
     "RunResult", "Runner", "TagFailed", "check_request",
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from .errors import EngineError
+from .export import Export
 
 BuilderKind = Literal["buildkit", "classic"]
 TAIL_LINES = 30
@@ -39,6 +40,8 @@ class BuildRequest:
     """os/arch to build for (linux/arm64); None: the daemon's own."""
     secrets: Mapping[str, Path] = field(default_factory=dict)
     """Build secrets by id (BuildKit's `RUN --mount=type=secret,id=...`); in no layer."""
+    export: Export | None = None
+    """BuildKit only: compression, provenance and registry caches; None: `--load`."""
 
 
 def check_request(req: BuildRequest) -> None:
@@ -76,6 +79,19 @@ class Progress:
     cached: bool
     line: str | None
     """An output line of the step; None for the event that starts (or caches) the step."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    digest: str
+    """The manifest (or index) digest the registry stored."""
+    uploaded: frozenset[str]
+    """The short ids (12 hex digits) of the blobs this push uploaded, as the daemon names them."""
+
+    def uploaded_bytes(self, blobs: Mapping[str, tuple[int, str]]) -> int:
+        """The bytes uploaded, given the pushed image's blobs (digest -> (size, media type))."""
+        return sum(size for digest, (size, _) in blobs.items()
+                   if digest.removeprefix("sha256:")[:12] in self.uploaded)
 
 
 @dataclass(frozen=True)

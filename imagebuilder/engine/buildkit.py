@@ -29,6 +29,7 @@ from typing import IO
 
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
 from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
+from .export import Export, output_args
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
 _COUNTED = frozenset({"FROM", "RUN", "COPY", "ADD", "WORKDIR"})
@@ -193,10 +194,16 @@ class BuildKitCli:
     """How to run a BuildKit build here: `command` + options + the context folder."""
 
     command: tuple[str, ...]
-    """("docker", "buildx", "build", "--load") or ("/usr/bin/docker", "build")."""
+    """("docker", "buildx", "build") or ("/usr/bin/docker", "build")."""
     buildkit_env: bool = False
     """True: the CLI's built-in BuildKit, switched on by DOCKER_BUILDKIT=1."""
     description: str = ""
+
+    @property
+    def buildx(self) -> bool:
+        """buildx: the image goes to the image store by `--load` or an `--output`; the
+        built-in BuildKit of an old CLI loads it itself and knows none of these options."""
+        return not self.buildkit_env
 
 
 class BuildKitBuilder:
@@ -212,8 +219,13 @@ class BuildKitBuilder:
         return f"BuildKit ({self.cli.description or ' '.join(self.cli.command)})"
 
     def command(self, req: BuildRequest, iidfile: Path) -> list[str]:
-        args = [*self.cli.command, "--progress=plain", "--file", str(req.context / req.dockerfile),
-                "--iidfile", str(iidfile)]
+        args = [*self.cli.command]
+        if self.cli.buildx:
+            args += output_args(req.export)
+        elif req.export is not None and req.export != Export():
+            raise EngineError(f"{self.describe()} cannot choose compression, attach provenance or use a "
+                              "registry cache; install the buildx plugin (docker-buildx)")
+        args += ["--progress=plain", "--file", str(req.context / req.dockerfile), "--iidfile", str(iidfile)]
         for tag in req.tags:
             args += ["--tag", tag]
         for key, value in sorted(req.labels.items()):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, OnProgress, Progress, check_request
+from .export import Export
 from .docker import DockerEngine, short, short_text, split_ref
 from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, TagFailed, classify_failure
 
@@ -173,6 +174,9 @@ class ClassicBuilder:
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
         check_request(req)
+        if req.export is not None and req.export != Export():
+            raise EngineError("the classic builder cannot choose compression, attach provenance or use a "
+                              "registry cache; build with --builder buildkit (buildx)")
         if req.secrets:
             raise EngineError("the classic builder cannot take build secrets; build with "
                               "--builder buildkit (a docker CLI with BuildKit or buildx)")

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .api import RunResult
+from .api import Pushed, RunResult
 from .errors import (BaseImageMissing, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing,
                      PullFailed, PushFailed)
 
@@ -44,14 +44,15 @@ class DockerEngine:
         if self._client_obj is None:
             import docker
 
+            # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
+            unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
             try:
                 if self._explicit_url:
                     client = docker.DockerClient(base_url=self._explicit_url,
                                                  timeout=int(self._api_timeout))
                 else:
                     client = docker.from_env(timeout=int(self._api_timeout))
-            except (docker.errors.DockerException, *_ssh_errors(self.base_url)) as e:
-                # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
+            except unreachable as e:
                 raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
             self._client_obj = client
         return self._client_obj
@@ -64,11 +65,13 @@ class DockerEngine:
 
         import urllib3
 
+        # Also a daemon that dies mid-stream: the streamed response breaks off.
+        gone: tuple[type[Exception], ...] = (requests.exceptions.ConnectionError,
+                                             requests.exceptions.ChunkedEncodingError,
+                                             urllib3.exceptions.ProtocolError, *_ssh_errors(self.base_url))
         try:
             yield
-        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
-                urllib3.exceptions.ProtocolError, *_ssh_errors(self.base_url)) as e:
-            # Also a daemon that dies mid-stream: the streamed response breaks off.
+        except gone as e:
             raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
         except docker.errors.DockerException as e:
             if "Error while fetching server API version" in str(e):
@@ -89,6 +92,12 @@ class DockerEngine:
                 return dict(self.client.info())
             except docker.errors.DockerException:
                 return {}
+
+    def keeps_compressed_layers(self) -> bool:
+        """True with the containerd image store: an image is the index BuildKit exported,
+        blobs as compressed, and `docker push` sends them as they are (its image id is that
+        index's digest). The classic store unpacks layers and recompresses them (gzip) on push."""
+        return stores_manifests(self.info())
 
 
     def _inspect(self, ref: str) -> dict[str, Any]:
@@ -256,37 +265,50 @@ class DockerEngine:
 
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         """Push `ref`; the manifest digest the registry stored. Retries transient errors."""
+        return self.push_counted(ref, retries=retries, backoff=backoff).digest
+
+    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
+        """Push `ref`: the digest the registry stored and the blobs this push uploaded (the
+        others were there already or mounted from another repository)."""
         import docker
 
         repository, tag = split_ref(ref)
         attempts = 0
         detail = ""
+        uploaded: set[str] = set()
         while attempts < max(1, retries):
             attempts += 1
             try:
                 with self.daemon_errors():
-                    digest, detail = self._push_once(repository, tag)
+                    digest, detail = self._push_once(repository, tag, uploaded)
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=ref) from e
             except docker.errors.APIError as e:
                 digest, detail = None, short(e)
             if digest:
-                return digest
+                return Pushed(digest, frozenset(uploaded))
             if _PERMANENT_PUSH_ERROR.search(detail):
                 break
             if attempts < retries:
                 time.sleep(backoff * 2 ** (attempts - 1))
         raise PushFailed(ref=ref, attempts=attempts, detail=detail)
 
-    def _push_once(self, repository: str, tag: str) -> tuple[str | None, str]:
+    def _push_once(self, repository: str, tag: str, uploaded: set[str]) -> tuple[str | None, str]:
         digest: str | None = None
         for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
             if "errorDetail" in event or "error" in event:
                 detail = event.get("errorDetail") or {}
                 return None, short_text(str(detail.get("message") or event.get("error")))
+            if event.get("status") == "Pushed" and event.get("id"):
+                uploaded.add(str(event["id"]))
             aux = event.get("aux")
             if isinstance(aux, dict) and aux.get("Digest"):
                 digest = str(aux["Digest"])
+            # Docker 26 with the containerd image store sends no aux record: only the line
+            # `TAG: digest: sha256:... size: N` names what the registry stored.
+            said = _PUSHED_DIGEST.match(str(event.get("status") or ""))
+            if digest is None and said is not None and said["tag"] == tag:
+                digest = said["digest"]
         return (digest, "") if digest else (None, "the daemon reported no digest")
 
     def pull(self, ref: str) -> None:
@@ -302,6 +324,12 @@ class DockerEngine:
             except docker.errors.APIError as e:
                 raise PullFailed(ref=ref, detail=short(e)) from e
 
+
+
+def stores_manifests(info: Mapping[str, Any]) -> bool:
+    """Whether `docker info` shows the containerd image store (a snapshotter as the driver)."""
+    status = dict((str(k), str(v)) for k, v in (info.get("DriverStatus") or []) if k)
+    return status.get("driver-type", "").startswith("io.containerd.snapshotter")
 
 
 def _ssh_errors(base_url: str) -> tuple[type[Exception], ...]:
@@ -324,6 +352,7 @@ def answering_engine() -> DockerEngine | None:
     return engine
 
 
+_PUSHED_DIGEST = re.compile(r"^(?P<tag>[^:\s]+): digest: (?P<digest>sha256:[0-9a-f]{64}) size: \d+$")
 _PERMANENT_PUSH_ERROR = re.compile(
     r"denied|unauthorized|authentication required|does not exist locally|invalid reference", re.I
 )

@@ -71,7 +71,7 @@ def detect_buildkit(buildx_builder: str | None = None) -> tuple[BuildKitCli | No
     for docker in clis:
         ok, said = _answers([docker, "buildx", "version"])
         if ok:
-            command: tuple[str, ...] = (docker, "buildx", "build", "--load")
+            command: tuple[str, ...] = (docker, "buildx", "build")
             if buildx_builder:
                 command += ("--builder", buildx_builder)
             return BuildKitCli(command, description=f"{docker} buildx, {said}"), tuple(tried)

@@ -1,0 +1,181 @@
+"""Benchmark: publishing at the speed of the build (issue 21). Prints numbers and ratios, one run.
+
+On one base (imagebuilder-base:bookworm) and one lock (torch 2.12, CUDA 13.0, Debian 12, whose
+runtime and devel images share the torch layer), with BuildKit on the local Docker Engine
+(containerd image store) and a local registry (.ci/registry.sh):
+
+  1. the floor: the runtime lock installed by uv (--no-cache: every wheel downloaded) on the
+     same base by the same BuildKit, cold (--no-cache), exported to the image store as zstd;
+  2. a cold publish of the runtime image (--no-cache; zstd): its build_s, verify_s, push_s and
+     pushed_bytes from `publish --report`;
+  3. the same image published with --compression gzip (another namespace): push and bytes;
+  4. the devel image of the same lock published beside it: the registry's bytes of runtime +
+     devel against runtime alone (the torch layer is stored once);
+  5. a republish of identical content (--force): blob bytes uploaded;
+  6. a cold pull (the image removed locally, pulled back) of the zstd and of the gzip image.
+
+Targets: push <= 0.5x the floor; build + push <= 1.5x the floor; runtime + devel <= 1.3x the
+bytes of runtime alone; republish uploads 0 blob bytes; zstd cold pull <= 0.6x the gzip one.
+
+"Cold" is the layer cache. uv's cache mount (imagebuilder-uv) is shared by every BuildKit
+build on the host and kept, so the cold publish may find the wheels there (the output says how
+many it downloaded); the floor downloads all of them.
+
+Run: .venv/bin/python bench/bench_publish.py
+Needs the daemon with the containerd image store, buildx, imagebuilder-base:bookworm,
+docker-registry and, behind a TLS-intercepting proxy, SSL_CERT_FILE. Removes what it made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from imagebuilder.lock import load_locks  # noqa: E402
+from imagebuilder.matrix import load_matrix  # noqa: E402
+from imagebuilder.registry import HttpRegistry  # noqa: E402
+from imagebuilder.resolve import Request, resolve  # noqa: E402
+from imagebuilder.resources import default_matrix_path  # noqa: E402
+
+BASE = "imagebuilder-base:bookworm"
+TORCH, CUDA, OS = "2.12", "13.0", "debian12"
+RUN = uuid.uuid4().hex[:6]
+FLOOR_DOCKERFILE = """\
+FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*
+COPY lock.txt /lock.txt
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \\
+    export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \\
+ && python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir uv=={uv} \\
+ && /tmp/uv/bin/uv venv --python /usr/bin/python3.11 /opt/venv \\
+ && /tmp/uv/bin/uv pip install --no-cache --python /opt/venv/bin/python --require-hashes --no-deps -r /lock.txt \\
+ && rm -rf /tmp/uv
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, **kw)  # type: ignore[call-overload]
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def timed(*argv: str) -> float:
+    start = time.perf_counter()
+    sh(*argv)
+    return time.perf_counter() - start
+
+
+def ca_bundle() -> Path:
+    return Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+
+
+def floor(tag: str) -> float:
+    matrix = load_matrix(default_matrix_path())
+    spec = resolve(matrix, Request(TORCH, CUDA, variant="runtime", os=OS))
+    lock = load_locks(default_matrix_path().parent / "locks").lock_for(spec, matrix)
+    assert lock is not None, "no lock for the benchmark's image"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "Dockerfile").write_text(FLOOR_DOCKERFILE.format(base=BASE, uv=matrix.tools.uv))
+        (Path(tmp) / "lock.txt").write_text(lock.text())
+        return timed("docker", "buildx", "build", "--no-cache", "--progress=plain", "--provenance=false",
+                     "--secret", f"id=ca,src={ca_bundle()}", "--output",
+                     f"type=image,name={tag},compression=zstd,force-compression=true,oci-mediatypes=true", tmp)
+
+
+def publish(registry: str, *args: str) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "r.json"
+        start = time.perf_counter()
+        sh(sys.executable, "-m", "imagebuilder", "publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS,
+           "--base-image", BASE, "--ca-bundle", str(ca_bundle()), "--builder", "buildkit", "--allow-no-gpu",
+           "--registry", registry, "--report", str(report), "--quiet", *args,
+           env={**os.environ, "GITHUB_SHA": "0" * 40})
+        wall = time.perf_counter() - start
+        return wall, json.loads(report.read_text())["images"][0]
+
+
+def stored_bytes(refs: list[str]) -> int:
+    """The registry's bytes for these images, each blob once (what it stores for them)."""
+    registry = HttpRegistry(config={})
+    blobs: dict[str, int] = {}
+    for ref in refs:
+        blobs.update({digest: size for digest, (size, _) in registry.blobs(ref).items()})
+    return sum(blobs.values())
+
+
+def cold_pull(ref: str) -> float:
+    subprocess.run(["docker", "rmi", "-f", ref], capture_output=True, check=False)
+    return timed("docker", "pull", "-q", ref)
+
+
+def downloads(log: str) -> int:
+    return len(re.findall(r"Download(?:ed|ing) (?:torch|nvidia)", Path(log).read_text()))
+
+
+def main() -> None:
+    port = free_port()
+    address = sh(str(ROOT / ".ci" / "registry.sh"), "start", str(port)).stdout.strip().splitlines()[-1]
+    zstd_ns, gzip_ns = f"{address}/bench-{RUN}", f"{address}/bench-gzip-{RUN}"
+    rows: list[tuple[str, str]] = []
+    try:
+        floor_s = floor(f"imagebuilder-bench/floor-{RUN}:x")
+        rows.append(("floor: runtime lock, uv --no-cache, BuildKit --no-cache, zstd into the store", f"{floor_s:.1f}s"))
+        wall, cold = publish(zstd_ns, "--variant", "runtime", "--no-cache")
+        build_s, verify_s, push_s = cold["build_s"], cold["verify_s"], cold["push_s"]
+        print(f"cold publish downloaded {downloads(cold['build']['log'])} torch/nvidia wheels "
+              "(uv's shared cache mount may hold them)")
+        rows += [("cold publish, zstd: wall", f"{wall:.1f}s"),
+                 ("  build_s", f"{build_s:.1f}s ({build_s / floor_s:.2f}x floor)"),
+                 ("  verify_s", f"{verify_s:.1f}s"),
+                 ("  push_s", f"{push_s:.1f}s ({push_s / floor_s:.2f}x floor; target <= 0.5x)"),
+                 ("  build + push", f"{build_s + push_s:.1f}s ({(build_s + push_s) / floor_s:.2f}x floor; "
+                                    "target <= 1.5x)"),
+                 ("  pushed_bytes", f"{cold['pushed_bytes']:,}")]
+        _, gz = publish(gzip_ns, "--variant", "runtime", "--compression", "gzip")
+        rows += [("gzip publish: push_s", f"{gz['push_s']:.1f}s ({gz['push_s'] / push_s:.2f}x zstd's)"),
+                 ("  build_s (gzip export of the layers)", f"{gz['build_s']:.1f}s"),
+                 ("  pushed_bytes", f"{gz['pushed_bytes']:,} ({gz['pushed_bytes'] / cold['pushed_bytes']:.2f}x zstd's)")]
+        _, devel = publish(zstd_ns, "--variant", "devel")
+        alone = stored_bytes([cold["ref"]])
+        both = stored_bytes([cold["ref"], devel["ref"]])
+        rows += [("registry bytes, runtime alone", f"{alone:,}"),
+                 ("registry bytes, runtime + devel", f"{both:,} ({both / alone:.2f}x; target <= 1.3x)"),
+                 ("  devel pushed_bytes", f"{devel['pushed_bytes']:,}")]
+        _, again = publish(zstd_ns, "--variant", "runtime", "--force")
+        rows.append(("republish of identical content: pushed_bytes", f"{again['pushed_bytes']:,} (target 0)"))
+        zstd_pull = cold_pull(cold["ref"])
+        gzip_pull = cold_pull(gz["ref"])
+        rows += [("cold pull, zstd", f"{zstd_pull:.1f}s"),
+                 ("cold pull, gzip", f"{gzip_pull:.1f}s (zstd/gzip {zstd_pull / gzip_pull:.2f}x; target <= 0.6x)")]
+    finally:
+        listing = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                                 capture_output=True, text=True, check=False).stdout.split()
+        ours = [ref for ref in listing if RUN in ref]
+        if ours:
+            subprocess.run(["docker", "rmi", "-f", *ours], capture_output=True, check=False)
+        subprocess.run([str(ROOT / ".ci" / "registry.sh"), "stop", str(port)], capture_output=True, check=False)
+        width = max((len(name) for name, _ in rows), default=0)
+        for name, value in rows:
+            print(f"{name.ljust(width)}  {value}")
+
+
+if __name__ == "__main__":
+    main()

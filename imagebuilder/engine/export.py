@@ -1,0 +1,175 @@
+"""How a BuildKit build leaves the builder: layer compression, provenance, registry caches.
+
+Pure: these values become `docker buildx build` options. With Docker's containerd image
+store, BuildKit's `type=image` exporter keeps exactly the blobs it compressed (zstd with all
+cores, or gzip at a level), and `docker push` then sends those blobs as they are: the image
+id is the digest of the index that is pushed, so what verify ran is what the registry gets,
+byte for byte. The classic image store keeps only unpacked layers (`docker push`
+recompresses them with gzip), so there compression is not ours to choose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..errors import BadRequest
+
+COMPRESSIONS = ("zstd", "gzip")
+# BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
+LEVELS = {"zstd": range(0, 23), "gzip": range(0, 10)}
+CACHE_REPOSITORY = "imagebuilder-cache"
+
+
+class BadCompression(BadRequest):
+    compression: str
+    level: int
+    template = "--compression-level {level} is not a {compression} level; {compression} takes {low}..{high}"
+
+
+@dataclass(frozen=True)
+class Compression:
+    kind: str
+    """"zstd" or "gzip"."""
+    level: int | None = None
+    """None: BuildKit's default for `kind`."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in COMPRESSIONS:
+            raise BadRequest(f"unknown compression {self.kind!r}; known: {', '.join(COMPRESSIONS)}")
+        levels = LEVELS[self.kind]
+        if self.level is not None and self.level not in levels:
+            raise BadCompression(compression=self.kind, level=self.level, low=levels.start, high=levels.stop - 1)
+
+    @property
+    def media_suffix(self) -> str:
+        return f"+{self.kind}"
+
+
+@dataclass(frozen=True)
+class Export:
+    """What a BuildKit build exports besides the image itself."""
+
+    compression: Compression | None = None
+    """The layers' compression in the image store; None: the builder's default (`--load`)."""
+    provenance: bool = False
+    """Attach BuildKit's SLSA provenance (mode=max) to the image's index."""
+    cache_from: tuple[str, ...] = ()
+    """Registry cache refs (HOST/NS/imagebuilder-cache:KEY) to import."""
+    cache_to: str | None = None
+    """The registry cache ref to export every stage's layers to (mode=max)."""
+
+    def describe(self) -> str:
+        c = self.compression
+        what = "as the builder stores them" if c is None else (
+            f"{c.kind}" + (f" level {c.level}" if c.level is not None else "") + ", exported by BuildKit and pushed as verified")
+        return what + ("; SLSA provenance (mode=max)" if self.provenance else "")
+
+
+def cache_ref(registry_base: str, key: str) -> str:
+    """The registry ref of an image's build cache: one tag per image key beside its images."""
+    return f"{registry_base.rstrip('/')}/{CACHE_REPOSITORY}:{key}"
+
+
+def _insecure(ref: str) -> bool:
+    host = ref.split("/", 1)[0]
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0][1:]
+    return name in ("localhost", "::1") or name.startswith("127.")
+
+
+def output_args(export: Export | None) -> list[str]:
+    """The options that replace `--load`: `type=image` with the chosen compression (the image
+    store keeps those blobs), provenance, caches. None: `--load`, as before."""
+    if export is None:
+        return ["--load"]
+    args: list[str] = []
+    if export.compression is None:
+        args.append("--load")
+    else:
+        c = export.compression
+        output = f"type=image,compression={c.kind},force-compression=true,oci-mediatypes=true"
+        if c.level is not None:
+            output += f",compression-level={c.level}"
+        args += ["--output", output]
+    args.append("--provenance=mode=max" if export.provenance else "--provenance=false")
+    for ref in export.cache_from:
+        args += ["--cache-from", f"type=registry,ref={ref}" + (",registry.insecure=true" if _insecure(ref) else "")]
+    if export.cache_to is not None:
+        ref = export.cache_to
+        # Cache blobs in zstd too: an import by another runner pulls them.
+        args += ["--cache-to", f"type=registry,ref={ref},mode=max,oci-mediatypes=true,image-manifest=true,"
+                 "compression=zstd,ignore-error=true" + (",registry.insecure=true" if _insecure(ref) else "")]
+    return args
+
+
+class CompressionUnavailable(BadRequest):
+    asked: str
+    template = ("{asked} needs BuildKit (buildx) exporting into Docker's containerd image store "
+                "(daemon.json: {{\"features\": {{\"containerd-snapshotter\": true}}}}); this engine "
+                "recompresses on push with gzip: drop the option, or use such an engine")
+
+
+def choose(kind: str | None, level: int | None, *, buildkit: bool, image_store: bool,
+           provenance: bool, cache_from: tuple[str, ...] = ()) -> Export | None:
+    """The export for a build: zstd (or what was asked) where the image store keeps the
+    blobs BuildKit compressed, with provenance when asked; None where the engine cannot
+    (the classic store: `docker push` compresses with gzip), unless something was asked
+    that only such an engine gives."""
+    if not (buildkit and image_store):
+        asked = [what for what, given in ((f"--compression {kind}", kind not in (None, "gzip")),
+                                          ("--compression-level", level is not None),
+                                          ("--cache-from-registry", bool(cache_from))) if given]
+        if asked:
+            raise CompressionUnavailable(asked=" and ".join(asked))
+        return None
+    return Export(Compression(kind or "zstd", level), provenance=provenance, cache_from=cache_from)
+
+
+def choose_for_build(kind: str | None, level: int | None, cache_base: str | None, buildkit: bool,
+                     image_store: Callable[[], bool],
+                     cached: Callable[[str], bool]) -> Callable[[str], Export | None]:
+    """`build`'s export per image key: compression where the store keeps it, and the image's
+    registry cache (--cache-from-registry) imported where `cached` says the registry has it
+    (BuildKit fails a build whose cache is missing)."""
+    store = buildkit and image_store()
+    choose(kind, level, buildkit=buildkit, image_store=store, provenance=False,
+           cache_from=(cache_base,) if cache_base else ())  # refused before any build, not after one
+
+    def for_image(key: str) -> Export | None:
+        ref = cache_ref(cache_base, key) if cache_base else None
+        cache_from = (ref,) if ref and cached(ref) else ()
+        return choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from)
+
+    return for_image
+
+
+ZSTD_DOCKER = "23.0"  # moby/moby#41759: dockerd pulls zstd layers from Docker 23.0 on
+
+
+def compression_of(media_types: Iterable[str]) -> str | None:
+    """"zstd" when any layer is zstd-compressed, "gzip" when all compressed ones are gzip."""
+    kinds = {m.rsplit("+", 1)[1] for m in media_types
+             if "layer" in m and "+" in m and m.rsplit("+", 1)[1] in COMPRESSIONS}
+    if "zstd" in kinds:
+        return "zstd"
+    if "gzip" in kinds or any(m.endswith(".tar.gzip") for m in media_types):
+        return "gzip"
+    return None
+
+
+def cannot_pull(compression: str | None, server_version: str | None) -> str | None:
+    """Why a daemon of `server_version` cannot pull layers of `compression`; None: it can
+    (or there is nothing to judge)."""
+    from packaging.version import InvalidVersion, Version
+
+    if compression != "zstd" or not server_version:
+        return None
+    try:
+        version = Version(server_version.split("+")[0].split("-")[0])
+    except InvalidVersion:
+        return None
+    if version >= Version(ZSTD_DOCKER):
+        return None
+    return (f"the image's layers are zstd-compressed and this daemon (Docker {server_version}) pulls only "
+            f"gzip ones (zstd needs Docker >= {ZSTD_DOCKER} or containerd >= 1.5): upgrade the engine, or "
+            "publish the image with --compression gzip")

@@ -1,0 +1,179 @@
+"""A second Docker engine, as a remote build host would be: its own network namespace with its
+own bridge, reached over TCP with TLS; torn down (daemon, namespace, files) afterwards.
+
+Never a second daemon in this machine's network namespace: one started there with
+`"bridge": "none"` deleted the first daemon's docker0 bridge and broke its builds. In its own
+namespace it makes its own docker0, which no other daemon sees.
+
+A registry on this host's loopback (127.0.0.1:PORT, insecure by default for every engine) is
+made reachable inside the namespace at the same address by two small TCP forwarders over
+the namespace's veth pair, so image and cache refs are the same strings on both engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+FORWARDER = """
+import asyncio, sys
+listen_host, listen_port, to_host, to_port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+async def handle(reader, writer):
+    try:
+        up_reader, up_writer = await asyncio.open_connection(to_host, to_port)
+    except OSError:
+        writer.close()
+        return
+    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+async def main():
+    server = await asyncio.start_server(handle, listen_host, listen_port)
+    async with server:
+        await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+@dataclass(frozen=True)
+class RemoteEngine:
+    name: str
+    """The buildx builder (a docker context in `docker_config`) that builds on it."""
+    host: str
+    """tcp://ADDRESS:2376, TLS."""
+    cert_path: Path
+    docker_config: Path
+
+    def env(self) -> dict[str, str]:
+        """The environment in which docker, buildx and imagebuilder talk to this engine."""
+        return {**os.environ, "DOCKER_HOST": self.host, "DOCKER_TLS_VERIFY": "1",
+                "DOCKER_CERT_PATH": str(self.cert_path), "DOCKER_CONFIG": str(self.docker_config)}
+
+
+def _run(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=120, **kw)  # type: ignore[call-overload]
+
+
+def _certs(folder: Path, address: str) -> None:
+    """A CA, the daemon's certificate for `address`, and a client certificate."""
+    folder.mkdir(parents=True)
+    o = folder
+
+    def ssl(*args: str) -> None:
+        _run("openssl", *args, cwd=o)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca.pem",
+        "-days", "1", "-subj", "/CN=imagebuilder-test-ca")
+    (o / "server.ext").write_text(f"subjectAltName=IP:{address}\nextendedKeyUsage=serverAuth\n")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server-key.pem", "-out", "server.csr", "-subj", "/CN=remote")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+        "-out", "server-cert.pem", "-days", "1", "-extfile", "server.ext")
+    (o / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "client.csr", "-subj", "/CN=client")
+    ssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+        "-out", "cert.pem", "-days", "1", "-extfile", "client.ext")
+
+
+def _wait_for(engine_env: dict[str, str], daemon: subprocess.Popen[bytes], log: Path, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            raise RuntimeError(f"the remote dockerd exited: {log.read_text()[-3000:]}")
+        if subprocess.run(["docker", "version"], env=engine_env, capture_output=True, timeout=30).returncode == 0:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"the remote dockerd did not answer in {seconds:.0f}s: {log.read_text()[-3000:]}")
+
+
+@contextmanager
+def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
+    """Start the engine; yield it; tear everything down, whatever happened."""
+    tag = uuid.uuid4().hex[:6]
+    netns, host_if, ns_if = f"ib-remote-{tag}", f"ibh{tag}", f"ibn{tag}"
+    subnet = random.randrange(0, 250)
+    host_ip, ns_ip = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
+    root = Path(tempfile.mkdtemp(prefix=f"ibr{tag}-", dir="/tmp"))
+    processes: list[subprocess.Popen[bytes]] = []
+    daemon: subprocess.Popen[bytes] | None = None
+    try:
+        _run("ip", "netns", "add", netns)
+        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _run("ip", "link", "set", ns_if, "netns", netns)
+        _run("ip", "addr", "add", f"{host_ip}/30", "dev", host_if)
+        _run("ip", "link", "set", host_if, "up")
+        for cmd in (["ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if], ["ip", "link", "set", ns_if, "up"],
+                    ["ip", "link", "set", "lo", "up"]):
+            _run("ip", "netns", "exec", netns, *cmd)
+        _certs(root / "tls", ns_ip)
+        client = root / "client"
+        client.mkdir()
+        for name in ("ca.pem", "cert.pem", "key.pem"):
+            shutil.copy(root / "tls" / name, client / name)
+        config = {
+            "data-root": str(root / "data"), "exec-root": str(root / "exec"), "pidfile": str(root / "docker.pid"),
+            "hosts": [f"unix://{root}/docker.sock", f"tcp://{ns_ip}:2376"],
+            "tlsverify": True, "tlscacert": str(root / "tls" / "ca.pem"),
+            "tlscert": str(root / "tls" / "server-cert.pem"), "tlskey": str(root / "tls" / "server-key.pem"),
+            "features": {"containerd-snapshotter": True},
+            "bip": "172.31.254.1/24",  # its own docker0, inside its own namespace
+        }
+        (root / "daemon.json").write_text(json.dumps(config))
+        log = root / "dockerd.log"
+        with log.open("wb") as out:
+            # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup mounts.
+            daemon = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "dockerd",
+                                       "--config-file", str(root / "daemon.json")],
+                                      stdout=out, stderr=out, start_new_session=True)
+        if registry_port is not None:
+            # host veth -> the registry on this host's loopback; inside: loopback -> host veth.
+            for argv in (["python3", "-c", FORWARDER, host_ip, str(registry_port), "127.0.0.1", str(registry_port)],
+                         ["nsenter", f"--net=/run/netns/{netns}", sys.executable, "-c", FORWARDER, "127.0.0.1",
+                          str(registry_port), host_ip, str(registry_port)]):
+                processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                  start_new_session=True))
+        docker_config = root / "config"
+        docker_config.mkdir()
+        engine = RemoteEngine(name=f"ib-remote-{tag}", host=f"tcp://{ns_ip}:2376", cert_path=client,
+                              docker_config=docker_config)
+        _wait_for(engine.env(), daemon, log)
+        # The builder instance: buildx's docker driver on a context that reaches the engine.
+        _run("docker", "context", "create", engine.name, "--docker",
+             f"host={engine.host},ca={client}/ca.pem,cert={client}/cert.pem,key={client}/key.pem",
+             env={**os.environ, "DOCKER_CONFIG": str(docker_config)})
+        yield engine
+    finally:
+        for process in processes:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+        if daemon is not None and daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+                daemon.wait()
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)  # and its veth end
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+        # Mounts the daemon's snapshotter may have left under its data root, then the files.
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if line.split()[1].startswith(str(root))]
+        for mount in sorted(mounts, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,136 @@
+"""How BuildKit builds leave the builder (compression, provenance, caches), the pull preflight
+for compressions, and provenance read back: pure, as tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from imagebuilder.engine.api import Pushed
+from imagebuilder.errors import BadRequest
+from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose,
+                                 compression_of, output_args)
+from imagebuilder.provenance import built_from
+from imagebuilder.verify import HostFacts, preflight
+
+CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-runtime"
+
+
+@pytest.mark.parametrize("export, expected", [
+    (None, ["--load"]),
+    (Export(), ["--load", "--provenance=false"]),
+    (Export(Compression("zstd"), provenance=True),
+     ["--output", "type=image,compression=zstd,force-compression=true,oci-mediatypes=true", "--provenance=mode=max"]),
+    (Export(Compression("gzip", 9)),
+     ["--output", "type=image,compression=gzip,force-compression=true,oci-mediatypes=true,compression-level=9",
+      "--provenance=false"]),
+    (Export(Compression("zstd"), cache_from=(CACHE,), cache_to=CACHE),
+     ["--output", "type=image,compression=zstd,force-compression=true,oci-mediatypes=true", "--provenance=false",
+      "--cache-from", f"type=registry,ref={CACHE},registry.insecure=true",
+      "--cache-to", f"type=registry,ref={CACHE},mode=max,oci-mediatypes=true,image-manifest=true,compression=zstd,"
+                    "ignore-error=true,registry.insecure=true"]),
+    (Export(cache_from=("ghcr.io/acme/imagebuilder-cache:k",)),
+     ["--load", "--provenance=false", "--cache-from", "type=registry,ref=ghcr.io/acme/imagebuilder-cache:k"]),
+])
+def test_output_args(export: Export | None, expected: list[str]) -> None:
+    assert output_args(export) == expected
+
+
+@pytest.mark.parametrize("kind, level, buildkit, store, expected", [
+    # Docker 26 + the containerd store + buildx: zstd by default, what was asked otherwise.
+    (None, None, True, True, Export(Compression("zstd"), provenance=True)),
+    ("gzip", 4, True, True, Export(Compression("gzip", 4), provenance=True)),
+    # The classic store (Docker 20.10, or 24+ without the snapshotter) or the classic builder:
+    # docker push compresses with gzip, nothing to choose.
+    (None, None, True, False, None),
+    ("gzip", None, False, False, None),
+    (None, None, False, True, None),
+])
+def test_choose(kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
+    assert choose(kind, level, buildkit=buildkit, image_store=store, provenance=True) == expected
+
+
+@pytest.mark.parametrize("kind, level, buildkit, store, cache, said", [
+    ("zstd", None, True, False, (), "--compression zstd needs BuildKit"),
+    ("gzip", 9, False, True, (), "--compression-level needs BuildKit"),
+    (None, None, False, False, (CACHE,), "--cache-from-registry needs BuildKit"),
+])
+def test_what_only_the_containerd_store_gives_is_a_bad_request_elsewhere(
+        kind: str | None, level: int | None, buildkit: bool, store: bool, cache: tuple[str, ...], said: str) -> None:
+    with pytest.raises(CompressionUnavailable, match=said) as e:
+        choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache)
+    assert e.value.exit_code == 2 and "containerd-snapshotter" in str(e.value)
+
+
+@pytest.mark.parametrize("kind, level", [("gzip", 10), ("zstd", 23), ("zstd", -1), ("lz4", None)])
+def test_bad_compressions(kind: str, level: int | None) -> None:
+    with pytest.raises(BadRequest):
+        Compression(kind, level)
+
+
+def test_cache_ref_is_one_tag_per_image_beside_the_images() -> None:
+    assert cache_ref("127.0.0.1:5000/ml/", "2.6.0-cuda12.1-cudnn9-debian12-runtime") == CACHE
+
+
+ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+DOCKER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+@pytest.mark.parametrize("media, expected", [
+    ([GZIP, ZSTD, "application/vnd.in-toto+json"], "zstd"),
+    ([GZIP, "application/vnd.oci.image.config.v1+json"], "gzip"),
+    ([DOCKER_GZIP], "gzip"),
+    (["application/vnd.in-toto+json"], None),
+])
+def test_compression_of(media: list[str], expected: str | None) -> None:
+    assert compression_of(media) == expected
+
+
+@pytest.mark.parametrize("compression, version, refused", [
+    ("zstd", "20.10.24+dfsg1", True),
+    ("zstd", "23.0.0", False),
+    ("zstd", "26.1.5+dfsg1", False),
+    ("gzip", "20.10.24", False),
+    (None, "20.10.24", False),
+    ("zstd", None, False),
+])
+def test_cannot_pull(compression: str | None, version: str | None, refused: bool) -> None:
+    assert (cannot_pull(compression, version) is not None) == refused
+
+
+def test_preflight_says_in_one_line_that_the_daemon_cannot_pull_zstd() -> None:
+    why = cannot_pull("zstd", "20.10.24+dfsg1")
+    checked = preflight(HostFacts(compression="zstd", compression_error=why), allow_no_gpu=True)
+    assert not checked.ok
+    (problem,) = checked.problems
+    assert problem.name == "compression" and "\n" not in problem.detail
+    assert "Docker 20.10.24+dfsg1" in problem.detail and "--compression gzip" in problem.detail
+
+
+def test_uploaded_bytes_count_only_the_blobs_this_push_sent() -> None:
+    blobs = {"sha256:" + "a" * 64: (1000, ZSTD), "sha256:" + "b" * 64: (20, ZSTD), "sha256:" + "c" * 64: (5, "")}
+    assert Pushed("sha256:d", frozenset({"a" * 12, "c" * 12})).uploaded_bytes(blobs) == 1005
+    assert Pushed("sha256:d", frozenset()).uploaded_bytes(blobs) == 0
+
+
+PREDICATE: dict[str, Any] = {
+    "predicateType": "https://slsa.dev/provenance/v0.2",
+    "builder": {"id": ""},
+    "materials": [{"uri": "pkg:docker/imagebuilder-base@bookworm?platform=linux%2Famd64",
+                   "digest": {"sha256": "e8ae"}}],
+    "invocation": {"parameters": {"frontend": "dockerfile.v0", "args": {
+        "label:org.opencontainers.image.revision": "0" * 40,
+        "label:io.imagebuilder.matrix": "matrix.yaml sha256:12ab",
+        "label:io.imagebuilder.lock": "locks/x.txt sha256:34cd",
+        "build-arg:IGNORED": "1"}}},
+}
+
+
+def test_built_from_reads_revision_matrix_and_lock_out_of_the_provenance() -> None:
+    found = built_from(PREDICATE)
+    assert (found.revision, found.matrix, found.lock) == ("0" * 40, "matrix.yaml sha256:12ab", "locks/x.txt sha256:34cd")
+    assert found.base == ("pkg:docker/imagebuilder-base@bookworm?platform=linux%2Famd64@sha256:e8ae",)
+    first = found.lines()[0]
+    assert first == f"built from: revision {'0' * 40}, matrix matrix.yaml sha256:12ab, lock locks/x.txt sha256:34cd"
