@@ -35,6 +35,38 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+# --- markers: a test carries the markers of what it needs ----------------------------------
+
+# A fixture -> the markers every test using it (directly or through other fixtures) carries,
+# so `-m "not docker and not slow and not network"` (the fast run, see docs/development.md)
+# never starts a daemon, a registry, or a real image build.
+FIXTURE_MARKERS: dict[str, frozenset[str]] = {
+    "docker_engine": frozenset({"docker"}),
+    "registry": frozenset({"registry"}),
+    "local_registry": frozenset({"registry"}),
+    # Real torch images (GBs, minutes): built through the CLI once per module or session.
+    **{name: frozenset({"slow"}) for name in (
+        "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
+        "arm64_image", "first_run")},
+    # Every smoke test for real on this host's torch (a gloo all-reduce, an Inductor compile).
+    "local_runs": frozenset({"slow"}),
+    "full_run": frozenset({"slow"}),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse to run a test whose fixtures need more than its markers say."""
+    missing = []
+    for item in items:
+        marked = {mark.name for mark in item.iter_markers()}
+        needed = set().union(*(FIXTURE_MARKERS.get(name, frozenset()) for name in getattr(item, "fixturenames", ())))
+        if needed - marked:
+            missing.append(f"{item.nodeid}: mark it {', '.join(sorted(needed - marked))}")
+    if missing:
+        raise pytest.UsageError("tests whose fixtures need markers they lack (see FIXTURE_MARKERS in "
+                                "tests/conftest.py):\n  " + "\n  ".join(missing))
+
+
 @pytest.fixture(scope="session")
 def docker_engine() -> DockerEngine:
     """A DockerEngine whose daemon answers; skips (or fails in CI) otherwise."""

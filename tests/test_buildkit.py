@@ -351,6 +351,7 @@ def _stream_contains(argv: list[str], needle: bytes, chunk: int = 1 << 24) -> bo
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images, docker_engine, marked_ca):
     image = buildkit_images["runtime"]
@@ -368,6 +369,7 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     assert run.exit_code == 0 and "2.6.0" in run.output, run.output
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
     devel_log = Path(buildkit_images["devel"]["log"]).read_text()
@@ -459,6 +461,7 @@ def arm64_image(docker_engine, buildkit_cli, tmp_path_factory):
         remove_local_tags(docker_engine, repository)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
     """By content: `import torch` under QEMU hangs, so nothing here runs Python."""
@@ -509,6 +512,7 @@ def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
         platform_entries("linux/s390x", OCI_INDEX, 855, "sha256:" + "b" * 64, arm64_index)
 
 
+@pytest.mark.registry
 @pytest.mark.docker
 def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_image, registry):
     """Every tag of a 2.11 runtime image pushed per platform (TAG-amd64, TAG-arm64; the local

@@ -67,6 +67,7 @@ def test_arm64_for_a_release_without_its_wheels_names_the_first_that_has_them():
     assert e.value.exit_code == 2
 
 
+@pytest.mark.docker
 def test_cli_arm64_for_2_6_is_exit_2_before_anything_builds(docker_engine):
     done = CliRunner().invoke(cli, ["build", "--torch", "2.6", "--cuda", "12.4", "--platform", "linux/arm64",
                                     "--builder", "buildkit"])

@@ -19,9 +19,10 @@ import signal
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -38,6 +39,7 @@ from imagebuilder.lock import load_locks, locks_dir
 from imagebuilder.matrix import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.registry import (
+    OCI_MANIFEST,
     HttpRegistry,
     RegistryUnavailable,
     credentials_for,
@@ -361,6 +363,7 @@ def _head(ref: str) -> str | None:
     return HttpRegistry(config={}).digest(ref)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry
 def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any]) -> None:
@@ -379,6 +382,7 @@ def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any
     assert "RESULT" in summary and "pushed" in summary and f"{len(image['tags'])}/{len(image['tags'])}" in summary
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry
 def test_pulled_images_have_the_reported_digests(docker_engine: Any, first_run: dict[str, Any]) -> None:
@@ -396,6 +400,7 @@ def test_pulled_images_have_the_reported_digests(docker_engine: Any, first_run: 
         client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry
 def test_second_run_skips_and_pushes_nothing(base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
@@ -443,6 +448,7 @@ def test_a_dry_run_after_a_buildkit_publish_plans_nothing_to_rebuild(docker_engi
         remove_local_tags(docker_engine, registry)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry
 def test_the_next_day_adds_only_the_dated_tag(base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
@@ -461,6 +467,7 @@ def test_the_next_day_adds_only_the_dated_tag(base_image: str, first_run: dict[s
         assert _head(ref) == was  # nothing else moved, yesterday's dated tag included
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry
 def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, base_image: str,
@@ -480,7 +487,7 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
     assert _head(with_alias.refs[-1]) == digest
 
 
-def _rendered(registry: str, base_image: str) -> RenderedImage:
+def _rendered(registry: str, base_image: str, buildkit: bool = False) -> RenderedImage:
     """The image `publish` renders for the test's options (the CA bundle is outside the hash)."""
     from imagebuilder.pipeline import source_label
 
@@ -489,10 +496,80 @@ def _rendered(registry: str, base_image: str) -> RenderedImage:
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
     opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(),
                          ca_bundle=Path(ca) if ca and Path(ca).is_file() else None,
-                         locks=load_locks(locks_dir(matrix)))
+                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit)
     return render(spec, matrix, opts)
 
 
+def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
+    """A one-layer OCI image whose config carries `labels`, put under every ref through the
+    registry API (loopback http, no engine): all a plan reads of a published image."""
+    import gzip
+    import io
+    import tarfile
+
+    def upload(host: str, name: str, blob: bytes) -> dict[str, Any]:
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        start = urllib.request.Request(f"http://{host}/v2/{name}/blobs/uploads/", method="POST")
+        with urllib.request.urlopen(start, timeout=30) as answer:
+            location = urllib.parse.urljoin(f"http://{host}/", answer.headers["Location"])
+        sep = "&" if "?" in location else "?"
+        put = urllib.request.Request(f"{location}{sep}digest={digest}", data=blob, method="PUT",
+                                     headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(put, timeout=30).close()
+        return {"digest": digest, "size": len(blob)}
+
+    tar = io.BytesIO()
+    tarfile.open(fileobj=tar, mode="w").close()
+    layer = gzip.compress(tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": labels},
+                         "rootfs": {"type": "layers",
+                                    "diff_ids": ["sha256:" + hashlib.sha256(tar.getvalue()).hexdigest()]}}).encode()
+    digests = set()
+    for ref in refs:
+        r = parse_reference(ref)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **upload(r.host, r.name, config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                        **upload(r.host, r.name, layer)}],
+        }).encode()
+        put = urllib.request.Request(f"http://{r.host}/v2/{r.name}/manifests/{r.reference}", data=manifest,
+                                     method="PUT", headers={"Content-Type": OCI_MANIFEST})
+        with urllib.request.urlopen(put, timeout=30) as answer:
+            digests.add(answer.headers["Docker-Content-Digest"])
+    (digest,) = digests
+    return str(digest)
+
+
+@pytest.mark.registry
+def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: LocalRegistry,
+                                                                tmp_path: Path) -> None:
+    """The registry holds what a BuildKit publish pushes (the BuildKit render's inputs hash
+    under every tag and today's dated tag): `publish --builder buildkit --dry-run` plans to
+    skip it. The dry run decides the builder where the run does (engine.select), so it
+    renders the same Dockerfile and computes the same inputs hash; it used to render for the
+    classic builder and plan `build ... inputs changed`."""
+    from imagebuilder.engine.select import detect_buildkit
+
+    if detect_buildkit()[0] is None:
+        from conftest import _unavailable
+
+        _unavailable("no docker CLI here builds with BuildKit")
+    base_image = "imagebuilder-base:bookworm"  # named in FROM only: a dry run reads no image
+    registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
+    image = _rendered(registry, base_image, buildkit=True)
+    assert image.inputs_hash != _rendered(registry, base_image).inputs_hash  # the builder matters
+    today = datetime.now(timezone.utc).date()
+    digest = _put_labelled_image([*image.refs, publish.dated_ref(image, today)], {HASH: image.inputs_hash})
+    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--builder", "buildkit",
+                                      "--dry-run"))
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
+    assert [(action, ref) for _, action, ref, _ in rows] == [(SKIP, image.ref)], dry.stdout
+    assert f"published as {digest.removeprefix('sha256:')[:12]}" in dry.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry
 def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(

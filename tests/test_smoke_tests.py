@@ -251,6 +251,7 @@ def test_gpu_checks_skip_without_gpu_and_fail_when_required(torch: Any, name: st
 
 # ---------------------------------------------------------------- nccl (gloo here)
 
+@pytest.mark.slow
 def test_allreduce_hang_is_killed_at_the_time_limit(torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAULT_ENV, "hang")
     start = time.monotonic()
@@ -262,6 +263,7 @@ def test_allreduce_hang_is_killed_at_the_time_limit(torch: Any, monkeypatch: pyt
     assert elapsed < 10 + 5  # killed at the limit, not left to gloo's own timeout
 
 
+@pytest.mark.slow
 def test_allreduce_wrong_value_is_detected(torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAULT_ENV, "wrong-value")
     (result,) = smoke_tests.run_checks(["nccl"], timeout=120)
@@ -325,6 +327,7 @@ def full_run(torch: Any, tmp_path_factory: pytest.TempPathFactory) -> subprocess
     return run_cli("--json", env={"SMOKE_TESTS_MANIFEST": str(manifest)})
 
 
+@pytest.mark.slow
 def test_cli_json_passes_on_this_host(torch: Any, full_run: subprocess.CompletedProcess) -> None:
     from smoke_tests.checks import checks_for
 
@@ -336,12 +339,14 @@ def test_cli_json_passes_on_this_host(torch: Any, full_run: subprocess.Completed
     assert statuses == {"environment": "pass", "cuda": "skip", "nccl": "pass", "compile": "pass", "cuda_graph": "skip"}
 
 
+@pytest.mark.slow
 def test_cli_compile_ran_inductor_on_cpu(full_run: subprocess.CompletedProcess) -> None:
     compile_ = by_name(json.loads(full_run.stdout))["compile"]["measurements"]
     assert compile_["device"] == "cpu" and compile_["graphs"] == 1 and compile_["graph_breaks"] == 0
     assert compile_["kernels"] >= 1
 
 
+@pytest.mark.slow
 def test_cli_allreduce_ran_over_gloo(full_run: subprocess.CompletedProcess) -> None:
     nccl = by_name(json.loads(full_run.stdout))["nccl"]["measurements"]
     assert (nccl["backend"], nccl["world_size"], nccl["bytes"]) == ("gloo", 2, 8 * 2**20)
@@ -394,6 +399,7 @@ def test_cli_unreadable_manifest_is_a_usage_error(tmp_path: Path, capsys: pytest
     assert f"manifest {manifest}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_module_is_collected_and_its_pure_tests_run_without_torch() -> None:
     """A host without torch (a CI runner of imagebuilder alone) still collects this file."""
     blocker = textwrap.dedent("""
@@ -717,6 +723,7 @@ def test_exclusive_process_busy_gpu_is_explained(torch: Any) -> None:
     assert crash_hint("RuntimeError: NCCL error", exclusive) == ""
 
 
+@pytest.mark.slow
 def test_allreduce_crash_blames_the_rank_that_died_first(torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Real gloo workers: the last rank exits at once, rank 0 fails after it in its all-reduce."""
     monkeypatch.setenv(FAULT_ENV, "crash")
@@ -744,6 +751,7 @@ def test_compile_skips_with_dynamos_reason(torch: Any, monkeypatch: pytest.Monke
 
 # ---------------------------------------------------------------- bench/gpu_verify.sh
 
+@pytest.mark.slow
 def test_gpu_verify_script_keeps_what_finished_when_a_check_hangs(torch: Any, tmp_path: Path) -> None:
     """A hung check costs its own limit, the total limit holds, and every result is on disk
     the moment its check finished (a stand-in python hangs the nccl check, ignoring SIGTERM)."""
@@ -781,6 +789,7 @@ def test_gpu_verify_script_keeps_what_finished_when_a_check_hangs(torch: Any, tm
     assert "FAILED: 2 failed, 1 passed" in done.stdout
 
 
+@pytest.mark.slow
 def test_gpu_verify_script_stops_at_its_total_limit(torch: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_VERIFY_PYTHON": sys.executable, "GPU_VERIFY_TOTAL_S": "12",

@@ -608,6 +608,7 @@ def local_runs() -> dict[str, tuple[int, str, str]]:
     return runs
 
 
+@pytest.mark.slow
 def test_cli_local_cpu_mode_passes(local_runs: dict[str, tuple[int, str, str]]) -> None:
     code, stdout, stderr = local_runs["table"]
     assert code == 0, stdout + stderr
@@ -616,6 +617,7 @@ def test_cli_local_cpu_mode_passes(local_runs: dict[str, tuple[int, str, str]]) 
     assert stdout.rstrip().splitlines()[-1].startswith("OK: local ")
 
 
+@pytest.mark.slow
 def test_cli_local_json_parses(local_runs: dict[str, tuple[int, str, str]]) -> None:
     code, stdout, stderr = local_runs["json"]
     assert code == 0, stdout + stderr
