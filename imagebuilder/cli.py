@@ -358,7 +358,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 @click.argument("tag", required=False)
 @options.verifying
 def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
-               manifest: str | None, mount_smoke_tests: bool) -> None:
+               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool) -> None:
     """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
 
     Exit 0 only when every check passed.
@@ -368,12 +368,15 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime --allow-no-gpu --json
       imagebuilder verify --local --timeout 600
+      imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
     """
-    from .verify import verify_image, verify_local
+    from .verify import verify_local, verify_published
 
     if local:
         if mount_smoke_tests:
             raise click.UsageError("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
+        if key is not None or signature_only:
+            raise click.UsageError("--key and --signature-only check a published image; --local checks this environment")
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest,
                               target=f"local {tag}" if tag else None)
     else:
@@ -383,8 +386,8 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
             raise click.UsageError("--manifest is for --local; an image carries its own manifest")
         from .engine.docker import DockerEngine
 
-        report = verify_image(DockerEngine(), tag, allow_no_gpu=allow_no_gpu, timeout=timeout,
-                              mount_smoke_tests=mount_smoke_tests)
+        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only,
+                                  allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
@@ -409,7 +412,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool, compressing: options.Compressing) -> None:
+                merge_only: bool, compressing: options.Compressing, sign_key: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -433,6 +436,11 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
+    signer = None
+    if sign_key is not None:
+        from .signing import key_signer
+
+        signer = key_signer(sign_key)
     # With --platform, each platform's images go under their own tags (TAG-arm64), planned,
     # skipped and pushed per platform; then every TAG becomes an index over them.
     multi = platforms is not None
@@ -451,11 +459,13 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
     plan = pipeline.plan_publish(ctx.matrix, selection, opts, parse_platforms(platforms), multi=multi,
                                  kind=decision.kind, read_os_release=engine.os_release if engine else None,
-                                 registry=registry, force=force, day=today, merge_only=merge_only, note=note)
+                                 registry=registry, force=force, day=today, merge_only=merge_only, note=note,
+                                 signing=signer is not None)
     for platform, steps in plan.steps:
         click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
     if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
-        merged = plan.indexes(registry, merge=merge_only or (merge and push), write=merge_only and not dry_run)
+        merged = plan.indexes(registry, merge=merge_only or (merge and push),
+                              signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
         click.echo(publish.format_indexes(merged), nl=bool(merged))
         if report is not None:
             write_json(report, publish.report_document(base, push, dry_run, plan.planned, (), merged))
@@ -471,7 +481,8 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull, export=export, cache_base=base if export is not None else None)
+                                     pull=pull, export=export, cache_base=base if export is not None else None,
+                                     signer=signer)
     outcomes: list[publish.Outcome] = []
     indexes: list[publish.IndexOutcome] = []
     try:
@@ -488,7 +499,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     finally:
         events.close()
         if outcomes:
-            click.echo(publish.format_summary(outcomes))
+            click.echo(publish.format_summary(outcomes, signing=signer is not None))
         if report is not None:
             write_json(report, publish.report_document(base, push, False, plan.planned, outcomes, indexes))
     publish.raise_if_failed(outcomes, indexes)

@@ -188,6 +188,12 @@ def verifying(f: F) -> F:
                      help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
                           "(an image an older imagebuilder built). Images without imagebuilder's labels "
                           "get them anyway."),
+        click.option("--key", metavar="PUB",
+                     help="Before any container starts, check that the digest TAG names in its registry is "
+                          "signed by this cosign public key (a file, env://VAR or a KMS URI), and that its SBOM "
+                          "attestation verifies and is the image's own; the smoke tests then run that digest. "
+                          "Offline: no transparency log. Without --key, verify says whether the image is signed."),
+        click.option("--signature-only", is_flag=True, help="Check the signature (and SBOM attestation) and stop."),
     )(f)
 
 
@@ -215,6 +221,10 @@ def publishing(f: F) -> F:
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
+        click.option("--sign-key", metavar="KEY",
+                     help="Sign every pushed digest with cosign, its SBOM attached as a signed attestation: a "
+                          "cosign key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned "
+                          "image in the registry is rebuilt and signed."),
     )(f)
 
 

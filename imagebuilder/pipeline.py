@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from . import lock as locking
     from . import publish
     from .publish import IndexRegistry
+    from .signing import Signer
     from .registry import Registry
 
 ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
@@ -362,25 +363,26 @@ class PublishPlan:
     def planned(self) -> list[publish.Step]:
         return [step for _, steps in self.steps for step in steps]
 
-    def indexes(self, registry: IndexRegistry, *, merge: bool,
-                write: bool = False) -> tuple[publish.IndexStep, ...] | tuple[publish.IndexOutcome, ...]:
+    def indexes(self, registry: IndexRegistry, *, merge: bool, write: bool = False,
+                signer: Signer | None = None) -> tuple[publish.IndexStep, ...] | tuple[publish.IndexOutcome, ...]:
         """The indexes planned over the platform images, those this plan pushes included (what
         a dry run shows; none without --platform or with --no-merge / --no-push); `write`
-        (--merge-only) writes each one it can."""
+        (--merge-only) writes (and with `signer` signs) each one it can."""
         from . import publish
 
         if not (self.multi and merge):
             return ()
         steps = publish.plan_indexes(registry, self.index_platforms,
                                      pending={ref for step in self.planned for ref in step.writes})
-        return publish.write_indexes(registry, steps) if write else steps
+        return publish.write_indexes(registry, steps, signer) if write else steps
 
 
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, registry: Registry,
-                 force: bool, day: date, merge_only: bool, note: Note) -> PublishPlan:
+                 force: bool, day: date, merge_only: bool, note: Note, signing: bool = False) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
-    platform, each compared with what the registry holds (skip, retag or build)."""
+    platform, each compared with what the registry holds (skip, retag or build; `signing`: an
+    unsigned one is rebuilt)."""
     from . import publish
     from .platforms import for_platforms, platform_image
 
@@ -408,7 +410,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
             continue  # builds nothing: the indexes join what is pushed
         checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
         images = [platform_image(image, platform) for image in images] if multi else checked
-        remotes = {} if force else publish.lookup(registry, images, day)
+        remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
         plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
     return PublishPlan(tuple(plans), index_platforms, multi)
 

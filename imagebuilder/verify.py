@@ -49,6 +49,7 @@ from .tags import LABEL_PREFIX
 
 if TYPE_CHECKING:
     from .engine.api import Runner, RunResult
+    from .signing import Cosign, SignatureCheck, Store
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds for the whole smoke-test run; smoke_tests gives each check 300s of its own."""
@@ -550,6 +551,8 @@ def tail(output: str, lines: int = TAIL_LINES) -> tuple[str, ...]:
 
 
 NOT_RUN = "not run: preflight failed"
+SIGNATURE_ONLY = "signature"
+"""The mode of a report that checked the image's signature and started no container."""
 
 
 @dataclass(frozen=True)
@@ -572,9 +575,15 @@ class VerifyReport:
     """What the reader should know about how the image was judged (lent smoke tests)."""
     built_from: BuiltFrom | None = None
     """Where the image was built from, per its registry provenance attestation."""
+    signature: SignatureCheck | None = None
+    """The signature check of the digest the tag names (signing.check_image); None: not asked."""
 
     @property
     def ok(self) -> bool:
+        if self.signature is not None and not self.signature.ok:
+            return False
+        if self.mode == SIGNATURE_ONLY:
+            return self.signature is not None
         return (self.error is None and bool(self.checks)
                 and not any(item.failed for item in self.preflight)
                 and not any(check.failed for check in self.checks))
@@ -583,6 +592,10 @@ class VerifyReport:
     def failures(self) -> tuple[tuple[str, str], ...]:
         """(name, reason) of every failed preflight item and check, and of a run that died."""
         found = [(item.name, item.detail) for item in self.preflight if item.failed]
+        if self.signature is not None and not self.signature.ok:
+            found.append(("signature", self.signature.detail))
+        if self.mode == SIGNATURE_ONLY:
+            return tuple(found)
         if self.error is not None and self.error != NOT_RUN:
             found.append(("smoke tests", self.error))
         found += [(check.name, check.reason) for check in self.checks if check.failed]
@@ -609,14 +622,20 @@ class VerifyReport:
             "output_tail": list(self.output_tail),
             "notices": list(self.notices),
             "built_from": self.built_from.to_json() if self.built_from else None,
+            "signature": self.signature.to_json() if self.signature is not None else None,
         }
 
     def format(self) -> str:
         """For people: the preflight table, then the checks' table (or why there is none)."""
+        verdict = f"{'OK' if self.ok else 'FAILED'}: {self.target} ({self.seconds:.1f}s)"
+        if self.mode == SIGNATURE_ONLY:
+            return "\n".join([self.signature.line() if self.signature else "signature: not checked", verdict])
         width = max([len("PREFLIGHT")] + [len(item.name) for item in self.preflight])
         lines = [f"verify {self.target} ({self.mode}"
-                 f"{', GPUs required' if self.require_gpu else ', CPU mode allowed'})",
-                 f"{'PREFLIGHT':<{width}}  STATUS  DETAIL"]
+                 f"{', GPUs required' if self.require_gpu else ', CPU mode allowed'})"]
+        if self.signature is not None:
+            lines.append(self.signature.line())
+        lines.append(f"{'PREFLIGHT':<{width}}  STATUS  DETAIL")
         lines += [f"{item.name:<{width}}  {item.status.upper():<6}  {item.detail}" for item in self.preflight]
         if self.built_from is not None:
             lines += self.built_from.lines()
@@ -628,7 +647,7 @@ class VerifyReport:
         if self.output_tail:
             lines.append(f"last {len(self.output_tail)} lines of output:")
             lines += [f"  | {line}" for line in self.output_tail]
-        lines.append(f"{'OK' if self.ok else 'FAILED'}: {self.target} ({self.seconds:.1f}s)")
+        lines.append(verdict)
         return "\n".join(lines)
 
 
@@ -689,6 +708,29 @@ def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
     parsed = parse_output(run.output, run.exit_code, timed_out=run.timed_out, timeout=timeout)
     report = _report(ref, "docker", checked, parsed, run.output, require_gpu, time.monotonic() - started)
     return replace(report, notices=notices, built_from=registry_built_from(ref) if read_provenance else None)
+
+
+def verify_published(engine: Runner, tag: str, *, key: str | None, signature_only: bool = False,
+                     store: Store | None = None, cosign: Cosign | None = None, allow_no_gpu: bool = False,
+                     timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False) -> VerifyReport:
+    """The signature of the digest `tag` names in its registry first (signed by `key`, with its
+    SBOM attested), before any container starts; then, unless that failed or `signature_only`,
+    verify_image() on that very digest (on `tag` when no key pinned one). Without a key the
+    report only says whether the image is signed."""
+    from .registry import HttpRegistry
+    from .signing import Cosign, check_image, key_reference
+
+    started = time.monotonic()
+    if key is not None:
+        key = key_reference(key, "--key")
+        cosign = (cosign or Cosign()).require()
+    signature = check_image(tag, key=key, store=store or HttpRegistry(), cosign=cosign or Cosign())
+    if signature_only or not signature.ok:
+        return VerifyReport(tag, SIGNATURE_ONLY, (), signature=signature, seconds=time.monotonic() - started)
+    ref = signature.pinned if key is not None and signature.pinned else tag
+    report = verify_image(engine, ref, allow_no_gpu=allow_no_gpu, timeout=timeout,
+                          mount_smoke_tests=mount_smoke_tests)
+    return replace(report, signature=signature, seconds=time.monotonic() - started)
 
 
 def verify_local(*, allow_no_gpu: bool = False, timeout: float = DEFAULT_TIMEOUT,

@@ -134,3 +134,51 @@ def test_built_from_reads_revision_matrix_and_lock_out_of_the_provenance() -> No
     assert found.base == ("pkg:docker/imagebuilder-base@bookworm?platform=linux%2Famd64@sha256:e8ae",)
     first = found.lines()[0]
     assert first == f"built from: revision {'0' * 40}, matrix matrix.yaml sha256:12ab, lock locks/x.txt sha256:34cd"
+
+
+# --- Docker 20.10 and Docker 26, from canned daemon answers ------------------------------
+
+DOCKER_20_INFO = {"ServerVersion": "20.10.24+dfsg1", "Driver": "overlay2",
+                  "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
+DOCKER_26_INFO = {"ServerVersion": "26.1.5+dfsg1", "Driver": "overlayfs",
+                  "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
+
+
+@pytest.mark.parametrize("info, keeps", [(DOCKER_20_INFO, False), (DOCKER_26_INFO, True), ({}, False)])
+def test_only_the_containerd_store_keeps_what_buildkit_compressed(info: dict[str, Any], keeps: bool) -> None:
+    from imagebuilder.engine.docker import stores_manifests
+
+    assert stores_manifests(info) is keeps
+
+
+DIGEST = "sha256:" + "2c" * 32
+PUSH_EVENTS: dict[str, list[dict[str, Any]]] = {
+    # Docker 20.10 (and the classic store): an aux record carries the digest.
+    "20.10": [{"status": "The push refers to repository [127.0.0.1:5000/ml/x]"},
+              {"status": "Pushed", "progressDetail": {}, "id": "63681898ca21"},
+              {"status": "Layer already exists", "progressDetail": {}, "id": "a777dcce7b79"},
+              {"status": f"1: digest: {DIGEST} size: 855"},
+              {"progressDetail": {}, "aux": {"Tag": "1", "Digest": DIGEST, "Size": 855}}],
+    # Docker 26 with the containerd store: no aux record, only the status line.
+    "26": [{"status": "The push refers to repository [127.0.0.1:5000/ml/x]"},
+           {"status": "Pushed", "progressDetail": {}, "id": "63681898ca21"},
+           {"status": "Mounted from ml/y", "progressDetail": {}, "id": "a777dcce7b79"},
+           {"status": f"1: digest: {DIGEST} size: 855"}],
+}
+
+
+@pytest.mark.parametrize("engine", sorted(PUSH_EVENTS))
+def test_the_pushed_digest_and_uploaded_blobs_read_from_either_engines_stream(engine: str) -> None:
+    from imagebuilder.engine.docker import DockerEngine
+
+    class Api:
+        def push(self, repository: str, tag: str, stream: bool, decode: bool) -> list[dict[str, Any]]:
+            return PUSH_EVENTS[engine]
+
+    class Client:
+        api = Api()
+
+    docker_engine = DockerEngine()
+    docker_engine._client_obj = Client()  # type: ignore[assignment]
+    pushed = docker_engine.push_counted("127.0.0.1:5000/ml/x:1")
+    assert pushed.digest == DIGEST and pushed.uploaded == frozenset({"63681898ca21"})

@@ -262,9 +262,12 @@ class BuildKitBuilder:
             image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
         if rc != 0 or not image_id:
             raise state.error(rc, req.log_path)
-        attrs = self.engine.inspect_image(image_id)
+        # The image store's own id, read through the tag: an `--output type=image` build into
+        # Docker's containerd store writes the config digest to the iidfile, while the store
+        # names the image by its manifest (or index) digest, the one a push stores.
+        attrs = self.engine.inspect_image(req.tags[0] if req.export is not None else image_id)
         return BuildResult(
-            image_id=image_id,
+            image_id=str(attrs.get("Id") or image_id),
             tags=req.tags,
             size=int(attrs.get("Size", 0)),
             seconds=time.monotonic() - started,
