@@ -10,17 +10,16 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest, ImageBuilderError
+from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
+from .variants import VARIANTS as VARIANTS
 
-VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
-# A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
-JUPYTER_PARENTS = {"jupyter": "runtime", "devel-jupyter": "devel"}
 PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
@@ -117,23 +116,42 @@ class TorchRelease:
         return next(v for v in self.variants if v.name == name)
 
 
+class NoNotebookPins(BadRequest):
+    python: Version
+    known: str
+    template = ("matrix.yaml's tools.notebook has no jupyter packages for Python {python} (it has {known}); "
+                "choose one of those with --python, or add an entry")
+
+
+NOTEBOOK = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
+
+
+@dataclass(frozen=True)
+class NotebookPins:
+    """What the jupyter variants install beside JupyterLab for one Python: each package's newest
+    release whose wheels' Requires-Python admits it (cited in `source`)."""
+
+    python: Version
+    versions: Mapping[str, str]
+    source: str
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(f"{name}=={self.versions[name]}" for name in NOTEBOOK)
+
+
 @dataclass(frozen=True)
 class Tools:
     uv: str
-    jupyterlab: str
-    ipykernel: str
     ninja: str
-    # What notebook users expect beside JupyterLab, in the jupyter variants only.
-    pandas: str
-    matplotlib: str
-    tqdm: str
-    ipywidgets: str
+    notebook: Mapping[Version, NotebookPins]  # by Python (major.minor)
 
-    @property
-    def notebook(self) -> tuple[str, ...]:
-        """The jupyter variants' requirements, pinned."""
-        names = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
-        return tuple(f"{name}=={getattr(self, name)}" for name in names)
+    def notebook_for(self, python: Version) -> tuple[str, ...]:
+        """The jupyter variants' requirements for this Python, pinned."""
+        pins = self.notebook.get(Version(f"{python.major}.{python.minor}"))
+        if pins is None:
+            raise NoNotebookPins(python=python, known=", ".join(str(p) for p in sorted(self.notebook)))
+        return pins.requirements
 
 
 @dataclass(frozen=True)
@@ -319,6 +337,15 @@ def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease 
     )
 
 
+def _parse_notebook(c: _Checker, key: str, data: Any, path: KeyPath) -> NotebookPins | None:
+    d = c.record(data, path, {*NOTEBOOK, "source"})
+    python = c.version_value(key, path)
+    if d is None or python is None:
+        return None
+    return NotebookPins(python=python, versions={name: c.text(d, name, path) for name in NOTEBOOK},
+                        source=c.text(d, "source", path))
+
+
 def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVariant | None:
     d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python"})
     if d is None:
@@ -385,8 +412,13 @@ def _parse_platforms(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[str
 
 
 def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
-                 cudas: dict[str, CudaRelease], torches: dict[str, TorchRelease]) -> None:
+                 cudas: dict[str, CudaRelease], torches: dict[str, TorchRelease], tools: Tools) -> None:
     """Relations between blocks: every reference must name something that exists."""
+    # An OS's own Python is what its jupyter images run; another one is asked for by --python,
+    # and refused there when it has no entry.
+    for python in sorted({o.python for o in oses.values()} - set(tools.notebook)):
+        c.problem(("tools", "notebook"), f"no jupyter packages for Python {python}, an OS's Python; "
+                                         f"add a \"{python}\" entry with {', '.join(NOTEBOOK)}")
     cuda_keys = {cuda.key: name for name, cuda in cudas.items()}
     if defaults.os and oses and defaults.os not in oses:
         c.problem(("defaults", "os"), f"unknown OS {defaults.os!r}; known: {', '.join(oses)}")
@@ -433,14 +465,15 @@ def parse_matrix(text: str, file: Path) -> Matrix:
         c.problem(("schema",), f"unsupported schema {top.get('schema')!r}; this imagebuilder reads schema 1")
     d = c.record(top.get("defaults", {}), ("defaults",), {"os", "variant", "repository"}) or {}
     defaults = Defaults(*(c.text(d, k, ("defaults",)) for k in ("os", "variant", "repository")))
-    tool_names = [f.name for f in fields(Tools)]
-    t = c.record(top.get("tools", {}), ("tools",), set(tool_names)) or {}
-    tools = Tools(*(c.text(t, k, ("tools",)) for k in tool_names))
+    t = c.record(top.get("tools", {}), ("tools",), {"uv", "ninja", "notebook"}) or {}
+    notebook = c.mapping(t.get("notebook"), ("tools", "notebook"), lambda k, v, p: _parse_notebook(c, k, v, p)) if t else {}
+    tools = Tools(uv=c.text(t, "uv", ("tools",)), ninja=c.text(t, "ninja", ("tools",)),
+                  notebook={pins.python: pins for pins in notebook.values()})
     oses = c.mapping(top.get("os"), ("os",), lambda k, v, p: _parse_os(c, k, v, p)) if top else {}
     cudas = c.mapping(top.get("cuda"), ("cuda",), lambda k, v, p: _parse_cuda(c, k, v, p)) if top else {}
     torches = c.mapping(top.get("torch"), ("torch",), lambda k, v, p: _parse_torch(c, k, v, p)) if top else {}
     if top:
-        _cross_check(c, defaults, oses, cudas, torches)
+        _cross_check(c, defaults, oses, cudas, torches, tools)
     extras = _extras(c, top.get("extras"))
     if problems:
         raise MatrixError(file=file, problems=sorted(problems, key=lambda p: (p.line or 0, p.path)))

@@ -97,11 +97,14 @@ def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value.rstrip("/") if value else None
 
 
+index_url = click.option("--index-url", metavar="URL",
+                         help="Package index for the wheels, replacing the default one (a mirror).")
+
+
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
-        click.option("--index-url", metavar="URL",
-                     help="Package index for the wheels, replacing the default one (a mirror)."),
+        index_url,
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
                      help="Additional package index; repeatable."),
     )(f)
@@ -147,10 +150,10 @@ allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
 BUILDER_CHOICES = ["auto", "buildkit", "classic"]
 
 render_builder = click.option(
-    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default="classic", show_default=True,
+    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default=None,
     help="The builder to render for: classic (any `docker build`), buildkit (the CA bundle as a build "
          "secret, shared caches: what `build` renders when it builds with BuildKit), or auto (what "
-         "`build` would choose here).")
+         "`build` would choose here). Default: classic, or buildkit for another platform than the host's.")
 
 
 def builders(f: F) -> F:
@@ -171,6 +174,18 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                          help="linux/amd64, linux/arm64 or both (comma list). Default: the host's. "
                               "Another platform than the host's needs BuildKit (and QEMU to build); "
                               "its local tags end in -arm64 / -amd64.")
+
+
+def build_only(f: F) -> F:
+    """build's own options: a dry run, and the registry caches to import."""
+    return _stack(
+        click.option("--dry-run", is_flag=True,
+                     help="Print what would be built, in build order, and stop: nothing is built (the daemon "
+                          "is still asked for the base image's OS and the images already there)."),
+        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+                     help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
+                          "(BuildKit with the containerd image store): a rebuild reuses the torch layer."),
+    )(f)
 
 
 def verifying(f: F) -> F:

@@ -318,6 +318,21 @@ def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
             for platform, image in plan]
 
 
+def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:
+    """`render -o`: one image's context into `output`, or several (a parent that comes along,
+    several platforms) a folder each with index.json; what was written, a line each."""
+    from .output import write_tree
+
+    if len(plan) == 1:
+        image = plan[0][1]
+        image.write(output)
+        return [f"wrote {output}/Dockerfile for {image.ref}"]
+    folders = plan_folders(plan)
+    write_tree(output, context_files(folders))
+    return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",
+            *(f"  {folder}/  {planned.ref}" for folder, _, planned in folders)]
+
+
 def requested(plan: Sequence[tuple[str, RenderedImage]]) -> RenderedImage:
     """The image a one-variant, one-platform request asked for: the last one built (a parent
     that comes along is built first)."""
@@ -344,7 +359,8 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     planned: list[tuple[str, RenderedImage]] = []
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        images = render_request(matrix, chosen, options, note, exists=exists)
+        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        images = render_request(matrix, chosen, own, note, exists=exists)
         planned += [(platform, image) for image in
                     for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
     return planned
@@ -394,7 +410,8 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     read_os_release = read_os_release or base_os_reader(selection)
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        images = with_parents(render_selected(matrix, chosen, options), matrix, options)
+        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        images = with_parents(render_selected(matrix, chosen, own), matrix, own)
         if not images:
             raise NothingSelected()
         if multi:
@@ -432,9 +449,10 @@ def base_os_reader(selection: Selection) -> ReadOsRelease | None:
 
 def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extras: Sequence[str],
                   index_url: str | None, extra_index_urls: Sequence[str], progress: Note,
-                  note: Note) -> locking.LockPlan:
-    """`lock`: resolve every selected image's requirements; base images pinned through the
-    local engine (when one answers) or their registry."""
+                  note: Note, recorded: locking.LockSet | None = None) -> locking.LockPlan:
+    """`lock`: resolve every selected image's requirements (the PyPI builds unless --cuda asks
+    for another), a line on `progress` per set as it is done (against `recorded`, for --check);
+    base images pinned through the local engine (when one answers) or their registry."""
     from . import lock as locking
     from .engine.docker import answering_engine
     from .registry import HttpRegistry
@@ -442,10 +460,20 @@ def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extra
     engine = answering_engine()
     selection = settle_os(matrix, selection, engine.os_release if engine else None, note)
     specs = select_specs(matrix, selection)
+    if selection.cuda is None:
+        specs = locking.pypi_builds(specs)
     if not specs:
         raise NothingSelected()
     registry = HttpRegistry(timeout=15)
-    return locking.lock_images(specs, matrix, resolver=locking.uv_compile(uv or locking.default_uv()),
-                               pin=lambda image: locking.pin_base(image, engine, registry),
-                               extras=locking.parse_extras((*matrix.extras, *extras)), index_url=index_url,
-                               extra_index_urls=extra_index_urls, progress=progress)
+    wanted = locking.parse_extras((*matrix.extras, *extras))
+    total, finished = len(locking.set_names(specs, wanted)), []
+
+    def done(name: str, outcome: locking.Outcome) -> None:
+        finished.append(name)
+        progress(f"[{len(finished)}/{total}] {locking.outcome_line(name, outcome, recorded)}")
+
+    with locking.UvCompile(uv or locking.default_uv()) as resolver:
+        return locking.lock_images(specs, matrix, resolver=resolver,
+                                   pin=lambda image: locking.pin_base(image, engine, registry),
+                                   extras=wanted, index_url=index_url, extra_index_urls=extra_index_urls,
+                                   progress=done)

@@ -608,6 +608,37 @@ def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, 
         yield from write_indexes(registry, plan_indexes(registry, index_platforms), options.signer)
 
 
+def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
+                   registry: Registry, options: RunOptions, multi: bool, merge: bool,
+                   index_platforms: Mapping[str, Sequence[str]], base: str, report: Path | None,
+                   events: EventPrinter, echo: Callable[[str], None]) -> None:
+    """`publish`: publish_all() with a line per outcome and index on `events`, the summary on
+    `echo` and the --report written however the run ends; raises when any image failed, or
+    any tag could not be made an index."""
+    from .atomic import write_json
+
+    outcomes: list[Outcome] = []
+    indexes: list[IndexOutcome] = []
+    try:
+        for done in publish_all(plans, engine=engine, builder=builder, registry=registry, options=options,
+                                multi=multi, merge=merge, index_platforms=index_platforms,
+                                on_event=events.on_event, on_progress=events.on_progress):
+            if isinstance(done, IndexOutcome):
+                indexes.append(done)
+                events.line(format_indexes([done]))
+            else:
+                outcomes.append(done)
+                events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
+    finally:
+        events.close()
+        if outcomes:
+            echo(format_summary(outcomes, signing=options.signer is not None))
+        if report is not None:
+            planned = [step for _, steps in plans for step in steps]
+            write_json(report, report_document(base, options.push, False, planned, outcomes, indexes))
+    raise_if_failed(outcomes, indexes)
+
+
 # --------------------------------------------------------------------------- presenting
 
 

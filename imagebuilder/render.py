@@ -25,6 +25,7 @@ from .resolve import BuildSpec
 from .output import write_tree
 from .resources import smoke_tests_dir, templates_dir
 from .tags import image_ref, labels_for, primary_tag, tags_for
+from .variants import variant
 
 USER_NAME, USER_ID = "torch", 1000
 VENV = "/opt/venv"
@@ -126,8 +127,7 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
     packages.append("tini")  # PID 1: forwards signals, reaps zombies, passes exit codes on
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
-    if spec.variant == "devel":
-        packages += ["git", "make"]
+    packages += variant(spec.variant).packages
     if _has_ssh(spec):
         packages.append("openssh-server")
     return sorted(packages)
@@ -136,7 +136,7 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
 def _has_ssh(spec: BuildSpec) -> bool:
     """The devel images (and devel-jupyter, built FROM them) are the ones people work in over
     SSH; `ssh-server` as the command starts it. The runtime images stay lean."""
-    return spec.variant == "devel"
+    return variant(spec.variant).ssh
 
 
 UV = "/tmp/uv"
@@ -273,11 +273,11 @@ def shared_venv(spec: BuildSpec, matrix: Matrix, options: RenderOptions, lock: L
     """The image's shared venv stage, or None where it takes the single-stage install: the
     classic builder, a jupyter image (its torch is its parent's), an image without a lock, or
     a devel lock that does not contain its runtime lock pin for pin."""
-    if not options.buildkit or spec.parent is not None or lock is None or spec.variant not in ("runtime", "devel"):
+    if not options.buildkit or spec.parent is not None or lock is None:
         return None
     base = spec.os.base if spec.base_is_default else spec.base_image
     pin = options.locks.base_for(base)
-    if spec.variant == "runtime":
+    if not variant(spec.variant).toolchain:
         return SharedVenv(base, pin, lock, None)
     runtime_lock = options.locks.lock_for(replace(spec, variant="runtime", toolchain="none"), matrix, extras)
     if runtime_lock is None or not set(runtime_lock.pins) <= set(lock.pins):
@@ -329,7 +329,7 @@ def require_cuda(spec: BuildSpec) -> str:
 
 def _env(spec: BuildSpec) -> list[tuple[str, str]]:
     cuda_home = None
-    if spec.variant == "devel":
+    if variant(spec.variant).toolchain:
         cuda_home = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}" if spec.toolchain == "pip" else "/usr/local/cuda"
     # One PATH entry: within one ENV instruction $PATH expands to the value before it.
     path = f"{VENV}/bin:" + (f"{cuda_home}/bin:" if cuda_home else "") + "$PATH"
@@ -493,6 +493,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "workspace": WORKSPACE,
             "entrypoint": json.dumps(list(ENTRYPOINT)),
             "ssh": _has_ssh(spec),
+            "run_as_root": variant(spec.variant).root,
+            "cmd": json.dumps(list(variant(spec.variant).cmd)),
             "session_env_file": SESSION_ENV,
             "shm_floor": NCCL_SHM_MIN_BYTES,
             "shm_advice": SHM_ADVICE,

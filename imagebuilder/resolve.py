@@ -16,7 +16,8 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest
-from .matrix import JUPYTER_PARENTS, VARIANTS, CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant
+from .matrix import CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant
+from .variants import VARIANTS, variant as variant_of
 
 Toolchain = Literal["none", "base", "pip"]
 
@@ -168,10 +169,10 @@ def _choose_base(
     matrix: Matrix, cuda: CudaRelease, os: OSRelease, variant: str, override: str | None
 ) -> tuple[str, bool, Toolchain, str | None]:
     """Base image, whether it is the default, and (devel) where nvcc comes from."""
-    kind = "devel" if variant == "devel" else "runtime"
+    kind = variant_of(variant).base
     published = cuda.images.get(os.name, {}).get(kind)
     if override:
-        if variant != "devel":
+        if not variant_of(variant).toolchain:
             return override, False, "none", None
         if cuda.pip_toolchain:
             return override, False, "pip", None
@@ -179,7 +180,7 @@ def _choose_base(
             f"--base-image {override} must provide nvcc {cuda.key} under /usr/local/cuda "
             f"(CUDA {cuda.major}.x has no pip-installable nvcc)"
         )
-    if variant != "devel":
+    if not variant_of(variant).toolchain:
         return published or os.base, True, "none", None
     if published:
         return published, True, "base", None
@@ -211,8 +212,9 @@ def resolve(matrix: Matrix, request: Request) -> BuildSpec:
             f"{os.name} ships Python {os.python}; Python {python} is installed with `uv python install`, "
             "which downloads python-build-standalone at build time (from GitHub unless --python-mirror URL)"
         )
-    if variant in JUPYTER_PARENTS:
-        parent = resolve(matrix, replace(request, variant=JUPYTER_PARENTS[variant]))
+    parent_variant = variant_of(variant).parent
+    if parent_variant is not None:
+        parent = resolve(matrix, replace(request, variant=parent_variant))
         return replace(
             parent,
             variant=variant,

@@ -467,3 +467,17 @@ def test_push_to_a_registry_that_does_not_answer_fails_after_retries(
         docker_engine.push(ref, retries=2, backoff=0.1)
     assert e.value.attempts == 2 and e.value.ref == ref
     assert "connection refused" in e.value.detail.lower()
+
+
+@pytest.mark.parametrize("instruction, expected", [
+    ("FROM debian:12", ("debian:12", None, None)),
+    ("FROM --platform=linux/arm64 ${BASE_IMAGE} AS venv", ("${BASE_IMAGE}", "venv", "linux/arm64")),
+    ("from scratch as empty", ("scratch", "empty", None)),
+    ("FROM", ("", None, None)),
+    ("RUN echo FROM x", None),
+])
+def test_the_one_from_line_parser(instruction: str, expected: tuple[str, str | None, str | None] | None) -> None:
+    from imagebuilder.engine.dockerfile import parse_from
+
+    line = parse_from(instruction)
+    assert (None if line is None else (line.image, line.stage, line.platform)) == expected

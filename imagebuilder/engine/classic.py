@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, OnProgress, Progress, check_request
 from .export import Export
 from .docker import DockerEngine, short, short_text, split_ref
+from .dockerfile import is_from, parse_from
 from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, TagFailed, classify_failure
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class BuildState:
             self.step, self.total, self.instruction = int(m[1]), int(m[2]), m[3]
             self.tail.clear()
             self._step_cached = False
-            if self.instruction.upper().startswith("FROM "):
+            if is_from(self.instruction):
                 self.from_steps += 1
                 if self._stage_layer is not None:
                     self.stage_images.append(self._stage_layer)
@@ -110,12 +111,11 @@ class BuildState:
 
     @property
     def in_from_step(self) -> bool:
-        return self.instruction.upper().startswith("FROM ")
+        return is_from(self.instruction)
 
     def base_image(self) -> str:
-        # "FROM [--platform=x] image [AS name]"
-        words = [w for w in self.instruction.split()[1:] if not w.startswith("--")]
-        return words[0] if words else self.instruction
+        line = parse_from(self.instruction)
+        return (line.image if line else "") or self.instruction
 
 
 # --------------------------------------------------------------------------- the builder

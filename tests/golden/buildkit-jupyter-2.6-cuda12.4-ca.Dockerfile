@@ -21,7 +21,7 @@ RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
+        ipykernel==7.3.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -47,7 +47,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="88f994eb57aa698d886f4ff66501c7a69423ac42bd6e6a3eb1b76c3fa36608d7"
+    io.imagebuilder.inputs-hash="b0d65617041a160c794f785ed43c9ab9a0d71c58404d3e1f52c91d0f00282cce"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
