@@ -418,10 +418,8 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
         merged = plan.indexes(registry, merge=merge_only or (merge and push),
                               signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
-        click.echo(publish.format_indexes(merged), nl=bool(merged))
-        if report is not None:
-            write_json(report, publish.report_document(base, push, dry_run, plan.planned, (), merged))
-        publish.raise_if_failed((), merged)
+        publish.report_indexes(merged, plan.planned, base=base, push=push, dry_run=dry_run, report=report,
+                               echo=click.echo)
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"

@@ -639,6 +639,19 @@ def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engin
     raise_if_failed(outcomes, indexes)
 
 
+def report_indexes(indexes: Sequence[IndexStep | IndexOutcome], planned: Sequence[Step], *, base: str, push: bool,
+                   dry_run: bool, report: Path | None, echo: Callable[[str], None]) -> None:
+    """A publish that builds nothing (the dry run, --merge-only): the indexes it planned or
+    wrote on `echo`, the --report, then a failure naming each tag left without an index."""
+    from .atomic import write_json
+
+    if indexes:
+        echo(format_indexes(indexes))
+    if report is not None:
+        write_json(report, report_document(base, push, dry_run, planned, (), indexes))
+    raise_if_failed((), indexes)
+
+
 # --------------------------------------------------------------------------- presenting
 
 
