@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -255,6 +255,33 @@ def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unla
         (request.context / "Dockerfile").write_text(f"FROM {unlabelled}\n{label}")
     labelled = builder.build(request)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
+
+
+def build_all(plan: Sequence[tuple[str, RenderedImage]], *, engine: ImageStore, builder: Builder,
+              matrix_path: Path, nocache: bool, pull: bool, quiet: bool, exports: Callable[[str], Export | None],
+              report: Path | None, echo: Callable[[str], None], err: Callable[[str], None]) -> list[Built]:
+    """`build`: every planned (platform, image) in order, progress on `err`, each result on
+    `echo`; the --report written also when a build fails or is interrupted."""
+    from .atomic import write_json
+
+    done: list[Built] = []
+    try:
+        for n, (platform, image) in enumerate(plan, 1):
+            if not quiet:
+                err(f"building {image.ref} ({n}/{len(plan)})")
+            printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
+            try:
+                built = build_image(engine, image, builder=builder, matrix_path=matrix_path, nocache=nocache,
+                                    pull=pull, on_progress=None if quiet else printer, platform=platform,
+                                    export=exports(image.spec.key))
+            finally:
+                printer.close()
+            done.append(built)
+            echo(built.refs[0] if quiet else format_built(built))
+    finally:
+        if report is not None:
+            write_json(report, report_document(plan, done))
+    return done
 
 
 def report_document(planned: Sequence[tuple[str, RenderedImage]], done: Sequence[Built]) -> dict[str, Any]:

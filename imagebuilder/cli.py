@@ -5,7 +5,9 @@ Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag),
 
 from __future__ import annotations
 
+import functools
 import json
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,22 +18,18 @@ from packaging.version import Version
 
 from . import __version__, options, pipeline
 from .errors import ImageBuilderError
-from .matrix import Matrix, load_matrix
+from .matrix import Matrix, load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
-from .resources import default_matrix_path
 
 
 class Context:
     def __init__(self, matrix_path: Path) -> None:
         self.matrix_path = matrix_path
-        self._matrix: Matrix | None = None
 
-    @property
+    @functools.cached_property
     def matrix(self) -> Matrix:
-        if self._matrix is None:
-            self._matrix = load_matrix(self.matrix_path)
-        return self._matrix
+        return load_matrix(self.matrix_path)
 
 
 pass_context = click.make_pass_decorator(Context)
@@ -50,7 +48,7 @@ class UserError(click.ClickException):
 
     def __init__(self, error: ImageBuilderError) -> None:
         super().__init__(str(error))
-        self.exit_code = error.exit_code  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
+        self.exit_code = error.exit_status  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
         self.details = error.details()
 
     def show(self, file: Any = None) -> None:
@@ -73,11 +71,11 @@ class Group(click.Group):
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, metavar="PATH", help="The matrix to use. Default: the packaged matrix.yaml.")
+@click.option("--matrix", "matrix_path", default=None, metavar="PATH",
+              help="The matrix to use. Default: the packaged matrix.yaml.")
 @click.version_option(__version__, prog_name="imagebuilder")
 @click.pass_context
-def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
+def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
     """Build, verify and publish PyTorch GPU images from a compatibility matrix.
 
     \b
@@ -88,7 +86,7 @@ def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
       imagebuilder publish --torch 2.6 --registry registry.example.com/ml
     """
-    click_ctx.obj = Context(matrix_path or default_matrix_path())
+    click_ctx.obj = Context(matrix_file(matrix_path))
 
 
 # --- matrix ---------------------------------------------------------------------------------
@@ -122,22 +120,18 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
 @matrix.command("check")
 @click.option("--online", is_flag=True,
               help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
+@options.index_url
 @pass_context
-def matrix_check(ctx: Context, online: bool) -> None:
+def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
     """Validate matrix.yaml (offline); with --online, report drift from the index."""
     m = ctx.matrix
     images = sum(1 for _ in enumerate_matrix(m))
     click.echo(f"{m.path}: ok: {len(m.torches)} torch releases, {len(m.cudas)} CUDA versions, "
                f"{len(m.oses)} OSes, {images} images")
     if online:
-        from .drift import check_drift
+        from .drift import report_drift
 
-        drifts = check_drift(m, progress=progress)
-        for line in drifts:
-            click.echo(f"drift: {line}")
-        if drifts:
-            raise ImageBuilderError(f"{len(drifts)} differences from the index; update {m.path}")
-        click.echo("online: pins, Pythons, platforms and releases match the index")
+        report_drift(m, index_url, echo=click.echo, progress=progress)
 
 
 @matrix.command("add")
@@ -147,26 +141,20 @@ def matrix_check(ctx: Context, online: bool) -> None:
 @click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
+@options.index_url
 @pass_context
 def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_variants: tuple[str, ...],
-               dry_run: bool) -> None:
+               dry_run: bool, index_url: str | None) -> None:
     """Write a torch release's block into the matrix from the index's wheel metadata.
 
     Comments and order of the file stay; what the metadata does not say is left for you, and
     `imagebuilder matrix check` names it.
     """
-    from .matrix_add import add_release, new_releases
+    from .matrix_add import add_releases
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")
-    versions = [torch_version] if torch_version is not None else new_releases(ctx.matrix)
-    if not versions:
-        click.echo(f"{ctx.matrix_path}: the index has no release the matrix lacks")
-    for version in versions:
-        block, todo = add_release(load_matrix(ctx.matrix_path), version, cuda_variants, dry_run)
-        click.echo(block if dry_run else f"{ctx.matrix_path}: added torch {version}")
-        for line in todo:
-            note(f"left for you: {line}")
+    add_releases(ctx.matrix_path, torch_version, index_url, cuda_variants, dry_run, echo=click.echo, note=note)
 
 
 # --- lock -----------------------------------------------------------------------------------
@@ -195,10 +183,11 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
-    from .lock import check_or_write, locks_dir
+    from .lock import check_or_write, load_locks, locks_dir
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
-                                  extra_index_urls=extra_index_urls, progress=progress, note=note)
+                                  extra_index_urls=extra_index_urls, progress=progress, note=note,
+                                  recorded=load_locks(locks_dir(ctx.matrix)) if check else None)
     check_or_write(plan, locks_dir(ctx.matrix), check_only=check, echo=click.echo, note=note, err=progress)
 
 
@@ -218,7 +207,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: Rendering, builder_choice: str, platforms: str | None) -> None:
+               rendering: Rendering, builder_choice: str | None, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
 
     -o writes what `build` builds: one image's context into DIR, or, when the request builds
@@ -242,17 +231,14 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if render_all and (platforms or selection.platform_bases):
         raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
                                "not --all")
-    from .engine.select import decide
+    from .engine.select import decide_for_render
     from .output import write_tree
     from .platforms import parse_platforms
 
     wanted = parse_platforms(platforms)
     if dry_run and len(wanted) > 1:
         raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
-    kind = decide(builder_choice).kind
-    if pipeline.needs_buildkit(wanted) and click.get_current_context().get_parameter_source(
-            "builder_choice") is click.core.ParameterSource.DEFAULT:
-        kind = "buildkit"  # another platform than the host's is built by BuildKit: render what it builds
+    kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
     opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
         count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
@@ -268,15 +254,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
             note(f"{image.ref} is built FROM {image.depends_on}; -o DIR writes both build contexts")
         return
     assert output is not None
-    if len(plan) == 1:
-        image.write(output)
-        click.echo(f"wrote {output}/Dockerfile for {image.ref}")
-        return
-    folders = pipeline.plan_folders(plan)
-    write_tree(output, pipeline.context_files(folders))
-    click.echo(f"wrote {len(plan)} build contexts to {output}, in build order (index.json):")
-    for folder, _, planned in folders:
-        click.echo(f"  {folder}/  {planned.ref}")
+    for line in pipeline.write_contexts(plan, output):
+        click.echo(line)
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -289,13 +268,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.builders
 @options.platforms
 @options.report
-@click.option("--dry-run", is_flag=True,
-              help="Print what would be built, in build order, and stop: nothing is built (the daemon is "
-                   "still asked for the base image's OS and the images already there).")
+@options.build_only
 @options.compression
-@click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
-              help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
-                   "(BuildKit with the containerd image store): a rebuild reuses the torch layer.")
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
               rendering: Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
@@ -308,8 +282,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .atomic import write_json
-    from .build import ProgressPrinter, build_image, format_built, report_document
+    from .build import build_all
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
     from .engine.select import decide, make_builder
@@ -332,23 +305,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
         for platform, image in plan:
             click.echo(f"would build {image.ref} ({platform})")
         return
-    done = []
-    try:
-        for n, (platform, image) in enumerate(plan, 1):
-            if not quiet:
-                click.echo(f"building {image.ref} ({n}/{len(plan)})", err=True)
-            printer = ProgressPrinter(image.spec.variant, stream=sys.stderr)
-            try:
-                built = build_image(engine, image, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache,
-                                    pull=pull, on_progress=None if quiet else printer, platform=platform,
-                                    export=exports(image.spec.key))
-            finally:
-                printer.close()
-            done.append(built)
-            click.echo(built.refs[0] if quiet else format_built(built))
-    finally:
-        if report is not None:
-            write_json(report, report_document(plan, done))
+    build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
+              quiet=quiet, exports=exports, report=report, echo=click.echo, err=progress)
 
 
 # --- verify ---------------------------------------------------------------------------------
@@ -358,7 +316,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 @click.argument("tag", required=False)
 @options.verifying
 def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
-               manifest: str | None, mount_smoke_tests: bool) -> None:
+               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool) -> None:
     """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
 
     Exit 0 only when every check passed.
@@ -368,12 +326,15 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime --allow-no-gpu --json
       imagebuilder verify --local --timeout 600
+      imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
     """
-    from .verify import verify_image, verify_local
+    from .verify import verify_local, verify_published
 
     if local:
         if mount_smoke_tests:
             raise click.UsageError("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
+        if key is not None or signature_only:
+            raise click.UsageError("--key and --signature-only check a published image; --local checks this environment")
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest,
                               target=f"local {tag}" if tag else None)
     else:
@@ -383,8 +344,8 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
             raise click.UsageError("--manifest is for --local; an image carries its own manifest")
         from .engine.docker import DockerEngine
 
-        report = verify_image(DockerEngine(), tag, allow_no_gpu=allow_no_gpu, timeout=timeout,
-                              mount_smoke_tests=mount_smoke_tests)
+        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only,
+                                  allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
@@ -409,7 +370,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool, compressing: options.Compressing) -> None:
+                merge_only: bool, compressing: options.Compressing, sign_key: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -424,26 +385,24 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
     from . import publish
-    from .atomic import write_json
     from .engine.docker import DockerEngine
     from .engine.export import choose
     from .engine.select import CLASSIC, decide, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry, parse_registry
+    from .signing import key_signer
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    # With --platform, each platform's images go under their own tags (TAG-arm64), planned,
-    # skipped and pushed per platform; then every TAG becomes an index over them.
+    signer = key_signer(sign_key) if sign_key is not None else None
+    # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
     if merge_only and not multi:
         raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
-    # Decided once, the same way for the dry run and the run: it decides what is rendered,
-    # and so the inputs hash the plan compares with the registry's.
+    # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
-    engine = None
-    if not dry_run and not merge_only:
-        engine = DockerEngine()
+    engine = None if dry_run or merge_only else DockerEngine()
+    if engine is not None:
         engine.ping()
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind,
                                    f"{base}/{rendering.repository or ctx.matrix.defaults.repository}")
@@ -451,9 +410,10 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
     plan = pipeline.plan_publish(ctx.matrix, selection, opts, parse_platforms(platforms), multi=multi,
                                  kind=decision.kind, read_os_release=engine.os_release if engine else None,
-                                 registry=registry, force=force, day=today, merge_only=merge_only, note=note)
+                                 registry=registry, force=force, day=today, merge_only=merge_only, note=note,
+                                 signing=signer is not None)
     if merge_only:
-        for index in publish.write_indexes(registry, plan.index_platforms):
+        for index in publish.write_indexes(registry, plan.index_platforms, signer):
             click.echo(publish.format_index(index))
         return
     for platform, steps in plan.steps:
@@ -462,37 +422,25 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
-    export = choose(compressing.kind, compressing.level, buildkit=buildkit,
-                    image_store=buildkit and engine.keeps_compressed_layers(), provenance=True)
+    export = choose(compressing.kind, compressing.level, buildkit=buildkit, provenance=True,
+                    image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
-    events = publish.EventPrinter(sys.stderr, quiet=quiet)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull, export=export, cache_base=base if export is not None else None)
-    outcomes: list[publish.Outcome] = []
-    indexes: list[publish.Index] = []
-    try:
-        for done in publish.publish_all(plan.steps, engine=engine, builder=builder, registry=registry,
-                                        options=run_options, multi=multi, merge=merge,
-                                        index_platforms=plan.index_platforms, on_event=events.on_event,
-                                        on_progress=events.on_progress):
-            if isinstance(done, publish.Index):
-                indexes.append(done)
-                events.line(publish.format_index(done))
-            else:
-                outcomes.append(done)
-                events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
-    finally:
-        events.close()
-        if outcomes:
-            click.echo(publish.format_summary(outcomes))
-        if report is not None:
-            planned = [step for _, steps in plan.steps for step in steps]
-            write_json(report, publish.report_document(base, push, planned, outcomes, indexes))
-    publish.raise_if_failed(outcomes)
+                                     pull=pull, export=export, cache_base=base if export is not None else None,
+                                     signer=signer)
+    publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
+                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=base, report=report,
+                           events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
 
 
 def main() -> None:
+    # What CI timeouts send: handled as Ctrl-C is, so every temporary file and child goes too.
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="imagebuilder")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -25,8 +25,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -38,6 +40,7 @@ from .atomic import write_atomic
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .resolve import BuildSpec
+from .variants import variant
 
 LOCKS_DIR = "locks"
 BASES_FILE = "base-images.json"
@@ -73,6 +76,29 @@ class ResolutionFailed(LockError):
     detail: str
     template = "cannot lock {name} ({requirements}): {detail}"
 
+    @property
+    def unsatisfiable(self) -> bool:
+        """The requirements contradict each other (uv proved it): the request, not the index's answer."""
+        return "No solution found" in self.detail or "unsatisfiable" in self.detail
+
+
+class LocksFailed(LockError):
+    template = "{failed} of {total} locks could not be resolved (above); the others are {done}"
+
+
+class LocksUnsatisfiable(BadRequest):
+    template = ("{failed} of {total} locks cannot be satisfied (above: their requirements contradict each "
+                "other); the others are {done}; drop or change the --with that conflicts")
+
+
+class BadUv(BadRequest):
+    template = "--uv {uv} is not a uv executable ({why}); pass the path of uv, or leave --uv out"
+
+
+class ExtraContradictsPin(BadRequest):
+    template = ("--with {extra!r} contradicts the image's {name}=={pinned} (the CUDA stack of torch {torch} "
+                "is pinned); leave it out, or pick a --torch that comes with that {name}")
+
 
 class BadExtra(BadRequest):
     text: str
@@ -94,14 +120,33 @@ def parse_extras(texts: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out, key=str.lower))
 
 
+def check_extras(spec: BuildSpec, extras: Sequence[str], lock: Lock | None = None) -> None:
+    """A --with may add packages, not replace the ones the image's torch build stands on:
+    torch, torchvision, torchaudio, triton and (as its lock has them) the nvidia-* wheels.
+    One that another version of them wants is found by the resolver (`lock`)."""
+    pinned: dict[str, Version] = {"torch": spec.torch.version, "torchvision": spec.torch.torchvision}
+    if spec.torch.torchaudio is not None:
+        pinned["torchaudio"] = spec.torch.torchaudio
+    if spec.torch.triton is not None:
+        pinned["triton"] = spec.torch.triton
+    if lock is not None:
+        pinned.update({p.name: p.version for p in lock.pins if PROTECTED.match(p.name)})
+    for text in extras:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        version = pinned.get(name)
+        if version is not None and not requirement.specifier.contains(version, prereleases=True):
+            raise ExtraContradictsPin(extra=text, name=name, pinned=version, torch=spec.torch.version)
+
+
 def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) -> list[str]:
     """What an image asks for; a lock pins these and everything they pull in."""
     if spec.parent is not None:  # jupyter, devel-jupyter: what they add to their parent's venv
-        return list(matrix.tools.notebook)
+        return list(matrix.tools.notebook_for(spec.python))
     reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
     if spec.torch.torchaudio is not None:
         reqs.append(f"torchaudio=={spec.torch.torchaudio}")
-    if spec.variant == "devel":
+    if variant(spec.variant).toolchain:
         reqs.append(f"ninja=={matrix.tools.ninja}")  # torch.utils.cpp_extension builds with ninja
         if spec.toolchain == "pip":
             reqs += list(spec.cuda.pip_toolchain)
@@ -121,14 +166,17 @@ def index_args(spec: BuildSpec, index_url: str | None, extra_index_urls: Sequenc
     return args
 
 
-def lock_name(spec: BuildSpec, extras: Sequence[str] = ()) -> str:
-    """One name per set of requirements: the runtime images of one torch build and Python
-    share a lock whatever their OS or image CUDA; extras get a short hash of their own."""
+def lock_name(spec: BuildSpec, extras: Sequence[str] = (), platform: str = DEFAULT_PLATFORM) -> str:
+    """One name per set of requirements and platform: the runtime images of one torch build and
+    Python share a lock whatever their OS or image CUDA; extras get a short hash of their own;
+    another platform than linux/amd64 gets its machine (its wheels, and their dependencies, differ)."""
     parts = [f"torch{spec.torch.version}", spec.wheel.name, f"py{spec.python}", spec.variant]
-    if spec.variant == "devel" and spec.toolchain == "pip":
+    if variant(spec.variant).toolchain and spec.toolchain == "pip":
         parts.append(f"cuda{spec.cuda.key}")  # the nvcc wheels are the image CUDA's
     if extras:
         parts.append("with-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:8])
+    if platform != DEFAULT_PLATFORM:
+        parts.append(PLATFORMS[platform].split("-")[0])
     return "-".join(parts)
 
 
@@ -241,11 +289,16 @@ class LockSet:
     directory: Path | None = None
     locks: Mapping[str, Lock] = field(default_factory=dict, repr=False)
     bases: Mapping[str, BasePin] = field(default_factory=dict)
+    platform: str = DEFAULT_PLATFORM  # whose locks lock_for gives
+
+    def for_platform(self, platform: str) -> LockSet:
+        """The same folder, giving `platform`'s locks: each platform builds from its own."""
+        return replace(self, platform=platform)
 
     def lock_for(self, spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) -> Lock | None:
         """The image's lock; None when there is none (a site's own matrix): the build then
         resolves. A lock made for other requirements is an error, not a silent fallback."""
-        lock = self.locks.get(lock_name(spec, extras))
+        lock = self.locks.get(lock_name(spec, extras, self.platform))
         if lock is None:
             return None
         wanted = tuple(requirements(spec, matrix, extras))
@@ -297,6 +350,7 @@ class LockRequest:
 Resolver = Callable[[LockRequest, Sequence[str], "Lock | None"], str]
 """(request, requirements, constraints lock) -> uv's compiled requirements text."""
 
+UV_TIMEOUT_S = 600
 
 def default_uv() -> str:
     """The uv beside this Python (the venv's), else the one on PATH."""
@@ -304,41 +358,90 @@ def default_uv() -> str:
     return str(beside) if beside.exists() else (shutil.which("uv") or "uv")
 
 
-def uv_compile(uv: str) -> Resolver:
-    """The resolver: `uv pip compile` for the image's Python and platform, with hashes."""
+class UvCompile:
+    """The resolver: `uv pip compile` for the image's Python and platform, with hashes.
 
-    def run(request: LockRequest, reqs: Sequence[str], constraints: Lock | None) -> str:
-        spec = request.spec
-        with tempfile.TemporaryDirectory(prefix="imagebuilder-lock-") as tmp:
-            cmd = [uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
-                   "--no-annotate", "--python-version", str(spec.python),
-                   "--python-platform", PLATFORMS[request.platform]]
-            for arg in index_args(spec, request.index_url, request.extra_index_urls):
-                cmd += arg.split(" ", 1)
-            if constraints is not None:
-                path = os.path.join(tmp, "constraints.txt")
-                Path(path).write_text(constraints.text())
-                cmd += ["--constraint", path]
-            cmd.append("-")
+    A context manager: its one temporary folder (the constraint files) and every uv it started
+    are gone when it exits, however it exits (Ctrl-C, SIGTERM, an error in another thread).
+    Calls may come from several threads at once."""
+
+    def __init__(self, uv: str) -> None:
+        self.uv = uv
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._running: set[subprocess.Popen[str]] = set()
+        self._guard = threading.Lock()
+        self._closed = False
+        self._count = 0
+
+    def __enter__(self) -> UvCompile:
+        self._tmp = tempfile.TemporaryDirectory(prefix="imagebuilder-lock-")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._guard:
+            self._closed = True
+            running = list(self._running)
+        for process in running:
+            process.kill()
+        for process in running:
+            process.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _start(self, cmd: list[str]) -> subprocess.Popen[str]:
+        with self._guard:
+            if self._closed:
+                raise KeyboardInterrupt  # the run is being stopped: start nothing more
             try:
-                done = subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True,
-                                      timeout=600)
+                process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)
             except FileNotFoundError as e:
-                raise LockError(f"uv not found at {uv}; install uv (matrix.yaml's tools.uv) or pass --uv PATH") from e
-            except subprocess.TimeoutExpired as e:
-                raise ResolutionFailed(name=lock_name(spec, request.extras), requirements=" ".join(reqs),
-                                       detail="uv took over 600 s") from e
-        if done.returncode != 0:
+                raise LockError(f"uv not found at {self.uv}; install uv (matrix.yaml's tools.uv) or pass --uv PATH") from e
+            except OSError as e:  # not a program: a text file, no exec permission, another arch
+                raise BadUv(uv=self.uv, why=e.strerror or str(e)) from e
+            self._running.add(process)
+            return process
+
+    def __call__(self, request: LockRequest, reqs: Sequence[str], constraints: Lock | None) -> str:
+        assert self._tmp is not None, "use UvCompile as a context manager"
+        spec = request.spec
+        name = lock_name(spec, request.extras, request.platform)
+        # --no-build (a lock is of wheels) and --no-python-downloads: otherwise uv fetches a
+        # Python of the target version from GitHub to build sdists with, on every call, and
+        # behind a proxy that serves only the index it spends ~45 s in retries each time.
+        cmd = [self.uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
+               "--no-annotate", "--no-build", "--no-python-downloads", "--python-version", str(spec.python),
+               "--python-platform", PLATFORMS[request.platform]]
+        for arg in index_args(spec, request.index_url, request.extra_index_urls):
+            cmd += arg.split(" ", 1)
+        if constraints is not None:
+            with self._guard:
+                self._count += 1
+                path = os.path.join(self._tmp.name, f"constraints-{self._count}.txt")
+            Path(path).write_text(constraints.text())
+            cmd += ["--constraint", path]
+        cmd.append("-")
+        process = self._start(cmd)
+        try:
+            out, err = process.communicate("\n".join(reqs) + "\n", timeout=UV_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            process.kill()
+            process.communicate()
+            raise ResolutionFailed(name=name, requirements=" ".join(reqs), detail=f"uv took over {UV_TIMEOUT_S} s") from e
+        finally:
+            with self._guard:
+                self._running.discard(process)
+        if process.returncode != 0:
+            if self._closed:
+                raise KeyboardInterrupt
             # From uv's last `error:` on: what precedes it is noise (a failed download of a
             # Python to build sdists with, say), what follows is the resolver's explanation.
-            lines = done.stderr.strip().splitlines()
+            lines = err.strip().splitlines()
             start = max((n for n, line in enumerate(lines) if line.startswith("error:")), default=0)
             detail = " ".join(line.strip() for line in lines[start:])
-            raise ResolutionFailed(name=lock_name(spec, request.extras), requirements=" ".join(reqs),
-                                   detail=detail or f"uv exited {done.returncode}")
-        return done.stdout
-
-    return run
+            raise ResolutionFailed(name=name, requirements=" ".join(reqs),
+                                   detail=detail or f"uv exited {process.returncode}")
+        return out
 
 
 def resolve_lock(request: LockRequest, matrix: Matrix, resolver: Resolver, parent: Lock | None = None) -> Lock:
@@ -353,7 +456,7 @@ def resolve_lock(request: LockRequest, matrix: Matrix, resolver: Resolver, paren
     if parent is not None:
         have = {(p.name, p.version) for p in parent.pins}
         pins = tuple(p for p in pins if (p.name, p.version) not in have)
-    return Lock(name=lock_name(spec, request.extras), requirements=tuple(asked),
+    return Lock(name=lock_name(spec, request.extras, request.platform), requirements=tuple(asked),
                 platform=PLATFORMS[request.platform], python=str(spec.python), pins=pins)
 
 
@@ -438,34 +541,59 @@ class LockPlan:
     failed: tuple[ResolutionFailed, ...] = ()  # sets the index cannot satisfy; the rest are locked
 
 
+def release_platforms(spec: BuildSpec) -> Sequence[str]:
+    """Every platform the release has CUDA wheels for: each is locked, and built from its own lock."""
+    return spec.torch.platforms
+
+
+Outcome = Lock | ResolutionFailed
+
+
 def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolver,
                 pin: Callable[[str], BasePin | None], extras: Sequence[str] = (),
                 index_url: str | None = None, extra_index_urls: Sequence[str] = (),
-                progress: Callable[[str], None] = lambda _: None) -> LockPlan:
-    """Resolve each distinct lock once (a jupyter image's runtime lock first) and pin each
-    distinct base image once. A set the index cannot satisfy is reported, not fatal: one
-    unsatisfiable image must not keep a night's refresh from the others."""
+                platforms: Callable[[BuildSpec], Sequence[str]] = release_platforms, workers: int = 4,
+                progress: Callable[[str, Outcome], None] = lambda name, outcome: None) -> LockPlan:
+    """Resolve each distinct lock once and pin each distinct base image once: the runtime and
+    devel sets first, then the jupyter sets under their parents' locks, `workers` resolutions
+    at a time (each is mostly waiting on the index). `progress` hears of each set as it is
+    done. A set the index cannot satisfy is reported, not fatal: one unsatisfiable image must
+    not keep a night's refresh from the others."""
+    specs = list(specs)
+    for spec in specs:
+        check_extras(spec, extras)
     done: dict[str, Lock] = {}
     failed: dict[str, ResolutionFailed] = {}
+
+    def resolve_one(spec: BuildSpec, platform: str) -> tuple[str, Outcome]:
+        name = lock_name(spec, extras, platform)
+        parent = done.get(lock_name(spec.parent, extras, platform)) if spec.parent is not None else None
+        request = LockRequest(spec, tuple(extras), index_url, tuple(extra_index_urls), platform)
+        try:
+            return name, resolve_lock(request, matrix, resolver, parent)
+        except ResolutionFailed as e:
+            return name, e
+
+    for stage in (_distinct([s.parent or s for s in specs], extras, platforms),
+                  _distinct([s for s in specs if s.parent is not None], extras, platforms)):
+        # A jupyter set whose parent could not be locked cannot be locked either; it is left out.
+        ready = [(s, p) for s, p in stage if s.parent is None or lock_name(s.parent, extras, p) in done]
+        pool = ThreadPoolExecutor(max_workers=max(1, workers))
+        futures = [pool.submit(resolve_one, spec, platform) for spec, platform in ready]
+        try:
+            for future in as_completed(futures):
+                name, outcome = future.result()
+                if isinstance(outcome, Lock):
+                    done[name] = outcome
+                else:
+                    failed[name] = outcome
+                progress(name, outcome)
+        finally:
+            # Not waiting: on Ctrl-C the resolver's owner stops the running ones (UvCompile's exit).
+            pool.shutdown(wait=False, cancel_futures=True)
     bases: dict[str, BasePin] = {}
     unpinned: list[str] = []
-
-    def lock_of(spec: BuildSpec) -> Lock | None:
-        name = lock_name(spec, extras)
-        if name not in done and name not in failed:
-            parent = lock_of(spec.parent) if spec.parent is not None else None
-            if spec.parent is not None and parent is None:
-                return None
-            progress(f"locking {name}")
-            request = LockRequest(spec, tuple(extras), index_url, tuple(extra_index_urls))
-            try:
-                done[name] = resolve_lock(request, matrix, resolver, parent)
-            except ResolutionFailed as e:
-                failed[name] = e
-        return done.get(name)
-
     for spec in specs:
-        lock_of(spec)
         base = (spec.parent or spec).base_image
         if base not in bases and base not in unpinned:
             found = pin(base)
@@ -473,7 +601,42 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
                 unpinned.append(base)
             else:
                 bases[base] = found
-    return LockPlan(tuple(done.values()), bases, tuple(unpinned), tuple(failed.values()))
+    return LockPlan(tuple(done[n] for n in sorted(done)), bases, tuple(unpinned),
+                    tuple(failed[n] for n in sorted(failed)))
+
+
+def _distinct(specs: Iterable[BuildSpec], extras: Sequence[str],
+              platforms: Callable[[BuildSpec], Sequence[str]]) -> list[tuple[BuildSpec, str]]:
+    """One (image, platform) per lock name, in the order given."""
+    seen: dict[str, tuple[BuildSpec, str]] = {}
+    for spec in specs:
+        for platform in platforms(spec):
+            seen.setdefault(lock_name(spec, extras, platform), (spec, platform))
+    return list(seen.values())
+
+
+def set_names(specs: Iterable[BuildSpec], extras: Sequence[str] = (),
+              platforms: Callable[[BuildSpec], Sequence[str]] = release_platforms) -> set[str]:
+    """The name of every lock `lock_images` resolves for these images (their parents' included)."""
+    specs = list(specs)
+    return {name for s in [*specs, *(s.parent for s in specs if s.parent)] for name in
+            (lock_name(s, extras, p) for p in platforms(s))}
+
+
+def pypi_builds(specs: Iterable[BuildSpec]) -> list[BuildSpec]:
+    """The images whose torch comes from the default index (each release's PyPI build): what
+    `lock` covers unless a --cuda asks for another build, from PyTorch's own index."""
+    return [s for s in specs if (s.parent or s).wheel.name == s.torch.pypi_variant]
+
+
+def outcome_line(name: str, outcome: Outcome, recorded: LockSet | None = None) -> str:
+    """One line per set as it is done: locked, matching the recorded lock or drifted from it, or failed."""
+    if isinstance(outcome, ResolutionFailed):
+        return f"{name}: failed: {outcome.detail}"
+    if recorded is None:
+        return f"{name}: locked, {len(outcome.pins)} packages"
+    moved = drift(recorded.locks.get(name), outcome)
+    return f"{name}: {len(moved)} drifted" if moved else f"{name}: ok"
 
 
 def check(plan: LockPlan, current: LockSet) -> list[str]:
@@ -510,5 +673,6 @@ def check_or_write(plan: LockPlan, directory: Path, *, check_only: bool, echo: C
         for path in write_locks(directory, plan.locks, plan.bases):
             echo(f"wrote {path}")
     if plan.failed:
-        raise ImageBuilderError(f"{len(plan.failed)} of {len(plan.failed) + len(plan.locks)} locks could not be "
-                                "resolved (above); the others are " + ("checked" if check_only else "written"))
+        error = LocksUnsatisfiable if all(f.unsatisfiable for f in plan.failed) else LocksFailed
+        raise error(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks),
+                    done="checked" if check_only else "written")

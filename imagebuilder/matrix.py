@@ -10,20 +10,20 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import BadRequest, ImageBuilderError
+from .errors import BadRequest
+from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
+from .variants import VARIANTS as VARIANTS
 
-VARIANTS = ("runtime", "devel", "jupyter", "devel-jupyter")
-# A jupyter variant is its parent image plus JupyterLab's layer: every parent layer is shared.
-JUPYTER_PARENTS = {"jupyter": "runtime", "devel-jupyter": "devel"}
 PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
+_MAX_NODES = 100_000  # far above any real matrix (matrix.yaml has about 2,000 values)
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,10 @@ class Problem:
         return f"{where}: {'.'.join(self.path) or '<top>'}: {self.message}"
 
 
-class MatrixError(ImageBuilderError):
-    """Fields: file, problems. The command to re-check names the same file the user gave."""
+class MatrixError(BadRequest):
+    """Fields: file, problems. The command to re-check names the same file the user gave.
+
+    A bad request (exit 2): the matrix is the user's input, like a flag."""
 
     file: Path
     problems: list[Problem]
@@ -117,23 +119,42 @@ class TorchRelease:
         return next(v for v in self.variants if v.name == name)
 
 
+class NoNotebookPins(BadRequest):
+    python: Version
+    known: str
+    template = ("matrix.yaml's tools.notebook has no jupyter packages for Python {python} (it has {known}); "
+                "choose one of those with --python, or add an entry")
+
+
+NOTEBOOK = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
+
+
+@dataclass(frozen=True)
+class NotebookPins:
+    """What the jupyter variants install beside JupyterLab for one Python: each package's newest
+    release whose wheels' Requires-Python admits it (cited in `source`)."""
+
+    python: Version
+    versions: Mapping[str, str]
+    source: str
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(f"{name}=={self.versions[name]}" for name in NOTEBOOK)
+
+
 @dataclass(frozen=True)
 class Tools:
     uv: str
-    jupyterlab: str
-    ipykernel: str
     ninja: str
-    # What notebook users expect beside JupyterLab, in the jupyter variants only.
-    pandas: str
-    matplotlib: str
-    tqdm: str
-    ipywidgets: str
+    notebook: Mapping[Version, NotebookPins]  # by Python (major.minor)
 
-    @property
-    def notebook(self) -> tuple[str, ...]:
-        """The jupyter variants' requirements, pinned."""
-        names = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
-        return tuple(f"{name}=={getattr(self, name)}" for name in names)
+    def notebook_for(self, python: Version) -> tuple[str, ...]:
+        """The jupyter variants' requirements for this Python, pinned."""
+        pins = self.notebook.get(Version(f"{python.major}.{python.minor}"))
+        if pins is None:
+            raise NoNotebookPins(python=python, known=", ".join(str(p) for p in sorted(self.notebook)))
+        return pins.requirements
 
 
 @dataclass(frozen=True)
@@ -170,7 +191,7 @@ def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Probl
     import yaml  # here, not at the top: `imagebuilder --help` should not pay for it
 
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None
@@ -178,23 +199,55 @@ def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Probl
     lines: dict[KeyPath, int] = {}
     problems: list[Problem] = []
     scalars = yaml.SafeLoader("")
+    inside: set[int] = set()  # the nodes being converted: an alias to one of them is a cycle
+    budget = [_MAX_NODES]  # aliases can repeat a subtree exponentially ("billion laughs")
 
     def convert(node: Any, path: KeyPath) -> Any:
         lines.setdefault(path, node.start_mark.line + 1)
+        budget[0] -= 1
+        if budget[0] < 0:
+            if budget[0] == -1:
+                problems.append(Problem(path, node.start_mark.line + 1,
+                                        f"over {_MAX_NODES} values once aliases are expanded; expand fewer aliases"))
+            return None
+        if id(node) in inside:
+            problems.append(Problem(path, node.start_mark.line + 1,
+                                    "a YAML alias inside the anchor it names (the value contains itself)"))
+            return None
         if isinstance(node, yaml.MappingNode):
+            inside.add(id(node))
             out: dict[str, Any] = {}
             for key_node, value_node in node.value:
-                key = str(scalars.construct_object(key_node))
+                key = _key(key_node, path)
                 if key in out:
                     problems.append(
                         Problem(path + (key,), key_node.start_mark.line + 1, "duplicate key")
                     )
                 lines[path + (key,)] = key_node.start_mark.line + 1
                 out[key] = convert(value_node, path + (key,))
+            inside.discard(id(node))
             return out
         if isinstance(node, yaml.SequenceNode):
-            return [convert(item, path + (str(i),)) for i, item in enumerate(node.value)]
-        return scalars.construct_object(node)
+            inside.add(id(node))
+            items = [convert(item, path + (str(i),)) for i, item in enumerate(node.value)]
+            inside.discard(id(node))
+            return items
+        try:
+            return scalars.construct_object(node)
+        except yaml.YAMLError as e:
+            problems.append(Problem(path, node.start_mark.line + 1, f"not a valid value: {getattr(e, 'problem', e)}"))
+            return None
+
+    def _key(node: Any, path: KeyPath) -> str:
+        line = node.start_mark.line + 1
+        if not isinstance(node, yaml.ScalarNode):
+            problems.append(Problem(path, line, "a key must be a plain value, not a list or mapping"))
+            return f"<key at line {line}>"
+        try:
+            return str(scalars.construct_object(node))
+        except yaml.YAMLError as e:
+            problems.append(Problem(path, line, f"not a valid key: {getattr(e, 'problem', e)}"))
+            return f"<key at line {line}>"
 
     data = convert(root, ()) if root is not None else None
     return data, lines, problems
@@ -250,6 +303,7 @@ class _Checker:
         if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and value.isdigit())):
             like = "\"530.30.02\"" + (" or a branch like \"580\"" if branch_ok else "")
             self.problem(path + (key,), f"not a driver version like {like}: {value!r}")
+            return ""  # reported; nothing downstream compares it
         return value
 
     def version_value(self, value: Any, path: KeyPath) -> Version | None:
@@ -319,6 +373,15 @@ def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease 
     )
 
 
+def _parse_notebook(c: _Checker, key: str, data: Any, path: KeyPath) -> NotebookPins | None:
+    d = c.record(data, path, {*NOTEBOOK, "source"})
+    python = c.version_value(key, path)
+    if d is None or python is None:
+        return None
+    return NotebookPins(python=python, versions={name: c.text(d, name, path) for name in NOTEBOOK},
+                        source=c.text(d, "source", path))
+
+
 def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVariant | None:
     d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python"})
     if d is None:
@@ -334,9 +397,9 @@ def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVar
     )
 
 
-def _parse_pythons(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[Version, ...]:
+def _parse_pythons(c: _Checker, d: dict[str, Any], path: KeyPath, *, required: bool = False) -> tuple[Version, ...]:
     raw = d.get("python")
-    if raw is None:
+    if raw is None and not (required and "python" in d):
         return ()
     if not isinstance(raw, list) or not raw:
         c.problem(path + ("python",), 'expected a list of Python versions like ["3.10", "3.11"]')
@@ -357,7 +420,7 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
     version = c.version(d, "version", path)
     if version is not None and f"{version.major}.{version.minor}" != key:
         c.problem(path + ("version",), f"{version} is not a {key} release")
-    pythons = _parse_pythons(c, d, path)
+    pythons = _parse_pythons(c, d, path, required=True)
     variants = c.mapping(d.get("variants"), path + ("variants",), lambda n, v, p: _parse_variant(c, n, v, p))
     pypi_variant = c.text(d, "pypi_variant", path)
     if pypi_variant and variants and pypi_variant not in variants:
@@ -385,8 +448,13 @@ def _parse_platforms(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[str
 
 
 def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
-                 cudas: dict[str, CudaRelease], torches: dict[str, TorchRelease]) -> None:
+                 cudas: dict[str, CudaRelease], torches: dict[str, TorchRelease], tools: Tools) -> None:
     """Relations between blocks: every reference must name something that exists."""
+    # An OS's own Python is what its jupyter images run; another one is asked for by --python,
+    # and refused there when it has no entry.
+    for python in sorted({o.python for o in oses.values()} - set(tools.notebook)):
+        c.problem(("tools", "notebook"), f"no jupyter packages for Python {python}, an OS's Python; "
+                                         f"add a \"{python}\" entry with {', '.join(NOTEBOOK)}")
     cuda_keys = {cuda.key: name for name, cuda in cudas.items()}
     if defaults.os and oses and defaults.os not in oses:
         c.problem(("defaults", "os"), f"unknown OS {defaults.os!r}; known: {', '.join(oses)}")
@@ -433,14 +501,15 @@ def parse_matrix(text: str, file: Path) -> Matrix:
         c.problem(("schema",), f"unsupported schema {top.get('schema')!r}; this imagebuilder reads schema 1")
     d = c.record(top.get("defaults", {}), ("defaults",), {"os", "variant", "repository"}) or {}
     defaults = Defaults(*(c.text(d, k, ("defaults",)) for k in ("os", "variant", "repository")))
-    tool_names = [f.name for f in fields(Tools)]
-    t = c.record(top.get("tools", {}), ("tools",), set(tool_names)) or {}
-    tools = Tools(*(c.text(t, k, ("tools",)) for k in tool_names))
+    t = c.record(top.get("tools", {}), ("tools",), {"uv", "ninja", "notebook"}) or {}
+    notebook = c.mapping(t.get("notebook"), ("tools", "notebook"), lambda k, v, p: _parse_notebook(c, k, v, p)) if t else {}
+    tools = Tools(uv=c.text(t, "uv", ("tools",)), ninja=c.text(t, "ninja", ("tools",)),
+                  notebook={pins.python: pins for pins in notebook.values()})
     oses = c.mapping(top.get("os"), ("os",), lambda k, v, p: _parse_os(c, k, v, p)) if top else {}
     cudas = c.mapping(top.get("cuda"), ("cuda",), lambda k, v, p: _parse_cuda(c, k, v, p)) if top else {}
     torches = c.mapping(top.get("torch"), ("torch",), lambda k, v, p: _parse_torch(c, k, v, p)) if top else {}
     if top:
-        _cross_check(c, defaults, oses, cudas, torches)
+        _cross_check(c, defaults, oses, cudas, torches, tools)
     extras = _extras(c, top.get("extras"))
     if problems:
         raise MatrixError(file=file, problems=sorted(problems, key=lambda p: (p.line or 0, p.path)))
@@ -456,9 +525,26 @@ def parse_matrix(text: str, file: Path) -> Matrix:
     )
 
 
+def matrix_file(option: str | None) -> Path:
+    """The --matrix option as a path; the packaged matrix when it is not given."""
+    from .resources import default_matrix_path
+
+    if option is None:
+        return default_matrix_path()
+    if not option.strip():
+        raise MatrixMissing(file="''", reason="the path is empty")
+    return Path(option)
+
+
 def load_matrix(path: Path) -> Matrix:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise MatrixMissing(file=path, reason=e.strerror or str(e)) from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise MatrixError(file=path, problems=[Problem((), line, f"not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                                                                 "save the file as UTF-8")]) from e
     return parse_matrix(text, path)

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import date
+from pathlib import Path
 
 from packaging.version import Version
 
 from .atomic import write_atomic
 from .drift import lacking, missing_releases
 from .errors import ImageBuilderError
-from .index import (IndexUnavailable, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned,
-                    versions_with_wheels, wheel_metadata)
-from .matrix import Matrix, MatrixError, parse_matrix
+from .index import (BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, applies, cuda_pins,
+                    cuda_platforms, pinned)
+from .matrix import Matrix, MatrixError, load_matrix, parse_matrix
 
 # Pythons probed for wheels; a release outside this range would need this line to move.
 CANDIDATE_PYTHONS = tuple(Version(f"3.{minor}") for minor in range(8, 17))
@@ -84,10 +86,10 @@ def _variant(meta: WheelMetadata, python: Version, where: str) -> Variant:
     )
 
 
-def _companion(project: str, torch: Version, python: Version) -> tuple[Version, str] | None:
+def _companion(index: Index, project: str, torch: Version, python: Version) -> tuple[Version, str] | None:
     """The newest `project` release whose Requires-Dist accepts this torch, with that requirement."""
-    for version in versions_with_wheels(project, python)[:COMPANION_TRIES]:
-        reqs = wheel_metadata(project, version, python).requires_dist
+    for version in index.versions_with_wheels(project, python)[:COMPANION_TRIES]:
+        reqs = index.wheel_metadata(project, version, python).requires_dist
         wanted = [r for r in reqs if r.name == "torch" and applies(r, python)]
         # A release that names no torch says nothing about this one; it is not taken on trust.
         if wanted and torch in wanted[0].specifier:
@@ -95,33 +97,33 @@ def _companion(project: str, torch: Version, python: Version) -> tuple[Version, 
     return None
 
 
-def read_release(version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRelease:
+def read_release(index: Index, version: Version, cuda_variants: tuple[str, ...] = ()) -> NewRelease:
     """Everything the index's metadata says about one torch release (raises CannotAdd where it
     says too little to write a block)."""
-    shipped = tuple(p for p in CANDIDATE_PYTHONS if version in versions_with_wheels("torch", p))
+    shipped = tuple(p for p in CANDIDATE_PYTHONS if version in index.versions_with_wheels("torch", p))
     if not shipped:
         raise CannotAdd(version=version, reason="the index has no Linux x86_64 wheel of it for Python "
                                                 f"{CANDIDATE_PYTHONS[0]}-{CANDIDATE_PYTHONS[-1]}")
     probe = Version("3.11") if Version("3.11") in shipped else max(shipped)
-    torch = wheel_metadata("torch", version, probe)
+    torch = index.wheel_metadata("torch", version, probe)
     pypi = _variant(torch, probe, "PyPI")
     triton = pinned(torch.requires_dist, "triton", probe)
-    vision = _companion("torchvision", version, probe)
+    vision = _companion(index, "torchvision", version, probe)
     if vision is None:
         raise CannotAdd(version=version, reason=f"none of the {COMPANION_TRIES} newest torchvision releases "
                                                 "declares that it accepts it; wait for its torchvision or add the block by hand")
-    audio = _companion("torchaudio", version, probe)
+    audio = _companion(index, "torchaudio", version, probe)
     packages = {"torchvision": vision[0], **({"torchaudio": audio[0]} if audio else {})}
     pythons, left_out = [], []
     for python in shipped:
-        missing = lacking(torch.requires_dist, packages, triton, python)
+        missing = lacking(index, torch.requires_dist, packages, triton, python)
         if missing:
             left_out.append(f"{python}: no wheel of {', '.join(missing)}")
         else:
             pythons.append(python)
     if not pythons:
         raise CannotAdd(version=version, reason="no Python has wheels of all its packages: " + "; ".join(left_out))
-    platforms = cuda_platforms(version, probe)
+    platforms = cuda_platforms(index, version, probe)
     extras = tuple(_pytorch_index_variant(version, name, probe) for name in cuda_variants if name != pypi.name)
     tags = f"cp{shipped[0].major}{shipped[0].minor}-cp{shipped[-1].major}{shipped[-1].minor} " + \
         torch.filename.rsplit("-", 1)[-1].removesuffix(".whl")
@@ -143,8 +145,8 @@ def _spec(meta: WheelMetadata, name: str, python: Version) -> str:
 def _pytorch_index_variant(version: Version, name: str, python: Version) -> Variant:
     url = PYTORCH_INDEX.format(variant=name)
     try:
-        meta = wheel_metadata("torch", version, python, index_url=url)
-    except IndexUnavailable as e:
+        meta = PackageIndex(url).wheel_metadata("torch", version, python)
+    except (IndexUnavailable, BadIndexAnswer) as e:
         raise CannotAdd(version=version, reason=f"{name}: {e}; add that variant by hand from a primary source") from e
     variant = _variant(meta, python, f"PyTorch index {name}:")
     if variant.name != name:
@@ -201,7 +203,7 @@ def insert_block(text: str, key: str, block: str) -> str:
     return head + ("" if head.endswith("\n") else "\n") + block + "".join(lines[end:])
 
 
-def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...] = (),
+def add_release(index: Index, matrix: Matrix, version: Version, cuda_variants: tuple[str, ...] = (),
                 dry_run: bool = False) -> tuple[str, list[str]]:
     """Write the release's block into the matrix file; return the block and what `matrix check`
     still reports (a CUDA block the metadata cannot give, say)."""
@@ -210,7 +212,7 @@ def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...]
         raise CannotAdd(version=version,
                         reason=f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
                                "remove that block first to write it anew")
-    block = block_text(read_release(version, cuda_variants))
+    block = block_text(read_release(index, version, cuda_variants))
     text = insert_block(matrix.text, key, block)
     try:
         parse_matrix(text, matrix.path)
@@ -222,7 +224,22 @@ def add_release(matrix: Matrix, version: Version, cuda_variants: tuple[str, ...]
     return block, todo
 
 
-def new_releases(matrix: Matrix) -> list[Version]:
+def new_releases(index: Index, matrix: Matrix) -> list[Version]:
     """Releases of a minor the matrix does not have yet (patch releases are reported by
     `matrix check --online`; their blocks carry hand-kept variants, so they are edited by hand)."""
-    return [v for v in missing_releases(matrix) if f"{v.major}.{v.minor}" not in matrix.torches]
+    return [v for v in missing_releases(index, matrix) if f"{v.major}.{v.minor}" not in matrix.torches]
+
+
+def add_releases(matrix_path: Path, torch: Version | None, index_url: str | None, cuda_variants: Sequence[str],
+                 dry_run: bool, *, echo: Callable[[str], None], note: Callable[[str], None]) -> None:
+    """`matrix add`: `torch`, or (None) every new release the index has, each block written
+    (or with `dry_run` printed) and what is left for the user noted."""
+    index = PackageIndex(index_url)
+    versions = [torch] if torch is not None else new_releases(index, load_matrix(matrix_path))
+    if not versions:
+        echo(f"{matrix_path}: the index has no release the matrix lacks")
+    for version in versions:
+        block, todo = add_release(index, load_matrix(matrix_path), version, tuple(cuda_variants), dry_run)
+        echo(block if dry_run else f"{matrix_path}: added torch {version}")
+        for line in todo:
+            note(f"left for you: {line}")

@@ -48,7 +48,9 @@ def _selection(torch_version: str | None, cuda_version: str | None, python_versi
                variant: str | None, os_name: str | None, base_image: tuple[str, ...] = (),
                strict: bool = False) -> Selection:
     from .platforms import parse_base_images
+    from .resolve import check_not_empty
 
+    check_not_empty(torch=torch_version, cuda=cuda_version, python=python_version, os=os_name)
     bases = parse_base_images(base_image)
     return Selection(torch_version, cuda_version, python_version, variant, os_name, bases.pop(None, None),
                      strict, platform_bases=tuple(sorted((p, image) for p, image in bases.items() if p)))
@@ -97,11 +99,14 @@ def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value.rstrip("/") if value else None
 
 
+index_url = click.option("--index-url", metavar="URL",
+                         help="Package index for the wheels, replacing the default one (a mirror).")
+
+
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
-        click.option("--index-url", metavar="URL",
-                     help="Package index for the wheels, replacing the default one (a mirror)."),
+        index_url,
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
                      help="Additional package index; repeatable."),
     )(f)
@@ -123,10 +128,23 @@ def rendering(f: F) -> F:
                      help="Where a Python the OS does not ship is downloaded from: a mirror of "
                           "python-build-standalone's GitHub releases (uv's UV_PYTHON_INSTALL_MIRROR). "
                           "Default: GitHub. Env: IMAGEBUILDER_PYTHON_MIRROR."),
-        _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"]),
-                                                        "extras": tuple(kw["extras"])}),
+        _collect("rendering", _rendering,
                  ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras", "python_mirror")),
     )(f)
+
+
+def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> Rendering:
+    """Checked before anything runs: a bad name or CA bundle would fail the build minutes later."""
+    from .reference import check_repository
+    from .render import read_ca_bundle
+
+    if repository is not None:
+        check_repository(repository)
+    if ca_bundle is not None:
+        read_ca_bundle(ca_bundle)
+    return Rendering(index_url, tuple(extra_index_urls), ca_bundle, repository, tuple(extras),
+                     python_mirror=python_mirror)
 
 
 def building(f: F) -> F:
@@ -147,10 +165,10 @@ allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
 BUILDER_CHOICES = ["auto", "buildkit", "classic"]
 
 render_builder = click.option(
-    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default="classic", show_default=True,
+    "--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES), default=None,
     help="The builder to render for: classic (any `docker build`), buildkit (the CA bundle as a build "
          "secret, shared caches: what `build` renders when it builds with BuildKit), or auto (what "
-         "`build` would choose here).")
+         "`build` would choose here). Default: classic, or buildkit for another platform than the host's.")
 
 
 def builders(f: F) -> F:
@@ -173,6 +191,18 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                               "its local tags end in -arm64 / -amd64.")
 
 
+def build_only(f: F) -> F:
+    """build's own options: a dry run, and the registry caches to import."""
+    return _stack(
+        click.option("--dry-run", is_flag=True,
+                     help="Print what would be built, in build order, and stop: nothing is built (the daemon "
+                          "is still asked for the base image's OS and the images already there)."),
+        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+                     help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
+                          "(BuildKit with the containerd image store): a rebuild reuses the torch layer."),
+    )(f)
+
+
 def verifying(f: F) -> F:
     """verify's own options: what to check, how long, how to report."""
     return _stack(
@@ -188,6 +218,12 @@ def verifying(f: F) -> F:
                      help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
                           "(an image an older imagebuilder built). Images without imagebuilder's labels "
                           "get them anyway."),
+        click.option("--key", metavar="PUB",
+                     help="Before any container starts, check that the digest TAG names in its registry is "
+                          "signed by this cosign public key (a file, env://VAR or a KMS URI), and that its SBOM "
+                          "attestation verifies and is the image's own; the smoke tests then run that digest. "
+                          "Offline: no transparency log. Without --key, verify says whether the image is signed."),
+        click.option("--signature-only", is_flag=True, help="Check the signature (and SBOM attestation) and stop."),
     )(f)
 
 
@@ -215,6 +251,10 @@ def publishing(f: F) -> F:
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
+        click.option("--sign-key", metavar="KEY",
+                     help="Sign every pushed digest with cosign, its SBOM attached as a signed attestation: a "
+                          "cosign key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned "
+                          "image in the registry is rebuilt and signed."),
     )(f)
 
 

@@ -27,7 +27,7 @@ from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from .platforms import arch, host_platform
 from .render import RenderedImage, RenderOptions, render
-from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
+from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 
 if TYPE_CHECKING:
     from . import lock as locking
@@ -140,6 +140,7 @@ def settle_os(matrix: Matrix, selection: Selection, read_os_release: ReadOsRelea
 def select_specs(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
     """Every image the filters select, the base image override applied."""
     variant = None if selection.variant == ALL else selection.variant
+    check_filters(matrix, selection.torch, selection.cuda, selection.python, selection.os, selection.strict)
     if selection.torch and selection.cuda:
         torch, cuda = find_torch(matrix, selection.torch), find_cuda(matrix, selection.cuda)
         if not any(wheel.cuda == cuda.key for wheel in torch.variants):
@@ -314,6 +315,21 @@ def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
             for platform, image in plan]
 
 
+def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:
+    """`render -o`: one image's context into `output`, or several (a parent that comes along,
+    several platforms) a folder each with index.json; what was written, a line each."""
+    from .output import write_tree
+
+    if len(plan) == 1:
+        image = plan[0][1]
+        image.write(output)
+        return [f"wrote {output}/Dockerfile for {image.ref}"]
+    folders = plan_folders(plan)
+    write_tree(output, context_files(folders))
+    return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",
+            *(f"  {folder}/  {planned.ref}" for folder, _, planned in folders)]
+
+
 def requested(plan: Sequence[tuple[str, RenderedImage]]) -> RenderedImage:
     """The image a one-variant, one-platform request asked for: the last one built (a parent
     that comes along is built first)."""
@@ -340,7 +356,8 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     planned: list[tuple[str, RenderedImage]] = []
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        images = render_request(matrix, chosen, options, note, exists=exists)
+        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        images = render_request(matrix, chosen, own, note, exists=exists)
         planned += [(platform, image) for image in
                     for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
     return planned
@@ -358,9 +375,10 @@ class PublishPlan:
 
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, registry: Registry,
-                 force: bool, day: date, merge_only: bool, note: Note) -> PublishPlan:
+                 force: bool, day: date, merge_only: bool, note: Note, signing: bool = False) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
-    platform, each compared with what the registry holds (skip, retag or build)."""
+    platform, each compared with what the registry holds (skip, retag or build; `signing`: an
+    unsigned one is rebuilt)."""
     from . import publish
     from .platforms import for_platforms, platform_image
 
@@ -369,7 +387,8 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     index_platforms: dict[str, list[str]] = {}
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        images = with_parents(render_selected(matrix, chosen, options), matrix, options)
+        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        images = with_parents(render_selected(matrix, chosen, own), matrix, own)
         if not images:
             raise NothingSelected()
         if multi:
@@ -385,7 +404,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
             continue  # builds nothing: the indexes join what is pushed
         checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
         images = [platform_image(image, platform) for image in images] if multi else checked
-        remotes = {} if force else publish.lookup(registry, images, day)
+        remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
         plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
     return PublishPlan(tuple(plans), index_platforms, multi)
 
@@ -395,9 +414,10 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
 
 def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extras: Sequence[str],
                   index_url: str | None, extra_index_urls: Sequence[str], progress: Note,
-                  note: Note) -> locking.LockPlan:
-    """`lock`: resolve every selected image's requirements; base images pinned through the
-    local engine (when one answers) or their registry."""
+                  note: Note, recorded: locking.LockSet | None = None) -> locking.LockPlan:
+    """`lock`: resolve every selected image's requirements (the PyPI builds unless --cuda asks
+    for another), a line on `progress` per set as it is done (against `recorded`, for --check);
+    base images pinned through the local engine (when one answers) or their registry."""
     from . import lock as locking
     from .engine.docker import answering_engine
     from .registry import HttpRegistry
@@ -405,10 +425,20 @@ def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extra
     engine = answering_engine()
     selection = settle_os(matrix, selection, engine.os_release if engine else None, note)
     specs = select_specs(matrix, selection)
+    if selection.cuda is None:
+        specs = locking.pypi_builds(specs)
     if not specs:
         raise NothingSelected()
     registry = HttpRegistry(timeout=15)
-    return locking.lock_images(specs, matrix, resolver=locking.uv_compile(uv or locking.default_uv()),
-                               pin=lambda image: locking.pin_base(image, engine, registry),
-                               extras=locking.parse_extras((*matrix.extras, *extras)), index_url=index_url,
-                               extra_index_urls=extra_index_urls, progress=progress)
+    wanted = locking.parse_extras((*matrix.extras, *extras))
+    total, finished = len(locking.set_names(specs, wanted)), []
+
+    def done(name: str, outcome: locking.Outcome) -> None:
+        finished.append(name)
+        progress(f"[{len(finished)}/{total}] {locking.outcome_line(name, outcome, recorded)}")
+
+    with locking.UvCompile(uv or locking.default_uv()) as resolver:
+        return locking.lock_images(specs, matrix, resolver=resolver,
+                                   pin=lambda image: locking.pin_base(image, engine, registry),
+                                   extras=wanted, index_url=index_url, extra_index_urls=extra_index_urls,
+                                   progress=done)

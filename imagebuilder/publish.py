@@ -17,6 +17,12 @@ when that day has none, and never overwritten.
 A tag counts as pushed only once the registry itself answers with the digest the push
 reported: a registry that goes away mid-run never leaves an image reported as published.
 
+Signing (`--sign-key`): after an image's tags are pushed and confirmed, its digest gets its SBOM
+as a signed attestation and a signature (signing.py); a failed signing fails that image, and
+it is reported as pushed but not signed. An unchanged image whose registry digest has no
+signature is rebuilt, verified, pushed and signed, so a signing that failed half way is finished
+by the next run, and images published before signing was turned on get signed.
+
 Several platforms: each platform's images are published under their own tags (TAG-amd64,
 TAG-arm64), planned, skipped and verified per platform (an emulated platform is not run:
 `import torch` under QEMU hangs), and then write_indexes() makes every TAG an OCI image
@@ -25,6 +31,7 @@ index over them, through the registry API.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,16 +39,18 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .build import HASH, Built, ProgressPrinter, build_image, build_order
+from .build import HASH, SBOM_DIGEST, Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
 from .engine.export import Export, cache_ref
 from .registry import Registry, parse_reference
-from .render import RenderedImage
+from .render import SBOM_PATH, RenderedImage
+from .signing import SbomNotTheImages, pinned, signature_tag
 from .table import format_table
 from .tags import dated_tag, image_ref
 
 if TYPE_CHECKING:
     from .engine.api import Builder, Engine, OnProgress, Progress
+    from .signing import Signed, Signer
     from .verify import VerifyReport
 
 BUILD, RETAG, SKIP = "build", "retag", "skip"
@@ -81,6 +90,8 @@ class Remote:
     """Each of the image's refs -> the manifest digest that tag names; None: no such tag."""
     inputs_hash: str | None
     """The inputs-hash label of the image under the primary tag; None: absent or unlabelled."""
+    signed: bool | None = None
+    """The image under the primary tag has a cosign signature; None: not asked (not signing)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,8 @@ def _decide(image: RenderedImage, remote: Remote | None, force: bool, rebuilt: s
     if remote.inputs_hash != image.inputs_hash:
         return Step(image, BUILD, f"inputs changed (registry {_short(remote.inputs_hash)}, "
                                   f"rendered {_short(image.inputs_hash)})")
+    if remote.signed is False:
+        return Step(image, BUILD, "unchanged, but the registry's image is not signed")
     stale = tuple(ref for ref in image.refs if remote.digests.get(ref) != digest)
     if stale:
         names = ", ".join(parse_reference(ref).reference for ref in stale)
@@ -160,19 +173,22 @@ def _short(digest: str) -> str:
 # --------------------------------------------------------------------------- lookup (I/O)
 
 
-def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None = None) -> dict[str, Remote]:
+def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None = None,
+           signing: bool = False) -> dict[str, Remote]:
     """Ask the registry about every tag of every image, the day's dated one included (HEADs,
-    and one config blob each)."""
+    and one config blob each); `signing`: also whether the primary tag's image is signed."""
     remotes: dict[str, Remote] = {}
     for image in images:
         refs = image.refs + ((dated_ref(image, day),) if day is not None else ())
         digests = {ref: registry.digest(ref) for ref in refs}
         primary = digests[image.ref]
-        labels = None
+        labels = signed = None
         if primary is not None:
             # By digest: the labels of exactly the image whose digest we compare.
-            labels = registry.labels(f"{image.ref.rsplit(':', 1)[0]}@{primary}")
-        remotes[image.ref] = Remote(digests, (labels or {}).get(HASH))
+            labels = registry.labels(pinned(image.ref, primary))
+            if signing:
+                signed = registry.digest(signature_tag(pinned(image.ref, primary))) is not None
+        remotes[image.ref] = Remote(digests, (labels or {}).get(HASH), signed)
     return remotes
 
 
@@ -200,6 +216,8 @@ class RunOptions:
     the image id verify ran, and the image's registry cache is exported beside it."""
     cache_base: str | None = None
     """HOST[:PORT]/NAMESPACE whose imagebuilder-cache repository holds the build caches."""
+    signer: Signer | None = None
+    """Signs every pushed digest (signing.KeySigner); None: nothing is signed."""
 
 
 @dataclass(frozen=True)
@@ -211,9 +229,11 @@ class Outcome:
     verify: VerifyReport | None = None
     pushed: Mapping[str, str] = field(default_factory=dict)
     """Refs the registry confirmed, with their digests."""
+    signed: tuple[Signed, ...] = ()
+    """The pushed digests signed, with their SBOM attestations."""
     seconds: float = 0.0
     timings: Mapping[str, float] = field(default_factory=dict)
-    """Seconds of each phase that ran: build_s, verify_s, push_s."""
+    """Seconds of each phase that ran: build_s, verify_s, push_s, sign_s."""
     pushed_bytes: int | None = None
     """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
 
@@ -235,10 +255,11 @@ class Outcome:
             "built": self.built is not None,
             "verified": None if self.verify is None else self.verify.ok,
             "pushed": dict(self.pushed),
+            "signed": [s.to_json() for s in self.signed],
             "digest": next(iter(self.pushed.values()), self.step.digest),
             "seconds": round(self.seconds, 2),
             **{phase: round(self.timings[phase], 2) if phase in self.timings else None
-               for phase in ("build_s", "verify_s", "push_s")},
+               for phase in ("build_s", "verify_s", "push_s", "sign_s")},
             "pushed_bytes": self.pushed_bytes,
             "build": self.built.to_json() if self.built else None,
             "verify": self.verify.to_json() if self.verify else None,
@@ -397,9 +418,31 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed,
                        timings=timings)
     timings["push_s"] = time.monotonic() - started
+    signed: tuple[Signed, ...] = ()
+    if options.signer is not None:
+        on_event("sign", step)
+        started = time.monotonic()
+        try:
+            signed = _sign(engine, image, pushed, options.signer)
+        except ImageBuilderError as e:
+            return Outcome(step, FAILED, f"pushed, but not signed (the next run rebuilds and signs it): {e}",
+                           built=built, verify=report, pushed=pushed, timings=timings, pushed_bytes=uploaded)
+        finally:
+            timings["sign_s"] = time.monotonic() - started
     reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed, timings=timings,
-                   pushed_bytes=uploaded)
+                   pushed_bytes=uploaded, signed=signed)
+
+
+def _sign(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer) -> tuple[Signed, ...]:
+    """Sign each digest the registry confirmed (one, unless a tag's push went astray), with the
+    SBOM the pushed image carries attested; that SBOM must be the one its label names."""
+    sbom = engine.read_file(image.ref, SBOM_PATH) or b""
+    found, labelled = "sha256:" + hashlib.sha256(sbom).hexdigest(), engine.image_labels(image.ref).get(SBOM_DIGEST)
+    if found != labelled:
+        raise SbomNotTheImages(target=image.ref, path=SBOM_PATH, found=found if sbom else "missing",
+                               label=SBOM_DIGEST, labelled=labelled or "missing")
+    return tuple(signer.sign(pinned(image.ref, digest), sbom) for digest in dict.fromkeys(pushed.values()))
 
 
 @dataclass(frozen=True)
@@ -411,10 +454,13 @@ class Index:
     digest: str
 
 
-def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]]) -> list[Index]:
+def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]],
+                  signer: Signer | None = None) -> list[Index]:
     """Make every ref an image index over its platforms' images (ref-amd64, ref-arm64, ...),
     which must all be in the registry already; a rerun with the same children writes the
-    same index (its digest does not change)."""
+    same index (its digest does not change). `signer` signs each index's digest (the
+    platform images carry their own SBOM attestations)."""
+
     from .platforms import platform_tags
 
     written = []
@@ -427,7 +473,10 @@ def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]]) -> li
                 raise ImageBuilderError(f"cannot make {ref} an index: {child} is not in the registry; "
                                         f"publish --platform {platform} first")
             children.append((digest, platform))
-        written.append(Index(ref, tuple(children), registry.put_index(ref, children)))
+        digest = registry.put_index(ref, children)
+        if signer is not None:
+            signer.sign(pinned(ref, digest), None)
+        written.append(Index(ref, tuple(children), digest))
     return written
 
 
@@ -448,7 +497,37 @@ def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, 
             outcomes.append(outcome)
             yield outcome
     if multi and merge and options.push and outcomes and not any(o.failed for o in outcomes):
-        yield from write_indexes(registry, index_platforms)
+        yield from write_indexes(registry, index_platforms, options.signer)
+
+
+def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
+                   registry: Registry, options: RunOptions, multi: bool, merge: bool,
+                   index_platforms: Mapping[str, Sequence[str]], base: str, report: Path | None,
+                   events: EventPrinter, echo: Callable[[str], None]) -> None:
+    """`publish`: publish_all() with a line per outcome and index on `events`, the summary on
+    `echo` and the --report written however the run ends; raises when any image failed."""
+    from .atomic import write_json
+
+    outcomes: list[Outcome] = []
+    indexes: list[Index] = []
+    try:
+        for done in publish_all(plans, engine=engine, builder=builder, registry=registry, options=options,
+                                multi=multi, merge=merge, index_platforms=index_platforms,
+                                on_event=events.on_event, on_progress=events.on_progress):
+            if isinstance(done, Index):
+                indexes.append(done)
+                events.line(format_index(done))
+            else:
+                outcomes.append(done)
+                events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
+    finally:
+        events.close()
+        if outcomes:
+            echo(format_summary(outcomes, signing=options.signer is not None))
+        if report is not None:
+            planned = [step for _, steps in plans for step in steps]
+            write_json(report, report_document(base, options.push, planned, outcomes, indexes))
+    raise_if_failed(outcomes)
 
 
 # --------------------------------------------------------------------------- presenting
@@ -493,7 +572,7 @@ def format_plan(steps: Sequence[Step]) -> str:
     return "\n".join(lines)
 
 
-def format_summary(outcomes: Sequence[Outcome]) -> str:
+def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
     def mark(value: bool | None) -> str:
         return "-" if value is None else ("yes" if value else "no")
 
@@ -502,9 +581,11 @@ def format_summary(outcomes: Sequence[Outcome]) -> str:
         verified = None if o.verify is None else o.verify.ok
         refs = o.step.image.refs  # (the dated tag is not counted: it is not one of the image's tags)
         pushed = f"{len(set(o.pushed) & set(refs))}/{len(refs)}" if o.pushed or o.status == FAILED else "-"
-        rows.append((o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
-                     mark(verified), pushed, o.status, o.reason))
-    return format_table(("IMAGE", "BUILT", "VERIFIED", "PUSHED", "RESULT", "WHY"), rows)
+        row = (o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
+               mark(verified), pushed, o.status, o.reason)
+        rows.append(row[:4] + ((mark(bool(o.signed) if o.pushed else None),) if signing else ()) + row[4:])
+    headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
+    return format_table(headers, rows)
 
 
 def format_index(index: Index) -> str:

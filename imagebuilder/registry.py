@@ -372,6 +372,25 @@ class HttpRegistry:
                                         detail=f"the index PUT as {expected} reads back as {now}")
         return now
 
+    def tags(self, ref: str) -> list[str]:
+        """Every tag of `ref`'s repository ([] when it has none), following the API's pages."""
+        r = parse_reference(ref)
+        found: list[str] = []
+        path: str | None = "tags/list?n=1000"
+        while path is not None:
+            got = self._request("GET", r, path, {})
+            if got is None:
+                return found
+            found += json.loads(got.body).get("tags") or []
+            link = re.match(r'<[^>]*/tags/list(\?[^>]*)>;\s*rel="next"', got.headers.get("Link", ""))
+            path = f"tags/list{link.group(1)}" if link else None
+        return found
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        """The manifest (or index) `ref` names and its media type; None: no such tag or digest."""
+        r = parse_reference(ref)
+        return self._manifest(r, r.reference)
+
     # -- plumbing
 
     def _manifest(self, r: Reference, reference: str) -> tuple[dict[str, Any], str] | None:

@@ -19,12 +19,13 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .errors import BadRequest
-from .lock import BasePin, Lock, LockSet, index_args, parse_extras, requirements
+from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .output import write_tree
 from .resources import smoke_tests_dir, templates_dir
 from .tags import image_ref, labels_for, primary_tag, tags_for
+from .variants import variant
 
 USER_NAME, USER_ID = "torch", 1000
 VENV = "/opt/venv"
@@ -126,8 +127,7 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
     packages.append("tini")  # PID 1: forwards signals, reaps zombies, passes exit codes on
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
-    if spec.variant == "devel":
-        packages += ["git", "make"]
+    packages += variant(spec.variant).packages
     if _has_ssh(spec):
         packages.append("openssh-server")
     return sorted(packages)
@@ -136,7 +136,7 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
 def _has_ssh(spec: BuildSpec) -> bool:
     """The devel images (and devel-jupyter, built FROM them) are the ones people work in over
     SSH; `ssh-server` as the command starts it. The runtime images stay lean."""
-    return spec.variant == "devel"
+    return variant(spec.variant).ssh
 
 
 UV = "/tmp/uv"
@@ -273,11 +273,11 @@ def shared_venv(spec: BuildSpec, matrix: Matrix, options: RenderOptions, lock: L
     """The image's shared venv stage, or None where it takes the single-stage install: the
     classic builder, a jupyter image (its torch is its parent's), an image without a lock, or
     a devel lock that does not contain its runtime lock pin for pin."""
-    if not options.buildkit or spec.parent is not None or lock is None or spec.variant not in ("runtime", "devel"):
+    if not options.buildkit or spec.parent is not None or lock is None:
         return None
     base = spec.os.base if spec.base_is_default else spec.base_image
     pin = options.locks.base_for(base)
-    if spec.variant == "runtime":
+    if not variant(spec.variant).toolchain:
         return SharedVenv(base, pin, lock, None)
     runtime_lock = options.locks.lock_for(replace(spec, variant="runtime", toolchain="none"), matrix, extras)
     if runtime_lock is None or not set(runtime_lock.pins) <= set(lock.pins):
@@ -329,7 +329,7 @@ def require_cuda(spec: BuildSpec) -> str:
 
 def _env(spec: BuildSpec) -> list[tuple[str, str]]:
     cuda_home = None
-    if spec.variant == "devel":
+    if variant(spec.variant).toolchain:
         cuda_home = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}" if spec.toolchain == "pip" else "/usr/local/cuda"
     # One PATH entry: within one ENV instruction $PATH expands to the value before it.
     path = f"{VENV}/bin:" + (f"{cuda_home}/bin:" if cuda_home else "") + "$PATH"
@@ -408,11 +408,42 @@ def _sbom_file() -> bytes:
     return (Path(__file__).parent / "sbom.py").read_bytes()
 
 
+NO_NVCC = "imagebuilder: no nvcc in --base-image"  # engine.errors recognises a build that stopped here
+
+
+def nvcc_check(spec: BuildSpec) -> str | None:
+    """A devel image on a --base-image that must bring nvcc: the shell test its first step runs,
+    so a base without the compiler fails in seconds, not after the install (or at verify)."""
+    if spec.variant != "devel" or spec.toolchain != "base" or spec.base_is_default:
+        return None
+    nvcc = "/usr/local/cuda/bin/nvcc"
+    return (f"{nvcc} --version 2>/dev/null | grep -q 'release {spec.cuda.key},' || {{ echo "
+            f"\"{NO_NVCC} {spec.base_image}: a CUDA {spec.cuda.key} devel image needs nvcc {spec.cuda.key} at {nvcc} "
+            f"(NVIDIA's nvidia/cuda:{spec.cuda.version}-devel-* images have it)\" >&2; exit 1; }}")
+
+
+PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+
+
+def read_ca_bundle(path: Path) -> bytes:
+    """The --ca-bundle's bytes, refused unless it holds a PEM certificate: an empty or wrong
+    file would otherwise surface minutes later as a TLS failure inside the build."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise RenderError(f"cannot read --ca-bundle {path}: {e.strerror}; pass a PEM file") from e
+    if PEM_CERTIFICATE not in data:
+        raise RenderError(f"--ca-bundle {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
+                          "pass the proxy's CA bundle, e.g. $SSL_CERT_FILE")
+    return data
+
+
 def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
     env = _environment(str(templates_dir()))
     tags = tags_for(spec, matrix)
     extras = parse_extras((*matrix.extras, *options.extras))
     lock = options.locks.lock_for(spec, matrix, extras)
+    check_extras(spec, extras, lock)
     base_pin: BasePin | None = None
     parent_hash = ""
     if spec.parent is not None:
@@ -445,10 +476,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
     apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
-        try:
-            ca = options.ca_bundle.read_bytes()
-        except OSError as e:
-            raise RenderError(f"cannot read --ca-bundle {options.ca_bundle}: {e.strerror}; pass a PEM file") from e
+        ca = read_ca_bundle(options.ca_bundle)
 
     def render_with(inputs_hash: str, naming: _Naming) -> tuple[str, dict[str, bytes]]:
         labels = labels_for(spec, base_image, inputs_hash, naming.source, base_pin.digest if base_pin else None)
@@ -462,6 +490,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "base_image": from_ref,
             "base_pin": base_pin,
             "two_stage": two_stage,
+            "nvcc_check": nvcc_check(spec),
             "shared_venv": venv is not None,
             "venv_base": venv.pin.from_ref if venv else "",
             "torch_lock_path": TORCH_LOCK_PATH,
@@ -493,6 +522,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "workspace": WORKSPACE,
             "entrypoint": json.dumps(list(ENTRYPOINT)),
             "ssh": _has_ssh(spec),
+            "run_as_root": variant(spec.variant).root,
+            "cmd": json.dumps(list(variant(spec.variant).cmd)),
             "session_env_file": SESSION_ENV,
             "shm_floor": NCCL_SHM_MIN_BYTES,
             "shm_advice": SHM_ADVICE,

@@ -12,6 +12,7 @@ from datetime import date
 
 from .matrix import Matrix
 from .resolve import BuildSpec
+from .variants import variant
 
 LABEL_PREFIX = "io.imagebuilder"
 
@@ -41,7 +42,7 @@ def tags_for(spec: BuildSpec, matrix: Matrix) -> tuple[str, ...]:
         if spec.wheel.name == spec.torch.pypi_variant and spec.wheel.cuda == spec.cuda.key:
             tags += [f"{torch}-{spec.variant}", f"{minor}-{spec.variant}"]
             if spec.torch == matrix.newest_torch():
-                tags.append("latest" if spec.variant == "runtime" else f"latest-{spec.variant}")
+                tags.append(variant(spec.variant).latest_tag)
     return tuple(dict.fromkeys(tags))
 
 

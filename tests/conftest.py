@@ -6,6 +6,7 @@ fails the run instead of skipping it: CI can never pass by skipping the real tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -47,7 +48,7 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     # Real torch images (GBs, minutes): built through the CLI once per module or session.
     **{name: frozenset({"slow"}) for name in (
         "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
-        "arm64_image", "first_run")},
+        "arm64_image", "first_run", "signed_run")},
     # Every smoke test for real on this host's torch (a gloo all-reduce, an Inductor compile).
     "local_runs": frozenset({"slow"}),
     "full_run": frozenset({"slow"}),
@@ -129,9 +130,10 @@ def free_port() -> int:
     return _free_port()
 
 
-@pytest.fixture
-def registry(docker_engine: DockerEngine) -> Iterator[str]:
-    """A throwaway registry (Debian's docker-registry) on 127.0.0.1:PORT; yields that address."""
+@contextlib.contextmanager
+def throwaway_registry() -> Iterator[str]:
+    """A registry (Debian's docker-registry) on 127.0.0.1:PORT for as long as the block runs;
+    yields that address; its storage is removed after."""
     script = REPO_ROOT / ".ci" / "registry.sh"
     port = str(_free_port())
     started = subprocess.run([str(script), "start", port], capture_output=True, text=True,
@@ -142,6 +144,13 @@ def registry(docker_engine: DockerEngine) -> Iterator[str]:
         yield started.stdout.strip().splitlines()[-1]
     finally:
         subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def registry(docker_engine: DockerEngine) -> Iterator[str]:
+    """A throwaway registry on 127.0.0.1:PORT for one test; yields that address."""
+    with throwaway_registry() as address:
+        yield address
 
 
 # --- real images, built once per test session -------------------------------------------
@@ -155,12 +164,13 @@ def ca_bundle_args() -> list[str]:
     return ["--ca-bundle", ca] if ca and Path(ca).is_file() else []
 
 
-def imagebuilder(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess, as a user runs it."""
+def imagebuilder(*args: str, timeout: float = 3600,
+                 env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, as a user runs it (with `env_extra` in its environment)."""
     import sys
 
     # A fixed revision label: a commit made while the tests run must not change the images.
-    env = {**os.environ, "GITHUB_SHA": "0" * 40}
+    env = {**os.environ, "GITHUB_SHA": "0" * 40, **(env_extra or {})}
     # The classic builder unless a test asks for another (--builder wins over the variable).
     env.setdefault("IMAGEBUILDER_BUILDER", "classic")
     return subprocess.run([sys.executable, "-m", "imagebuilder", *args], capture_output=True, text=True,

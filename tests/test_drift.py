@@ -8,43 +8,49 @@ import pytest
 from packaging.version import Version
 
 from imagebuilder.drift import missing_releases, python_problems, release_drift
+from imagebuilder.index import PackageIndex
 from imagebuilder.matrix import load_matrix
 from imagebuilder.resources import default_matrix_path
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.network  # reads the real index (about 10 s, no wheel downloaded)
 
 
-def test_the_packaged_pins_match_the_index():
+@pytest.fixture(scope="module")
+def index():
+    return PackageIndex()  # one reader for the module: each page and wheel is read once
+
+
+def test_the_packaged_pins_match_the_index(index):
     matrix = load_matrix(default_matrix_path())
-    assert release_drift(matrix.torches["2.6"]) == []
+    assert release_drift(index, matrix.torches["2.6"]) == []
 
 
-def test_a_wrong_pin_is_reported_as_drift():
+def test_a_wrong_pin_is_reported_as_drift(index):
     release = load_matrix(default_matrix_path()).torches["2.6"]
     wrong = tuple(
         dataclasses.replace(v, nccl=Version("2.99.1")) if v.name == release.pypi_variant else v for v in release.variants
     )
-    drifts = release_drift(dataclasses.replace(release, variants=wrong))
+    drifts = release_drift(index, dataclasses.replace(release, variants=wrong))
     assert drifts == [f"torch 2.6.0 ({release.pypi_variant}) nccl: matrix.yaml has 2.99.1, the index's wheel pins 2.21.5"]
 
 
-def test_every_python_of_every_release_has_wheels_of_all_its_packages():
+def test_every_python_of_every_release_has_wheels_of_all_its_packages(index):
     """torch 2.5 listed 3.13, where torchvision 0.20.1, torchaudio 2.5.1 and triton have no wheel."""
     matrix = load_matrix(default_matrix_path())
-    assert [line for release in matrix.torches.values() for line in python_problems(release)] == []
+    assert [line for release in matrix.torches.values() for line in python_problems(index, release)] == []
 
 
-def test_a_python_without_companion_wheels_is_reported():
+def test_a_python_without_companion_wheels_is_reported(index):
     release = load_matrix(default_matrix_path()).torches["2.5"]
     with_313 = dataclasses.replace(release, pythons=(*release.pythons, Version("3.13")))
-    assert python_problems(with_313) == [
+    assert python_problems(index, with_313) == [
         "torch 2.5.1 lists Python 3.13, but there is no wheel of torchvision 0.20.1, torchaudio 2.5.1, "
         "triton (torch requires none on Python 3.13: no torch.compile on GPU) for it"
     ]
 
 
-def test_releases_on_the_index_that_the_matrix_lacks_are_reported():
+def test_releases_on_the_index_that_the_matrix_lacks_are_reported(index):
     matrix = load_matrix(default_matrix_path())
-    assert missing_releases(matrix) == []
+    assert missing_releases(index, matrix) == []
     without_newest = dataclasses.replace(matrix, torches={k: v for k, v in matrix.torches.items() if k != "2.15"})
-    assert missing_releases(without_newest) == [Version("2.15.0")]
+    assert missing_releases(index, without_newest) == [Version("2.15.0")]

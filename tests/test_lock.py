@@ -98,6 +98,44 @@ def test_the_committed_locks_cover_what_ci_builds_and_pin_pip() -> None:
         assert all(p.hashes for p in lock.pins)
 
 
+def test_every_jupyter_image_of_the_pypi_builds_is_locked_on_every_os() -> None:
+    """The default OS (ubuntu22.04, Python 3.10) included: its notebook pins are 3.10's own."""
+    jupyter = [s for s in enumerate_matrix(MATRIX) if s.parent is not None]
+    pypi = locking.pypi_builds(jupyter)
+    assert {s.os.name for s in pypi} == set(MATRIX.oses) and any(s.python == Version("3.10") for s in pypi)
+    missing = sorted({locking.lock_name(s) for s in pypi if LOCKS.lock_for(s, MATRIX) is None})
+    assert missing == []
+
+
+def test_the_notebook_pins_follow_the_python_and_a_python_without_them_is_refused() -> None:
+    from imagebuilder.matrix import NoNotebookPins
+
+    py310, py311 = MATRIX.tools.notebook_for(Version("3.10")), MATRIX.tools.notebook_for(Version("3.11"))
+    assert "ipykernel==7.4.0" in py311 and "ipykernel==7.4.0" not in py310  # 7.4.0 declares Requires-Python >=3.11
+    assert [r.split("==")[0] for r in py310] == [r.split("==")[0] for r in py311]
+    with pytest.raises(NoNotebookPins, match="no jupyter packages for Python 3.9"):
+        MATRIX.tools.notebook_for(Version("3.9"))
+
+
+def test_each_platform_of_a_release_has_its_own_lock_and_builds_from_it() -> None:
+    """aarch64 for the releases with aarch64 CUDA wheels (2.11+): resolved for that machine, not x86_64's pins."""
+    arm = [s for s in locking.pypi_builds(enumerate_matrix(MATRIX)) if "linux/arm64" in s.torch.platforms]
+    assert arm and min(s.torch.version for s in arm) == Version("2.11.0")
+    arm_locks = LOCKS.for_platform("linux/arm64")
+    for spec in arm:
+        lock = arm_locks.lock_for(spec, MATRIX)
+        assert lock is not None, f"no aarch64 lock for {locking.lock_name(spec, (), 'linux/arm64')}"
+        assert lock.platform == "aarch64-manylinux_2_28" and lock.name.endswith("-aarch64")
+        x86 = LOCKS.lock_for(spec, MATRIX)
+        assert x86 is not None and x86.platform == "x86_64-manylinux_2_28"
+    spec = resolve(MATRIX, Request("2.11", "13.0", None, "runtime", "debian12"))
+    arm_image = render(spec, MATRIX, RenderOptions(locks=arm_locks))
+    x86_image = render(spec, MATRIX, RenderOptions(locks=LOCKS))
+    assert arm_image.lock is not None and arm_image.lock.platform == "aarch64-manylinux_2_28"
+    assert arm_image.files["imagebuilder/requirements.lock"] != x86_image.files["imagebuilder/requirements.lock"]
+    assert arm_image.inputs_hash != x86_image.inputs_hash
+
+
 # --------------------------------------------------------------------------- resolving (fake resolver)
 
 
@@ -114,11 +152,12 @@ def test_jupyter_resolves_under_its_runtime_lock_and_keeps_only_its_additions() 
         return "\n".join(p.line() for p in pins) + "\n"
 
     plan = locking.lock_images([jupyter, runtime], MATRIX, resolver=resolver, pin=lambda image: None)
-    assert [lock.name for lock in plan.locks] == [E2E_LOCK, E2E_LOCK.replace("runtime", "jupyter")]
+    locks = {lock.name: lock for lock in plan.locks}
+    assert sorted(locks) == [E2E_LOCK.replace("runtime", "jupyter"), E2E_LOCK]
     assert asked[0] == ("runtime", ("torch==2.6.0", "torchvision==0.21.0", "torchaudio==2.6.0", "pip", "setuptools"),
                         None)
-    assert asked[1] == ("jupyter", MATRIX.tools.notebook, E2E_LOCK)  # JupyterLab and the notebook packages
-    assert [p.name for p in plan.locks[1].pins] == ["jinja2", "jupyterlab"]
+    assert asked[1] == ("jupyter", MATRIX.tools.notebook_for(Version("3.11")), E2E_LOCK)  # JupyterLab and the notebook packages
+    assert [p.name for p in locks[E2E_LOCK.replace("runtime", "jupyter")].pins] == ["jinja2", "jupyterlab"]
     assert plan.unpinned == ("debian:bookworm-slim",)  # one base, asked once
 
 
@@ -286,6 +325,7 @@ def test_lock_check_passes_on_the_committed_lock_and_names_what_drifted(tmp_path
             "runtime", "--check"]
     done = imagebuilder(*args, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"[1/1] {E2E_LOCK}: ok" in done.stderr  # a line per set, with its result
     path = tmp_path / "locks" / f"{E2E_LOCK}.txt"
     lock = parse_lock(E2E_LOCK, path.read_text())
     older = replace(lock, pins=tuple(replace(p, version=Version("1.26.0")) if p.name == "numpy" else p for p in lock.pins))
@@ -294,7 +334,53 @@ def test_lock_check_passes_on_the_committed_lock_and_names_what_drifted(tmp_path
     assert done.returncode == 1
     numpy = lock.version_of("numpy")
     assert f"drift: {E2E_LOCK}.txt: numpy 1.26.0 -> {numpy}" in done.stdout
+    assert f"[1/1] {E2E_LOCK}: 1 drifted" in done.stderr
     assert path.read_text() == older.text()  # --check writes nothing
+
+
+@pytest.mark.network
+def test_lock_check_of_the_default_os_jupyter_images_is_green(tmp_path: Path) -> None:
+    """ubuntu22.04's Python 3.10: the jupyter and devel-jupyter sets of a PyPI build lock and match."""
+    _uv()
+    matrix = _copy_matrix(tmp_path)
+    done = imagebuilder("--matrix", str(matrix), "lock", "--torch", "2.14", "--os", "ubuntu22.04", "--python", "3.10",
+                        "--check", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("torch2.14.1-cu130-py3.10-jupyter", "torch2.14.1-cu130-py3.10-devel-jupyter"):
+        for platform in ("", "-aarch64"):
+            assert f"{name}{platform}: ok" in done.stderr, done.stderr
+    assert "8 locks match the index" in done.stdout
+
+
+def test_sigterm_stops_lock_as_ctrl_c_does_and_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    """A real SIGTERM (what a CI timeout sends) to a real `imagebuilder lock` while uv resolves:
+    the uv it started and its imagebuilder-lock-* folder are gone, and it says so."""
+    import signal
+    import subprocess
+    import time
+
+    slow_uv = tmp_path / "uv"  # stands in for uv on a slow index: holds the run mid-resolution
+    started = tmp_path / "started"
+    slow_uv.write_text(f"#!/bin/sh\necho $$ > {started}\nexec sleep 60\n")
+    slow_uv.chmod(0o755)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "imagebuilder", "lock", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12",
+         "--variant", "jupyter", "--uv", str(slow_uv)],
+        env={**os.environ, "TMPDIR": str(tmp), "DOCKER_HOST": "unix:///nonexistent"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    assert started.exists(), process.communicate()
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("imagebuilder-lock-")]  # the folder it must remove
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130 and "interrupted" in err, out + err
+    assert list(tmp.iterdir()) == []
+    uv_pid = int(started.read_text())
+    assert not Path(f"/proc/{uv_pid}").exists() or "zombie" in Path(f"/proc/{uv_pid}/status").read_text().lower()
 
 
 @pytest.mark.network
@@ -314,7 +400,7 @@ def test_with_adds_a_package_under_the_torch_pins_and_refuses_one_wanting_anothe
                               "debian12", "--with", "tqdm==4.67.1", "--dry-run").stdout
     assert "--require-hashes" in dockerfile and "no lock" not in dockerfile
     done = imagebuilder(*base, "--with", "xformers==0.0.29.post1", timeout=300)  # requires torch==2.5.1
-    assert done.returncode == 1
+    assert done.returncode == 2  # uv proves the request unsatisfiable: a bad request (docs/exit-codes.md)
     assert "cannot lock" in done.stderr and "torch==2.5.1" in done.stderr
 
 

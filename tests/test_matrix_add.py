@@ -1,11 +1,12 @@
 """`matrix add`: text insertion that keeps the file, refusals, and (network) a block equal to today's.
 
-The network test reads the index as `matrix check --online` does; it is marked slow like
-test_drift.py (about 2 minutes: one pip call per package and Python, cached within the run).
+The network test reads the index as `matrix check --online` does, like test_drift.py (seconds:
+page reads and range requests, no wheel downloaded).
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from packaging.version import Version
 
 from conftest import remove_block
 from imagebuilder.cli import cli
+from imagebuilder.index import PackageIndex
 from imagebuilder.matrix import load_matrix, parse_matrix
 from imagebuilder.matrix_add import CannotAdd, NewRelease, Variant, add_release, block_text, insert_block
 from imagebuilder.resources import default_matrix_path
@@ -58,7 +60,7 @@ def test_a_release_the_matrix_has_is_refused_before_the_index_is_asked(tmp_path)
     path = tmp_path / "m.yaml"
     path.write_text(SMALL.read_text())
     with pytest.raises(CannotAdd, match="already has torch 2.6 .2.6.0.; remove that block first"):
-        add_release(load_matrix(path), Version("2.6.0"))
+        add_release(PackageIndex("http://127.0.0.1:9/"), load_matrix(path), Version("2.6.0"))
     assert path.read_text() == SMALL.read_text()
 
 
@@ -80,7 +82,7 @@ def test_every_variant_in_the_packaged_matrix_names_its_source():
             assert len(variant.source) > 20, (key, variant.name)  # a source, not a placeholder
 
 
-@pytest.mark.slow
+@pytest.mark.network
 def test_matrix_add_writes_2_14_equal_in_every_pin_to_todays(tmp_path):
     today = load_matrix(default_matrix_path())
     path = tmp_path / "matrix.yaml"
@@ -100,18 +102,49 @@ def test_matrix_add_writes_2_14_equal_in_every_pin_to_todays(tmp_path):
     assert remove_block(path.read_text(), "2.14") == remove_block(today.text, "2.14")
 
 
+@pytest.fixture(params=["refuses", "does not answer"])
+def dead_index(request, monkeypatch):
+    """An index URL on 127.0.0.1 whose port refuses connections, or accepts them and never answers."""
+    from imagebuilder import index
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if request.param == "refuses":
+        server.close()
+    else:
+        server.listen(8)  # the kernel completes the handshake; nothing ever reads or answers
+        monkeypatch.setattr(index, "TIMEOUT_S", 1.0)
+    yield f"127.0.0.1:{port}"
+    server.close()
+
+
+@pytest.mark.parametrize("args", [
+    ["matrix", "add", "--new"],
+    ["matrix", "add", "--torch", "2.16.0"],
+    ["matrix", "check", "--online"],
+])
+def test_an_unreachable_index_is_an_error_that_names_its_host(dead_index, args, tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(SMALL.read_text())
+    result = CliRunner().invoke(cli, ["--matrix", str(path), *args, "--index-url", f"http://{dead_index}/simple/"])
+    assert result.exit_code == 1, result.output
+    assert f"cannot read the package index at {dead_index}: " in result.output, result.output
+    assert "no release the matrix lacks" not in result.output and "no Linux x86_64 wheel" not in result.output
+    assert path.read_text() == SMALL.read_text()
+
+
 def test_an_unreachable_pytorch_index_is_named_and_nothing_is_guessed(monkeypatch):
     from imagebuilder import matrix_add
-    from imagebuilder.index import IndexUnavailable
 
-    def unreachable(project, version, python, platform="linux/amd64", index_url=None):
-        raise IndexUnavailable(action=f"resolve {project}=={version}", detail="network is unreachable")
-
-    monkeypatch.setattr(matrix_add, "wheel_metadata", unreachable)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setattr(matrix_add, "PYTORCH_INDEX", f"http://127.0.0.1:{port}/whl/{{variant}}")
     with pytest.raises(CannotAdd) as e:
         matrix_add._pytorch_index_variant(Version("2.14.1"), "cu126", Version("3.11"))
-    assert str(e.value) == ("cannot add torch 2.14.1: cu126: pip could not resolve torch==2.14.1 from the index: "
-                            "network is unreachable; add that variant by hand from a primary source")
+    assert str(e.value).startswith(f"cannot add torch 2.14.1: cu126: cannot read the package index at 127.0.0.1:{port}: ")
+    assert str(e.value).endswith("; add that variant by hand from a primary source")
 
 
 def test_what_metadata_cannot_say_is_left_for_the_user_and_named(tmp_path, monkeypatch):
@@ -122,10 +155,10 @@ def test_what_metadata_cannot_say_is_left_for_the_user_and_named(tmp_path, monke
     new = release("2.9.1", cuda="12.9.79")
     new = NewRelease(**{**new.__dict__, "pypi_variant": Variant("cu129", Version("12.9.79"), Version("9.10.2.21"),
                                                                 Version("2.27.5"), "https://download.pytorch.org/whl/cu129", "test")})
-    monkeypatch.setattr(matrix_add, "read_release", lambda version, cuda_variants=(): new)
+    monkeypatch.setattr(matrix_add, "read_release", lambda index, version, cuda_variants=(): new)
     path = tmp_path / "m.yaml"
     path.write_text(SMALL.read_text())
-    block, todo = add_release(load_matrix(path), Version("2.9.1"))
+    block, todo = add_release(PackageIndex("http://127.0.0.1:9/"), load_matrix(path), Version("2.9.1"))
     assert block in path.read_text()
     assert len(todo) == 1 and "torch.2.9.variants.cu129.cuda: unknown CUDA 12.9; add it under cuda:" in todo[0]
     assert list(tmp_path.iterdir()) == [path]  # replaced in place, no temporary file left

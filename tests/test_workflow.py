@@ -28,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"
 UPDATE = REPO_ROOT / ".github" / "workflows" / "matrix-update.yml"
 PUBLISH_KEYS = ("torch", "cuda", "python", "os")
+SIGNING_ENV = {"COSIGN_PRIVATE_KEY": "${{ secrets.COSIGN_PRIVATE_KEY }}",
+               "COSIGN_PASSWORD": "${{ secrets.COSIGN_PASSWORD }}"}
 
 
 def load_workflow(path: Path) -> dict[str, Any]:
@@ -161,7 +163,7 @@ def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, An
     entry = next(c for c in combos
                  if {i["variant"] for i in generated["images"] if all(i[k] == c[k] for k in PUBLISH_KEYS)} >= {"runtime", "jupyter"})
     env = {name.upper(): entry[name] for name in PUBLISH_KEYS}
-    assert set(step["env"]) == {*env, "FORCE"}
+    assert set(step["env"]) == {*env, "FORCE", *SIGNING_ENV}
     assert all(step["env"][name] == f"${{{{ matrix.{name.lower()} }}}}" for name in env)
     env.update(FORCE="", REGISTRY="127.0.0.1:1/ci", PATH=f"{_shim(tmp_path / 'bin', '--dry-run --force')}:{os.environ['PATH']}")
     done = _run_step(step["run"], env, tmp_path)
@@ -172,6 +174,22 @@ def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, An
     assert positions["runtime"] < positions["jupyter"]
     plan_lines = [line for line in done.stdout.splitlines() if re.match(r"^\d+\s", line)]
     assert len(plan_lines) == len(wanted)
+
+
+@pytest.mark.parametrize("job_name, step_name", [("publish", "Publish"), ("publish-arm64", "Publish"),
+                                                 ("merge", "Merge")])
+def test_every_publishing_step_signs_with_the_key_from_the_secrets(workflow: dict[str, Any], job_name: str,
+                                                                   step_name: str) -> None:
+    """The key and its password reach only the step that signs, from secrets, as cosign's env://
+    key reference; the job installs cosign first."""
+    job = workflow["jobs"][job_name]
+    (step,) = [s for s in job["steps"] if s.get("name") == step_name]
+    assert {k: step["env"][k] for k in SIGNING_ENV} == SIGNING_ENV
+    assert "--sign-key env://COSIGN_PRIVATE_KEY" in step["run"]
+    names = [s.get("name") for s in job["steps"]]
+    assert names.index("Install cosign") < names.index(step_name)
+    others = [s for s in job["steps"] if s is not step]
+    assert "COSIGN_PRIVATE_KEY }}" not in json.dumps(others)  # no other step sees the key
 
 
 def test_force_input_becomes_the_flag(workflow: dict[str, Any]) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import IO
 
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
-from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
+from .dockerfile import is_from, parse_from
+from .errors import BuildFailed, BuildTimedOut, EngineError, base_image_missing, classify_failure
 from .export import Export, output_args
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
@@ -52,10 +53,8 @@ def dockerfile_stages(dockerfile: str) -> tuple[tuple[str, int], ...]:
         if not words or words[0].startswith("#"):
             continue
         keyword = words[0].upper()
-        if keyword == "FROM":
-            args = [w for w in words[1:] if not w.startswith("--")]
-            name = args[2] if len(args) >= 3 and args[1].upper() == "AS" else f"stage-{len(stages)}"
-            stages.append((name, 1))
+        if (stage := parse_from(line)) is not None:
+            stages.append((stage.stage or f"stage-{len(stages)}", 1))
         elif keyword in _COUNTED and stages:
             name, count = stages[-1]
             stages[-1] = (name, count + 1)
@@ -155,7 +154,7 @@ class PlainProgress:
     @property
     def executed_steps(self) -> int:
         return sum(1 for v in self.steps if v.done and not v.cached
-                   and not v.instruction.upper().startswith("FROM "))
+                   and not is_from(v.instruction))
 
     @property
     def failed(self) -> _Vertex | None:
@@ -175,9 +174,9 @@ class PlainProgress:
         message = re.sub(r"^(ERROR: )?(failed to solve: )?", "", message)
         if vertex is not None:
             metadata = _METADATA.match(vertex.name)
-            if metadata or vertex.instruction.upper().startswith("FROM "):
+            if metadata or is_from(vertex.instruction):
                 base = metadata[1] if metadata else _from_image(vertex.instruction)
-                return BaseImageMissing(image=base.removeprefix("docker.io/library/"), detail=message)
+                return base_image_missing(base.removeprefix("docker.io/library/"), message)
         tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
         return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
                            instruction=vertex.instruction if vertex else None, error=message,
@@ -185,8 +184,8 @@ class PlainProgress:
 
 
 def _from_image(instruction: str) -> str:
-    words = [w for w in instruction.split()[1:] if not w.startswith("--")]
-    return words[0] if words else instruction
+    line = parse_from(instruction)
+    return (line.image if line else "") or instruction
 
 
 @dataclass(frozen=True)

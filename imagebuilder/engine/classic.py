@@ -21,7 +21,8 @@ from typing import IO, TYPE_CHECKING, Any
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, OnProgress, Progress, check_request
 from .export import Export
 from .docker import DockerEngine, short, short_text, split_ref
-from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, TagFailed, classify_failure
+from .dockerfile import is_from, parse_from
+from .errors import BuildFailed, BuildTimedOut, EngineError, TagFailed, base_image_missing, classify_failure
 
 if TYPE_CHECKING:
     import requests
@@ -74,7 +75,7 @@ class BuildState:
             self.step, self.total, self.instruction = int(m[1]), int(m[2]), m[3]
             self.tail.clear()
             self._step_cached = False
-            if self.instruction.upper().startswith("FROM "):
+            if is_from(self.instruction):
                 self.from_steps += 1
                 if self._stage_layer is not None:
                     self.stage_images.append(self._stage_layer)
@@ -110,12 +111,11 @@ class BuildState:
 
     @property
     def in_from_step(self) -> bool:
-        return self.instruction.upper().startswith("FROM ")
+        return is_from(self.instruction)
 
     def base_image(self) -> str:
-        # "FROM [--platform=x] image [AS name]"
-        words = [w for w in self.instruction.split()[1:] if not w.startswith("--")]
-        return words[0] if words else self.instruction
+        line = parse_from(self.instruction)
+        return (line.image if line else "") or self.instruction
 
 
 # --------------------------------------------------------------------------- the builder
@@ -324,7 +324,7 @@ class ClassicBuilder:
     def _build_error(self, error: str, state: BuildState, req: BuildRequest) -> EngineError:
         if state.in_from_step:
             image = _expand_args(state.base_image(), req.context / req.dockerfile, req.buildargs)
-            return BaseImageMissing(image=image, detail=short_text(error))
+            return base_image_missing(image, short_text(error))
         tail = tuple(state.tail)
         return BuildFailed(step=state.step, total=state.total, instruction=state.instruction,
                            error=short_text(error), tail=tail, log_path=req.log_path,

@@ -121,8 +121,18 @@ def decide(choice: str, buildx_builder: str | None = None) -> Decision:
     return CLASSIC
 
 
+def decide_for_render(choice: str | None, foreign_platform: bool) -> Decision:
+    """`render`: the builder asked for; none asked: classic (any `docker build` takes its
+    Dockerfile), but BuildKit for another platform than the host's (only BuildKit builds that)."""
+    if choice is None:
+        return Decision("buildkit") if foreign_platform else CLASSIC  # rendered, not built: no CLI needed
+    return decide(choice)
+
+
 def make_builder(decision: Decision, engine: DockerEngine) -> Builder:
     """The builder that builds what `decision` rendered for."""
     if decision.cli is not None:
         return BuildKitBuilder(decision.cli, engine)
+    if decision.kind == "buildkit":
+        raise ValueError("a BuildKit decision without a CLI renders only; decide() the builder that builds")
     return ClassicBuilder(engine)

@@ -21,7 +21,7 @@ RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
+        ipykernel==7.3.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -47,7 +47,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="88f994eb57aa698d886f4ff66501c7a69423ac42bd6e6a3eb1b76c3fa36608d7"
+    io.imagebuilder.inputs-hash="21cf92221d34e725f39391bc695458230d558688ce80e4387ed05f822c2f0088"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -18,8 +18,8 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         jupyterlab==4.6.6 \
         ipykernel==7.4.0 \
         ipywidgets==8.1.9 \
-        pandas==2.3.3 \
-        matplotlib==3.10.9 \
+        pandas==3.1.1 \
+        matplotlib==3.11.2 \
         tqdm==4.70.1 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="ea72d889edb59aa9cd1023bdcf3b4e5adf7de4ecf5857a7fa7ea0c8f1a32512e"
+    io.imagebuilder.inputs-hash="3bf68c3f4f466c1d8d7f7d65743938b1bfb7b7d372edc7a8f66bfed3085d9571"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

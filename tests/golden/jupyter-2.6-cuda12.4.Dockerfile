@@ -16,7 +16,7 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python \
         --constraint /tmp/constraints.txt \
         jupyterlab==4.6.6 \
-        ipykernel==7.4.0 \
+        ipykernel==7.3.0 \
         ipywidgets==8.1.9 \
         pandas==2.3.3 \
         matplotlib==3.10.9 \
@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="f9098e1ab73706f0feaa842aa9dd854726e66a6e4b52f005aad3cc1213373648"
+    io.imagebuilder.inputs-hash="0a617f675e1b955df529c6f7e8d075cec384729b34000b5269f21cb35e958084"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

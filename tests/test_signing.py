@@ -1,0 +1,367 @@
+"""signing: `publish --sign-key` and `verify --key` with the real cosign against a real local registry.
+
+One real image for the module: the runtime image tests/test_publish.py publishes (torch 2.6 for
+CUDA 12.4 on the local Debian base, so the layer cache is shared with it and test_e2e), published
+once with --sign-key to a throwaway registry (its smoke tests run once, CPU mode). The later tests
+rebuild it from the layer cache where they need another digest of the same inputs (a new revision
+label), with the first run's verdict instead of running the smoke tests again; every local tag
+and the registry's storage are removed at the end.
+
+The runner's decisions (what is signed, what a failed signing reports) are also pinned down over
+canned engine and registry answers, without Docker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ca_bundle_args, imagebuilder, remove_local_tags, throwaway_registry
+from test_publish_runner import CannedEngine, CannedRegistry, verdict
+from test_publish_runner import images as canned_images
+
+from imagebuilder import publish, signing
+from imagebuilder.build import SBOM_DIGEST
+from imagebuilder.engine.classic import ClassicBuilder
+from imagebuilder.registry import HttpRegistry
+from imagebuilder.render import SBOM_PATH, RenderedImage
+from imagebuilder.resources import default_matrix_path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TORCH, CUDA, OS = "2.6", "12.4", "debian12"  # test_publish.py's image: its layers are in the cache
+
+
+def key_pair(directory: Path, password: str = "") -> tuple[Path, Path]:
+    """A cosign key pair (cosign.key, cosign.pub) made by cosign itself."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cosign", "generate-key-pair"], cwd=directory, capture_output=True, check=True, timeout=60,
+                   env={**os.environ, "COSIGN_PASSWORD": password})
+    return directory / "cosign.key", directory / "cosign.pub"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# --------------------------------------------------------------------------- without Docker
+
+
+def test_an_attested_sbom_hashes_to_the_label_the_image_carries(tmp_path: Path) -> None:
+    """The image's sbom.py writes the file whose sha256 is the io.imagebuilder.sbom.digest label;
+    cosign hands back the parsed document: signing.sbom_bytes() must give those very bytes."""
+    dist = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "torch-2.6.0+cu124.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.6.0+cu124\n")
+    out = tmp_path / "sbom.cdx.json"
+    subprocess.run([sys.executable, str(REPO_ROOT / "imagebuilder" / "sbom.py"), str(tmp_path / "venv"), str(out)],
+                   check=True, timeout=60)
+    written = out.read_bytes()
+    document = json.loads(written)
+    assert signing.sbom_bytes(document) == written
+    assert signing.torch_of(document) == "2.6.0+cu124"
+
+
+def test_an_unchanged_but_unsigned_image_is_rebuilt_when_signing() -> None:
+    (image,) = canned_images()
+    digests = {ref: "sha256:" + "1" * 64 for ref in image.refs}
+    unsigned = publish.Remote(digests, image.inputs_hash, signed=False)
+    (step,) = publish.plan([image], {image.ref: unsigned})
+    assert (step.action, step.reason) == (publish.BUILD, "unchanged, but the registry's image is not signed")
+    for signed in (True, None):  # signed, or not signing (not asked)
+        assert publish.plan([image], {image.ref: replace(unsigned, signed=signed)})[0].action == publish.SKIP
+
+
+@dataclass
+class LabelledEngine(CannedEngine):
+    """A canned engine whose images carry the SBOM label of the SBOM read_file() returns."""
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        return {SBOM_DIGEST: "sha256:" + hashlib.sha256(b'{"bomFormat": "CycloneDX"}\n').hexdigest()}
+
+
+@dataclass
+class RecordingSigner:
+    fail: bool = False
+    asked: list[tuple[str, bytes | None]] = field(default_factory=list)
+
+    def sign(self, target: str, sbom: bytes | None) -> signing.Signed:
+        self.asked.append((target, sbom))
+        if self.fail:
+            raise signing.CosignFailed(action="sign", target=target, detail="KMS said no", hint="")
+        return signing.Signed(target.partition("@")[2], signing.signature_tag(target),
+                              signing.signature_tag(target, "att"))
+
+
+def _run(signer: RecordingSigner, ok: bool = True) -> tuple[publish.Outcome, CannedEngine]:
+    engine = LabelledEngine()
+    options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=1, push_backoff=0, signer=signer)
+    (outcome,) = publish.publish(publish.plan(canned_images(), {}), engine=engine, builder=engine,
+                                 registry=CannedRegistry(engine=engine), options=options, verifier=verdict(ok))
+    return outcome, engine
+
+
+def test_the_runner_signs_each_pushed_digest_never_a_tag() -> None:
+    signer = RecordingSigner()
+    outcome, _ = _run(signer)
+    assert outcome.status == publish.PUSHED
+    digests = list(dict.fromkeys(outcome.pushed.values()))  # (the canned engine gives each tag its own)
+    assert [target for target, _ in signer.asked] == [f"{outcome.step.image.repository}@{d}" for d in digests]
+    assert all(sbom == b'{"bomFormat": "CycloneDX"}\n' for _, sbom in signer.asked)
+    assert [s.digest for s in outcome.signed] == digests
+    assert outcome.to_json()["signed"][0]["signature"].endswith(".sig")
+
+
+def test_a_failed_signing_is_a_failed_publish_that_keeps_what_was_pushed() -> None:
+    outcome, engine = _run(RecordingSigner(fail=True))
+    assert outcome.status == publish.FAILED and outcome.signed == ()
+    assert outcome.reason.startswith("pushed, but not signed") and "KMS said no" in outcome.reason
+    assert set(outcome.pushed) == set(outcome.step.image.refs) == set(engine.pushed)
+    summary = publish.format_summary([outcome], signing=True)
+    assert "SIGNED" in summary.splitlines()[0] and " no " in summary.splitlines()[1]
+    with pytest.raises(publish.PublishFailed):
+        publish.raise_if_failed([outcome])
+
+
+def test_a_failed_verification_signs_nothing_canned() -> None:
+    signer = RecordingSigner()
+    outcome, engine = _run(signer, ok=False)
+    assert outcome.status == publish.FAILED and signer.asked == [] and engine.pushed == []
+
+
+@dataclass
+class IndexingRegistry(CannedRegistry):
+    """A canned registry that writes image indexes (each index's digest: sha256 of its ref)."""
+
+    def put_index(self, ref: str, children: Any) -> str:
+        return "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+
+
+def test_the_indexes_written_are_signed_by_their_digest() -> None:
+    ref = "127.0.0.1:5999/ml/pytorch:2.11-runtime"
+    registry = IndexingRegistry(answers={f"{ref}-amd64": "sha256:" + "a" * 64, f"{ref}-arm64": "sha256:" + "b" * 64})
+    signer = RecordingSigner()
+    (index,) = publish.write_indexes(registry, {ref: ["linux/amd64", "linux/arm64"]}, signer)
+    # The index alone is signed here; each platform's image was signed, SBOM attested, when pushed.
+    assert signer.asked == [(f"127.0.0.1:5999/ml/pytorch@{index.digest}", None)]
+
+
+@pytest.mark.parametrize("args", [
+    ("publish", "--torch", "2.6", "--cuda", "12.4", "--registry", "127.0.0.1:1/ml", "--dry-run",
+     "--sign-key", "/nonexistent/cosign.key"),
+    ("verify", "127.0.0.1:1/ml/pytorch:2.6-runtime", "--key", "/nonexistent/cosign.pub"),
+])
+def test_a_missing_key_is_a_bad_request(args: tuple[str, ...]) -> None:
+    done = imagebuilder(*args, timeout=120)
+    assert done.returncode == 2, done.stderr
+    expected = (f"error: {args[-2]} {args[-1]}: no such file; give a cosign key file, env://VAR or a KMS URI "
+                "(awskms://, gcpkms://, azurekms://, hashivault://, k8s://)")
+    assert error_lines(done.stderr) == [expected]
+    assert "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- real cosign, real registry
+
+
+@pytest.fixture(scope="module")
+def cosign_installed() -> None:
+    if shutil.which("cosign") is None:
+        reason = "cosign is missing: .ci/cosign-install.sh installs it"
+        if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory, cosign_installed: None) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("keys")
+    key, pub = key_pair(root / "ours")
+    _, other = key_pair(root / "other")
+    locked, locked_pub = key_pair(root / "locked", password="s3cret")
+    return {"key": key, "pub": pub, "other": other, "locked": locked, "locked_pub": locked_pub}
+
+
+@pytest.fixture(scope="module")
+def signed_run(docker_engine: Any, base_image: str, keys: dict[str, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """`imagebuilder publish --sign-key` of the real runtime image to an empty registry."""
+    with throwaway_registry() as address:
+        registry = f"{address}/imagebuilder-test/sign-{uuid.uuid4().hex[:8]}"
+        report = tmp_path_factory.mktemp("signed") / "publish.json"
+        try:
+            done = imagebuilder("publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
+                                "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu",
+                                "--registry", registry, "--report", str(report), "--sign-key", str(keys["key"]),
+                                env_extra={"COSIGN_PASSWORD": ""})
+            assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+            (image,) = json.loads(report.read_text())["images"]
+            yield {"image": image, "address": address, "registry": registry, "stdout": done.stdout,
+                   "digest": image["digest"], "pinned": signing.pinned(image["ref"], image["digest"])}
+        finally:
+            remove_local_tags(docker_engine, address)
+
+
+def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return imagebuilder("verify", ref, *args, timeout=1800)
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], keys: dict[str, Path]) -> None:
+    image = signed_run["image"]
+    assert image["status"] == publish.PUSHED
+    assert [s["digest"] for s in image["signed"]] == [signed_run["digest"]] == list(set(image["pushed"].values()))
+    assert "SIGNED" in signed_run["stdout"]
+    for ref in image["pushed"]:  # every tag, the dated one included, names the signed digest
+        done = _verify(ref, "--key", str(keys["pub"]), "--signature-only", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        check = json.loads(done.stdout)["signature"]
+        assert (check["status"], check["digest"], check["ok"]) == (signing.VERIFIED, signed_run["digest"], True)
+    # The operator's command: the signature first, then the smoke tests run that very digest.
+    done = _verify(image["ref"], "--key", str(keys["pub"]), "--allow-no-gpu", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["target"] == signed_run["pinned"] and report["ok"] is True and report["checks"]
+    # Without a key: one line saying whether it is signed at all.
+    done = _verify(image["ref"], "--signature-only")
+    assert done.returncode == 0 and done.stdout.splitlines()[0] == (
+        f"signature: {image['ref']} ({signed_run['digest']}) is signed (not checked: give --key PUB)")
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_another_key_fails(signed_run: dict[str, Any], keys: dict[str, Path]) -> None:
+    done = _verify(signed_run["pinned"], "--key", str(keys["other"]), "--signature-only")
+    assert done.returncode == 1
+    (line,) = error_lines(done.stderr)
+    assert "signature: signed by another key:" in line and str(keys["other"]) in line
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_the_sbom_attestation_is_the_images_sbom_with_its_torch(docker_engine: Any, signed_run: dict[str, Any],
+                                                                 keys: dict[str, Path]) -> None:
+    image = signed_run["image"]
+    attested = signing.Cosign().verified_sbom(str(keys["pub"]), signed_run["pinned"])
+    labels = HttpRegistry(config={}).labels(signed_run["pinned"])
+    assert labels is not None
+    assert signing.torch_of(attested) == image["verify"]["torch"]  # what `import torch` said in the image
+    assert signing.sbom_bytes(attested) == docker_engine.read_file(image["ref"], SBOM_PATH)
+    # BuildKit's provenance, where the builder adds one, is left in the index beside cosign's tags.
+    manifest = HttpRegistry(config={}).manifest(signed_run["pinned"])
+    assert manifest is not None
+    check = json.loads(_verify(signed_run["pinned"], "--key", str(keys["pub"]), "--signature-only",
+                               "--json").stdout)["signature"]
+    assert check["provenance"] == signing.has_provenance(manifest)
+    assert check["sbom_digest"] == labels[SBOM_DIGEST]
+
+
+def _rebuild(signed_run: dict[str, Any], base_image: str, namespace: str | None = None) -> RenderedImage:
+    """The published image rendered again, for its own registry namespace or another one."""
+    from test_publish import _rendered
+
+    return _rendered(f"{signed_run['address']}/{namespace}" if namespace else signed_run["registry"], base_image)
+
+
+def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
+    from imagebuilder.verify import VerifyReport
+    from smoke_tests.result import FAIL, Result
+
+    checks = tuple(Result.from_dict(c) for c in signed_run["image"]["verify"]["checks"])
+    if not ok:
+        checks += (Result("compile", FAIL, "no C++ compiler on PATH"),)
+
+    def verifier(engine: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+        # The same layers the first run smoke-tested: its verdict (or a failing one).
+        return VerifyReport(ref, "docker", (), checks, require_gpu=False)
+
+    return verifier
+
+
+def _publish(docker_engine: Any, image: RenderedImage, signed_run: dict[str, Any], *, ok: bool = True,
+             signer: signing.Signer | None = None) -> publish.Outcome:
+    registry = HttpRegistry(config={})
+    steps = publish.plan([image], publish.lookup(registry, [image], signing=signer is not None), force=False)
+    options = publish.RunOptions(matrix_path=default_matrix_path(), signer=signer)
+    (outcome,) = publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                 registry=registry, options=options, verifier=_recorded(signed_run, ok))
+    return outcome
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: str, signed_run: dict[str, Any],
+                                              keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSIGN_PASSWORD", "")
+    image = _rebuild(signed_run, base_image, f"imagebuilder-test/failed-{uuid.uuid4().hex[:8]}")
+    outcome = _publish(docker_engine, image, signed_run, ok=False, signer=signing.key_signer(str(keys["key"])))
+    assert outcome.status == publish.FAILED and "verification failed" in outcome.reason
+    assert outcome.pushed == {} and outcome.signed == ()
+    assert HttpRegistry(config={}).tags(image.ref) == []  # no image, no .sig, no .att
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
+        docker_engine: Any, base_image: str, signed_run: dict[str, Any], keys: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    image = _rebuild(signed_run, base_image, f"imagebuilder-test/half-{uuid.uuid4().hex[:8]}")
+    monkeypatch.delenv("COSIGN_PASSWORD", raising=False)  # an encrypted key and no password: cosign fails
+    outcome = _publish(docker_engine, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
+    assert outcome.status == publish.FAILED and outcome.signed == ()
+    assert outcome.reason.startswith("pushed, but not signed") and "COSIGN_PASSWORD" in outcome.reason
+    assert set(outcome.pushed) == set(image.refs)
+    done = _verify(image.ref, "--key", str(keys["locked_pub"]), "--signature-only")
+    assert done.returncode == 1
+    (line,) = error_lines(done.stderr)
+    assert f"signature: not signed: {image.ref} names {outcome.pushed[image.ref]}, which has no signature" in line
+
+    # The next run: unchanged inputs, but unsigned in the registry: rebuilt, pushed and signed.
+    monkeypatch.setenv("COSIGN_PASSWORD", "s3cret")
+    again = _publish(docker_engine, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
+    assert again.step.reason == "unchanged, but the registry's image is not signed"
+    assert again.status == publish.PUSHED and [s.digest for s in again.signed] == [again.pushed[image.ref]]
+    assert _verify(image.ref, "--key", str(keys["locked_pub"]), "--signature-only").returncode == 0
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_the_same_image_retagged_from_an_unsigned_build_fails(
+        docker_engine: Any, base_image: str, signed_run: dict[str, Any], keys: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Last: it moves the published tags. An unsigned build of the same inputs (another revision
+    label, so another digest) pushed over the signed image's tags."""
+    image = _rebuild(signed_run, base_image)
+    assert image.inputs_hash == signed_run["image"]["inputs_hash"]
+    monkeypatch.setenv("GITHUB_SHA", "1" * 40)
+    registry = HttpRegistry(config={})
+    options = publish.RunOptions(matrix_path=default_matrix_path())
+    (outcome,) = publish.publish([publish.Step(image, publish.BUILD, "an unsigned rebuild")], engine=docker_engine,
+                                 builder=ClassicBuilder(docker_engine), registry=registry, options=options,
+                                 verifier=_recorded(signed_run))
+    assert outcome.status == publish.PUSHED and outcome.signed == ()
+    unsigned = outcome.pushed[image.ref]
+    assert unsigned != signed_run["digest"] and registry.digest(image.ref) == unsigned
+    done = _verify(image.ref, "--key", str(keys["pub"]), "--signature-only")
+    assert done.returncode == 1
+    (line,) = error_lines(done.stderr)
+    assert (f"signature: re-tagged: {image.ref} names {unsigned}, an unsigned build; the build of the same inputs "
+            f"signed by {keys['pub']} is {signed_run['digest']}") in line
+    # The signed digest itself still verifies: the signature follows the digest, not the tag.
+    assert _verify(signed_run["pinned"], "--key", str(keys["pub"]), "--signature-only").returncode == 0
+
