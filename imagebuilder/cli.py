@@ -18,10 +18,9 @@ from packaging.version import Version
 
 from . import __version__, options, pipeline
 from .errors import ImageBuilderError
-from .matrix import Matrix, load_matrix
+from .matrix import Matrix, load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
-from .resources import default_matrix_path
 
 
 class Context:
@@ -49,7 +48,7 @@ class UserError(click.ClickException):
 
     def __init__(self, error: ImageBuilderError) -> None:
         super().__init__(str(error))
-        self.exit_code = error.exit_code  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
+        self.exit_code = error.exit_status  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
         self.details = error.details()
 
     def show(self, file: Any = None) -> None:
@@ -72,11 +71,11 @@ class Group(click.Group):
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, metavar="PATH", help="The matrix to use. Default: the packaged matrix.yaml.")
+@click.option("--matrix", "matrix_path", default=None, metavar="PATH",
+              help="The matrix to use. Default: the packaged matrix.yaml.")
 @click.version_option(__version__, prog_name="imagebuilder")
 @click.pass_context
-def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
+def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
     """Build, verify and publish PyTorch GPU images from a compatibility matrix.
 
     \b
@@ -87,7 +86,7 @@ def cli(click_ctx: click.Context, matrix_path: Path | None) -> None:
       imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
       imagebuilder publish --torch 2.6 --registry registry.example.com/ml
     """
-    click_ctx.obj = Context(matrix_path or default_matrix_path())
+    click_ctx.obj = Context(matrix_file(matrix_path))
 
 
 # --- matrix ---------------------------------------------------------------------------------

@@ -34,6 +34,12 @@ class ImageBuilderError(Exception):
         """The one-line message; a subclass whose wording depends on its data overrides it."""
         return self.template.format(**self.fields)
 
+    @property
+    def exit_status(self) -> int:
+        """The exit status cli.py exits with: the class's, unless the error's data decides
+        (a build step that stopped because the request cannot be built)."""
+        return self.exit_code
+
     def details(self) -> list[str]:
         """Lines shown under the one-line message (a failing step's last output, say)."""
         return []

@@ -50,7 +50,7 @@ PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-man
 DEFAULT_PLATFORM = "linux/amd64"
 # What the in-image constraint file pins: the packages whose replacement breaks the image's
 # CUDA build of torch (a dependency wanting another torch would bring another CUDA stack).
-PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|triton|pytorch-triton|nvidia-.*)$")
+PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|torchcodec|triton|pytorch-triton|nvidia-.*)$")
 HEADER = "# imagebuilder lock"
 # What `uv venv --seed` would add unpinned, locked instead: pip for users' own installs, and
 # setuptools, which torch.compile imports (through torch.utils.cpp_extension) on every
@@ -76,6 +76,29 @@ class ResolutionFailed(LockError):
     detail: str
     template = "cannot lock {name} ({requirements}): {detail}"
 
+    @property
+    def unsatisfiable(self) -> bool:
+        """The requirements contradict each other (uv proved it): the request, not the index's answer."""
+        return "No solution found" in self.detail or "unsatisfiable" in self.detail
+
+
+class LocksFailed(LockError):
+    template = "{failed} of {total} locks could not be resolved (above); the others are {done}"
+
+
+class LocksUnsatisfiable(BadRequest):
+    template = ("{failed} of {total} locks cannot be satisfied (above: their requirements contradict each "
+                "other); the others are {done}; drop or change the --with that conflicts")
+
+
+class BadUv(BadRequest):
+    template = "--uv {uv} is not a uv executable ({why}); pass the path of uv, or leave --uv out"
+
+
+class ExtraContradictsPin(BadRequest):
+    template = ("--with {extra!r} contradicts the image's {name}=={pinned} (the CUDA stack of torch {torch} "
+                "is pinned); leave it out, or pick a --torch that comes with that {name}")
+
 
 class BadExtra(BadRequest):
     text: str
@@ -97,6 +120,28 @@ def parse_extras(texts: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out, key=str.lower))
 
 
+def check_extras(spec: BuildSpec, extras: Sequence[str], lock: Lock | None = None) -> None:
+    """A --with may add packages, not replace the ones the image's torch build stands on:
+    torch, torchvision, torchaudio, triton and (as its lock has them) the nvidia-* wheels.
+    One that another version of them wants is found by the resolver (`lock`)."""
+    pinned: dict[str, Version] = {"torch": spec.torch.version, "torchvision": spec.torch.torchvision}
+    if spec.torch.torchaudio is not None:
+        pinned["torchaudio"] = spec.torch.torchaudio
+    if spec.torch.triton is not None:
+        pinned["triton"] = spec.torch.triton
+    codec = spec.torch.torchcodec_for(spec.python)
+    if codec is not None:
+        pinned["torchcodec"] = codec
+    if lock is not None:
+        pinned.update({p.name: p.version for p in lock.pins if PROTECTED.match(p.name)})
+    for text in extras:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        version = pinned.get(name)
+        if version is not None and not requirement.specifier.contains(version, prereleases=True):
+            raise ExtraContradictsPin(extra=text, name=name, pinned=version, torch=spec.torch.version)
+
+
 def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) -> list[str]:
     """What an image asks for; a lock pins these and everything they pull in."""
     if spec.parent is not None:  # jupyter, devel-jupyter: what they add to their parent's venv
@@ -104,6 +149,9 @@ def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) ->
     reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
     if spec.torch.torchaudio is not None:
         reqs.append(f"torchaudio=={spec.torch.torchaudio}")
+    codec = spec.torch.torchcodec_for(spec.python)
+    if codec is not None:  # torchaudio's load/save (2.9+) go through it
+        reqs.append(f"torchcodec=={codec}")
     if variant(spec.variant).toolchain:
         reqs.append(f"ninja=={matrix.tools.ninja}")  # torch.utils.cpp_extension builds with ninja
         if spec.toolchain == "pip":
@@ -355,6 +403,8 @@ class UvCompile:
                                            stderr=subprocess.PIPE, text=True)
             except FileNotFoundError as e:
                 raise LockError(f"uv not found at {self.uv}; install uv (matrix.yaml's tools.uv) or pass --uv PATH") from e
+            except OSError as e:  # not a program: a text file, no exec permission, another arch
+                raise BadUv(uv=self.uv, why=e.strerror or str(e)) from e
             self._running.add(process)
             return process
 
@@ -516,6 +566,8 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
     done. A set the index cannot satisfy is reported, not fatal: one unsatisfiable image must
     not keep a night's refresh from the others."""
     specs = list(specs)
+    for spec in specs:
+        check_extras(spec, extras)
     done: dict[str, Lock] = {}
     failed: dict[str, ResolutionFailed] = {}
 
@@ -627,5 +679,6 @@ def check_or_write(plan: LockPlan, directory: Path, *, check_only: bool, echo: C
         for path in write_locks(directory, plan.locks, plan.bases):
             echo(f"wrote {path}")
     if plan.failed:
-        raise ImageBuilderError(f"{len(plan.failed)} of {len(plan.failed) + len(plan.locks)} locks could not be "
-                                "resolved (above); the others are " + ("checked" if check_only else "written"))
+        error = LocksUnsatisfiable if all(f.unsatisfiable for f in plan.failed) else LocksFailed
+        raise error(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks),
+                    done="checked" if check_only else "written")

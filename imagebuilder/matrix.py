@@ -16,13 +16,14 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import BadRequest, ImageBuilderError
+from .errors import BadRequest
 from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
 from .variants import VARIANTS as VARIANTS
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 KeyPath = tuple[str, ...]
+_MAX_NODES = 100_000  # far above any real matrix (matrix.yaml has about 2,000 values)
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,10 @@ class Problem:
         return f"{where}: {'.'.join(self.path) or '<top>'}: {self.message}"
 
 
-class MatrixError(ImageBuilderError):
-    """Fields: file, problems. The command to re-check names the same file the user gave."""
+class MatrixError(BadRequest):
+    """Fields: file, problems. The command to re-check names the same file the user gave.
+
+    A bad request (exit 2): the matrix is the user's input, like a flag."""
 
     file: Path
     problems: list[Problem]
@@ -70,6 +73,7 @@ class OSRelease:
     python: Version  # the distribution's own python3
     base: str  # plain OS image, for CUDA versions NVIDIA publishes no image of for this OS
     source: str
+    ffmpeg: tuple[str, ...] = ()  # the OS's FFmpeg shared-library packages (runtime, not -dev)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,16 @@ class WheelVariant:
 
 
 @dataclass(frozen=True)
+class TorchCodec:
+    """The torchcodec torchaudio's load/save go through (torchaudio 2.9+), for the Pythons its
+    wheels exist for; it loads the OS's FFmpeg (OSRelease.ffmpeg)."""
+
+    version: Version
+    pythons: tuple[Version, ...]
+    source: str
+
+
+@dataclass(frozen=True)
 class TorchRelease:
     key: str  # major.minor, e.g. "2.6"
     version: Version
@@ -111,9 +125,17 @@ class TorchRelease:
     source: str
     # Where the PyPI wheels (pypi_variant) are CUDA builds; before 2.11 PyPI's aarch64 torch is CPU-only.
     platforms: tuple[str, ...] = ("linux/amd64",)
+    torchcodec: TorchCodec | None = None
 
     def variant(self, name: str) -> WheelVariant:
         return next(v for v in self.variants if v.name == name)
+
+    def torchcodec_for(self, python: Version) -> Version | None:
+        """The torchcodec pin of an image with this Python, or None where it gets none."""
+        codec = self.torchcodec
+        if codec is None or Version(f"{python.major}.{python.minor}") not in codec.pythons:
+            return None
+        return codec.version
 
 
 class NoNotebookPins(BadRequest):
@@ -188,7 +210,7 @@ def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Probl
     import yaml  # here, not at the top: `imagebuilder --help` should not pay for it
 
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None
@@ -196,23 +218,55 @@ def _compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Probl
     lines: dict[KeyPath, int] = {}
     problems: list[Problem] = []
     scalars = yaml.SafeLoader("")
+    inside: set[int] = set()  # the nodes being converted: an alias to one of them is a cycle
+    budget = [_MAX_NODES]  # aliases can repeat a subtree exponentially ("billion laughs")
 
     def convert(node: Any, path: KeyPath) -> Any:
         lines.setdefault(path, node.start_mark.line + 1)
+        budget[0] -= 1
+        if budget[0] < 0:
+            if budget[0] == -1:
+                problems.append(Problem(path, node.start_mark.line + 1,
+                                        f"over {_MAX_NODES} values once aliases are expanded; expand fewer aliases"))
+            return None
+        if id(node) in inside:
+            problems.append(Problem(path, node.start_mark.line + 1,
+                                    "a YAML alias inside the anchor it names (the value contains itself)"))
+            return None
         if isinstance(node, yaml.MappingNode):
+            inside.add(id(node))
             out: dict[str, Any] = {}
             for key_node, value_node in node.value:
-                key = str(scalars.construct_object(key_node))
+                key = _key(key_node, path)
                 if key in out:
                     problems.append(
                         Problem(path + (key,), key_node.start_mark.line + 1, "duplicate key")
                     )
                 lines[path + (key,)] = key_node.start_mark.line + 1
                 out[key] = convert(value_node, path + (key,))
+            inside.discard(id(node))
             return out
         if isinstance(node, yaml.SequenceNode):
-            return [convert(item, path + (str(i),)) for i, item in enumerate(node.value)]
-        return scalars.construct_object(node)
+            inside.add(id(node))
+            items = [convert(item, path + (str(i),)) for i, item in enumerate(node.value)]
+            inside.discard(id(node))
+            return items
+        try:
+            return scalars.construct_object(node)
+        except yaml.YAMLError as e:
+            problems.append(Problem(path, node.start_mark.line + 1, f"not a valid value: {getattr(e, 'problem', e)}"))
+            return None
+
+    def _key(node: Any, path: KeyPath) -> str:
+        line = node.start_mark.line + 1
+        if not isinstance(node, yaml.ScalarNode):
+            problems.append(Problem(path, line, "a key must be a plain value, not a list or mapping"))
+            return f"<key at line {line}>"
+        try:
+            return str(scalars.construct_object(node))
+        except yaml.YAMLError as e:
+            problems.append(Problem(path, line, f"not a valid key: {getattr(e, 'problem', e)}"))
+            return f"<key at line {line}>"
 
     data = convert(root, ()) if root is not None else None
     return data, lines, problems
@@ -268,6 +322,7 @@ class _Checker:
         if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and value.isdigit())):
             like = "\"530.30.02\"" + (" or a branch like \"580\"" if branch_ok else "")
             self.problem(path + (key,), f"not a driver version like {like}: {value!r}")
+            return ""  # reported; nothing downstream compares it
         return value
 
     def version_value(self, value: Any, path: KeyPath) -> Version | None:
@@ -294,11 +349,28 @@ class _Checker:
 
 
 def _parse_os(c: _Checker, name: str, data: Any, path: KeyPath) -> OSRelease | None:
-    d = c.record(data, path, {"family", "python", "base", "source"})
+    d = c.record(data, path, {"family", "python", "base", "source"}, {"ffmpeg"})
     if d is None:
         return None
     python = c.version(d, "python", path)
-    return OSRelease(name, c.text(d, "family", path), python or Version("0"), c.text(d, "base", path), c.text(d, "source", path))
+    ffmpeg = d.get("ffmpeg") or []
+    if not isinstance(ffmpeg, list) or not all(isinstance(p, str) and p for p in ffmpeg):
+        c.problem(path + ("ffmpeg",), "expected a list of OS package names like 'libavcodec59'")
+        ffmpeg = []
+    return OSRelease(name, c.text(d, "family", path), python or Version("0"), c.text(d, "base", path),
+                     c.text(d, "source", path), tuple(ffmpeg))
+
+
+def _parse_torchcodec(c: _Checker, d: dict[str, Any], path: KeyPath) -> TorchCodec | None:
+    raw = d.get("torchcodec")
+    if raw is None:
+        return None
+    path = path + ("torchcodec",)
+    record = c.record(raw, path, {"version", "python", "source"})
+    if record is None:
+        return None
+    return TorchCodec(version=c.version(record, "version", path) or Version("0"),
+                      pythons=_parse_pythons(c, record, path, required=True), source=c.text(record, "source", path))
 
 
 def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease | None:
@@ -361,9 +433,9 @@ def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVar
     )
 
 
-def _parse_pythons(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[Version, ...]:
+def _parse_pythons(c: _Checker, d: dict[str, Any], path: KeyPath, *, required: bool = False) -> tuple[Version, ...]:
     raw = d.get("python")
-    if raw is None:
+    if raw is None and not (required and "python" in d):
         return ()
     if not isinstance(raw, list) or not raw:
         c.problem(path + ("python",), 'expected a list of Python versions like ["3.10", "3.11"]')
@@ -377,14 +449,14 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         data,
         path,
         {"version", "torchvision", "python", "pypi_variant", "variants", "source"},
-        {"torchaudio", "triton", "platforms"},
+        {"torchaudio", "triton", "platforms", "torchcodec"},
     )
     if d is None:
         return None
     version = c.version(d, "version", path)
     if version is not None and f"{version.major}.{version.minor}" != key:
         c.problem(path + ("version",), f"{version} is not a {key} release")
-    pythons = _parse_pythons(c, d, path)
+    pythons = _parse_pythons(c, d, path, required=True)
     variants = c.mapping(d.get("variants"), path + ("variants",), lambda n, v, p: _parse_variant(c, n, v, p))
     pypi_variant = c.text(d, "pypi_variant", path)
     if pypi_variant and variants and pypi_variant not in variants:
@@ -400,6 +472,7 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         variants=tuple(sorted(variants.values(), key=lambda v: v.cuda)),
         source=c.text(d, "source", path),
         platforms=_parse_platforms(c, d, path),
+        torchcodec=_parse_torchcodec(c, d, path),
     )
 
 
@@ -431,6 +504,10 @@ def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
         if cuda.min_driver and cuda.min_driver_compat and driver_key(cuda.min_driver_compat) > driver_key(cuda.min_driver):
             c.problem(("cuda", name, "min_driver_compat"), "is above min_driver; the compatibility floor is the lower one")
     for key, torch in torches.items():
+        if torch.torchcodec is not None:
+            for os_name in sorted(name for name, o in oses.items() if not o.ffmpeg):
+                c.problem(("os", os_name, "ffmpeg"), f"missing: torch {key} installs torchcodec, which loads the "
+                                                     "OS's FFmpeg libraries; list their packages")
         for variant in torch.variants:
             if variant.cuda not in cuda_keys:
                 c.problem(
@@ -489,9 +566,26 @@ def parse_matrix(text: str, file: Path) -> Matrix:
     )
 
 
+def matrix_file(option: str | None) -> Path:
+    """The --matrix option as a path; the packaged matrix when it is not given."""
+    from .resources import default_matrix_path
+
+    if option is None:
+        return default_matrix_path()
+    if not option.strip():
+        raise MatrixMissing(file="''", reason="the path is empty")
+    return Path(option)
+
+
 def load_matrix(path: Path) -> Matrix:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise MatrixMissing(file=path, reason=e.strerror or str(e)) from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise MatrixError(file=path, problems=[Problem((), line, f"not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                                                                 "save the file as UTF-8")]) from e
     return parse_matrix(text, path)

@@ -48,7 +48,9 @@ def _selection(torch_version: str | None, cuda_version: str | None, python_versi
                variant: str | None, os_name: str | None, base_image: tuple[str, ...] = (),
                strict: bool = False) -> Selection:
     from .platforms import parse_base_images
+    from .resolve import check_not_empty
 
+    check_not_empty(torch=torch_version, cuda=cuda_version, python=python_version, os=os_name)
     bases = parse_base_images(base_image)
     return Selection(torch_version, cuda_version, python_version, variant, os_name, bases.pop(None, None),
                      strict, platform_bases=tuple(sorted((p, image) for p, image in bases.items() if p)))
@@ -126,10 +128,23 @@ def rendering(f: F) -> F:
                      help="Where a Python the OS does not ship is downloaded from: a mirror of "
                           "python-build-standalone's GitHub releases (uv's UV_PYTHON_INSTALL_MIRROR). "
                           "Default: GitHub. Env: IMAGEBUILDER_PYTHON_MIRROR."),
-        _collect("rendering", lambda **kw: Rendering(**{**kw, "extra_index_urls": tuple(kw["extra_index_urls"]),
-                                                        "extras": tuple(kw["extras"])}),
+        _collect("rendering", _rendering,
                  ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras", "python_mirror")),
     )(f)
+
+
+def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> Rendering:
+    """Checked before anything runs: a bad name or CA bundle would fail the build minutes later."""
+    from .reference import check_repository
+    from .render import read_ca_bundle
+
+    if repository is not None:
+        check_repository(repository)
+    if ca_bundle is not None:
+        read_ca_bundle(ca_bundle)
+    return Rendering(index_url, tuple(extra_index_urls), ca_bundle, repository, tuple(extras),
+                     python_mirror=python_mirror)
 
 
 def building(f: F) -> F:
@@ -268,9 +283,10 @@ def compression(f: F) -> F:
     """Handed to the command as `compressing: Compressing`."""
     return _stack(
         click.option("--compression", type=click.Choice(["zstd", "gzip"]), default=None,
-                     help="The layers' compression. Default: zstd where BuildKit exports into Docker's "
-                          "containerd image store (pulled by Docker >= 23, containerd >= 1.5, current "
-                          "Kubernetes nodes), else gzip (docker push's own). gzip for older pullers."),
+                     help="Export the layers with this compression into Docker's containerd image store "
+                          "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
+                          "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
+                          "current Kubernetes nodes. Default (for now): gzip, compressed by docker push."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
         _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),

@@ -8,6 +8,7 @@ the list names: files the user added beside them stay.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from .atomic import write_atomic
-from .errors import BadRequest
+from .errors import BadRequest, ImageBuilderError
 
 OUTPUT_LIST = ".imagebuilder-output.json"  # the files imagebuilder wrote into this folder
 _FORMAT = 1
@@ -25,6 +26,31 @@ _FORMAT = 1
 class ForeignFolder(BadRequest):
     template = ("{directory} is not empty and was not written by imagebuilder (no {marker}); "
                 "give -o a new or empty folder: nothing was written")
+
+
+class NotAFolder(BadRequest):
+    template = "-o {directory}: {reason}; give -o a new or empty folder: nothing was written"
+
+
+class OutputUnwritable(BadRequest):
+    template = "cannot write into {directory} ({reason}); give -o a folder you can write"
+
+
+class OutputFailed(ImageBuilderError):
+    """The disk, not the request: full, over quota, or failing."""
+
+    template = "writing into {directory} failed ({reason}); free some space and render again"
+
+
+class LinkInOutput(BadRequest):
+    template = ("{path} is a symbolic link (to {target}); imagebuilder writes only inside {directory} and "
+                "does not follow links out of it: remove the link or choose another folder: nothing was written")
+
+
+# The kernel's file systems: they take no files, whatever their permissions say.
+PSEUDO_FILE_SYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs",
+                                 "tracefs", "securityfs", "configfs", "pstore", "bpf", "mqueue", "fusectl"})
+_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
 class BadOutputList(BadRequest):
@@ -66,6 +92,7 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     folder still recognisably ours. Files we wrote before and no longer render are
     removed; nothing else in the folder is touched."""
     directory = directory.absolute()
+    check_target(directory)
     previous = owned_files(directory)
     if previous is None:
         raise ForeignFolder(directory=directory, marker=OUTPUT_LIST)
@@ -74,18 +101,74 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
             raise ValueError(f"refusing to write {name!r}: not a relative path inside the output folder")
     listing = {"format": _FORMAT, "generator": "imagebuilder", "files": sorted(files)}
     listing_bytes = (json.dumps(listing, indent=2) + "\n").encode()
-    if not previous and not (directory.exists() and any(directory.iterdir())):
-        _write_new(directory, {**files, OUTPUT_LIST: listing_bytes})
-        return
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in sorted(files):
-        write_atomic(directory / name, files[name])
-    write_atomic(directory / OUTPUT_LIST, listing_bytes)
-    for stale in sorted(previous - set(files), reverse=True):
-        path = directory / stale
-        if path.is_file() or path.is_symlink():
-            path.unlink()
-        _remove_empty_parents(path.parent, directory)
+    try:
+        if not previous and not (directory.exists() and any(directory.iterdir())):
+            _write_new(directory, {**files, OUTPUT_LIST: listing_bytes})
+            return
+        for name in sorted(set(files) | previous):
+            _refuse_links(directory, name)
+        for name in sorted(files):
+            write_atomic(directory / name, files[name])
+        write_atomic(directory / OUTPUT_LIST, listing_bytes)
+        for stale in sorted(previous - set(files), reverse=True):
+            path = directory / stale
+            if path.is_file() or path.is_symlink():
+                path.unlink()  # a link itself, never what it points to
+            _remove_empty_parents(path.parent, directory)
+    except OSError as e:
+        error = OutputFailed if e.errno in _DISK_ERRORS else OutputUnwritable
+        raise error(directory=directory, reason=f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from e
+
+
+def check_target(directory: Path) -> None:
+    """-o names a folder, or a place where one can be made: not a file, a device, or the
+    kernel's /proc or /sys (which look like folders and take no files)."""
+    if directory.exists() or directory.is_symlink():
+        if not directory.is_dir():
+            what = ("a symbolic link to nothing" if not directory.exists() else
+                    "a device" if directory.is_char_device() or directory.is_block_device() else "a file")
+            raise NotAFolder(directory=directory, reason=f"it is {what}, not a folder")
+        ancestor = directory
+    else:
+        ancestor = directory.parent
+        while not ancestor.exists() and not ancestor.is_symlink() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise NotAFolder(directory=directory, reason=f"{ancestor} is not a folder")
+    kind = file_system_type(ancestor)
+    if kind in PSEUDO_FILE_SYSTEMS:
+        raise NotAFolder(directory=directory, reason=f"{ancestor} is on the kernel's {kind} file system, "
+                                                     "which takes no files")
+
+
+def file_system_type(path: Path, mounts: Path = Path("/proc/self/mounts")) -> str | None:
+    """The type of the file system `path` is on (the longest mount point above it); None
+    where the mount table cannot be read (not Linux)."""
+    try:
+        table = mounts.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def _refuse_links(directory: Path, name: str) -> None:
+    """A folder on the way to one of our files must be a real folder inside `directory`: a
+    link (put there after we wrote it) would take our writes, and removals, elsewhere."""
+    path = directory
+    for part in PurePosixPath(name).parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise LinkInOutput(path=path, target=os.readlink(path), directory=directory)
 
 
 def _write_new(directory: Path, files: Mapping[str, bytes]) -> None:

@@ -27,7 +27,7 @@ from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from .platforms import arch, host_platform
 from .render import RenderedImage, RenderOptions, render
-from .resolve import BuildSpec, Request, enumerate_matrix, find_cuda, find_torch, resolve
+from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 
 if TYPE_CHECKING:
     from . import lock as locking
@@ -144,6 +144,7 @@ def settle_os(matrix: Matrix, selection: Selection, read_os_release: ReadOsRelea
 def select_specs(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
     """Every image the filters select, the base image override applied."""
     variant = None if selection.variant == ALL else selection.variant
+    check_filters(matrix, selection.torch, selection.cuda, selection.python, selection.os, selection.strict)
     if selection.torch and selection.cuda:
         torch, cuda = find_torch(matrix, selection.torch), find_cuda(matrix, selection.cuda)
         if not any(wheel.cuda == cuda.key for wheel in torch.variants):

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from .errors import BadRequest
 from .matrix import PLATFORMS, Matrix, TorchRelease
+from .reference import parse_reference
 from .render import RenderedImage
 
 _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
@@ -69,6 +70,7 @@ def parse_base_images(values: Iterable[str]) -> dict[str | None, str]:
             raise UnknownPlatform(requested=platform)
         if not image:
             raise BadRequest(f"--base-image {value!r} names no image; give IMAGE or PLATFORM=IMAGE")
+        parse_reference(image, "--base-image")
         if platform in bases and bases[platform] != image:
             raise BadRequest(f"--base-image given twice for {platform or 'every platform'}: "
                              f"{bases[platform]} and {image}; give one")

@@ -19,7 +19,7 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .errors import BadRequest
-from .lock import BasePin, Lock, LockSet, index_args, parse_extras, requirements
+from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .output import write_tree
@@ -128,6 +128,8 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
     packages += variant(spec.variant).packages
+    if spec.torch.torchcodec_for(spec.python) is not None:
+        packages += spec.os.ffmpeg  # the shared libraries torchcodec loads
     if _has_ssh(spec):
         packages.append("openssh-server")
     return sorted(packages)
@@ -304,7 +306,8 @@ def _constraints(spec: BuildSpec, lock: Lock | None) -> str:
     if lock is not None:
         return lock.constraints()
     pins = [("torch", spec.torch.version), ("torchvision", spec.torch.torchvision),
-            ("torchaudio", spec.torch.torchaudio), ("triton", spec.torch.triton)]
+            ("torchaudio", spec.torch.torchaudio), ("triton", spec.torch.triton),
+            ("torchcodec", spec.torch.torchcodec_for(spec.python))]
     return "".join(f"{name}=={version}\n" for name, version in sorted(pins) if version is not None)
 
 
@@ -408,11 +411,42 @@ def _sbom_file() -> bytes:
     return (Path(__file__).parent / "sbom.py").read_bytes()
 
 
+NO_NVCC = "imagebuilder: no nvcc in --base-image"  # engine.errors recognises a build that stopped here
+
+
+def nvcc_check(spec: BuildSpec) -> str | None:
+    """A devel image on a --base-image that must bring nvcc: the shell test its first step runs,
+    so a base without the compiler fails in seconds, not after the install (or at verify)."""
+    if spec.variant != "devel" or spec.toolchain != "base" or spec.base_is_default:
+        return None
+    nvcc = "/usr/local/cuda/bin/nvcc"
+    return (f"{nvcc} --version 2>/dev/null | grep -q 'release {spec.cuda.key},' || {{ echo "
+            f"\"{NO_NVCC} {spec.base_image}: a CUDA {spec.cuda.key} devel image needs nvcc {spec.cuda.key} at {nvcc} "
+            f"(NVIDIA's nvidia/cuda:{spec.cuda.version}-devel-* images have it)\" >&2; exit 1; }}")
+
+
+PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+
+
+def read_ca_bundle(path: Path) -> bytes:
+    """The --ca-bundle's bytes, refused unless it holds a PEM certificate: an empty or wrong
+    file would otherwise surface minutes later as a TLS failure inside the build."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise RenderError(f"cannot read --ca-bundle {path}: {e.strerror}; pass a PEM file") from e
+    if PEM_CERTIFICATE not in data:
+        raise RenderError(f"--ca-bundle {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
+                          "pass the proxy's CA bundle, e.g. $SSL_CERT_FILE")
+    return data
+
+
 def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
     env = _environment(str(templates_dir()))
     tags = tags_for(spec, matrix)
     extras = parse_extras((*matrix.extras, *options.extras))
     lock = options.locks.lock_for(spec, matrix, extras)
+    check_extras(spec, extras, lock)
     base_pin: BasePin | None = None
     parent_hash = ""
     if spec.parent is not None:
@@ -445,10 +479,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
     apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
-        try:
-            ca = options.ca_bundle.read_bytes()
-        except OSError as e:
-            raise RenderError(f"cannot read --ca-bundle {options.ca_bundle}: {e.strerror}; pass a PEM file") from e
+        ca = read_ca_bundle(options.ca_bundle)
 
     def render_with(inputs_hash: str, naming: _Naming) -> tuple[str, dict[str, bytes]]:
         labels = labels_for(spec, base_image, inputs_hash, naming.source, base_pin.digest if base_pin else None)
@@ -462,6 +493,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "base_image": from_ref,
             "base_pin": base_pin,
             "two_stage": two_stage,
+            "nvcc_check": nvcc_check(spec),
             "shared_venv": venv is not None,
             "venv_base": venv.pin.from_ref if venv else "",
             "torch_lock_path": TORCH_LOCK_PATH,

@@ -95,6 +95,38 @@ def _parse_version(text: str, what: str, known: list[str]) -> Version:
         raise UnknownVersion(what=what, requested=text, known=known) from e
 
 
+def check_not_empty(**values: str | None) -> None:
+    """An option given as "" is a mistake (an unset shell variable), not a request for the default."""
+    for name, value in values.items():
+        if value is not None and not value.strip():
+            raise BadRequest(f"--{name} is empty; give a value (`imagebuilder matrix` lists them) "
+                             "or leave the option out for the default")
+
+
+def check_filters(matrix: Matrix, torch: str | None = None, cuda: str | None = None, python: str | None = None,
+                  os: str | None = None, strict: bool = False) -> None:
+    """Filters name things the matrix has, exactly as a request must: an unknown value (or a
+    torch + CUDA pair across CUDA majors) is a bad request, not an empty listing."""
+    release = find_torch(matrix, torch) if torch else None
+    image_cuda = find_cuda(matrix, cuda) if cuda else None
+    if os is not None and os not in matrix.oses:
+        raise UnknownVersion(what="OS", requested=os, known=list(matrix.oses))
+    if release is not None and image_cuda is not None:
+        choose_wheel(release, image_cuda, strict)
+    if python is not None:
+        releases = [release] if release is not None else list(matrix.torches.values())
+        shipped = sorted({p for r in releases for v in r.variants for p in (v.pythons or r.pythons)})
+        known = [str(p) for p in shipped]
+        wanted = _parse_version(python, "Python", known)
+        wanted = Version(f"{wanted.major}.{wanted.minor}") if len(wanted.release) > 2 else wanted
+        if wanted not in shipped:
+            if release is not None:
+                raise BadRequest(f"torch {release.version} ships no wheels for Python {python}; "
+                                 f"it ships {', '.join(known)}")
+            raise BadRequest(f"no torch release of the matrix ships wheels for Python {python}; "
+                             f"they ship {', '.join(known)}")
+
+
 def find_torch(matrix: Matrix, requested: str) -> TorchRelease:
     known = [str(t.version) for t in matrix.torches.values()]
     wanted = _parse_version(requested, "torch", known)
@@ -207,6 +239,10 @@ def resolve(matrix: Matrix, request: Request) -> BuildSpec:
     wheel, wheel_notice = choose_wheel(torch, cuda, request.strict)
     python, python_is_default = _choose_python(request.python, torch, os, wheel)
     notices = [wheel_notice] if wheel_notice else []
+    asked = Version(request.cuda)
+    if len(asked.release) > 2 and asked.release != cuda.version.release:
+        notices.append(f"--cuda {request.cuda}: the matrix's CUDA {cuda.key} is {cuda.version} (one toolkit "
+                       f"update per minor); the image is built on CUDA {cuda.version}")
     if python != os.python:
         notices.append(
             f"{os.name} ships Python {os.python}; Python {python} is installed with `uv python install`, "

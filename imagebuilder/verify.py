@@ -40,10 +40,12 @@ from smoke_tests.expected import DEFAULT_MANIFEST, ManifestError, load_expected
 from smoke_tests.report import format_table
 from smoke_tests.result import FAIL, PASS, SKIP, Result
 
-from .engine.errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed
+from .engine.errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
+                            names_nothing, refuses_gpus)
 from .errors import BadRequest, ImageBuilderError
 from .engine.export import cannot_pull, compression_of
 from .provenance import BuiltFrom, built_from
+from .reference import parse_reference
 from .matrix import driver_key
 from .tags import LABEL_PREFIX
 
@@ -83,6 +85,10 @@ class VerificationFailed(ImageBuilderError):
         return f"{self.fields['target']} failed verification: {what}"
 
 
+class NotVerifiable(VerificationFailed, BadRequest):
+    """Nothing to verify as asked: the image exists nowhere, or is not a PyTorch image (exit 2)."""
+
+
 # --------------------------------------------------------------------------- preflight
 
 
@@ -109,6 +115,8 @@ class HostFacts:
     """False for --local: no daemon, image or container runtime involved."""
     daemon_error: str | None = None
     image_error: str | None = None
+    image_not_found: bool = False
+    """The registry says there is no such image: the request's mistake, not the world's."""
     pulled: bool = False
     nvidia_runtime: str | None = None
     """How the daemon gives containers GPUs: its nvidia runtime, a CDI device, or device requests."""
@@ -297,6 +305,10 @@ def read_gpu_probe(outcome: RunResult | str) -> GpuProbe:
         if "executable file not found" in outcome:
             return GpuProbe((), "the NVIDIA runtime mounted no nvidia-smi into the container: no "
                                 "NVIDIA driver on the daemon's host?", accepted=True)
+        if not refuses_gpus(outcome):
+            return GpuProbe((), f"the daemon could not start any container ({outcome}): not a GPU "
+                                "problem; `docker run --rm IMAGE true` shows the same, fix the daemon",
+                            accepted=False)
         return GpuProbe((), f"the daemon could not start a container with GPUs ({outcome}): no GPU "
                             f"there, or {INSTALL_TOOLKIT}", accepted=False)
     if outcome.timed_out:
@@ -338,7 +350,8 @@ def collect_facts(engine: Runner, ref: str) -> HostFacts:
             pulled = True
         except PullFailed as e:
             return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
-                                         "build it or check the reference and `docker login`")
+                                         "build it or check the reference and `docker login`",
+                             image_not_found=names_nothing(e.detail))
     labels = engine.image_labels(ref)
     info: Mapping[str, Any] = engine.info()
     probe = probe_gpus(engine, ref)
@@ -427,12 +440,26 @@ def expected_from_torch(output: str) -> dict[str, Any] | None:
     return None
 
 
-def probe_torch(engine: Runner, ref: str, timeout: float) -> dict[str, Any] | None:
+def not_pytorch(outcome: RunResult | str) -> str | None:
+    """Pure: why the torch probe's run (or the daemon's refusal to start it) shows an image
+    that is not a PyTorch image at all; None when it may be one."""
+    text = outcome if isinstance(outcome, str) else outcome.output
+    if re.search(r'executable file not found|exec: "python3"|python3: not found', text):
+        return "it has no python3 on its PATH"
+    if re.search(r"No module named .?torch.?[\"')]", text):
+        return "its python3 cannot import torch"
+    return None
+
+
+def probe_torch(engine: Runner, ref: str, timeout: float) -> tuple[dict[str, Any] | None, str | None]:
+    """What the image's own torch reports (None: not read), and why it is not a PyTorch image."""
     try:
         run = engine.run(ref, ["python3", "-c", TORCH_PROBE], timeout=min(PROBE_TIMEOUT, timeout))
-    except ContainerFailed:
-        return None
-    return None if run.timed_out else expected_from_torch(run.output)
+    except ContainerFailed as e:
+        return None, not_pytorch(e.detail)
+    if run.timed_out:
+        return None, None
+    return expected_from_torch(run.output), not_pytorch(run)
 
 
 def smoke_tests_archive(manifest: Mapping[str, Any] | None) -> bytes:
@@ -492,15 +519,24 @@ _DEATHS: tuple[tuple[re.Pattern[str], str], ...] = (
      "the image has no smoke_tests package although it carries imagebuilder's labels; verify it "
      "with this imagebuilder's smoke tests (--mount-smoke-tests)"),
     (re.compile(r"No module named 'torch'"),
-     "torch is not importable in the image's Python; install torch into the Python on its PATH"),
+     "torch is not importable in {python}; {fix}"),
     (re.compile(r"executable file not found|python3: not found|No such file or directory.*python3"),
      "the image has no python3 on its PATH"),
 )
 _EXIT_MEANINGS = {137: "killed (out of memory?)", 139: "segmentation fault", 134: "aborted"}
 
 
+IN_IMAGE = ("the image's Python", "install torch into the Python on its PATH")
+
+
+def in_local(python: str) -> tuple[str, str]:
+    return (f"{python} (the Python `verify --local` checks)",
+            "install torch into it, or run verify --local with the Python that has torch "
+            "(`/path/to/python -m imagebuilder verify --local`)")
+
+
 def parse_output(output: str, exit_code: int | None, *, timed_out: bool = False,
-                 timeout: float | None = None) -> SmokeOutput:
+                 timeout: float | None = None, python: tuple[str, str] = IN_IMAGE) -> SmokeOutput:
     """The smoke tests' JSON report from everything the process printed (warnings included).
 
     The last JSON object with a "checks" list wins: a report is printed last, and library
@@ -513,7 +549,7 @@ def parse_output(output: str, exit_code: int | None, *, timed_out: bool = False,
     if document is None:
         for pattern, meaning in _DEATHS:
             if pattern.search(output):
-                return SmokeOutput((), error=meaning)
+                return SmokeOutput((), error=meaning.format(python=python[0], fix=python[1]))
         how = _EXIT_MEANINGS.get(exit_code or 0, "")
         return SmokeOutput((), error=f"the smoke tests exited with code {exit_code}"
                                      f"{f' ({how})' if how else ''} without a report; see the output below")
@@ -577,6 +613,8 @@ class VerifyReport:
     """Where the image was built from, per its registry provenance attestation."""
     signature: SignatureCheck | None = None
     """The signature check of the digest the tag names (signing.check_image); None: not asked."""
+    bad_request: bool = False
+    """The failure is the request's (the image exists nowhere, is not a PyTorch image): exit 2."""
 
     @property
     def ok(self) -> bool:
@@ -605,7 +643,8 @@ class VerifyReport:
 
     def raise_if_failed(self) -> None:
         if not self.ok:
-            raise VerificationFailed(target=self.target, failures=tuple(self.failures))
+            error = NotVerifiable if self.bad_request else VerificationFailed
+            raise error(target=self.target, failures=tuple(self.failures))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -677,18 +716,23 @@ def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
     lends them to any image, e.g. one an older imagebuilder built.
     """
     started = time.monotonic()
+    parse_reference(ref, "verify")  # an invalid one is refused before the daemon is asked
     facts = collect_facts(engine, ref)
     checked = preflight(facts, allow_no_gpu=allow_no_gpu)
     require_gpu = checked.use_gpus or not allow_no_gpu
     if not checked.ok:
         return VerifyReport(ref, "docker", checked.items, error=NOT_RUN, require_gpu=require_gpu,
-                            seconds=time.monotonic() - started)
+                            seconds=time.monotonic() - started, bad_request=facts.image_not_found)
     environment = {"PYTHONDONTWRITEBYTECODE": "1"}
     archives: dict[str, bytes] = {}
     manifest: str | None = None
     notices: tuple[str, ...] = ()
     if mount_smoke_tests or not facts.built_by_imagebuilder:
-        expected = None if facts.built_by_imagebuilder else probe_torch(engine, ref, timeout)
+        expected, not_torch = (None, None) if facts.built_by_imagebuilder else probe_torch(engine, ref, timeout)
+        if not_torch is not None:
+            return VerifyReport(ref, "docker", checked.items, require_gpu=require_gpu, bad_request=True,
+                                error=f"not a PyTorch image: {not_torch}; verify an image with torch "
+                                      "(`imagebuilder build` makes them)", seconds=time.monotonic() - started)
         archives["/"] = smoke_tests_archive(expected)
         # Ahead of the image's own copy, which a .pth file puts on sys.path.
         environment["PYTHONPATH"] = CONTAINER_SMOKE_TESTS
@@ -748,7 +792,7 @@ def verify_local(*, allow_no_gpu: bool = False, timeout: float = DEFAULT_TIMEOUT
                             seconds=time.monotonic() - started)
     command = smoke_command(python, require_gpu=require_gpu, manifest=manifest)
     output, exit_code, timed_out = run_process(command, timeout=timeout, env=_local_env())
-    parsed = parse_output(output, exit_code, timed_out=timed_out, timeout=timeout)
+    parsed = parse_output(output, exit_code, timed_out=timed_out, timeout=timeout, python=in_local(python))
     return _report(target, "local", checked, parsed, output, require_gpu, time.monotonic() - started)
 
 

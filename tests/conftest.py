@@ -48,7 +48,7 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     # Real torch images (GBs, minutes): built through the CLI once per module or session.
     **{name: frozenset({"slow"}) for name in (
         "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
-        "arm64_image", "first_run")},
+        "arm64_image", "first_run", "signed_run")},
     # Every smoke test for real on this host's torch (a gloo all-reduce, an Inductor compile).
     "local_runs": frozenset({"slow"}),
     "full_run": frozenset({"slow"}),

@@ -22,7 +22,7 @@ from imagebuilder.matrix import load_matrix
 from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
 
-from conftest import TEST_REPOSITORY_PREFIX, imagebuilder, remove_local_tags
+from conftest import REPO_ROOT, TEST_REPOSITORY_PREFIX, imagebuilder, remove_local_tags
 
 HERE = Path(__file__).parent
 M = load_matrix(HERE / "data" / "matrix-small.yaml")
@@ -483,6 +483,31 @@ def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
                 f"nvidia_cudnn_cu13-{manifest['cudnn']}", f"nvidia_nccl_cu13-{manifest['nccl']}"):
         assert f"{pin}.dist-info" in lines, (pin, lines)
     assert lines[-1] == EM_AARCH64  # libtorch_cuda.so is an aarch64 CUDA build
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine):
+    """pip works under QEMU (it imports no torch): what the image holds is the aarch64 lock,
+    not the x86_64 pins."""
+    from packaging.utils import canonicalize_name
+
+    from imagebuilder.lock import load_locks
+
+    run = docker_engine.run(arm64_image["tags"][0], ["/opt/venv/bin/python", "-m", "pip", "list", "--format=freeze",
+                                                     "--disable-pip-version-check"], timeout=600)
+    assert run.exit_code == 0, run.output
+    installed = {}
+    for line in run.output.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            installed[canonicalize_name(name)] = version
+    lock = load_locks(REPO_ROOT / "locks").locks["torch2.11.0-cu130-py3.11-runtime-aarch64"]
+    assert installed == {p.name: str(p.version) for p in lock.pins}
+    # The pins of 2.11 happen to resolve alike on both machines; the lock the build installed
+    # from (kept in the image) says for which it was resolved.
+    recorded = docker_engine.run(arm64_image["tags"][0], ["cat", "/opt/imagebuilder/requirements.lock"], timeout=300)
+    assert recorded.output.strip() == lock.text().strip() and "# platform: aarch64-manylinux_2_28\n" in recorded.output
 
 
 # --- multi-arch index -----------------------------------------------------------------------

@@ -54,11 +54,11 @@ def test_bad_requests_exit_2_with_one_clear_line(args, code, message):
     assert "Traceback" not in err and out == ""
 
 
-def test_bad_matrix_exits_1_listing_problems(tmp_path):
+def test_bad_matrix_exits_2_listing_problems(tmp_path):
     bad = tmp_path / "m.yaml"
     bad.write_text(Path(SMALL).read_text().replace("pypi_variant: cu124", "pypi_variant: cu999"))
     result = CliRunner().invoke(cli, ["--matrix", str(bad), "matrix", "check"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # the matrix is the user's input: a bad request
     assert f"{bad}:" in result.stderr and "torch.2.6.pypi_variant" in result.stderr
 
 
@@ -184,7 +184,7 @@ def test_matrix_errors_name_the_matrix_the_user_gave(tmp_path):
     bad = tmp_path / "site.yaml"
     bad.write_text(Path(SMALL).read_text().replace("schema: 1", "schema: 1\nbogus: 1", 1))
     result = CliRunner().invoke(cli, ["--matrix", str(bad), "matrix"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"imagebuilder --matrix {bad} matrix check" in result.stderr
 
 

@@ -481,3 +481,18 @@ def test_the_one_from_line_parser(instruction: str, expected: tuple[str, str | N
 
     line = parse_from(instruction)
     assert (None if line is None else (line.image, line.stage, line.platform)) == expected
+
+
+def test_only_the_engine_package_and_registry_auth_import_docker() -> None:
+    """The Docker SDK stays behind engine/ (and docker's own credential lookup in registry.py)."""
+    import ast
+
+    package = REPO_ROOT / "imagebuilder"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(name == "docker" or name.startswith("docker.") for name in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert {p for p in importers if not p.startswith("engine/")} == {"registry.py"}, importers

@@ -400,7 +400,7 @@ def test_with_adds_a_package_under_the_torch_pins_and_refuses_one_wanting_anothe
                               "debian12", "--with", "tqdm==4.67.1", "--dry-run").stdout
     assert "--require-hashes" in dockerfile and "no lock" not in dockerfile
     done = imagebuilder(*base, "--with", "xformers==0.0.29.post1", timeout=300)  # requires torch==2.5.1
-    assert done.returncode == 1
+    assert done.returncode == 2  # uv proves the request unsatisfiable: a bad request (docs/exit-codes.md)
     assert "cannot lock" in done.stderr and "torch==2.5.1" in done.stderr
 
 

@@ -417,37 +417,6 @@ def test_second_run_skips_and_pushes_nothing(base_image: str, first_run: dict[st
         assert _head(ref) == digest
 
 
-@pytest.mark.docker
-@pytest.mark.registry
-@pytest.mark.slow
-def test_a_dry_run_after_a_buildkit_publish_plans_nothing_to_rebuild(docker_engine: Any, base_image: str,
-                                                                    local_registry: LocalRegistry,
-                                                                    tmp_path: Path) -> None:
-    """The dry run decides the builder as the run does (engine.select, asked once, without
-    building): it renders the same BuildKit Dockerfile, so its inputs hash is the registry's
-    and the image the run just pushed is planned as a skip, not a rebuild."""
-    from imagebuilder.engine.select import detect_buildkit
-
-    if detect_buildkit()[0] is None:
-        from conftest import _unavailable
-
-        _unavailable("no docker CLI here builds with BuildKit")
-    registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
-    args = _publish_args(base_image, registry, tmp_path / "run.json", "--builder", "buildkit")
-    try:
-        done = imagebuilder(*args)
-        assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-        (pushed,) = json.loads((tmp_path / "run.json").read_text())["images"]
-        assert pushed["status"] == PUSHED
-        dry = imagebuilder(*args, "--dry-run")
-        assert dry.returncode == 0, dry.stderr[-4000:]
-        rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
-        assert [(action, ref) for _, action, ref, _ in rows] == [(SKIP, pushed["ref"])], dry.stdout
-        assert f"published as {pushed['digest'].removeprefix('sha256:')[:12]}" in dry.stdout
-    finally:
-        remove_local_tags(docker_engine, registry)
-
-
 @pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.registry

@@ -230,6 +230,7 @@ def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
 def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], keys: dict[str, Path]) -> None:
     image = signed_run["image"]
     assert image["status"] == publish.PUSHED
@@ -253,6 +254,7 @@ def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], key
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
 def test_another_key_fails(signed_run: dict[str, Any], keys: dict[str, Path]) -> None:
     done = _verify(signed_run["pinned"], "--key", str(keys["other"]), "--signature-only")
     assert done.returncode == 1
@@ -262,6 +264,7 @@ def test_another_key_fails(signed_run: dict[str, Any], keys: dict[str, Path]) ->
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
 def test_the_sbom_attestation_is_the_images_sbom_with_its_torch(docker_engine: Any, signed_run: dict[str, Any],
                                                                  keys: dict[str, Path]) -> None:
     image = signed_run["image"]
@@ -313,6 +316,7 @@ def _publish(docker_engine: Any, image: RenderedImage, signed_run: dict[str, Any
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
 def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: str, signed_run: dict[str, Any],
                                               keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COSIGN_PASSWORD", "")
@@ -325,6 +329,7 @@ def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: st
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
 def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
         docker_engine: Any, base_image: str, signed_run: dict[str, Any], keys: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -349,6 +354,7 @@ def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.slow
 def test_the_same_image_retagged_from_an_unsigned_build_fails(
         docker_engine: Any, base_image: str, signed_run: dict[str, Any], keys: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,7 +29,7 @@ from typing import IO
 
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
 from .dockerfile import is_from, parse_from
-from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, classify_failure
+from .errors import BuildFailed, BuildTimedOut, EngineError, base_image_missing, classify_failure
 from .export import Export, output_args
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
@@ -176,7 +176,7 @@ class PlainProgress:
             metadata = _METADATA.match(vertex.name)
             if metadata or is_from(vertex.instruction):
                 base = metadata[1] if metadata else _from_image(vertex.instruction)
-                return BaseImageMissing(image=base.removeprefix("docker.io/library/"), detail=message)
+                return base_image_missing(base.removeprefix("docker.io/library/"), message)
         tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
         return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
                            instruction=vertex.instruction if vertex else None, error=message,

@@ -22,7 +22,7 @@ from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, OnProgress,
 from .export import Export
 from .docker import DockerEngine, short, short_text, split_ref
 from .dockerfile import is_from, parse_from
-from .errors import BaseImageMissing, BuildFailed, BuildTimedOut, EngineError, TagFailed, classify_failure
+from .errors import BuildFailed, BuildTimedOut, EngineError, TagFailed, base_image_missing, classify_failure
 
 if TYPE_CHECKING:
     import requests
@@ -324,7 +324,7 @@ class ClassicBuilder:
     def _build_error(self, error: str, state: BuildState, req: BuildRequest) -> EngineError:
         if state.in_from_step:
             image = _expand_args(state.base_image(), req.context / req.dockerfile, req.buildargs)
-            return BaseImageMissing(image=image, detail=short_text(error))
+            return base_image_missing(image, short_text(error))
         tail = tuple(state.tail)
         return BuildFailed(step=state.step, total=state.total, instruction=state.instruction,
                            error=short_text(error), tail=tail, log_path=req.log_path,

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .api import Pushed, RunResult
-from .errors import (BaseImageMissing, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing,
+from .errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, base_image_missing, refuses_gpus,
                      PullFailed, PushFailed)
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class DockerEngine:
             try:
                 self.pull(image)
             except PullFailed as e:
-                raise BaseImageMissing(image=image, detail=e.fields["detail"]) from e
+                raise base_image_missing(image, e.fields["detail"]) from e
             data = self.read_file(image, "/etc/os-release")
         return (data or b"").decode("utf-8", "replace")
 
@@ -235,7 +235,7 @@ class DockerEngine:
                 except docker.errors.APIError as e:
                     # The daemon's own words, without docker-py's status line and URL.
                     said = short_text(str(e.explanation or e))
-                    if gpus and ("gpu" in said.lower() or "nvidia" in said.lower()):
+                    if gpus and refuses_gpus(said):
                         raise GpuUnavailable(image=image, detail=said) from e
                     raise ContainerFailed(image=image, detail=said) from e
                 timed_out = False

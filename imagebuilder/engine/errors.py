@@ -10,7 +10,7 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ImageBuilderError
+from ..errors import BadRequest, ImageBuilderError
 
 
 class EngineError(ImageBuilderError):
@@ -36,10 +36,42 @@ class DaemonUnavailable(EngineError):
 
 
 class BaseImageMissing(EngineError):
+    """The registry could not be asked (exit 1: the world; retrying may help)."""
+
     image: str
     detail: str
     template = ("base image {image} is not available locally and could not be pulled ({detail}); "
                 "build or pull it first, or pass --base-image with one that exists")
+
+
+class BaseImageNotFound(BaseImageMissing, BadRequest):
+    """The registry answered that there is no such image (exit 2: the request names nothing)."""
+
+
+# A registry's (or the daemon's) words for "there is no such image": the request names
+# nothing, unlike a registry that could not be reached.
+_NOT_FOUND = re.compile(r"manifest unknown|not found|does not exist|pull access denied|no such image|"
+                        r"name unknown|repository name not known|invalid reference format", re.I)
+
+
+def names_nothing(detail: str) -> bool:
+    return bool(_NOT_FOUND.search(detail))
+
+
+def base_image_missing(image: str, detail: str) -> BaseImageMissing:
+    """The error for a base image that could not be had: a bad request when the registry says
+    it does not exist, the world's failure when the registry could not be asked."""
+    return (BaseImageNotFound if names_nothing(detail) else BaseImageMissing)(image=image, detail=detail)
+
+
+# What the daemon says when it cannot give a container GPUs (no NVIDIA Container Toolkit, no
+# CDI spec, no nvidia runtime); any other refusal (a missing bridge, a full disk) is not a GPU's.
+_GPU_REFUSAL = re.compile(r"could not select device driver|nvidia-container|unknown or invalid runtime name: "
+                          r"nvidia|CDI device|unresolvable CDI devices|libnvidia-ml|NVIDIA driver", re.I)
+
+
+def refuses_gpus(said: str) -> bool:
+    return bool(_GPU_REFUSAL.search(said))
 
 
 class BuildFailed(EngineError):
@@ -72,6 +104,10 @@ class BuildFailed(EngineError):
         log = f"full log: {f['log_path']}" if f["log_path"] else "rerun with a log file for the full output"
         hint = f["hint"] or (CAUSE_HINTS[f["cause"]] if f["cause"] else "")
         return f"{where} failed: {what}; {hint}{log}"
+
+    @property
+    def exit_status(self) -> int:
+        return 2 if self.fields["cause"] in REQUEST_CAUSES else self.exit_code
 
     def details(self) -> list[str]:
         """The failing step's last output lines."""
@@ -146,6 +182,7 @@ class PullFailed(EngineError):
 # The recognisable failures inside a build step, and what to do about each.
 _CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("disk-full", re.compile(r"no space left on device", re.I)),
+    ("no-nvcc", re.compile(r"imagebuilder: no nvcc in --base-image")),
     ("network", re.compile(
         r"CERTIFICATE_VERIFY_FAILED|invalid peer certificate|Could not fetch URL|"
         r"Name or service not known|Temporary failure in name resolution|Connection reset|"
@@ -154,7 +191,11 @@ _CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.I,
     )),
 )
+# Causes that are the request's, not the build's: the build cannot succeed as asked (exit 2).
+REQUEST_CAUSES = frozenset({"no-nvcc"})
 CAUSE_HINTS: dict[str, str] = {
+    "no-nvcc": "the --base-image has no CUDA compiler: a devel image needs a base with nvcc under "
+    "/usr/local/cuda (NVIDIA's nvidia/cuda:*-devel-* images), or leave --base-image out; ",
     "disk-full": "the Docker host ran out of disk space: free some with `docker system prune` "
     "or move Docker's data-root to a larger disk; ",
     "network": "pip inside the build could not reach the index: check the network and "

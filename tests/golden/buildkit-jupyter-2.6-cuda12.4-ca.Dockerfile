@@ -47,7 +47,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="b0d65617041a160c794f785ed43c9ab9a0d71c58404d3e1f52c91d0f00282cce"
+    io.imagebuilder.inputs-hash="21cf92221d34e725f39391bc695458230d558688ce80e4387ed05f822c2f0088"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -73,7 +73,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="d4ea8de97f5b26f4be9a30ab9a81e377c0f9e5704a2ba6af39a59e9f9bb1f6dc"
+    io.imagebuilder.inputs-hash="686b9949cf1e6d3b37d3fb8d971d3392ac94045e5014a9fd739e27c82bdaba32"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

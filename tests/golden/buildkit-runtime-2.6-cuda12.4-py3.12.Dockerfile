@@ -72,7 +72,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="47b36894dbc8be0ad3e7cc4895db485d6728e8feb4fe4797b52601f4ed149b84"
+    io.imagebuilder.inputs-hash="7e604950a6ad40cbee702b74c9635705d72856ed865c7fc50f32d211e0999e99"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -75,7 +75,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="1bb691165f4e24501c3a7cc04f63ff5ead697e1df4c2a709061d2218583784a3"
+    io.imagebuilder.inputs-hash="637bbfe9229a7173241e111dcba47005f99344becd6877a4f373b463afdcaf49"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -71,7 +71,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="9dd75bba617e4aba0d3f41713d5abda07d54c2133bd636621fb07377529a718f"
+    io.imagebuilder.inputs-hash="c8da295ddb1a070b7d417618bc5703ecc7b4aa7be3fe220670ca77df63e57999"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="f5b8b9483d7ba92798abe3b66fb84251c064a4d898501bb01c10ef4dbc8be361"
+    io.imagebuilder.inputs-hash="3bf68c3f4f466c1d8d7f7d65743938b1bfb7b7d372edc7a8f66bfed3085d9571"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="12ccdec3b1202710c1f287d9d5ef2831615321d4c49d049293c81b4a5d66333a"
+    io.imagebuilder.inputs-hash="0a617f675e1b955df529c6f7e8d075cec384729b34000b5269f21cb35e958084"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

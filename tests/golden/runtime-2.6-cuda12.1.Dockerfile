@@ -65,7 +65,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="525.60.13" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="1abb6113a779f5140212fbbc507ae0e8664a1f2b727b38a1ffa907022f7d14c1"
+    io.imagebuilder.inputs-hash="228d5e47618ce4add4b5ba2bd2775f6197207c9baa7eac7dd1cba2cfbacc53fc"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

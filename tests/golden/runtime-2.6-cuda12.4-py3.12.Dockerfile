@@ -66,7 +66,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="c3ddb1cf620ced2062535473d140fbf73bc6e3ea4aa9607df19578fa1e4b538a"
+    io.imagebuilder.inputs-hash="c6767f6efd22422e35abf64e6add072197906cdedabc7f342441ca2cdb1dcbc6"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -1,0 +1,116 @@
+"""Image references and repository names, by the grammar of the OCI distribution spec.
+
+    reference  := name [ ":" tag ] [ "@" digest ]
+    name       := [ domain "/" ] component ( "/" component )*
+    domain     := host [ ":" port ]           (has a "." or ":", or is "localhost")
+    component  := [a-z0-9]+ ( ( "." | "_" | "__" | "-"+ ) [a-z0-9]+ )*
+    tag        := [A-Za-z0-9_] [A-Za-z0-9_.-]{0,127}
+    digest     := algorithm ":" encoded        (sha256: 64 lowercase hex digits)
+
+(distribution/reference's grammar, as `docker` applies it.) A reference that does not parse
+is a bad request: it is refused with the reason before any daemon or registry is asked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import BadRequest
+
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_DOMAIN_COMPONENT = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = re.compile(rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[A-Fa-f0-9:]+\])(?::[0-9]+)?")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_ALGORITHM = re.compile(r"[a-z0-9]+(?:[+._-][a-z0-9]+)*")
+_ENCODED = re.compile(r"[A-Za-z0-9=_-]+")
+_SHA256 = re.compile(r"[a-f0-9]{64}")
+NAME_MAX = 255
+FORMS = "NAME[:TAG] or NAME@sha256:DIGEST, e.g. pytorch:2.6.0-cuda12.4-cudnn9-runtime"
+
+
+class InvalidReference(BadRequest):
+    """Fields: what (the option or argument), text, why."""
+
+    def describe(self) -> str:
+        f = self.fields
+        return f"{f['what']} {f['text']!r} is not an image reference: {f['why']}; give {FORMS}"
+
+
+class InvalidRepository(BadRequest):
+    def describe(self) -> str:
+        f = self.fields
+        return (f"{f['what']} {f['text']!r} is not a repository name: {f['why']}; give lowercase "
+                "NAME or HOST[:PORT]/NAME without a tag, e.g. pytorch or registry.example.com/ml/pytorch")
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str  # [domain/]path, as written
+    tag: str | None = None
+    digest: str | None = None
+
+
+def _name_problem(name: str) -> str | None:
+    """Why `name` is not a repository name, or None."""
+    if not name:
+        return "the name is empty"
+    if len(name) > NAME_MAX:
+        return f"the name is longer than {NAME_MAX} characters"
+    if any(c.isspace() for c in name):
+        return "it contains a space"
+    first, slash, rest = name.partition("/")
+    path = name
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        if not _DOMAIN.fullmatch(first):
+            return f"{first!r} is not a registry host[:port]"
+        path = rest
+    for component in path.split("/"):
+        if not component:
+            return "it has an empty path component (a leading, trailing or double '/')"
+        if not _COMPONENT.fullmatch(component):
+            if _COMPONENT.fullmatch(component.lower()):
+                return f"the repository name must be lowercase ({component!r})"
+            return (f"{component!r} is not a path component (lowercase letters and digits, "
+                    "joined by '.', '_', '__' or '-')")
+    return None
+
+
+def parse_reference(text: str, what: str = "image") -> Reference:
+    """`text` as an image reference, or InvalidReference saying why it is not one."""
+
+    def invalid(why: str) -> InvalidReference:
+        return InvalidReference(what=what, text=text, why=why)
+
+    if not text:
+        raise invalid("it is empty")
+    remainder, at, digest = text.partition("@")
+    if at:
+        algorithm, colon, encoded = digest.partition(":")
+        if not colon or not _ALGORITHM.fullmatch(algorithm) or not _ENCODED.fullmatch(encoded):
+            raise invalid(f"{digest!r} is not a digest (ALGORITHM:HEX)")
+        if algorithm == "sha256" and not _SHA256.fullmatch(encoded):
+            raise invalid("a sha256 digest has 64 lowercase hex digits")
+    # A ':' after the last '/' separates the tag; one before it is a registry's port.
+    last_slash = remainder.rfind("/")
+    last_colon = remainder.rfind(":")
+    name, tag = ((remainder[:last_colon], remainder[last_colon + 1:]) if last_colon > last_slash
+                 else (remainder, None))
+    if tag is not None and not _TAG.fullmatch(tag):
+        raise invalid("the tag after ':' is empty" if not tag else
+                      f"{tag!r} is not a tag (letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')")
+    problem = _name_problem(name)
+    if problem is not None:
+        raise invalid(problem)
+    return Reference(name, tag, digest if at else None)
+
+
+def check_repository(text: str, what: str = "--repository") -> str:
+    """`text` if it is a repository name (no tag, no digest), else InvalidRepository."""
+    slash = text.rfind("/")
+    if "@" in text or text.rfind(":") > slash:
+        raise InvalidRepository(what=what, text=text, why="it has a tag or digest; tags come from the matrix")
+    problem = _name_problem(text)
+    if problem is not None:
+        raise InvalidRepository(what=what, text=text, why=problem)
+    return text
