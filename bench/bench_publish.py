@@ -106,7 +106,8 @@ def publish(registry: str, *args: str) -> tuple[float, dict]:
         start = time.perf_counter()
         sh(sys.executable, "-m", "imagebuilder", "publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS,
            "--base-image", BASE, "--ca-bundle", str(ca_bundle()), "--builder", "buildkit", "--allow-no-gpu",
-           "--registry", registry, "--report", str(report), "--quiet", *args,
+           "--registry", registry, "--report", str(report), "--quiet",
+           *(() if "--compression" in args else ("--compression", "zstd")), *args,
            env={**os.environ, "GITHUB_SHA": "0" * 40})
         wall = time.perf_counter() - start
         return wall, json.loads(report.read_text())["images"][0]

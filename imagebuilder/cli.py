@@ -113,7 +113,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    selection = pipeline.settle_os(ctx.matrix, selection, None, note)
+    selection = pipeline.settle_os(ctx.matrix, selection, pipeline.base_os_reader(selection), note)
     click.echo(pipeline.format_listing(pipeline.matrix_rows(ctx.matrix, selection), fmt))
 
 
@@ -412,13 +412,13 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                                  kind=decision.kind, read_os_release=engine.os_release if engine else None,
                                  registry=registry, force=force, day=today, merge_only=merge_only, note=note,
                                  signing=signer is not None)
-    if merge_only:
-        for index in publish.write_indexes(registry, plan.index_platforms, signer):
-            click.echo(publish.format_index(index))
-        return
     for platform, steps in plan.steps:
         click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
-    if engine is None:
+    if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
+        merged = plan.indexes(registry, merge=merge_only or (merge and push),
+                              signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
+        publish.report_indexes(merged, plan.planned, base=base, push=push, dry_run=dry_run, report=report,
+                               echo=click.echo)
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"

@@ -50,7 +50,7 @@ PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-man
 DEFAULT_PLATFORM = "linux/amd64"
 # What the in-image constraint file pins: the packages whose replacement breaks the image's
 # CUDA build of torch (a dependency wanting another torch would bring another CUDA stack).
-PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|triton|pytorch-triton|nvidia-.*)$")
+PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|torchcodec|triton|pytorch-triton|nvidia-.*)$")
 HEADER = "# imagebuilder lock"
 # What `uv venv --seed` would add unpinned, locked instead: pip for users' own installs, and
 # setuptools, which torch.compile imports (through torch.utils.cpp_extension) on every
@@ -129,6 +129,9 @@ def check_extras(spec: BuildSpec, extras: Sequence[str], lock: Lock | None = Non
         pinned["torchaudio"] = spec.torch.torchaudio
     if spec.torch.triton is not None:
         pinned["triton"] = spec.torch.triton
+    codec = spec.torch.torchcodec_for(spec.python)
+    if codec is not None:
+        pinned["torchcodec"] = codec
     if lock is not None:
         pinned.update({p.name: p.version for p in lock.pins if PROTECTED.match(p.name)})
     for text in extras:
@@ -146,6 +149,9 @@ def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) ->
     reqs = [f"torch=={spec.torch.version}", f"torchvision=={spec.torch.torchvision}"]
     if spec.torch.torchaudio is not None:
         reqs.append(f"torchaudio=={spec.torch.torchaudio}")
+    codec = spec.torch.torchcodec_for(spec.python)
+    if codec is not None:  # torchaudio's load/save (2.9+) go through it
+        reqs.append(f"torchcodec=={codec}")
     if variant(spec.variant).toolchain:
         reqs.append(f"ninja=={matrix.tools.ninja}")  # torch.utils.cpp_extension builds with ninja
         if spec.toolchain == "pip":

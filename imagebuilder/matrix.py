@@ -73,6 +73,7 @@ class OSRelease:
     python: Version  # the distribution's own python3
     base: str  # plain OS image, for CUDA versions NVIDIA publishes no image of for this OS
     source: str
+    ffmpeg: tuple[str, ...] = ()  # the OS's FFmpeg shared-library packages (runtime, not -dev)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,16 @@ class WheelVariant:
 
 
 @dataclass(frozen=True)
+class TorchCodec:
+    """The torchcodec torchaudio's load/save go through (torchaudio 2.9+), for the Pythons its
+    wheels exist for; it loads the OS's FFmpeg (OSRelease.ffmpeg)."""
+
+    version: Version
+    pythons: tuple[Version, ...]
+    source: str
+
+
+@dataclass(frozen=True)
 class TorchRelease:
     key: str  # major.minor, e.g. "2.6"
     version: Version
@@ -114,9 +125,17 @@ class TorchRelease:
     source: str
     # Where the PyPI wheels (pypi_variant) are CUDA builds; before 2.11 PyPI's aarch64 torch is CPU-only.
     platforms: tuple[str, ...] = ("linux/amd64",)
+    torchcodec: TorchCodec | None = None
 
     def variant(self, name: str) -> WheelVariant:
         return next(v for v in self.variants if v.name == name)
+
+    def torchcodec_for(self, python: Version) -> Version | None:
+        """The torchcodec pin of an image with this Python, or None where it gets none."""
+        codec = self.torchcodec
+        if codec is None or Version(f"{python.major}.{python.minor}") not in codec.pythons:
+            return None
+        return codec.version
 
 
 class NoNotebookPins(BadRequest):
@@ -330,11 +349,28 @@ class _Checker:
 
 
 def _parse_os(c: _Checker, name: str, data: Any, path: KeyPath) -> OSRelease | None:
-    d = c.record(data, path, {"family", "python", "base", "source"})
+    d = c.record(data, path, {"family", "python", "base", "source"}, {"ffmpeg"})
     if d is None:
         return None
     python = c.version(d, "python", path)
-    return OSRelease(name, c.text(d, "family", path), python or Version("0"), c.text(d, "base", path), c.text(d, "source", path))
+    ffmpeg = d.get("ffmpeg") or []
+    if not isinstance(ffmpeg, list) or not all(isinstance(p, str) and p for p in ffmpeg):
+        c.problem(path + ("ffmpeg",), "expected a list of OS package names like 'libavcodec59'")
+        ffmpeg = []
+    return OSRelease(name, c.text(d, "family", path), python or Version("0"), c.text(d, "base", path),
+                     c.text(d, "source", path), tuple(ffmpeg))
+
+
+def _parse_torchcodec(c: _Checker, d: dict[str, Any], path: KeyPath) -> TorchCodec | None:
+    raw = d.get("torchcodec")
+    if raw is None:
+        return None
+    path = path + ("torchcodec",)
+    record = c.record(raw, path, {"version", "python", "source"})
+    if record is None:
+        return None
+    return TorchCodec(version=c.version(record, "version", path) or Version("0"),
+                      pythons=_parse_pythons(c, record, path, required=True), source=c.text(record, "source", path))
 
 
 def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease | None:
@@ -413,7 +449,7 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         data,
         path,
         {"version", "torchvision", "python", "pypi_variant", "variants", "source"},
-        {"torchaudio", "triton", "platforms"},
+        {"torchaudio", "triton", "platforms", "torchcodec"},
     )
     if d is None:
         return None
@@ -436,6 +472,7 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         variants=tuple(sorted(variants.values(), key=lambda v: v.cuda)),
         source=c.text(d, "source", path),
         platforms=_parse_platforms(c, d, path),
+        torchcodec=_parse_torchcodec(c, d, path),
     )
 
 
@@ -467,6 +504,10 @@ def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
         if cuda.min_driver and cuda.min_driver_compat and driver_key(cuda.min_driver_compat) > driver_key(cuda.min_driver):
             c.problem(("cuda", name, "min_driver_compat"), "is above min_driver; the compatibility floor is the lower one")
     for key, torch in torches.items():
+        if torch.torchcodec is not None:
+            for os_name in sorted(name for name, o in oses.items() if not o.ffmpeg):
+                c.problem(("os", os_name, "ffmpeg"), f"missing: torch {key} installs torchcodec, which loads the "
+                                                     "OS's FFmpeg libraries; list their packages")
         for variant in torch.variants:
             if variant.cuda not in cuda_keys:
                 c.problem(

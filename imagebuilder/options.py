@@ -283,9 +283,10 @@ def compression(f: F) -> F:
     """Handed to the command as `compressing: Compressing`."""
     return _stack(
         click.option("--compression", type=click.Choice(["zstd", "gzip"]), default=None,
-                     help="The layers' compression. Default: zstd where BuildKit exports into Docker's "
-                          "containerd image store (pulled by Docker >= 23, containerd >= 1.5, current "
-                          "Kubernetes nodes), else gzip (docker push's own). gzip for older pullers."),
+                     help="Export the layers with this compression into Docker's containerd image store "
+                          "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
+                          "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
+                          "current Kubernetes nodes. Default (for now): gzip, compressed by docker push."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
         _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),

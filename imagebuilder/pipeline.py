@@ -32,6 +32,8 @@ from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_c
 if TYPE_CHECKING:
     from . import lock as locking
     from . import publish
+    from .publish import IndexRegistry
+    from .signing import Signer
     from .registry import Registry
 
 ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
@@ -116,10 +118,12 @@ def settle_os(matrix: Matrix, selection: Selection, read_os_release: ReadOsRelea
     if base is None:
         return selection
     if read_os_release is None:
-        if selection.os is None:
-            note(f"--base-image {base} is assumed to run {matrix.defaults.os} (not inspected: no Docker "
-                 "daemon is asked when rendering); pass --os if it runs another OS")
-        return selection
+        if selection.os is not None:
+            return selection
+        # One base image is one OS: the filters then select that OS's images, not every OS's.
+        note(f"--base-image {base} is assumed to run {matrix.defaults.os} (not inspected: render asks no "
+             "Docker daemon, and the other commands found none); pass --os if it runs another OS")
+        return replace(selection, os=matrix.defaults.os)
     release = parse_os_release(read_os_release(base))
     pretty = release.get("PRETTY_NAME") or f"{release.get('ID', '?')} {release.get('VERSION_ID', '')}".strip()
     found = os_of_release(matrix, release)
@@ -372,6 +376,23 @@ class PublishPlan:
     multi: bool
     """--platform given: each platform's images go under their own tags, then an index."""
 
+    @property
+    def planned(self) -> list[publish.Step]:
+        return [step for _, steps in self.steps for step in steps]
+
+    def indexes(self, registry: IndexRegistry, *, merge: bool, write: bool = False,
+                signer: Signer | None = None) -> tuple[publish.IndexStep, ...] | tuple[publish.IndexOutcome, ...]:
+        """The indexes planned over the platform images, those this plan pushes included (what
+        a dry run shows; none without --platform or with --no-merge / --no-push); `write`
+        (--merge-only) writes (and with `signer` signs) each one it can."""
+        from . import publish
+
+        if not (self.multi and merge):
+            return ()
+        steps = publish.plan_indexes(registry, self.index_platforms,
+                                     pending={ref for step in self.planned for ref in step.writes})
+        return publish.write_indexes(registry, steps, signer) if write else steps
+
 
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, registry: Registry,
@@ -385,6 +406,9 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     selection.check_platform_bases(platforms)
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
     index_platforms: dict[str, list[str]] = {}
+    # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
+    # the run reads it, when a daemon answers: the plan is the run's.
+    read_os_release = read_os_release or base_os_reader(selection)
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
         own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
@@ -407,6 +431,18 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
         remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
         plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
     return PublishPlan(tuple(plans), index_platforms, multi)
+
+
+def base_os_reader(selection: Selection) -> ReadOsRelease | None:
+    """How a command that builds nothing (matrix, a dry run, --merge-only) reads --base-image's
+    OS: as the run does, through the daemon (pulling the image if it is not here), when one
+    answers; None (the OS is then assumed) without a base image or a daemon."""
+    from .engine.docker import answering_engine
+
+    if selection.base_image is None and not selection.platform_bases:
+        return None
+    engine = answering_engine()
+    return engine.os_release if engine else None
 
 
 # --------------------------------------------------------------------------- lock

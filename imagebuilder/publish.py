@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .build import HASH, SBOM_DIGEST, Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
@@ -106,6 +106,17 @@ class Step:
     """RETAG: the refs to point at `digest`."""
     dated: str | None = None
     """BUILD: the dated ref to push besides the image's tags; None when that day already has one."""
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        """Every ref the run pushes (BUILD) or re-points (RETAG) for this step, the dated one included."""
+        if self.action == BUILD:
+            return (*self.image.refs, *((self.dated,) if self.dated else ()))
+        return self.retag
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image.spec.key, "ref": self.image.ref, "action": self.action, "reason": self.reason,
+                "push": list(self.writes), "digest": self.digest}
 
 
 def dated_ref(image: RenderedImage, day: date) -> str:
@@ -445,48 +456,145 @@ def _sign(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signe
     return tuple(signer.sign(pinned(image.ref, digest), sbom) for digest in dict.fromkeys(pushed.values()))
 
 
+# Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).
+WRITE, UNCHANGED, WRITTEN = "write", "unchanged", "written"
+
+
+class MergeIncomplete(ImageBuilderError):
+    def describe(self) -> str:
+        unmerged, total = self.fields["unmerged"], self.fields["total"]
+        names = ", ".join(parse_reference(ref).reference for ref, _ in unmerged)
+        others = f"; the other {total - len(unmerged)} are indexes" if len(unmerged) < total else ""
+        return (f"{len(unmerged)} of {total} tags could not be made indexes (why: the `index` lines above): "
+                f"{names}{others}; rerun --merge-only once their platform images are published")
+
+
 @dataclass(frozen=True)
-class Index:
+class IndexChild:
     ref: str
-    """The tag made an index."""
-    children: tuple[tuple[str, str], ...]
-    """(digest, platform) of each platform's image."""
-    digest: str
+    """The platform's tag (TAG-amd64)."""
+    platform: str
+    digest: str | None
+    """What that tag names in the registry now; None: nothing (yet)."""
+    pending: bool = False
+    """This run pushes or re-points it before the index is written."""
 
 
-def write_indexes(registry: Registry, wanted: Mapping[str, Sequence[str]],
-                  signer: Signer | None = None) -> list[Index]:
-    """Make every ref an image index over its platforms' images (ref-amd64, ref-arm64, ...),
-    which must all be in the registry already; a rerun with the same children writes the
-    same index (its digest does not change). `signer` signs each index's digest (the
-    platform images carry their own SBOM attestations)."""
+@dataclass(frozen=True)
+class IndexStep:
+    """One tag to make an image index over its platforms' images (TAG-amd64, TAG-arm64, ...)."""
 
+    ref: str
+    children: tuple[IndexChild, ...]
+    action: str
+    """WRITE, UNCHANGED (the registry has this very index) or SKIP (a platform's image is missing)."""
+    reason: str = ""
+    digest: str | None = None
+    """The index's digest; None when skipped, or while a child is still to be pushed."""
+    body: bytes = b""
+    """WRITE, nothing pending: the index document to PUT."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ref": self.ref, "status": self.action, "reason": self.reason, "digest": self.digest,
+                "manifests": [{"ref": c.ref, "platform": c.platform, "digest": c.digest} for c in self.children]}
+
+
+@dataclass(frozen=True)
+class IndexOutcome:
+    step: IndexStep
+    status: str
+    """WRITTEN, UNCHANGED, SKIPPED or FAILED."""
+    reason: str = ""
+    digest: str | None = None
+    signed: Signed | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.step.to_json(), "status": self.status, "reason": self.reason, "digest": self.digest,
+                "signed": self.signed.to_json() if self.signed else None}
+
+
+class IndexRegistry(Protocol):
+    """What merging needs of a registry."""
+
+    def digest(self, ref: str) -> str | None: ...
+
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes: ...
+
+    def put_index(self, ref: str, body: bytes) -> str: ...
+
+
+def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
+                 pending: Collection[str] = frozenset()) -> tuple[IndexStep, ...]:
+    """One IndexStep per tag in `wanted` (tag -> the platforms its index joins), asking the
+    registry (reads only) what each platform's tag names; `pending`: the platform tags this
+    run pushes before merging (a dry run's plan). A tag missing a platform's image is skipped,
+    not an error here: every other tag is still merged."""
     from .platforms import platform_tags
 
-    written = []
+    steps = []
     for ref, platforms in wanted.items():
         children = []
         for platform in platforms:
             child = platform_tags((ref,), platform)[0]
-            digest = registry.digest(child)
-            if digest is None:
-                raise ImageBuilderError(f"cannot make {ref} an index: {child} is not in the registry; "
-                                        f"publish --platform {platform} first")
-            children.append((digest, platform))
-        digest = registry.put_index(ref, children)
-        if signer is not None:
-            signer.sign(pinned(ref, digest), None)
-        written.append(Index(ref, tuple(children), digest))
-    return written
+            waiting = child in pending
+            children.append(IndexChild(child, platform, None if waiting else registry.digest(child), waiting))
+        absent = [c for c in children if c.digest is None and not c.pending]
+        if absent:
+            verb = "is" if len(absent) == 1 else "are"
+            reason = (f"{', '.join(parse_reference(c.ref).reference for c in absent)} {verb} not in the registry; publish "
+                      f"--platform {','.join(c.platform for c in absent)} first")
+            steps.append(IndexStep(ref, tuple(children), SKIP, reason))
+        elif any(c.pending for c in children):
+            tags = ", ".join(parse_reference(c.ref).reference for c in children if c.pending)
+            steps.append(IndexStep(ref, tuple(children), WRITE, f"after this run writes {tags}"))
+        else:
+            body = registry.index_for(ref, [(c.digest or "", c.platform) for c in children])
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            if registry.digest(ref) == digest:
+                steps.append(IndexStep(ref, tuple(children), UNCHANGED, "the registry has this index", digest))
+            else:
+                steps.append(IndexStep(ref, tuple(children), WRITE, "", digest, body))
+    return tuple(steps)
+
+
+def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
+                  signer: Signer | None = None) -> tuple[IndexOutcome, ...]:
+    """Write every planned index (planned with nothing pending); a tag that cannot be written
+    is reported and the rest are still written. A rerun with the same children writes nothing.
+    `signer` signs each index written, and an unchanged one that has no signature yet (its
+    signing failed before); the platform images carry their own SBOM attestations."""
+    outcomes = []
+    for step in steps:
+        if step.action == SKIP:
+            outcomes.append(IndexOutcome(step, SKIPPED, step.reason))
+            continue
+        status, digest = UNCHANGED, step.digest or ""
+        if step.action == WRITE:
+            assert step.body, f"{step.ref}: plan the indexes again once the platform images are pushed"
+            try:
+                status, digest = WRITTEN, registry.put_index(step.ref, step.body)
+            except ImageBuilderError as e:
+                outcomes.append(IndexOutcome(step, FAILED, f"the index PUT failed: {e}"))
+                continue
+        signed = None
+        target = pinned(step.ref, digest)
+        if signer is not None and (status == WRITTEN or registry.digest(signature_tag(target)) is None):
+            try:
+                signed = signer.sign(target, None)
+            except ImageBuilderError as e:
+                outcomes.append(IndexOutcome(step, FAILED, f"{status} {digest}, but not signed: {e}", digest))
+                continue
+        outcomes.append(IndexOutcome(step, status, "" if status == WRITTEN else step.reason, digest, signed))
+    return tuple(outcomes)
 
 
 def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
                 registry: Registry, options: RunOptions, multi: bool, merge: bool,
                 index_platforms: Mapping[str, Sequence[str]], on_event: Event | None = None,
-                on_progress: OnProgress | None = None) -> Iterator[Outcome | Index]:
+                on_progress: OnProgress | None = None) -> Iterator[Outcome | IndexOutcome]:
     """Every platform's plan in turn (`options.platform` set per platform with `multi`; the
     smoke tests run where the platform is the host's), then, with `multi` and `merge`, when
-    everything was pushed, the image indexes: each Outcome and Index as it is done."""
+    everything was pushed, the image indexes: each Outcome and IndexOutcome as it is done."""
     from .platforms import host_platform
 
     outcomes: list[Outcome] = []
@@ -497,7 +605,7 @@ def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, 
             outcomes.append(outcome)
             yield outcome
     if multi and merge and options.push and outcomes and not any(o.failed for o in outcomes):
-        yield from write_indexes(registry, index_platforms, options.signer)
+        yield from write_indexes(registry, plan_indexes(registry, index_platforms), options.signer)
 
 
 def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
@@ -505,18 +613,19 @@ def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engin
                    index_platforms: Mapping[str, Sequence[str]], base: str, report: Path | None,
                    events: EventPrinter, echo: Callable[[str], None]) -> None:
     """`publish`: publish_all() with a line per outcome and index on `events`, the summary on
-    `echo` and the --report written however the run ends; raises when any image failed."""
+    `echo` and the --report written however the run ends; raises when any image failed, or
+    any tag could not be made an index."""
     from .atomic import write_json
 
     outcomes: list[Outcome] = []
-    indexes: list[Index] = []
+    indexes: list[IndexOutcome] = []
     try:
         for done in publish_all(plans, engine=engine, builder=builder, registry=registry, options=options,
                                 multi=multi, merge=merge, index_platforms=index_platforms,
                                 on_event=events.on_event, on_progress=events.on_progress):
-            if isinstance(done, Index):
+            if isinstance(done, IndexOutcome):
                 indexes.append(done)
-                events.line(format_index(done))
+                events.line(format_indexes([done]))
             else:
                 outcomes.append(done)
                 events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
@@ -526,8 +635,21 @@ def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engin
             echo(format_summary(outcomes, signing=options.signer is not None))
         if report is not None:
             planned = [step for _, steps in plans for step in steps]
-            write_json(report, report_document(base, options.push, planned, outcomes, indexes))
-    raise_if_failed(outcomes)
+            write_json(report, report_document(base, options.push, False, planned, outcomes, indexes))
+    raise_if_failed(outcomes, indexes)
+
+
+def report_indexes(indexes: Sequence[IndexStep | IndexOutcome], planned: Sequence[Step], *, base: str, push: bool,
+                   dry_run: bool, report: Path | None, echo: Callable[[str], None]) -> None:
+    """A publish that builds nothing (the dry run, --merge-only): the indexes it planned or
+    wrote on `echo`, the --report, then a failure naming each tag left without an index."""
+    from .atomic import write_json
+
+    if indexes:
+        echo(format_indexes(indexes))
+    if report is not None:
+        write_json(report, report_document(base, push, dry_run, planned, (), indexes))
+    raise_if_failed((), indexes)
 
 
 # --------------------------------------------------------------------------- presenting
@@ -563,12 +685,34 @@ class EventPrinter:
 
 
 def format_plan(steps: Sequence[Step]) -> str:
+    """The plan, and under it every tag each step pushes or re-points (the dated one too)."""
     rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
     lines = [format_table(("#", "ACTION", "IMAGE", "WHY"), rows)]
     for step in steps:
-        aliases = [parse_reference(ref).reference for ref in step.image.refs[1:]]
-        if aliases:
-            lines.append(f"  {step.image.tags[0]} also as: {', '.join(aliases)}")
+        tags = ", ".join(parse_reference(ref).reference for ref in step.writes)
+        if step.action == BUILD:
+            lines.append(f"  {step.image.tags[0]}: push {tags}")
+        elif step.action == RETAG:
+            lines.append(f"  {step.image.tags[0]}: point {tags} at {_short(step.digest or '')}")
+    return "\n".join(lines)
+
+
+def format_indexes(indexes: Sequence[IndexStep | IndexOutcome]) -> str:
+    """One line per tag: the index written or planned (its digest where the children are
+    known), the one the registry already has, or why the tag is skipped."""
+    lines = []
+    for item in indexes:
+        if isinstance(item, IndexOutcome):
+            step, status, reason, digest = item.step, item.status, item.reason, item.digest
+        else:
+            step, reason, digest = item, item.reason, item.digest
+            status = {WRITE: "would write", SKIP: "would skip"}.get(item.action, item.action)
+        if status in (SKIPPED, FAILED, "would skip"):
+            lines.append(f"index {step.ref}: {status}: {reason}")
+        else:
+            over = f"over {', '.join(c.platform for c in step.children)}"
+            details = (reason,) if isinstance(item, IndexStep) and item.action == WRITE else ()
+            lines.append(f"index {step.ref}: " + " ".join(part for part in (status, digest, over, *details) if part))
     return "\n".join(lines)
 
 
@@ -588,23 +732,25 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
     return format_table(headers, rows)
 
 
-def format_index(index: Index) -> str:
-    return f"index {index.ref}: {index.digest} over {', '.join(p for _, p in index.children)}"
-
-
-def report_document(registry: str, push: bool, planned: Sequence[Step], outcomes: Sequence[Outcome],
-                    indexes: Sequence[Index]) -> dict[str, Any]:
-    """`publish --report`: what was planned, and what became of each image and index."""
-    return {"ok": len(outcomes) == len(planned) and not any(o.failed for o in outcomes),
-            "registry": registry, "push": push,
+def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],
+                    outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome]) -> dict[str, Any]:
+    """`publish --report`: what was planned, and what became of each image and index; of a dry
+    run, the plan (`images` empty, `indexes` as planned, `ok` true)."""
+    unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
+    ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
+    return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
             "images": [o.to_json() for o in outcomes],
-            "indexes": [{"ref": i.ref, "digest": i.digest,
-                         "manifests": [{"digest": d, "platform": p} for d, p in i.children]}
-                        for i in indexes],
-            "planned": [{"ref": s.image.ref, "action": s.action, "reason": s.reason} for s in planned]}
+            "indexes": [i.to_json() for i in indexes],
+            "planned": [step.to_json() for step in planned]}
 
 
-def raise_if_failed(outcomes: Sequence[Outcome]) -> None:
+def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:
+    """Fail naming the images that failed, else the tags left without an index (a dry run's
+    planned skips are no failure)."""
     failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
     if failures:
         raise PublishFailed(failures=tuple(failures), total=len(outcomes))
+    written = [i for i in indexes if isinstance(i, IndexOutcome)]
+    unmerged = tuple((i.step.ref, i.reason) for i in written if i.status in (SKIPPED, FAILED))
+    if unmerged:
+        raise MergeIncomplete(unmerged=unmerged, total=len(written))

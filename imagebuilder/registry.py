@@ -40,6 +40,7 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 ACCEPT = ", ".join((DOCKER_MANIFEST, OCI_MANIFEST, DOCKER_LIST, OCI_INDEX))
 INDEXES = (DOCKER_LIST, OCI_INDEX)
+REFERENCE_DIGEST = "vnd.docker.reference.digest"  # an attestation manifest's image, in an index
 TIMEOUT = 30.0
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
@@ -191,17 +192,32 @@ def pick_manifest(index: Mapping[str, Any]) -> str:
     return str(entries[0]["digest"])
 
 
-def index_document(children: Sequence[tuple[str, int, str, str]]) -> bytes:
-    """An OCI image index over (media type, size, digest, "os/arch") children, one per platform.
+def platform_entries(platform: str, media_type: str, size: int, digest: str,
+                     document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What one platform's image adds to an index over platforms: its descriptor; or, where it is
+    an index already (the containerd image store and BuildKit push an image with its provenance
+    as one), that index's entries for the platform and their attestations, so the index over
+    platforms is one level deep, as `docker buildx build --platform a,b` writes it."""
+    os_name, _, architecture = platform.partition("/")
+    if media_type not in INDEXES:
+        return [{"mediaType": media_type, "size": size, "digest": digest,
+                 "platform": {"os": os_name, "architecture": architecture}}]
+    entries = [dict(entry) for entry in document.get("manifests") or []]
+    images = [e for e in entries if (e.get("platform") or {}).get("os") == os_name
+              and (e.get("platform") or {}).get("architecture") == architecture]
+    if not images:
+        raise ValueError(f"the index {digest} has no {platform} image")
+    ours = {e["digest"] for e in images}
+    attestations = [e for e in entries if (e.get("annotations") or {}).get(REFERENCE_DIGEST) in ours]
+    return [*images, *attestations]
+
+
+def index_document(manifests: Sequence[Mapping[str, Any]]) -> bytes:
+    """An OCI image index over these descriptors (platform_entries of each platform's image).
 
     Canonical JSON (sorted keys, no spaces): the same children always give the same digest,
     so a rerun that changes nothing writes the same index."""
-    manifests = []
-    for media_type, size, digest, platform in children:
-        os_name, _, architecture = platform.partition("/")
-        manifests.append({"mediaType": media_type, "size": size, "digest": digest,
-                          "platform": {"os": os_name, "architecture": architecture}})
-    document = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
+    document = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": list(manifests)}
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -220,9 +236,12 @@ class Registry(Protocol):
     def put_tag(self, ref: str, digest: str) -> str:
         """Point tag `ref` at manifest `digest` of the same repository; the digest it now names."""
 
-    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
-        """Make tag `ref` an image index over (digest, platform) manifests of the same
-        repository; the digest it now names."""
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        """The image index over (digest, platform) manifests of `ref`'s repository that
+        put_index would write (reads only)."""
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        """Make tag `ref` the image index `body` (from index_for); the digest it now names."""
 
 
 def docker_config() -> dict[str, Any]:
@@ -353,17 +372,24 @@ class HttpRegistry:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the tag is missing after PUT")
         return now
 
-    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
         r = parse_reference(ref)
-        entries = []
+        entries: list[dict[str, Any]] = []
         for digest, platform in children:
+            url = self._url(r, f"manifests/{digest}")
             got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
             if got is None:
-                raise RegistryProtocolError(url=self._url(r, f"manifests/{digest}"),
-                                            detail=f"the {platform} image of the index is not in the repository")
+                raise RegistryProtocolError(url=url, detail=f"the {platform} image of the index is not in the repository")
             media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
-            entries.append((media_type, len(got.body), digest, platform))
-        body = index_document(entries)
+            try:
+                document = json.loads(got.body) if media_type in INDEXES else {}
+                entries += platform_entries(platform, media_type, len(got.body), digest, document)
+            except ValueError as e:
+                raise RegistryProtocolError(url=url, detail=str(e)) from e
+        return index_document(entries)
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        r = parse_reference(ref)
         self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": OCI_INDEX}, body, push=True)
         now = self.digest(ref)
         expected = "sha256:" + hashlib.sha256(body).hexdigest()

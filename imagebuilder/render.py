@@ -128,6 +128,8 @@ def _apt_packages(spec: BuildSpec, stage: str) -> list[str]:
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
     packages += variant(spec.variant).packages
+    if spec.torch.torchcodec_for(spec.python) is not None:
+        packages += spec.os.ffmpeg  # the shared libraries torchcodec loads
     if _has_ssh(spec):
         packages.append("openssh-server")
     return sorted(packages)
@@ -304,7 +306,8 @@ def _constraints(spec: BuildSpec, lock: Lock | None) -> str:
     if lock is not None:
         return lock.constraints()
     pins = [("torch", spec.torch.version), ("torchvision", spec.torch.torchvision),
-            ("torchaudio", spec.torch.torchaudio), ("triton", spec.torch.triton)]
+            ("torchaudio", spec.torch.torchaudio), ("triton", spec.torch.triton),
+            ("torchcodec", spec.torch.torchcodec_for(spec.python))]
     return "".join(f"{name}=={version}\n" for name, version in sorted(pins) if version is not None)
 
 

@@ -280,3 +280,83 @@ def buildkit_cache_cleanup() -> Iterator[None]:
     for cache_id, _created in sorted(records.items() - before.items(), key=lambda r: r[1], reverse=True):
         subprocess.run([cli, "builder", "prune", "--force", "--all", "--filter", f"id={cache_id}"],
                        env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, timeout=600)
+
+
+# --- a Docker daemon reached over SSH (DOCKER_HOST=ssh://...) -----------------------------
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+class SshDockerHost:
+    """This machine's Docker daemon behind our own sshd on 127.0.0.1:PORT: what `DOCKER_HOST=
+    ssh://user@host` reaches on a remote GPU box. The ssh client side (a key, the host key in
+    known_hosts) lives in `home`, so a client given HOME=home logs in without prompts."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        import getpass
+
+        self.root, self.port = root, port
+        self.user = getpass.getuser()
+        self.url = f"ssh://{self.user}@127.0.0.1:{port}"
+        self.home = root / "home"
+        self.log = root / "sshd.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a client that reaches the daemon only through this sshd."""
+        env = {key: value for key, value in os.environ.items() if key not in ("SSH_AUTH_SOCK", "DOCKER_CONTEXT")}
+        return {**env, "HOME": str(self.home), "DOCKER_HOST": self.url, **extra}
+
+    def logins(self) -> int:
+        return self.log.read_text().count(f"Accepted publickey for {self.user} from 127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def ssh_docker_host(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshDockerHost]:
+    """Our own sshd (a throwaway host key and authorized key, its own config on a free port; the
+    system's sshd, if any, is left alone) whose sessions run `docker system dial-stdio` against
+    the daemon the tests use, as the docker CLI and SDK do over ssh."""
+    import shutil
+    import time
+
+    if not SSHD.exists():
+        _unavailable(f"{SSHD} is missing: apt-get install openssh-server (.ci/setup does)")
+    if shutil.which("docker") is None:
+        _unavailable("the far side of ssh runs `docker system dial-stdio`: no docker CLI on PATH")
+    root = tmp_path_factory.mktemp("sshd")
+    host = SshDockerHost(root, _free_port())
+    (host.home / ".ssh").mkdir(parents=True, mode=0o700)
+    key = host.home / ".ssh" / "id_ed25519"
+    for path in (root / "host_key", key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "imagebuilder-test", "-f", str(path)],
+                       check=True, timeout=60)
+    (root / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+    host_key = (root / "host_key.pub").read_text().split()[:2]
+    (host.home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{host.port} {' '.join(host_key)}\n")
+    local = os.environ.get("DOCKER_HOST", "")
+    (root / "sshd_config").write_text("\n".join([
+        f"Port {host.port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'host_key'}",
+        f"PidFile {root / 'sshd.pid'}", f"AuthorizedKeysFile {root / 'authorized_keys'}",
+        "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "UsePAM no", "StrictModes no", "X11Forwarding no", "AllowTcpForwarding no",
+        # The far side reaches the same daemon as the tests (a DOCKER_HOST of theirs included).
+        *([f"SetEnv DOCKER_HOST={local}"] if local.startswith("unix://") else []), ""]))
+    # The privilege separation directory every sshd needs (Debian's service creates it at start).
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    with open(host.log, "ab") as log:
+        host.process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(root / "sshd_config")],
+                                        stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "Server listening" not in host.log.read_text():
+            if host.process.poll() is not None or time.monotonic() > deadline:
+                _unavailable(f"our sshd did not start: {host.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield host
+    finally:
+        host.process.terminate()
+        try:
+            host.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            host.process.kill()
+            host.process.wait()

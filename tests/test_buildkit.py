@@ -514,17 +514,27 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
 
 
 def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
-    from imagebuilder.registry import DOCKER_MANIFEST, OCI_INDEX, index_document
+    from imagebuilder.registry import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document, platform_entries
 
-    children = [(DOCKER_MANIFEST, 528, "sha256:" + "a" * 64, "linux/amd64"),
-                (DOCKER_MANIFEST, 529, "sha256:" + "b" * 64, "linux/arm64")]
-    body = index_document(children)
-    assert body == index_document(list(children))  # same children, same bytes, same digest
+    # An image pushed as an index of its own (the containerd store: the image and its provenance)
+    # joins with its platform's image and that image's attestation, one level deep.
+    arm, attestation, other = "sha256:" + "c" * 64, "sha256:" + "d" * 64, "sha256:" + "e" * 64
+    arm64_index = {"manifests": [
+        {"mediaType": OCI_MANIFEST, "size": 481, "digest": arm, "platform": {"os": "linux", "architecture": "arm64"}},
+        {"mediaType": OCI_MANIFEST, "size": 565, "digest": attestation, "platform": {"os": "unknown", "architecture": "unknown"},
+         "annotations": {"vnd.docker.reference.digest": arm, "vnd.docker.reference.type": "attestation-manifest"}},
+        {"mediaType": OCI_MANIFEST, "size": 9, "digest": other, "platform": {"os": "linux", "architecture": "amd64"}}]}
+    entries = [*platform_entries("linux/amd64", DOCKER_MANIFEST, 528, "sha256:" + "a" * 64, {}),
+               *platform_entries("linux/arm64", OCI_INDEX, 855, "sha256:" + "b" * 64, arm64_index)]
+    body = index_document(entries)
+    assert body == index_document(list(entries))  # same children, same bytes, same digest
     document = json.loads(body)
     assert document["schemaVersion"] == 2 and document["mediaType"] == OCI_INDEX
-    assert [(m["platform"]["os"], m["platform"]["architecture"], m["size"]) for m in document["manifests"]] == [
-        ("linux", "amd64", 528), ("linux", "arm64", 529)]
+    assert [(m["platform"]["os"], m["platform"]["architecture"], m["digest"][7:8]) for m in document["manifests"]] == [
+        ("linux", "amd64", "a"), ("linux", "arm64", "c"), ("unknown", "unknown", "d")]
     assert b" " not in body
+    with pytest.raises(ValueError, match="has no linux/s390x image"):
+        platform_entries("linux/s390x", OCI_INDEX, 855, "sha256:" + "b" * 64, arm64_index)
 
 
 @pytest.mark.registry
@@ -558,9 +568,11 @@ def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_im
                  "--platform", "linux/amd64,linux/arm64", "--merge-only")
         first, again = imagebuilder(*merge), imagebuilder(*merge)
         assert first.returncode == 0, first.stderr
-        assert first.stdout == again.stdout  # same children, same index digest
+        # Same children, same index digest: the rerun finds each index there and writes nothing.
+        assert first.stdout.replace(": written ", ": unchanged ") == again.stdout
         written = [line for line in first.stdout.splitlines() if line.startswith("index ")]
-        assert len(written) == len(image.refs) and all("over linux/amd64, linux/arm64" in w for w in written)
+        assert len(written) == len(image.refs)
+        assert all(": written sha256:" in w and "over linux/amd64, linux/arm64" in w for w in written)
 
         name = f"{namespace}/pytorch"
 
@@ -569,13 +581,22 @@ def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_im
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.headers["Content-Type"], json.loads(response.read())
 
+        # A child pushed as an index (the containerd store's arm64 base: image + provenance)
+        # joins with its platform's image: the index over platforms is one level deep.
+        images = {}
+        for platform, digest in pushed.items():
+            media_type, document = get(f"manifests/{digest}")
+            images[platform] = digest if media_type != OCI_INDEX else next(
+                m["digest"] for m in document["manifests"]
+                if f"{m['platform']['os']}/{m['platform']['architecture']}" == platform)
         for ref in image.refs:
             media_type, index = get(f"manifests/{ref.rpartition(':')[2]}")
             assert media_type == OCI_INDEX and index["mediaType"] == OCI_INDEX
             platforms = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
-                         for m in index["manifests"]}
-            assert platforms == pushed
-        for platform, digest in pushed.items():
+                         for m in index["manifests"] if m["platform"]["os"] != "unknown"}
+            assert platforms == images
+            assert all(m["mediaType"] != OCI_INDEX for m in index["manifests"])
+        for platform, digest in images.items():
             _, manifest = get(f"manifests/{digest}")  # the digest resolves ...
             _, config = get(f"blobs/{manifest['config']['digest']}")
             assert f"{config['os']}/{config['architecture']}" == platform  # ... to that platform's image

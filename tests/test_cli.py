@@ -203,3 +203,21 @@ def test_the_engine_reads_os_release_without_running_the_image(docker_engine, ba
     text = docker_engine.os_release(base_image)  # /etc/os-release is a symlink on Debian
     assert os_of_release(__import__("imagebuilder.matrix", fromlist=["x"]).load_matrix(Path(SMALL)),
                          parse_os_release(text)) == "debian12"
+
+
+@pytest.mark.docker
+def test_matrix_with_a_base_image_lists_the_images_of_its_os_as_the_run_builds_them(base_image):
+    code, out, err = run("matrix", "--torch", "2.6", "--cuda", "12.4", "--base-image", base_image, "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {r["os"] for r in rows} == {"debian12"} and {r["variant"] for r in rows} == set(VARIANTS)
+    assert f"note: --os debian12: read from {base_image}'s /etc/os-release" in err
+
+
+def test_matrix_with_a_base_image_and_no_daemon_lists_the_os_it_says_it_assumes(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    code, out, err = run("matrix", "--torch", "2.6", "--cuda", "12.4", "--base-image", "mirror.local/base:1",
+                         "--format", "json")
+    assert code == 0, err
+    assert {r["os"] for r in json.loads(out)} == {"ubuntu22.04"}
+    assert "note: --base-image mirror.local/base:1 is assumed to run ubuntu22.04" in err

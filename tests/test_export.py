@@ -38,8 +38,10 @@ def test_output_args(export: Export | None, expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize("kind, level, buildkit, store, expected", [
-    # Docker 26 + the containerd store + buildx: zstd by default, what was asked otherwise.
-    (None, None, True, True, Export(Compression("zstd"), provenance=True)),
+    # Docker 26 + the containerd store + buildx: what was asked (zstd when only a level or a
+    # cache is); nothing asked: `--load`, for now (see export.choose).
+    (None, None, True, True, None),
+    ("zstd", None, True, True, Export(Compression("zstd"), provenance=True)),
     ("gzip", 4, True, True, Export(Compression("gzip", 4), provenance=True)),
     # The classic store (Docker 20.10, or 24+ without the snapshotter) or the classic builder:
     # docker push compresses with gzip, nothing to choose.

@@ -643,3 +643,232 @@ def test_a_failed_runtime_fails_its_jupyter(docker_engine: Any, base_image: str,
     assert all(o.step.image.tags[0] in summary for o in outcomes)
     with pytest.raises(publish.PublishFailed):
         publish.raise_if_failed(outcomes)
+
+
+# --------------------------------------------------------------------------- the nightly merge and the dry run
+# Against a fresh registry each: the platform images the per-platform jobs would have pushed
+# are stand-ins (a config blob and a manifest per platform, written through the registry API),
+# so these need no engine and no build.
+
+MERGE_COORDINATES = ("--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12")
+BOTH = ("linux/amd64", "linux/arm64")
+
+
+@pytest.fixture
+def fresh_registry(tmp_path: Path, free_port: int) -> Iterator[LocalRegistry]:
+    if not REGISTRY_BIN.exists():
+        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+    reg = LocalRegistry(tmp_path / "registry", free_port)
+    reg.start()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+def _storage(reg: LocalRegistry) -> dict[str, str]:
+    """Every path under the registry's storage with the sha256 of its bytes ('' for a folder)."""
+    root = reg.root / "data"
+    return {str(p.relative_to(root)): "" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def _api(reg: LocalRegistry, ref: str) -> tuple[str, str]:
+    """(the repository's API url, the tag) of a ref in `reg`."""
+    r = parse_reference(ref)
+    return f"http://{reg.address}/v2/{r.name}", r.reference
+
+
+def _push_stand_in(reg: LocalRegistry, ref: str, platform: str) -> str:
+    """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have; its digest."""
+    from imagebuilder.registry import DOCKER_MANIFEST
+
+    url, tag = _api(reg, ref)
+    os_name, _, architecture = platform.partition("/")
+    config = json.dumps({"architecture": architecture, "os": os_name, "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/blobs/uploads/", data=b"", method="POST")) as r:
+        location = r.headers["Location"]
+    location += ("&" if "?" in location else "?") + f"digest={config_digest}"
+    urllib.request.urlopen(urllib.request.Request(location, data=config, method="PUT",
+                                                  headers={"Content-Type": "application/octet-stream"})).close()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "layers": [],
+                           "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                                      "size": len(config), "digest": config_digest}}).encode()
+    request = urllib.request.Request(f"{url}/manifests/{tag}", data=manifest, method="PUT",
+                                     headers={"Content-Type": DOCKER_MANIFEST})
+    with urllib.request.urlopen(request) as r:
+        return str(r.headers["Docker-Content-Digest"])
+
+
+def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | None:
+    from imagebuilder.registry import ACCEPT
+
+    url, tag = _api(reg, ref)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/manifests/{tag}", headers={"Accept": ACCEPT})) as r:
+            return r.headers["Content-Type"], json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def _merge_images(registry: str) -> list[RenderedImage]:
+    """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
+    from imagebuilder.pipeline import Selection, render_selected, with_parents
+
+    matrix = load_matrix(default_matrix_path())
+    opts = RenderOptions(repository=f"{registry}/pytorch")
+    images = with_parents(render_selected(matrix, Selection(torch="2.11", cuda="13.0", python="3.11", os="debian12"),
+                                          opts), matrix, opts)
+    assert len(images) == 4
+    return images
+
+
+def _platform_ref(ref: str, platform: str) -> str:
+    return f"{ref}-{platform.rpartition('/')[2]}"
+
+
+def _tag(ref: str, platform: str) -> str:
+    """The tag (no repository) of a ref's platform image."""
+    return parse_reference(_platform_ref(ref, platform)).reference
+
+
+def _stand_ins(reg: LocalRegistry, refs: list[str], *, leave_out: tuple[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Both platforms' images under every ref but `leave_out` (ref, platform); ref -> platform -> digest."""
+    pushed: dict[str, dict[str, str]] = {}
+    for ref in refs:
+        for platform in BOTH:
+            if (ref, platform) != leave_out:
+                pushed.setdefault(ref, {})[platform] = _push_stand_in(reg, _platform_ref(ref, platform), platform)
+    return pushed
+
+
+def _merge(registry: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return imagebuilder("publish", *MERGE_COORDINATES, "--registry", registry, "--platform", ",".join(BOTH),
+                        "--merge-only", *extra)
+
+
+@pytest.mark.registry
+def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_rest(
+        fresh_registry: LocalRegistry, tmp_path: Path) -> None:
+    from imagebuilder.registry import OCI_INDEX
+
+    registry = f"{fresh_registry.address}/ns"
+    refs = [ref for image in _merge_images(registry) for ref in image.refs]
+    missing = refs[0]  # the first tag in the order lacks its arm64 image; every later one has both
+    pushed = _stand_ins(fresh_registry, refs, leave_out=(missing, "linux/arm64"))
+    report = tmp_path / "merge.json"
+    done = _merge(registry, "--report", str(report))
+    assert done.returncode == 1, done.stderr
+    # Every tag whose platforms are there is an index over exactly them ...
+    for ref in refs[1:]:
+        got = _get_manifest(fresh_registry, ref)
+        assert got is not None, f"{ref} was not merged:\n{done.stdout}\n{done.stderr}"
+        media_type, index = got
+        assert media_type == OCI_INDEX
+        assert {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+                for m in index["manifests"]} == pushed[ref]
+    assert _get_manifest(fresh_registry, missing) is None
+    # ... each tag is reported, and the job fails at the end naming the one it could not merge.
+    lines = [line for line in done.stdout.splitlines() if line.startswith("index ")]
+    assert len(lines) == len(refs)
+    assert f"index {missing}: skipped: {_tag(missing, 'linux/arm64')} is not in the registry" in done.stdout
+    assert all(f"index {ref}: written sha256:" in done.stdout for ref in refs[1:])
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"1 of {len(refs)} tags could not be made indexes" in error
+    assert f": {parse_reference(missing).reference}; the other {len(refs) - 1} are indexes" in error
+    document = json.loads(report.read_text())
+    assert document["ok"] is False
+    assert [(i["ref"], i["status"]) for i in document["indexes"]] == [
+        (missing, "skipped"), *((ref, "written") for ref in refs[1:])]
+    # A rerun writes nothing new: the merged tags are unchanged, the missing one still fails.
+    before = _storage(fresh_registry)
+    again = _merge(registry)
+    assert again.returncode == 1
+    assert all(f"index {ref}: unchanged sha256:" in again.stdout for ref in refs[1:])
+    assert _storage(fresh_registry) == before
+
+
+@pytest.mark.registry
+def test_merge_only_dry_run_lists_the_plan_and_leaves_the_registry_byte_identical(
+        fresh_registry: LocalRegistry, tmp_path: Path) -> None:
+    registry = f"{fresh_registry.address}/ns"
+    refs = [ref for image in _merge_images(registry) for ref in image.refs]
+    # An empty registry: the plan, every tag waiting for both platforms' images, and exit 0.
+    empty = _merge(registry, "--dry-run")
+    assert empty.returncode == 0, empty.stderr
+    for ref in refs:
+        assert f"index {ref}: would skip: {_tag(ref, 'linux/amd64')}, {_tag(ref, 'linux/arm64')} are not in " \
+               "the registry; publish --platform linux/amd64,linux/arm64 first" in empty.stdout
+    # Both platforms' images but one: the plan writes all the others, and the dry run writes nothing.
+    _stand_ins(fresh_registry, refs, leave_out=(refs[-1], "linux/amd64"))
+    before = _storage(fresh_registry)
+    report = tmp_path / "plan.json"
+    done = _merge(registry, "--dry-run", "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    assert _storage(fresh_registry) == before
+    assert all(_get_manifest(fresh_registry, ref) is None for ref in refs)
+    assert all(f"index {ref}: would write sha256:" in done.stdout for ref in refs[:-1])
+    assert f"index {refs[-1]}: would skip: {_tag(refs[-1], 'linux/amd64')} is not in" in done.stdout
+    document = json.loads(report.read_text())
+    assert document["dry_run"] is True
+    assert [(i["ref"], i["status"]) for i in document["indexes"]] == [
+        *((ref, "write") for ref in refs[:-1]), (refs[-1], "skip")]
+    # What the dry run said it would write is what the merge writes.
+    planned = {i["ref"]: i["digest"] for i in document["indexes"] if i["status"] == "write"}
+    assert _merge(registry).returncode == 1
+    assert {ref: _head(ref) for ref in refs[:-1]} == planned
+
+
+@pytest.mark.registry
+def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_plan(
+        fresh_registry: LocalRegistry, tmp_path: Path) -> None:
+    from imagebuilder.platforms import platform_image
+
+    registry = f"{fresh_registry.address}/ns"
+    (runtime,) = [image for image in _merge_images(registry) if image.spec.variant == "runtime"]
+    day = date(2026, 12, 1)
+    before = _storage(fresh_registry)
+    report = tmp_path / "plan.json"
+    done = imagebuilder("publish", *MERGE_COORDINATES, "--variant", "runtime", "--registry", registry,
+                        "--platform", ",".join(BOTH), "--builder", "buildkit", "--dry-run", "--date", day.isoformat(),
+                        "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    assert _storage(fresh_registry) == before
+    document = json.loads(report.read_text())
+    assert document["dry_run"] is True and document["images"] == []
+    planned = {entry["ref"]: entry for entry in document["planned"]}
+    for platform in BOTH:
+        image = platform_image(runtime, platform)
+        dated = publish.dated_ref(image, day)
+        # Every tag it pushes, the day's dated one included, is on the plan and in the report.
+        for ref in (*image.refs, dated):
+            assert parse_reference(ref).reference in done.stdout, ref
+        assert planned[image.ref]["action"] == BUILD and planned[image.ref]["push"] == [*image.refs, dated]
+    # And every index it writes after the pushes, over each platform's tag.
+    for ref in runtime.refs:
+        tags = [_tag(ref, platform) for platform in BOTH]
+        assert f"index {ref}: would write over linux/amd64, linux/arm64 after this run writes {', '.join(tags)}" \
+            in done.stdout
+    assert [(i["ref"], i["status"]) for i in document["indexes"]] == [(ref, "write") for ref in runtime.refs]
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_dry_run_with_a_base_image_plans_the_images_of_its_os_as_the_run_does(
+        base_image: str, fresh_registry: LocalRegistry, tmp_path: Path) -> None:
+    registry = f"{fresh_registry.address}/ns"
+    report = tmp_path / "plan.json"
+    done = imagebuilder("publish", "--torch", TORCH, "--cuda", CUDA, "--base-image", base_image, "--registry", registry,
+                        "--dry-run", "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    # What the run builds: the base image is Debian 12, so the debian12 images, every variant.
+    listed = imagebuilder("matrix", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--base-image", base_image,
+                          "--format", "json")
+    expected = {f"{registry}/pytorch:{row['tag']}" for row in json.loads(listed.stdout)}
+    assert len(expected) == 4
+    assert {entry["ref"] for entry in json.loads(report.read_text())["planned"]} == expected
+    assert f"--os {OS}: read from {base_image}'s /etc/os-release" in done.stderr

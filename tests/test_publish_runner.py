@@ -110,7 +110,10 @@ class CannedRegistry:
         self.put.append((ref, digest))
         return self.answers.get(ref, digest) or ""
 
-    def put_index(self, ref: str, children: Sequence[tuple[str, str]]) -> str:
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        raise AssertionError("these runs publish one platform: no index")
+
+    def put_index(self, ref: str, body: bytes) -> str:
         raise AssertionError("these runs publish one platform: no index")
 
 

@@ -140,19 +140,33 @@ def test_a_failed_verification_signs_nothing_canned() -> None:
 
 @dataclass
 class IndexingRegistry(CannedRegistry):
-    """A canned registry that writes image indexes (each index's digest: sha256 of its ref)."""
+    """A canned registry that writes image indexes (an index's digest: the sha256 of its document)."""
 
-    def put_index(self, ref: str, children: Any) -> str:
-        return "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+    def index_for(self, ref: str, children: Any) -> bytes:
+        return json.dumps([ref, *children]).encode()
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        self.answers[ref] = "sha256:" + hashlib.sha256(body).hexdigest()
+        return self.answers[ref]
 
 
 def test_the_indexes_written_are_signed_by_their_digest() -> None:
     ref = "127.0.0.1:5999/ml/pytorch:2.11-runtime"
+    wanted = {ref: ["linux/amd64", "linux/arm64"]}
     registry = IndexingRegistry(answers={f"{ref}-amd64": "sha256:" + "a" * 64, f"{ref}-arm64": "sha256:" + "b" * 64})
     signer = RecordingSigner()
-    (index,) = publish.write_indexes(registry, {ref: ["linux/amd64", "linux/arm64"]}, signer)
+    (index,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted), signer)
     # The index alone is signed here; each platform's image was signed, SBOM attested, when pushed.
-    assert signer.asked == [(f"127.0.0.1:5999/ml/pytorch@{index.digest}", None)]
+    target = f"127.0.0.1:5999/ml/pytorch@{index.digest}"
+    assert index.status == publish.WRITTEN and signer.asked == [(target, None)]
+    # A rerun finds the index there and signed: nothing is written or signed again ...
+    registry.answers[signing.signature_tag(target)] = "sha256:" + "5" * 64
+    (again,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted), signer)
+    assert (again.status, again.digest, len(signer.asked)) == (publish.UNCHANGED, index.digest, 1)
+    # ... but an index there without a signature (its signing failed) is signed now.
+    del registry.answers[signing.signature_tag(target)]
+    (unsigned,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted), signer)
+    assert unsigned.status == publish.UNCHANGED and signer.asked == [(target, None)] * 2
 
 
 @pytest.mark.parametrize("args", [

@@ -774,3 +774,77 @@ def test_docker_cli_passes_on_a_passing_report(docker_engine: DockerEngine, base
     data = json.loads(result.stdout)
     assert data["ok"] is True and [c["status"] for c in data["checks"]] == ["pass", "skip"]
     assert containers_from(docker_engine, ref) == []
+
+
+# --------------------------------------------------------------------------- a remote daemon over SSH
+# The docs' remote example, `DOCKER_HOST=ssh://gpu-box imagebuilder verify TAG`, against this
+# machine's daemon behind our own sshd on 127.0.0.1 (conftest's ssh_docker_host).
+
+
+@docker
+def test_verify_over_ssh_runs_the_smoke_tests_on_the_far_daemon(docker_engine: DockerEngine, base_image: str,
+                                                               image_repo: str, tmp_path: Path,
+                                                               ssh_docker_host: Any) -> None:
+    ref = build(docker_engine, tmp_path, f"{image_repo}:remote", f"""\
+        FROM {base_image}
+        COPY python3 /usr/local/bin/python3
+        """, {"python3": "#!/bin/sh\necho '" + json.dumps(document("pass", "pass")) + "'\n"})
+    logins = ssh_docker_host.logins()
+    done = subprocess.run([sys.executable, "-m", "imagebuilder", "verify", ref, "--allow-no-gpu", "--json",
+                           "--timeout", "120"], capture_output=True, text=True, timeout=600,
+                          env=ssh_docker_host.env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] is True and [c["status"] for c in data["checks"]] == ["pass", "pass"]
+    assert ssh_docker_host.logins() > logins  # it went through our sshd, not the local socket
+    assert containers_from(docker_engine, ref) == []
+
+
+@docker
+def test_the_smoke_tests_deadline_holds_over_ssh(docker_engine: DockerEngine, base_image: str, image_repo: str,
+                                                 tmp_path: Path, ssh_docker_host: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container that never finishes is killed at --timeout over ssh too: docker-py's own ssh
+    transport (paramiko) honours the read timeout that ends the wait; its shell-out mode would
+    wait for the container."""
+    from imagebuilder.engine import DockerEngine as Engine
+
+    ref = build(docker_engine, tmp_path, f"{image_repo}:remote-sleeper", f"""\
+        FROM {base_image}
+        COPY python3 /usr/local/bin/python3
+        """, {"python3": "#!/bin/sh\necho 'warming up'\nexec sleep 600\n"})
+    for key, value in ssh_docker_host.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    started = time.monotonic()
+    report = verify_image(Engine(), ref, allow_no_gpu=True, timeout=5)
+    assert time.monotonic() - started < 60
+    assert report.error is not None and "did not finish within 5s" in report.error
+    assert report.output_tail == ("warming up",)
+    assert containers_from(docker_engine, ref) == []
+
+
+@docker
+@pytest.mark.parametrize("case", ["nothing listens", "unknown host key", "key not authorized"])
+def test_an_unreachable_ssh_daemon_says_what_to_check_over_ssh(ssh_docker_host: Any, free_port: int,
+                                                               tmp_path: Path, case: str) -> None:
+    url = ssh_docker_host.url if case != "nothing listens" else f"ssh://{ssh_docker_host.user}@127.0.0.1:{free_port}"
+    home = ssh_docker_host.home
+    if case != "nothing listens":
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True)
+        if case == "key not authorized":
+            shutil.copy(ssh_docker_host.home / ".ssh" / "known_hosts", home / ".ssh" / "known_hosts")
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh" / "id_ed25519")],
+                           check=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "imagebuilder", "verify", "pytorch:any", "--allow-no-gpu"],
+                          capture_output=True, text=True, timeout=120,
+                          env=ssh_docker_host.env(HOME=str(home), DOCKER_HOST=url))
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert "Traceback" not in said and "dockerd" not in said and "systemctl" not in said
+    port = url.rpartition(":")[2]
+    assert f"`ssh -p {port} {ssh_docker_host.user}@127.0.0.1 docker version`" in said, said
+    reason = {"nothing listens": "Unable to connect", "unknown host key": "not found in known_hosts",
+              "key not authorized": "Authentication failed"}[case]
+    assert reason in said, said

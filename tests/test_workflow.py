@@ -218,6 +218,11 @@ def test_arm64_runners_publish_the_releases_with_aarch64_wheels_and_merge_joins_
     assert set(merge["needs"]) == {"plan", "publish", "publish-arm64"}
     (merge_step,) = [s for s in merge["steps"] if s.get("name") == "Merge"]
     assert "--platform linux/amd64,linux/arm64 --merge-only" in merge_step["run"]
+    # Also after failed platform jobs: it merges every tag it can, and its report (a line per
+    # tag: written, unchanged, skipped and why) is kept, also when it fails naming the rest.
+    assert "!cancelled()" in merge["if"] and "--report merge-report.json" in merge_step["run"]
+    (upload,) = [s for s in merge["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert upload["if"] == "always()" and upload["with"]["path"] == "merge-report.json"
 
 
 # --------------------------------------------------------------------------- matrix-update.yml

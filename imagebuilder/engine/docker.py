@@ -44,13 +44,15 @@ class DockerEngine:
         if self._client_obj is None:
             import docker
 
+            # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
+            unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
             try:
                 if self._explicit_url:
                     client = docker.DockerClient(base_url=self._explicit_url,
                                                  timeout=int(self._api_timeout))
                 else:
                     client = docker.from_env(timeout=int(self._api_timeout))
-            except docker.errors.DockerException as e:
+            except unreachable as e:
                 raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
             self._client_obj = client
         return self._client_obj
@@ -63,11 +65,13 @@ class DockerEngine:
 
         import urllib3
 
+        # Also a daemon that dies mid-stream: the streamed response breaks off.
+        gone: tuple[type[Exception], ...] = (requests.exceptions.ConnectionError,
+                                             requests.exceptions.ChunkedEncodingError,
+                                             urllib3.exceptions.ProtocolError, *_ssh_errors(self.base_url))
         try:
             yield
-        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
-                urllib3.exceptions.ProtocolError) as e:
-            # Also a daemon that dies mid-stream: the streamed response breaks off.
+        except gone as e:
             raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
         except docker.errors.DockerException as e:
             if "Error while fetching server API version" in str(e):
@@ -326,6 +330,16 @@ def stores_manifests(info: Mapping[str, Any]) -> bool:
     """Whether `docker info` shows the containerd image store (a snapshotter as the driver)."""
     status = dict((str(k), str(v)) for k, v in (info.get("DriverStatus") or []) if k)
     return status.get("driver-type", "").startswith("io.containerd.snapshotter")
+
+
+def _ssh_errors(base_url: str) -> tuple[type[Exception], ...]:
+    """What docker-py's ssh transport (paramiko, the `docker[ssh]` extra) raises when the far
+    side cannot be reached or refuses the login; nothing for other daemons."""
+    if not base_url.startswith("ssh://"):
+        return ()
+    import paramiko
+
+    return (paramiko.SSHException, OSError)
 
 
 def answering_engine() -> DockerEngine | None:

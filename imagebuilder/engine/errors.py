@@ -6,6 +6,7 @@ recognised in a failed step's output."""
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +22,17 @@ class DaemonUnavailable(EngineError):
     reason: str
     template = ("could not reach the Docker daemon at {base_url}: {reason}; start it with "
                 "`sudo systemctl start docker` or `dockerd &`, or point DOCKER_HOST at a running one")
+
+    def describe(self) -> str:
+        url = urllib.parse.urlsplit(self.fields["base_url"])
+        if url.scheme != "ssh":
+            return super().describe()
+        # docker-py logs in with paramiko: no ssh_config beyond Hostname, Port, User, IdentityFile and
+        # ProxyCommand, and a host missing from known_hosts is refused, never asked about.
+        login = f"-p {url.port} {url.netloc.rpartition(':')[0]}" if url.port else url.netloc
+        return (f"could not reach the Docker daemon at {self.fields['base_url']} over ssh: {self.fields['reason']}; "
+                f"check that `ssh {login} docker version` works from here without a prompt (the host in "
+                "~/.ssh/known_hosts, the key in ssh-agent, ~/.ssh/id_* or an IdentityFile of ~/.ssh/config)")
 
 
 class BaseImageMissing(EngineError):
