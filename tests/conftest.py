@@ -254,32 +254,51 @@ def _buildkit_cli() -> str | None:
     return None
 
 
-def _build_cache_ids(cli: str) -> dict[str, str]:
-    """BuildKit cache record id -> when it was created."""
+def _build_cache_records(cli: str) -> dict[str, tuple[str, str]]:
+    """BuildKit cache record id -> (when it was created, its type: regular, exec.cachemount, ...)."""
     import json
 
     done = subprocess.run([cli, "system", "df", "-v", "--format", "{{json .BuildCache}}"],
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not done.stdout.strip():
         return {}
-    return {str(record["ID"]): str(record["CreatedAt"]) for record in json.loads(done.stdout) or []}
+    return {str(record["ID"]): (str(record["CreatedAt"]), str(record.get("CacheType", "")))
+            for record in json.loads(done.stdout) or []}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def buildkit_cache_cleanup() -> Iterator[None]:
-    """BuildKit keeps every layer and cache mount of the tests' builds (tens of GB over a run)
-    in its cache, outside the image store that image cleanup reaches. Only the records this
-    session created are pruned: the daemon and its cache are shared."""
-    cli = _buildkit_cli() if os.environ.get("IMAGEBUILDER_KEEP_BUILD_CACHE") != "1" else None
-    before = _build_cache_ids(cli) if cli else {}
-    yield
-    if cli is None:
-        return
-    records = _build_cache_ids(cli)
+def _prune_records(cli: str, before: dict[str, tuple[str, str]], *, keep_cache_mounts: bool) -> None:
+    records = _build_cache_records(cli)
+    added = [(cache_id, created) for cache_id, (created, kind) in records.items()
+             if cache_id not in before and not (keep_cache_mounts and kind == "exec.cachemount")]
     # One id per call (BuildKit takes one value per filter), newest first: children before parents.
-    for cache_id, _created in sorted(records.items() - before.items(), key=lambda r: r[1], reverse=True):
+    for cache_id, _created in sorted(added, key=lambda r: r[1], reverse=True):
         subprocess.run([cli, "builder", "prune", "--force", "--all", "--filter", f"id={cache_id}"],
                        env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def _session_build_cache() -> Iterator[tuple[str, dict[str, tuple[str, str]]] | None]:
+    """The BuildKit CLI and the cache records that existed before this session (None: keep all)."""
+    cli = _buildkit_cli() if os.environ.get("IMAGEBUILDER_KEEP_BUILD_CACHE") != "1" else None
+    if cli is None:
+        yield None
+        return
+    before = _build_cache_records(cli)
+    yield cli, before
+    _prune_records(cli, before, keep_cache_mounts=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def buildkit_cache_cleanup(_session_build_cache: tuple[str, dict[str, tuple[str, str]]] | None) -> Iterator[None]:
+    """BuildKit keeps every layer of the tests' builds in its cache, outside the image store that
+    image cleanup reaches: with the containerd store a whole run's layers fill a CI disk (tens of
+    GB). So the layers this session added are pruned after each module; its cache mounts (the
+    wheels and apt packages later builds reuse) at the session's end. Only this session's
+    records are pruned: the daemon and its cache are shared."""
+    yield
+    if _session_build_cache is not None:
+        cli, before = _session_build_cache
+        _prune_records(cli, before, keep_cache_mounts=True)
 
 
 # --- a Docker daemon reached over SSH (DOCKER_HOST=ssh://...) -----------------------------
