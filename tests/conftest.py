@@ -277,9 +277,14 @@ def _prune_records(cli: str, before: dict[str, tuple[str, str]], *, keep_cache_m
 
 
 @pytest.fixture(scope="session")
-def _session_build_cache() -> Iterator[tuple[str, dict[str, tuple[str, str]]] | None]:
-    """The BuildKit CLI and the cache records that existed before this session (None: keep all)."""
-    cli = _buildkit_cli() if os.environ.get("IMAGEBUILDER_KEEP_BUILD_CACHE") != "1" else None
+def _session_build_cache(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, tuple[str, str]]] | None]:
+    """The BuildKit CLI and the cache records that existed before this session (None: keep all).
+
+    A session that runs no Docker test builds nothing: it prunes nothing either, so a fast run
+    next to a full one never takes the full one's records."""
+    builds = any(item.get_closest_marker("docker") for item in request.session.items)
+    keep = os.environ.get("IMAGEBUILDER_KEEP_BUILD_CACHE") == "1" or not builds
+    cli = None if keep else _buildkit_cli()
     if cli is None:
         yield None
         return
