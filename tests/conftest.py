@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import uuid
@@ -53,6 +54,14 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     "local_runs": frozenset({"slow"}),
     "full_run": frozenset({"slow"}),
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background by a non-interactive shell (`cmd &`, nohup) inherits
+    SIGINT ignored, and so would every process it starts; the Ctrl-C tests press Ctrl-C as a
+    terminal does, on processes that have Python's default handler."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

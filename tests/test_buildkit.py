@@ -420,13 +420,19 @@ def test_ctrl_c_stops_a_buildkit_build_and_leaves_nothing(docker_engine, base_im
         f"BuildKitBuilder(cli, DockerEngine()).build(BuildRequest(context=Path({str(tmp_path)!r}), "
         f"tags=({tag!r},), log_path=Path({str(log)!r})))\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while not (log.is_file() and f"started-{marker}" in log.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, "the build did not start"
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (log.is_file() and f"started-{marker}" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the build did not start"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed test leaves no build running: the CLI's session ends it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode != 0 and "KeyboardInterrupt" in output
     assert "build interrupted; the docker CLI was stopped" in log.read_text()
     assert not docker_engine.image_exists(tag)
