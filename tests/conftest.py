@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -75,6 +75,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if missing:
         raise pytest.UsageError("tests whose fixtures need markers they lack (see FIXTURE_MARKERS in "
                                 "tests/conftest.py):\n  " + "\n  ".join(missing))
+    _group_the_users_of_session_images(items)
+
+
+# Images built once per session (GBs each): the modules that use one run one after another,
+# and the image is removed after the last test that uses it (see released_after_last_use).
+SESSION_IMAGES = ("runtime_image", "devel_image")
+
+
+def _group_the_users_of_session_images(items: list[pytest.Item]) -> None:
+    """Move each module that uses a session image next to the first module that uses it (a
+    stable sort: the order inside a module, and of modules that share nothing, is kept)."""
+    modules = list(dict.fromkeys(item.path for item in items))
+    uses: dict[Path, set[str]] = {module: set() for module in modules}
+    for item in items:
+        uses[item.path] |= set(SESSION_IMAGES) & set(getattr(item, "fixturenames", ()))
+    first: dict[str, int] = {}
+    for index, module in enumerate(modules):
+        for name in sorted(uses[module]):
+            first.setdefault(name, index)
+    group = {module: min([index, *(first[name] for name in uses[module])]) for index, module in enumerate(modules)}
+    position = {module: index for index, module in enumerate(modules)}
+    items.sort(key=lambda item: (group[item.path], position[item.path]))
 
 
 @pytest.fixture(scope="session")
@@ -198,42 +220,41 @@ def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> di
 
 
 @pytest.fixture(scope="session")
-def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Iterator[dict]:
     """The issue's main job for real: torch 2.6 for CUDA 12.1, runtime, on the local Debian
-    base, through the CLI. Yields the build report's image entry; removes the image after."""
+    base, through the CLI. Yields the build report's image entry; removes the image (and the
+    images built FROM it in its repository) after the last test that uses it."""
     repository = f"{TEST_REPOSITORY_PREFIX}/e2e-{uuid.uuid4().hex[:8]}"
-    report = build_cli(base_image, repository, tmp_path_factory.mktemp("build") / "report.json",
-                       "--variant", "runtime")
-    entry = report["images"][0]
-    entry["repository"] = repository
-    try:
+    with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
+        report = build_cli(base_image, repository, tmp_path_factory.mktemp("build") / "report.json",
+                           "--variant", "runtime")
+        entry = report["images"][0]
+        entry["repository"] = repository
         yield entry
-    finally:
-        for ref in entry["tags"]:
-            docker_engine.remove_image(ref)
 
 
 DEVEL_TORCH, DEVEL_CUDA = "2.12", "13.0"  # CUDA 13's nvcc comes from PyPI: a devel image on plain Debian
 
 
 @pytest.fixture(scope="session")
-def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory,
+                request: pytest.FixtureRequest) -> Iterator[dict]:
     """A devel image (torch 2.12, CUDA 13.0, Debian base) built once per session through the
-    CLI; the devel-jupyter image is built FROM it. Yields the build report's image entry."""
+    CLI; the devel-jupyter image is built FROM it. Yields the build report's image entry;
+    removes both after the last test that uses it."""
     import json
 
     repository = f"{TEST_REPOSITORY_PREFIX}/devel-{uuid.uuid4().hex[:8]}"
     report = tmp_path_factory.mktemp("devel") / "report.json"
-    done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS, "--variant", "devel",
-                        "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
-                        "--report", str(report))
-    assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
-    entry = json.loads(report.read_text())["images"][0]
-    entry["repository"] = repository
-    try:
+    with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
+        done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS, "--variant", "devel",
+                            "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
+                            "--report", str(report))
+        assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
+        entry = json.loads(report.read_text())["images"][0]
+        entry["repository"] = repository
         yield entry
-    finally:
-        remove_local_tags(docker_engine, repository)
 
 
 def remove_block(text: str, key: str) -> str:
@@ -285,6 +306,10 @@ def _prune_records(cli: str, before: dict[str, tuple[str, str]], *, keep_cache_m
                        env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, timeout=600)
 
 
+# The BuildKit CLI and the records that existed before this session, once it has started.
+_SESSION_CACHE: list[tuple[str, dict[str, tuple[str, str]]]] = []
+
+
 @pytest.fixture(scope="session")
 def _session_build_cache(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, tuple[str, str]]] | None]:
     """The BuildKit CLI and the cache records that existed before this session (None: keep all).
@@ -298,7 +323,9 @@ def _session_build_cache(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
         yield None
         return
     before = _build_cache_records(cli)
+    _SESSION_CACHE.append((cli, before))
     yield cli, before
+    _SESSION_CACHE.clear()
     _prune_records(cli, before, keep_cache_mounts=False)
 
 
@@ -313,6 +340,54 @@ def buildkit_cache_cleanup(_session_build_cache: tuple[str, dict[str, tuple[str,
     if _session_build_cache is not None:
         cli, before = _session_build_cache
         _prune_records(cli, before, keep_cache_mounts=True)
+
+
+# --- a real image is removed after the last test that uses it -----------------------------
+
+# fixture name -> the cleanup of the image it yielded, while that has not run yet
+_RELEASES: dict[str, Callable[[], None]] = {}
+# fixture name -> the node id of the last collected test that uses it (filled at the first teardown)
+_LAST_USERS: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def released_after_last_use(request: pytest.FixtureRequest, cleanup: Callable[[], None]) -> Iterator[None]:
+    """Around a fixture's build and yield: `cleanup` (removing the image) runs right after the
+    last test that uses the fixture, not when its scope ends; a session or module image would
+    otherwise keep its GBs on the shared disk while later tests build theirs. The session's new
+    BuildKit records (the image's layers) are pruned with it. Runs once, on failure too."""
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        try:
+            cleanup()
+        finally:
+            if _SESSION_CACHE:
+                _prune_records(*_SESSION_CACHE[0], keep_cache_mounts=True)
+
+    name = request.fixturename
+    assert name is not None, "released_after_last_use belongs in a fixture"
+    _RELEASES[name] = release
+    try:
+        yield
+    finally:
+        _RELEASES.pop(name, None)
+        release()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    if not _LAST_USERS:
+        for collected in item.session.items:
+            for name in getattr(collected, "fixturenames", ()):
+                _LAST_USERS[name] = collected.nodeid
+    for name in [name for name in _RELEASES if _LAST_USERS.get(name) == item.nodeid]:
+        _RELEASES.pop(name)()
 
 
 # --- a Docker daemon reached over SSH (DOCKER_HOST=ssh://...) -----------------------------

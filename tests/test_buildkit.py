@@ -22,7 +22,7 @@ from imagebuilder.matrix import load_matrix
 from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
 
-from conftest import REPO_ROOT, TEST_REPOSITORY_PREFIX, imagebuilder, remove_local_tags
+from conftest import REPO_ROOT, TEST_REPOSITORY_PREFIX, imagebuilder, released_after_last_use, remove_local_tags
 
 HERE = Path(__file__).parent
 M = load_matrix(HERE / "data" / "matrix-small.yaml")
@@ -322,20 +322,18 @@ def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str
 
 
 @pytest.fixture(scope="module")
-def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory):
-    """torch 2.6 runtime, then the devel image that needs the same wheels, both with BuildKit
-    and --ca-bundle on the local Debian base. Removed after the module."""
+def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory, request):
+    """torch 2.12 runtime, then the devel image that needs the same wheels, both with BuildKit
+    and --ca-bundle on the local Debian base. Removed after the last test that uses them."""
     repository = f"{TEST_REPOSITORY_PREFIX}/buildkit-{uuid.uuid4().hex[:8]}"
     reports = tmp_path_factory.mktemp("buildkit")
-    try:
+    with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
         runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime")
         # --no-cache: the install step runs even where an earlier run left its layer; the wheels
         # can then only come from the shared cache mount (BuildKit keeps cache mounts).
         devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
                        "--no-cache")
         yield {"runtime": runtime, "devel": devel}
-    finally:
-        remove_local_tags(docker_engine, repository)
 
 
 def _stream_contains(argv: list[str], needle: bytes, chunk: int = 1 << 24) -> bool:
@@ -450,7 +448,7 @@ EM_AARCH64 = "b7 00"  # ELF e_machine 183, little-endian
 
 
 @pytest.fixture(scope="module")
-def arm64_image(docker_engine, buildkit_cli, tmp_path_factory):
+def arm64_image(docker_engine, buildkit_cli, tmp_path_factory, request):
     """torch 2.11 (the first release with aarch64 CUDA wheels) runtime for linux/arm64, built
     under QEMU on the local arm64 Debian base (.ci/arm64-base.sh). Removed after."""
     from conftest import _unavailable, ca_bundle_args
@@ -461,15 +459,13 @@ def arm64_image(docker_engine, buildkit_cli, tmp_path_factory):
         _unavailable("arm64 binaries do not run here; .ci/qemu.sh registers qemu-aarch64")
     repository = f"{TEST_REPOSITORY_PREFIX}/arm64-{uuid.uuid4().hex[:8]}"
     report = tmp_path_factory.mktemp("arm64") / "report.json"
-    try:
+    with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
         done = imagebuilder("build", "--torch", "2.11", "--cuda", "13.0", "--os", "debian12",
                             "--platform", "linux/arm64", "--base-image", f"linux/arm64={ARM64_BASE}",
                             "--repository", repository, "--builder", "buildkit", *ca_bundle_args(),
                             "--report", str(report))
         assert done.returncode == 0, f"arm64 build failed:\n{done.stderr[-4000:]}"
         yield json.loads(report.read_text())["images"][0]
-    finally:
-        remove_local_tags(docker_engine, repository)
 
 
 @pytest.mark.slow

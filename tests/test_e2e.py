@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder
+from conftest import TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, released_after_last_use
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -136,15 +136,14 @@ def test_missing_base_image_suggests_base_image(docker_engine):
 
 
 @pytest.fixture(scope="module")
-def jupyter_image(docker_engine, base_image, runtime_image, tmp_path_factory):
-    """JupyterLab on the runtime image, built once for the tests below; removed after."""
-    report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
-                       "--variant", "jupyter")
-    try:
+def jupyter_image(docker_engine, base_image, runtime_image, tmp_path_factory, request):
+    """JupyterLab on the runtime image, built once for the tests below; removed after the last."""
+    tags: list[str] = []
+    with released_after_last_use(request, lambda: [docker_engine.remove_image(ref) for ref in tags]):
+        report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
+                           "--variant", "jupyter")
+        tags += [t for image in report["images"] for t in image["tags"]]
         yield report
-    finally:
-        for ref in (t for image in report["images"] for t in image["tags"]):
-            docker_engine.remove_image(ref)
 
 
 def test_jupyter_runs_as_non_root_with_a_token(docker_engine, runtime_image, jupyter_image):
