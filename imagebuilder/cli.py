@@ -422,8 +422,10 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
+    # zstd by default where BuildKit exports into the containerd store (pulled by Docker >= 23,
+    # containerd >= 1.5: every current Kubernetes node); gzip by docker push elsewhere.
     export = choose(compressing.kind, compressing.level, buildkit=buildkit, provenance=True,
-                    image_store=buildkit and engine.keeps_compressed_layers())
+                    image_store=buildkit and engine.keeps_compressed_layers(), default="zstd")
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)

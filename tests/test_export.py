@@ -39,7 +39,7 @@ def test_output_args(export: Export | None, expected: list[str]) -> None:
 
 @pytest.mark.parametrize("kind, level, buildkit, store, expected", [
     # Docker 26 + the containerd store + buildx: what was asked (zstd when only a level or a
-    # cache is); nothing asked: `--load`, for now (see export.choose).
+    # cache is); nothing asked: `build`'s `--load` (publish's default: the test below).
     (None, None, True, True, None),
     ("zstd", None, True, True, Export(Compression("zstd"), provenance=True)),
     ("gzip", 4, True, True, Export(Compression("gzip", 4), provenance=True)),
@@ -51,6 +51,18 @@ def test_output_args(export: Export | None, expected: list[str]) -> None:
 ])
 def test_choose(kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
     assert choose(kind, level, buildkit=buildkit, image_store=store, provenance=True) == expected
+
+
+@pytest.mark.parametrize("kind, level, buildkit, store, expected", [
+    (None, None, True, True, Export(Compression("zstd"), provenance=True)),  # zstd, with provenance
+    (None, 9, True, True, Export(Compression("zstd", 9), provenance=True)),
+    ("gzip", None, True, True, Export(Compression("gzip"), provenance=True)),  # for old pullers
+    (None, None, True, False, None),  # the classic store: docker push compresses with gzip
+    (None, None, False, True, None),  # the classic builder
+])
+def test_publish_defaults_to_zstd_where_buildkit_exports_into_the_store(
+        kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
+    assert choose(kind, level, buildkit=buildkit, image_store=store, provenance=True, default="zstd") == expected
 
 
 @pytest.mark.parametrize("kind, level, buildkit, store, cache, said", [

@@ -32,7 +32,7 @@ ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dict[str, str] | None = None,
              ) -> dict[str, Any]:
     args = ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--base-image", base_image,
-            *ca_bundle_args(), "--builder", "buildkit", "--compression", "zstd", "--allow-no-gpu", "--registry", registry,
+            *ca_bundle_args(), "--builder", "buildkit", "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
     if env is None:
         done = imagebuilder(*args)

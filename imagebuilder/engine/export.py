@@ -110,11 +110,12 @@ class CompressionUnavailable(BadRequest):
 
 
 def choose(kind: str | None, level: int | None, *, buildkit: bool, image_store: bool,
-           provenance: bool, cache_from: tuple[str, ...] = ()) -> Export | None:
-    """The export for a build: zstd (or what was asked) where the image store keeps the
-    blobs BuildKit compressed, with provenance when asked; None where the engine cannot
-    (the classic store: `docker push` compresses with gzip), unless something was asked
-    that only such an engine gives."""
+           provenance: bool, cache_from: tuple[str, ...] = (), default: str | None = None) -> Export | None:
+    """The export for a build: what was asked (or `default`: publish's zstd) where the image
+    store keeps the blobs BuildKit compressed, with provenance when asked; None where the
+    engine cannot (the classic store: `docker push` compresses with gzip), unless something
+    was asked that only such an engine gives, and None when nothing was asked and there is no
+    default (`build`: `--load`, as `docker build` does)."""
     if not (buildkit and image_store):
         asked = [what for what, given in ((f"--compression {kind}", kind not in (None, "gzip")),
                                           ("--compression-level", level is not None),
@@ -122,12 +123,9 @@ def choose(kind: str | None, level: int | None, *, buildkit: bool, image_store: 
         if asked:
             raise CompressionUnavailable(asked=" and ".join(asked))
         return None
-    if kind is None and level is None and not cache_from:
-        # Opt-in for now: on the shared development daemon, 4 of 5 `type=image` exports of a
-        # torch image ended in "failed to solve: not found" after the export (small images
-        # never did); until that is understood the default stays `--load` (gzip on push).
+    if kind is None and level is None and not cache_from and default is None:
         return None
-    return Export(Compression(kind or "zstd", level), provenance=provenance, cache_from=cache_from)
+    return Export(Compression(kind or default or "zstd", level), provenance=provenance, cache_from=cache_from)
 
 
 def choose_for_build(kind: str | None, level: int | None, cache_base: str | None, buildkit: bool,
