@@ -366,8 +366,7 @@ def released_after_last_use(request: pytest.FixtureRequest, cleanup: Callable[[]
         try:
             cleanup()
         finally:
-            if _SESSION_CACHE:
-                _prune_records(*_SESSION_CACHE[0], keep_cache_mounts=True)
+            prune_session_build_cache()
 
     name = request.fixturename
     assert name is not None, "released_after_last_use belongs in a fixture"
@@ -377,6 +376,12 @@ def released_after_last_use(request: pytest.FixtureRequest, cleanup: Callable[[]
     finally:
         _RELEASES.pop(name, None)
         release()
+
+
+def prune_session_build_cache() -> None:
+    """Prune the BuildKit records this session added (its layers; the cache mounts stay)."""
+    if _SESSION_CACHE:
+        _prune_records(*_SESSION_CACHE[0], keep_cache_mounts=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

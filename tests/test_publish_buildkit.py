@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT, _free_port, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags
+from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, imagebuilder, prune_session_build_cache,
+                      remove_local_tags)
 from imagebuilder.registry import HttpRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
@@ -121,12 +122,17 @@ def test_a_republish_of_identical_content_uploads_no_blob(published: dict[str, A
 
 
 @pytest.fixture
-def remote(local_registry: str) -> Iterator[Any]:
-    """The second engine; skips (fails in CI) where namespaces cannot be made."""
+def remote(docker_engine: Any, local_registry: str) -> Iterator[Any]:
+    """The second engine; skips (fails in CI) where namespaces cannot be made. The test that
+    uses it comes last: what the first engine built is in the registry (images and cache), so
+    its local images and build records go first, and the two engines' copies of torch never
+    share the disk."""
     from remote_engine import remote_engine  # type: ignore[import-not-found]
 
     if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
         _unavailable("ip netns does not work here (root and iproute2 needed) for the remote engine")
+    remove_local_tags(docker_engine, local_registry)
+    prune_session_build_cache()
     with remote_engine(int(local_registry.rsplit(":", 1)[1])) as engine:
         yield engine
 
