@@ -1,11 +1,12 @@
 """signing: `publish --sign-key` and `verify --key` with the real cosign against a real local registry.
 
 One real image for the module: the runtime image tests/test_publish.py publishes (torch 2.6 for
-CUDA 12.4 on the local Debian base, so the layer cache is shared with it and test_e2e), published
-once with --sign-key to a throwaway registry (its smoke tests run once, CPU mode). The later tests
-rebuild it from the layer cache where they need another digest of the same inputs (a new revision
-label), with the first run's verdict instead of running the smoke tests again; every local tag
-and the registry's storage are removed at the end.
+CUDA 12.4 on the local Debian base), published once with --sign-key and BuildKit (what the
+engine users run builds with) to a throwaway registry (its smoke tests run once, CPU mode). The
+later tests rebuild it from BuildKit's layer cache where they need another digest of the same
+inputs (a new revision label), with the first run's verdict instead of running the smoke tests
+again; every local tag, the build's cache records and the registry's storage are removed after
+the last test that uses it.
 
 The runner's decisions (what is signed, what a failed signing reports) are also pinned down over
 canned engine and registry answers, without Docker.
@@ -26,19 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ca_bundle_args, imagebuilder, remove_local_tags, throwaway_registry
+from conftest import ca_bundle_args, imagebuilder, released_after_last_use, remove_local_tags, throwaway_registry
 from test_publish_runner import CannedEngine, CannedRegistry, verdict
 from test_publish_runner import images as canned_images
 
 from imagebuilder import publish, signing
 from imagebuilder.build import SBOM_DIGEST
-from imagebuilder.engine.classic import ClassicBuilder
+from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.registry import HttpRegistry
 from imagebuilder.render import SBOM_PATH, RenderedImage
 from imagebuilder.resources import default_matrix_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TORCH, CUDA, OS = "2.6", "12.4", "debian12"  # test_publish.py's image: its layers are in the cache
+TORCH, CUDA, OS = "2.6", "12.4", "debian12"  # test_publish.py's image
 
 
 def key_pair(directory: Path, password: str = "") -> tuple[Path, Path]:
@@ -205,23 +206,36 @@ def keys(tmp_path_factory: pytest.TempPathFactory, cosign_installed: None) -> di
 
 
 @pytest.fixture(scope="module")
-def signed_run(docker_engine: Any, base_image: str, keys: dict[str, Path],
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def builder(docker_engine: Any) -> BuildKitBuilder:
+    """The BuildKit builder the CLI picks on this engine (the rebuilds below are served from
+    the cache of signed_run's build)."""
+    from imagebuilder.engine.select import detect_buildkit
+
+    cli, tried = detect_buildkit()
+    if cli is not None:
+        return BuildKitBuilder(cli, docker_engine)
+    reason = f"no docker CLI here builds with BuildKit ({'; '.join(tried)})"
+    if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def signed_run(docker_engine: Any, base_image: str, keys: dict[str, Path], builder: BuildKitBuilder,
+               tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """`imagebuilder publish --sign-key` of the real runtime image to an empty registry."""
     with throwaway_registry() as address:
         registry = f"{address}/imagebuilder-test/sign-{uuid.uuid4().hex[:8]}"
         report = tmp_path_factory.mktemp("signed") / "publish.json"
-        try:
+        with released_after_last_use(request, lambda: remove_local_tags(docker_engine, address)):
             done = imagebuilder("publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
-                                "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu",
+                                "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--builder", "buildkit",
                                 "--registry", registry, "--report", str(report), "--sign-key", str(keys["key"]),
                                 env_extra={"COSIGN_PASSWORD": ""})
             assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
             (image,) = json.loads(report.read_text())["images"]
             yield {"image": image, "address": address, "registry": registry, "stdout": done.stdout,
                    "digest": image["digest"], "pinned": signing.pinned(image["ref"], image["digest"])}
-        finally:
-            remove_local_tags(docker_engine, address)
 
 
 def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -286,7 +300,8 @@ def _rebuild(signed_run: dict[str, Any], base_image: str, namespace: str | None 
     """The published image rendered again, for its own registry namespace or another one."""
     from test_publish import _rendered
 
-    return _rendered(f"{signed_run['address']}/{namespace}" if namespace else signed_run["registry"], base_image)
+    return _rendered(f"{signed_run['address']}/{namespace}" if namespace else signed_run["registry"], base_image,
+                     buildkit=True)
 
 
 def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
@@ -304,12 +319,12 @@ def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
     return verifier
 
 
-def _publish(docker_engine: Any, image: RenderedImage, signed_run: dict[str, Any], *, ok: bool = True,
-             signer: signing.Signer | None = None) -> publish.Outcome:
+def _publish(docker_engine: Any, builder: BuildKitBuilder, image: RenderedImage, signed_run: dict[str, Any], *,
+             ok: bool = True, signer: signing.Signer | None = None) -> publish.Outcome:
     registry = HttpRegistry(config={})
     steps = publish.plan([image], publish.lookup(registry, [image], signing=signer is not None), force=False)
     options = publish.RunOptions(matrix_path=default_matrix_path(), signer=signer)
-    (outcome,) = publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+    (outcome,) = publish.publish(steps, engine=docker_engine, builder=builder,
                                  registry=registry, options=options, verifier=_recorded(signed_run, ok))
     return outcome
 
@@ -318,10 +333,11 @@ def _publish(docker_engine: Any, image: RenderedImage, signed_run: dict[str, Any
 @pytest.mark.registry
 @pytest.mark.slow
 def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: str, signed_run: dict[str, Any],
-                                              keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+                                              builder: BuildKitBuilder, keys: dict[str, Path],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COSIGN_PASSWORD", "")
     image = _rebuild(signed_run, base_image, f"imagebuilder-test/failed-{uuid.uuid4().hex[:8]}")
-    outcome = _publish(docker_engine, image, signed_run, ok=False, signer=signing.key_signer(str(keys["key"])))
+    outcome = _publish(docker_engine, builder, image, signed_run, ok=False, signer=signing.key_signer(str(keys["key"])))
     assert outcome.status == publish.FAILED and "verification failed" in outcome.reason
     assert outcome.pushed == {} and outcome.signed == ()
     assert HttpRegistry(config={}).tags(image.ref) == []  # no image, no .sig, no .att
@@ -331,11 +347,11 @@ def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: st
 @pytest.mark.registry
 @pytest.mark.slow
 def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
-        docker_engine: Any, base_image: str, signed_run: dict[str, Any], keys: dict[str, Path],
+        docker_engine: Any, base_image: str, signed_run: dict[str, Any], builder: BuildKitBuilder, keys: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
     image = _rebuild(signed_run, base_image, f"imagebuilder-test/half-{uuid.uuid4().hex[:8]}")
     monkeypatch.delenv("COSIGN_PASSWORD", raising=False)  # an encrypted key and no password: cosign fails
-    outcome = _publish(docker_engine, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
+    outcome = _publish(docker_engine, builder, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
     assert outcome.status == publish.FAILED and outcome.signed == ()
     assert outcome.reason.startswith("pushed, but not signed") and "COSIGN_PASSWORD" in outcome.reason
     assert set(outcome.pushed) == set(image.refs)
@@ -346,7 +362,7 @@ def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
 
     # The next run: unchanged inputs, but unsigned in the registry: rebuilt, pushed and signed.
     monkeypatch.setenv("COSIGN_PASSWORD", "s3cret")
-    again = _publish(docker_engine, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
+    again = _publish(docker_engine, builder, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
     assert again.step.reason == "unchanged, but the registry's image is not signed"
     assert again.status == publish.PUSHED and [s.digest for s in again.signed] == [again.pushed[image.ref]]
     assert _verify(image.ref, "--key", str(keys["locked_pub"]), "--signature-only").returncode == 0
@@ -356,7 +372,7 @@ def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
 @pytest.mark.registry
 @pytest.mark.slow
 def test_the_same_image_retagged_from_an_unsigned_build_fails(
-        docker_engine: Any, base_image: str, signed_run: dict[str, Any], keys: dict[str, Path],
+        docker_engine: Any, base_image: str, signed_run: dict[str, Any], builder: BuildKitBuilder, keys: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Last: it moves the published tags. An unsigned build of the same inputs (another revision
     label, so another digest) pushed over the signed image's tags."""
@@ -366,7 +382,7 @@ def test_the_same_image_retagged_from_an_unsigned_build_fails(
     registry = HttpRegistry(config={})
     options = publish.RunOptions(matrix_path=default_matrix_path())
     (outcome,) = publish.publish([publish.Step(image, publish.BUILD, "an unsigned rebuild")], engine=docker_engine,
-                                 builder=ClassicBuilder(docker_engine), registry=registry, options=options,
+                                 builder=builder, registry=registry, options=options,
                                  verifier=_recorded(signed_run))
     assert outcome.status == publish.PUSHED and outcome.signed == ()
     unsigned = outcome.pushed[image.ref]
