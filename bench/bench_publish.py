@@ -23,7 +23,8 @@ many it downloaded); the floor downloads all of them.
 
 Run: .venv/bin/python bench/bench_publish.py
 Needs the daemon with the containerd image store, buildx, imagebuilder-base:bookworm,
-docker-registry and, behind a TLS-intercepting proxy, SSL_CERT_FILE. Removes what it made.
+docker-registry and, behind a TLS-intercepting proxy, SSL_CERT_FILE. Removes what it made
+(its images, registry and BuildKit cache records).
 """
 
 from __future__ import annotations
@@ -131,7 +132,26 @@ def downloads(log: str) -> int:
     return len(re.findall(r"Download(?:ed|ing) (?:torch|nvidia)", Path(log).read_text()))
 
 
+def build_records() -> set[str]:
+    """The ids of BuildKit's cache records (the bench removes the ones it added)."""
+    done = subprocess.run(["docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
+                          capture_output=True, text=True, check=False)
+    return {str(r["ID"]) for r in json.loads(done.stdout or "[]") or []}
+
+
+def prune_records_since(before: set[str]) -> None:
+    """Prune the records added since `before`, one id per call (children before parents)."""
+    for _ in range(3):  # a parent is refused while a child holds it: a few passes
+        added = build_records() - before
+        if not added:
+            return
+        for cache_id in added:
+            subprocess.run(["docker", "builder", "prune", "--force", "--all", "--filter", f"id={cache_id}"],
+                           capture_output=True, check=False)
+
+
 def main() -> None:
+    before = build_records()
     port = free_port()
     address = sh(str(ROOT / ".ci" / "registry.sh"), "start", str(port)).stdout.strip().splitlines()[-1]
     zstd_ns, gzip_ns = f"{address}/bench-{RUN}", f"{address}/bench-gzip-{RUN}"
@@ -173,6 +193,7 @@ def main() -> None:
         if ours:
             subprocess.run(["docker", "rmi", "-f", *ours], capture_output=True, check=False)
         subprocess.run([str(ROOT / ".ci" / "registry.sh"), "stop", str(port)], capture_output=True, check=False)
+        prune_records_since(before)
         width = max((len(name) for name, _ in rows), default=0)
         for name, value in rows:
             print(f"{name.ljust(width)}  {value}")
