@@ -202,7 +202,8 @@ def imagebuilder(*args: str, timeout: float = 3600,
 
     # A fixed revision label: a commit made while the tests run must not change the images.
     env = {**os.environ, "GITHUB_SHA": "0" * 40, **(env_extra or {})}
-    # The classic builder unless a test asks for another (--builder wins over the variable).
+    # The classic builder unless a test asks for another (--builder wins over the variable): the
+    # session's images ask for auto, the builder users get.
     env.setdefault("IMAGEBUILDER_BUILDER", "classic")
     return subprocess.run([sys.executable, "-m", "imagebuilder", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO_ROOT, env=env)
@@ -211,8 +212,9 @@ def imagebuilder(*args: str, timeout: float = 3600,
 def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> dict:
     import json
 
-    # No --os: it is read from the base image (Debian 12 here), as a user's build does.
-    done = imagebuilder("build", "--torch", E2E_TORCH, "--cuda", E2E_CUDA,
+    # No --os: it is read from the base image (Debian 12 here), as a user's build does; the
+    # builder the user's engine gets (BuildKit on Docker 26 with buildx, classic on 20.10).
+    done = imagebuilder("build", "--torch", E2E_TORCH, "--cuda", E2E_CUDA, "--builder", "auto",
                         "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
                         "--report", str(report), *extra)
     assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
@@ -249,7 +251,7 @@ def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: 
     report = tmp_path_factory.mktemp("devel") / "report.json"
     with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
         done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS, "--variant", "devel",
-                            "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
+                            "--builder", "auto", "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
                             "--report", str(report))
         assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
         entry = json.loads(report.read_text())["images"][0]

@@ -112,7 +112,7 @@ def codec_image(docker_engine) -> Iterator[str]:
     devel): one 2.13 runtime image on the local Debian base, removed after."""
     repository = f"{TEST_REPOSITORY_PREFIX}/codec-{uuid.uuid4().hex[:8]}"
     try:
-        done = imagebuilder("build", "--torch", CODEC_TORCH, "--cuda", CODEC_CUDA, "--variant", "runtime",
+        done = imagebuilder("build", "--torch", CODEC_TORCH, "--cuda", CODEC_CUDA, "--variant", "runtime", "--builder", "auto",
                             "--base-image", DEFAULT_BASE_IMAGE, "--repository", repository, *ca_bundle_args())
         assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
         yield repository

@@ -154,7 +154,7 @@ def devel_jupyter_image(docker_engine, base_image, devel_image, tmp_path_factory
     builds only JupyterLab's layer). conftest's devel fixture removes both."""
     report = tmp_path_factory.mktemp("devel-jupyter") / "report.json"
     done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS,
-                        "--variant", "devel-jupyter", "--base-image", base_image,
+                        "--variant", "devel-jupyter", "--builder", "auto", "--base-image", base_image,
                         "--repository", devel_image["repository"], *ca_bundle_args(), "--report", str(report))
     assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
     images = json.loads(report.read_text())["images"]
