@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, released_after_last_use
+from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, released_after_last_use,
+                      remove_images)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -149,7 +150,7 @@ def test_missing_base_image_suggests_base_image(docker_engine):
 def jupyter_image(docker_engine, base_image, runtime_image, tmp_path_factory, request):
     """JupyterLab on the runtime image, built once for the tests below; removed after the last."""
     tags: list[str] = []
-    with released_after_last_use(request, lambda: [docker_engine.remove_image(ref) for ref in tags]):
+    with released_after_last_use(request, lambda: remove_images(docker_engine, tags)):
         report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
                            "--variant", "jupyter")
         tags += [t for image in report["images"] for t in image["tags"]]
