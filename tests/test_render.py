@@ -193,7 +193,7 @@ def test_runtime_and_devel_of_one_lock_copy_one_venv_stage_with_link():
     assert runtime.files["imagebuilder/torch.lock"] == devel.files["imagebuilder/torch.lock"]
     assert runtime.files["imagebuilder/torch.lock"] == runtime.files["imagebuilder/requirements.lock"]
     for image in (runtime, devel):
-        assert "COPY --link --from=venv /opt/venv /opt/venv" in image.dockerfile
+        assert "COPY --link --chown=1000:1000 --from=venv /opt/venv /opt/venv" in image.dockerfile
     # devel adds what its lock has beyond the runtime's (ninja, the nvcc wheels), on top.
     added = [line for line in devel.files["imagebuilder/added.lock"].decode().splitlines() if "==" in line
              and not line.startswith("#")]
