@@ -24,7 +24,7 @@ from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, image
                       remove_local_tags)
 from imagebuilder.registry import HttpRegistry
 
-pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 
 TORCH, CUDA, OS = "2.12", "13.0", "debian12"
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
