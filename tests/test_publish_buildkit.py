@@ -88,7 +88,8 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(published: dict[str, Any
             assert HttpRegistry(config={}).digest(ref) == digest
         layers = [media for _, media in _blobs(image["ref"]).values() if "layer" in media]
         assert layers and set(layers) == {ZSTD_LAYER}
-        assert image["pushed_bytes"] > 1_000_000_000  # the first push of torch uploads it
+        if variant == "runtime":  # the first push of torch uploads it (devel finds it there)
+            assert image["pushed_bytes"] > 1_000_000_000
         assert all(image[k] > 0 for k in ("build_s", "verify_s", "push_s"))
 
 
