@@ -27,6 +27,33 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 
 
+def _client_from_env(timeout: int) -> docker.DockerClient:
+    """docker.from_env, with a TLS daemon (DOCKER_TLS_VERIFY=1) verified by DOCKER_CERT_PATH's CA.
+
+    requests lets REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE), which proxy setups export, replace the
+    CA docker-py gives it: verifying the daemon then failed with "unable to get local issuer
+    certificate". The docker CLI verifies a TLS daemon with DOCKER_CERT_PATH/ca.pem only; so does
+    this client (requests' environment is not read for it: trust_env off)."""
+    import docker
+    from docker.constants import MINIMUM_DOCKER_API_VERSION
+    from docker.utils import kwargs_from_env
+
+    kwargs = kwargs_from_env()
+    tls = kwargs.get("tls")
+    if not (tls and tls.verify and tls.ca_cert):
+        return docker.from_env(timeout=timeout)
+    # The API version is asked for as docker-py would, by a client that already ignores it.
+    probe = docker.APIClient(timeout=timeout, version=MINIMUM_DOCKER_API_VERSION, **kwargs)
+    probe.trust_env = False
+    try:
+        version = probe.version(api_version=False)["ApiVersion"]
+    finally:
+        probe.close()
+    client = docker.DockerClient(timeout=timeout, version=version, **kwargs)
+    client.api.trust_env = False
+    return client
+
+
 class DockerEngine:
     """The Docker Engine through docker-py."""
 
@@ -51,7 +78,7 @@ class DockerEngine:
                     client = docker.DockerClient(base_url=self._explicit_url,
                                                  timeout=int(self._api_timeout))
                 else:
-                    client = docker.from_env(timeout=int(self._api_timeout))
+                    client = _client_from_env(int(self._api_timeout))
             except unreachable as e:
                 raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
             self._client_obj = client
