@@ -184,11 +184,13 @@ def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
 # --- choosing a builder -----------------------------------------------------------------
 
 
-def _fake_docker(folder: Path, *, buildx: bool, buildkit: bool) -> None:
+def _fake_docker(folder: Path, *, buildx: bool, buildkit: bool, context: str | None = None) -> None:
     folder.mkdir(parents=True)
     script = folder / "docker"
     script.write_text(
         "#!/bin/sh\n"
+        + (f'if [ "$1 $2 $3" = "context inspect {context}" ]; then exit 0; fi\n' if context else "")
+        +
         f'if [ "$1" = buildx ]; then {"echo github.com/docker/buildx v0.99 x; exit 0" if buildx else "echo unknown command: docker buildx >&2; exit 1"}; fi\n'
         f'if [ "$1" = build ]; then {"exit 0" if buildkit else "echo ERROR: BuildKit is enabled but the buildx component is missing or broken. >&2; exit 1"}; fi\n'
         "exit 1\n"
@@ -238,6 +240,17 @@ def test_a_buildx_builder_instance_goes_to_buildx(tmp_path, monkeypatch):
     decision = decide("auto", buildx_builder="k8s")
     assert decision.kind == "buildkit" and decision.cli is not None
     assert decision.cli.command[-2:] == ("--builder", "k8s")
+    detect_buildkit.cache_clear()
+
+
+def test_a_docker_contexts_builder_is_reached_through_that_context(tmp_path, monkeypatch):
+    """buildx refuses `--builder CONTEXT` for a context's own (docker driver) builder."""
+    _fake_docker(tmp_path / "new", buildx=True, buildkit=False, context="gpu-host")
+    monkeypatch.setenv("PATH", str(tmp_path / "new"))
+    detect_buildkit.cache_clear()
+    decision = decide("auto", buildx_builder="gpu-host")
+    assert decision.cli is not None
+    assert decision.cli.command == (str(tmp_path / "new" / "docker"), "--context", "gpu-host", "buildx", "build")
     detect_buildkit.cache_clear()
 
 

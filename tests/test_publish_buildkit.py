@@ -169,7 +169,7 @@ def test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_push
     image = _publish(base_image, published["registry"], report, "--variant", "runtime", "--force",
                      "--buildx-builder", remote.name, env=env)
     assert image["status"] == "pushed" and image["verified"] is True
-    assert f"--builder {remote.name}" in Path(image["build"]["log"]).read_text().splitlines()[0]
+    assert f"--context {remote.name} buildx build" in Path(image["build"]["log"]).read_text().splitlines()[0]
     log = Path(image["build"]["log"]).read_text()
     # The torch venv came from the registry's cache: the step is cached, no wheel came down.
     assert re.search(r"#\d+ \[venv \d+/\d+\] RUN .*\n#\d+ CACHED", log), log[-3000:]

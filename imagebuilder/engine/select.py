@@ -72,7 +72,11 @@ def detect_buildkit(buildx_builder: str | None = None) -> tuple[BuildKitCli | No
         ok, said = _answers([docker, "buildx", "version"])
         if ok:
             command: tuple[str, ...] = (docker, "buildx", "build")
-            if buildx_builder:
+            if buildx_builder and _answers([docker, "context", "inspect", buildx_builder])[0]:
+                # A docker context's own builder (buildx's docker driver on that engine): buildx
+                # refuses `--builder CONTEXT` ("use `docker --context=CONTEXT buildx`").
+                command = (docker, "--context", buildx_builder, "buildx", "build")
+            elif buildx_builder:
                 command += ("--builder", buildx_builder)
             return BuildKitCli(command, description=f"{docker} buildx, {said}"), tuple(tried)
         tried.append(f"{docker} buildx: {said}")
