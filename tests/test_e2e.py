@@ -93,24 +93,16 @@ def test_smoke_tests_travel_with_the_image(docker_engine, runtime_image):
     assert parsed.torch and parsed.torch.startswith("2.6.0")
 
 
-def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, runtime_image, tmp_path, request):
+def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, runtime_image, tmp_path):
     """The same lock, built again: the same image. On the classic builder with --ca-bundle the
     first build removed its 5.8 GB wheels stage (nobody asked for it), so that stage runs again
     from the lock and the final stage, fed the same files, is served whole from the cache;
-    BuildKit (test_buildkit) keeps one stage and is fully cached."""
+    BuildKit keeps every stage in its cache and is fully cached."""
     from imagebuilder.engine.docker import stores_manifests
     from imagebuilder.engine.select import decide
 
-    if decide("auto").kind == "buildkit":
-        # What the session's images are built with on an engine with buildx: one cache for
-        # every stage (the CA is a secret, nothing is removed), every step served from it.
-        report = build_cli(base_image, runtime_image["repository"], tmp_path / "again.json", "--variant", "runtime")
-        again = report["images"][0]
-        assert again["cached_steps"] >= again["steps"] - 3, again  # the FROM lines are not "cached"
-        assert again["removed"] == []
-        assert docker_engine.image_exists(again["tags"][0])
-        return
-    if ca_bundle_args() and stores_manifests(docker_engine.info()):
+    buildkit = decide("auto").kind == "buildkit"
+    if not buildkit and ca_bundle_args() and stores_manifests(docker_engine.info()):
         # Measured on Docker 26.1 with the containerd image store: the rebuild ran 26 of 28 steps
         # again and gave another image id. The classic builder there does not reuse the final
         # stage once the wheels stage it copied from was removed. A known gap, reported as such
@@ -120,6 +112,13 @@ def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, run
                      "(measured on Docker 26.1: 26 of 28 steps ran again)")
     report = build_cli(base_image, runtime_image["repository"], tmp_path / "again.json", "--variant", "runtime")
     again = report["images"][0]
+    if buildkit:
+        # What the session's images are built with on an engine with buildx: one cache for
+        # every stage (the CA is a secret, nothing is removed), every step served from it.
+        assert again["cached_steps"] >= again["steps"] - 3, again  # the FROM lines are not "cached"
+        assert again["removed"] == []
+        assert docker_engine.image_exists(again["tags"][0])
+        return
     assert again["image_id"] == runtime_image["image_id"]
     if ca_bundle_args():
         assert len(again["removed"]) == 1 and not docker_engine.image_exists(again["removed"][0])
