@@ -293,14 +293,19 @@ def test_a_build_removes_its_earlier_stages_and_the_image_a_rebuild_untagged(
         FROM {base_image}
         COPY --from=first /stage.txt /stage.txt
         RUN echo {{}} > /version.txt
+        LABEL io.imagebuilder.test=after-the-change
     """
     tag = f"{image_repo}:1"
     first = ClassicBuilder(docker_engine).build(BuildRequest(context(dockerfile.format("one")), (tag,), {}))
     assert len(first.removed) == 1  # the first stage's image: untagged, nobody asked for it
     assert _image_gone(docker_engine, first.removed[0])
+    changed_step = docker_engine.inspect_image(first.image_id)["Parent"]  # `RUN echo one`: only it has it
     second = ClassicBuilder(docker_engine).build(BuildRequest(context(dockerfile.format("two")), (tag,), {}))
     assert second.image_id != first.image_id
     assert first.image_id in second.removed and _image_gone(docker_engine, first.image_id)
+    # The step under it went with it (the daemon's own prune of untagged parents, or the
+    # builder's where the containerd store keeps them); the base they share stayed.
+    assert _image_gone(docker_engine, changed_step)
     assert docker_engine.image_exists(tag) and docker_engine.image_exists(base_image)
 
 

@@ -1,12 +1,12 @@
 """publish: the planner as tables; the runner and registry client against the real daemon and a
 real local registry (Debian's docker-registry).
 
-The integration tests publish one real torch image: torch 2.6 for CUDA 12.4 on debian12, on the
-local Debian base, with the host's CA bundle. tests/test_e2e.py builds the CUDA 12.1 image of the
-same release with the same options: both install the cu124 wheels, so every heavy layer is shared
-and the layer cache makes this build fast when those ran first (publish takes images as the
-matrix lists them, image CUDA = wheel CUDA, so 12.1 is not one of them). The smoke tests run on it once per session
-(CPU mode); the later runs that need a verdict reuse that recorded one.
+The integration tests publish one real torch image with BuildKit (what `--builder auto` picks on
+Docker 26): torch 2.6 for CUDA 12.4 on debian12, on the local Debian base, with the host's CA
+bundle; its wheels come from the uv cache mount when an earlier module installed the same lock.
+The smoke tests run on it once per module (CPU mode); the later runs that need a verdict reuse
+that recorded one. The classic builder's runner is tested on small images (its torch build took
+8 minutes).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from imagebuilder.registry import (
     pick_manifest,
     is_insecure_by_default,
 )
-from imagebuilder.render import RenderedImage, RenderOptions, render
+from imagebuilder.render import SBOM_PATH, RenderedImage, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
@@ -315,7 +315,7 @@ class LocalRegistry:
 
 
 def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
-    return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
+    return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime", "--builder", "buildkit",
             "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
 
@@ -443,7 +443,7 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
                                                            first_run: dict[str, Any]) -> None:
     (before,) = first_run["report"]["images"]
     digest = next(iter(before["pushed"].values()))
-    image = _rendered(first_run["registry"], base_image)
+    image = _rendered(first_run["registry"], base_image, buildkit=True)
     assert image.inputs_hash == before["inputs_hash"]
     alias = f"alias-{uuid.uuid4().hex[:6]}"
     with_alias = replace(image, tags=(*image.tags, alias))  # an alias the registry never saw
@@ -530,8 +530,7 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
     assert image.inputs_hash != _rendered(registry, base_image).inputs_hash  # the builder matters
     today = datetime.now(timezone.utc).date()
     digest = _put_labelled_image([*image.refs, publish.dated_ref(image, today)], {HASH: image.inputs_hash})
-    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--builder", "buildkit",
-                                      "--dry-run"))
+    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"))
     assert dry.returncode == 0, dry.stderr[-4000:]
     rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
     assert [(action, ref) for _, action, ref, _ in rows] == [(SKIP, image.ref)], dry.stdout
@@ -548,9 +547,13 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     from imagebuilder.verify import VerifyReport
 
     (verified,) = first_run["report"]["images"]
-    # A fresh namespace of the same registry: nothing there yet, and Docker mounts the layers
-    # it pushed for the first run instead of uploading 6 GB again.
-    image = _rendered(f"{local_registry.address}/imagebuilder-test/down-{uuid.uuid4().hex[:8]}", base_image)
+    # The runtime image's plan and tags in a fresh namespace, built from a small Dockerfile of
+    # its own (a unique layer and the SBOM file the runner labels): what fails here is the
+    # push, and rebuilding torch twice with the classic builder took 15 minutes.
+    rendered = _rendered(f"{local_registry.address}/imagebuilder-test/down-{uuid.uuid4().hex[:8]}", base_image)
+    image = replace(rendered, files={}, dockerfile=(
+        f"FROM {base_image}\n"
+        f"RUN mkdir -p /opt/imagebuilder && echo '{{\"down\": \"{uuid.uuid4().hex}\"}}' > {SBOM_PATH}\n"))
     registry = HttpRegistry(config={})
     steps = publish.plan([image], publish.lookup(registry, [image]))
     assert [s.action for s in steps] == [BUILD]
@@ -577,12 +580,15 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
         publish.raise_if_failed(outcomes)
     assert all(_head(ref) is None for ref in image.refs)  # the registry is back: nothing is there
 
-    # Back up: the same plan completes; every tag names what the push reported.
+    # Back up: the same plan completes; every tag names what the push reported. The rebuild
+    # (a new creation date) takes the tags and removes the first build, its steps too.
+    failed_build = docker_engine.inspect_image(image.ref)
     (outcome,) = publish.publish(publish.plan([image], publish.lookup(registry, [image])), engine=docker_engine,
                                  builder=ClassicBuilder(docker_engine), registry=registry, options=options, verifier=recorded)
     assert outcome.status == PUSHED and set(outcome.pushed) == set(image.refs)
     assert all(_head(ref) == digest for ref, digest in outcome.pushed.items())
     assert registry.labels(image.ref) == docker_engine.image_labels(image.ref)
+    assert not docker_engine.image_exists(failed_build["Id"]) and not docker_engine.image_exists(failed_build["Parent"])
 
 
 @pytest.mark.registry

@@ -263,25 +263,33 @@ class ClassicBuilder:
 
     def _remove_leftovers(self, candidates: Sequence[str], keep: str) -> tuple[str, ...]:
         """Remove each candidate that is not `keep`, has no tag and no child image: what this
-        build left untagged. Anything tagged, in use or built upon stays (the daemon is shared)."""
+        build left untagged; then, the same way, the step images under each one removed (the
+        containerd image store keeps a removed image's untagged parents). Anything tagged, in
+        use or built upon stays (the daemon is shared)."""
         import docker
 
-        removed = []
+        removed: list[str] = []
         with self.engine.daemon_errors():
-            children = {str(i.get("ParentId", "")) for i in self._client.api.images(all=True)}
-            for candidate in dict.fromkeys(candidates):
+            children: dict[str, set[str]] = {}
+            for listed in self._client.api.images(all=True):
+                children.setdefault(str(listed.get("ParentId", "")), set()).add(str(listed["Id"]))
+            pending = list(dict.fromkeys(candidates))
+            while pending:
                 try:
-                    attrs = self._client.api.inspect_image(candidate)
+                    attrs = self._client.api.inspect_image(pending.pop(0))
                 except docker.errors.ImageNotFound:
                     continue
-                image_id = str(attrs["Id"])
-                if image_id == keep or attrs.get("RepoTags") or image_id in children:
+                image_id, parent = str(attrs["Id"]), str(attrs.get("Parent") or "")
+                if image_id == keep or image_id in removed or attrs.get("RepoTags") or children.get(image_id):
                     continue
                 try:
                     self._client.api.remove_image(image_id)
                 except docker.errors.APIError:
                     continue  # a container uses it, or another build just did: leave it
                 removed.append(image_id)
+                if parent:
+                    children.get(parent, set()).discard(image_id)
+                    pending.append(parent)
         return tuple(removed)
 
     def _stream_build(self, req: BuildRequest, state: BuildState, log: IO[str] | None) -> str | None:
