@@ -397,8 +397,9 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     # With the containerd image store the image id is the digest of the index BuildKit
     # exported: the push must store exactly that, or it is not the image verify ran.
     same_bytes = options.export is not None and options.export.compression is not None
+    published = _published_as_built(image, built, registry, options)
     try:
-        for ref in image.refs:
+        for ref in image.refs if published is None else ():
             counted = getattr(engine, "push_counted", None)
             if counted is not None:
                 result = counted(ref, retries=options.push_retries, backoff=options.push_backoff)
@@ -417,6 +418,14 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
             if confirmed != digest:
                 raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
             pushed[ref] = digest
+        if published is not None:
+            # The registry has this very image (BuildKit's new index would differ only in its
+            # provenance's timestamps): nothing goes up, and a tag that names another is moved.
+            for ref in image.refs:
+                now = published if registry.digest(ref) == published else registry.put_tag(ref, published)
+                if now != published:
+                    raise PushNotConfirmed(ref=ref, pushed=published, registry_has=now or "no such tag")
+                pushed[ref] = now
         if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
             # A manifest PUT of the image just pushed: the dated tag needs no local tag.
             digest = pushed[image.ref]
@@ -441,8 +450,26 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
         finally:
             timings["sign_s"] = time.monotonic() - started
     reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
+    if published is not None:
+        reason += f"; the registry had this image ({_short(published)}): kept, nothing uploaded"
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed, timings=timings,
                    pushed_bytes=uploaded, signed=signed)
+
+
+def _published_as_built(image: RenderedImage, built: Built, registry: Registry, options: RunOptions) -> str | None:
+    """The digest `image.ref` names in the registry where that is the image just built and
+    verified: the same config (so the same layers' content and labels), its layers compressed
+    as asked. None where it is not, or where the builder or registry cannot tell."""
+    compression = options.export.compression if options.export is not None else None
+    config = built.result.config_digest
+    describe = getattr(registry, "image_config", None)
+    if compression is None or config is None or describe is None:
+        return None
+    found = describe(image.ref, options.platform)
+    if found is None or found[0] != config or not all(m.endswith(f"+{compression.kind}") for m in found[1]):
+        return None
+    digest = registry.digest(image.ref)
+    return str(digest) if digest else None
 
 
 def _sign(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer) -> tuple[Signed, ...]:

@@ -317,6 +317,28 @@ class HttpRegistry:
         config = json.loads(blob.body)
         return dict((config.get("config") or {}).get("Labels") or {})
 
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[str, tuple[str, ...]] | None:
+        """The config digest and the layers' media types of `ref`'s image for `platform`
+        (OS/ARCH; None: linux/amd64, else the index's first); None when the tag does not exist."""
+        r = parse_reference(ref)
+        manifest = self._manifest(r, r.reference)
+        if manifest is None:
+            return None
+        document, media_type = manifest
+        if media_type in INDEXES or document.get("mediaType") in INDEXES:
+            os_name, _, architecture = (platform or "linux/amd64").partition("/")
+            entries = [e for e in document.get("manifests") or []
+                       if (e.get("platform") or {}).get("os") == os_name
+                       and (e.get("platform") or {}).get("architecture") == architecture]
+            child = self._manifest(r, str(entries[0]["digest"]) if entries else pick_manifest(document))
+            if child is None:
+                return None
+            document = child[0]
+        config = (document.get("config") or {}).get("digest")
+        if not config:
+            return None
+        return str(config), tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
+
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
         """Every blob the image under `ref` consists of (digest -> (size, media type)):
         config and layers of each manifest of an index, attestations included; {} when absent."""

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -337,6 +338,8 @@ def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRe
         yield reg
     finally:
         reg.stop()
+        # Its blobs are GBs (a torch image), and pytest keeps a run's temporary directories.
+        shutil.rmtree(reg.root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from imagebuilder import publish
 from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, PushFailed, RunResult
 from imagebuilder.engine.errors import BuildFailed
@@ -222,12 +224,15 @@ class CannedStore(CannedEngine):
     unless `recompress` (an engine that changed the image after the check)."""
 
     recompress: bool = False
+    config: str | None = None  # the config digest BuildKit's export reports, where it does
     requests: list[BuildRequest] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
+        from dataclasses import replace
+
         self.requests.append(req)
-        result = super().build(req, on_progress)
+        result = replace(super().build(req, on_progress), config_digest=self.config)
         for tag in req.tags:
             self.ids[tag] = result.image_id
         return result
@@ -280,3 +285,47 @@ def test_a_cache_the_registry_does_not_have_yet_is_exported_not_imported() -> No
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     assert [r.export.cache_from for r in engine.requests if r.export] == [(), ()]
     assert engine.requests[-1].export.cache_to == cache  # type: ignore[union-attr]
+
+
+CONFIG, PUBLISHED = "sha256:" + "e" * 64, "sha256:" + "d" * 64
+
+
+@dataclass
+class CannedPublished(CannedBlobs):
+    """A registry whose tag names a published image: its config digest and layers' media type."""
+
+    config: str = CONFIG
+    layers: str = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+    def digest(self, ref: str) -> str | None:  # what a push put there, else what was published
+        return (self.engine.digests.get(ref) if self.engine else None) or self.answers.get(ref)
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[str, tuple[str, ...]] | None:
+        return (self.config, (self.layers,) * 3) if self.digest(ref) else None
+
+
+def test_a_republish_of_the_image_the_registry_has_uploads_nothing_and_keeps_its_digest() -> None:
+    """The same config is the same image (BuildKit's new index differs only in its provenance's
+    timestamps): no push, the published digest stays under every tag, a missing tag points at it."""
+    engine = CannedStore(config=CONFIG)
+    (image,) = images()
+    registry = CannedPublished(answers={image.ref: PUBLISHED}, engine=engine)
+    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == publish.PUSHED and engine.pushed == []
+    assert outcome.pushed == {ref: PUBLISHED for ref in image.refs} and outcome.pushed_bytes == 0
+    assert registry.put == [(ref, PUBLISHED) for ref in image.refs[1:]]
+    assert "the registry had this image (dddddddddddd): kept, nothing uploaded" in outcome.reason
+
+
+@pytest.mark.parametrize("published", [
+    CannedPublished(config="sha256:" + "9" * 64),  # another image
+    CannedPublished(layers="application/vnd.oci.image.layer.v1.tar+gzip"),  # zstd was asked for
+], ids=["another-config", "other-compression"])
+def test_a_registry_image_that_differs_in_config_or_compression_is_pushed_over(published: CannedPublished) -> None:
+    engine = CannedStore(config=CONFIG)
+    (image,) = images()
+    published.engine, published.answers = engine, {image.ref: PUBLISHED}
+    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, published, export=ZSTD_EXPORT)
+    assert outcome.status == publish.PUSHED, outcome.reason
+    assert engine.pushed == list(image.refs)
+    assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
