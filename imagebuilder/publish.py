@@ -397,7 +397,7 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     # With the containerd image store the image id is the digest of the index BuildKit
     # exported: the push must store exactly that, or it is not the image verify ran.
     same_bytes = options.export is not None and options.export.compression is not None
-    published = _published_as_built(image, built, registry, options)
+    published = _published_as_built(image, engine, registry, options)
     try:
         for ref in image.refs if published is None else ():
             counted = getattr(engine, "push_counted", None)
@@ -456,17 +456,28 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
                    pushed_bytes=uploaded, signed=signed)
 
 
-def _published_as_built(image: RenderedImage, built: Built, registry: Registry, options: RunOptions) -> str | None:
+# What makes two images the same image to a container: their layers' content and these settings.
+_RUNTIME_CONFIG = ("Env", "Cmd", "Entrypoint", "User", "WorkingDir", "Labels", "ExposedPorts", "Volumes")
+
+
+def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry, options: RunOptions) -> str | None:
     """The digest `image.ref` names in the registry where that is the image just built and
-    verified: the same config (so the same layers' content and labels), its layers compressed
-    as asked. None where it is not, or where the builder or registry cannot tell."""
+    verified: the same layers (uncompressed digests), compressed as asked, and the same
+    runtime settings and labels. None where it is not, or where the registry cannot tell."""
     compression = options.export.compression if options.export is not None else None
-    config = built.result.config_digest
-    describe = getattr(registry, "image_config", None)
-    if compression is None or config is None or describe is None:
+    describe, inspect = getattr(registry, "image_config", None), getattr(engine, "inspect_image", None)
+    if compression is None or describe is None or inspect is None:
         return None
     found = describe(image.ref, options.platform)
-    if found is None or found[0] != config or not all(m.endswith(f"+{compression.kind}") for m in found[1]):
+    if found is None or not all(m.endswith(f"+{compression.kind}") for m in found[1]):
+        return None
+    theirs, local = found[0], inspect(image.ref)
+
+    def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {key: (config or {}).get(key) or None for key in _RUNTIME_CONFIG}
+
+    if ((theirs.get("rootfs") or {}).get("diff_ids") != (local.get("RootFS") or {}).get("Layers")
+            or settings(theirs.get("config")) != settings(local.get("Config"))):
         return None
     digest = registry.digest(image.ref)
     return str(digest) if digest else None

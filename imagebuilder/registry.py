@@ -317,9 +317,10 @@ class HttpRegistry:
         config = json.loads(blob.body)
         return dict((config.get("config") or {}).get("Labels") or {})
 
-    def image_config(self, ref: str, platform: str | None = None) -> tuple[str, tuple[str, ...]] | None:
-        """The config digest and the layers' media types of `ref`'s image for `platform`
-        (OS/ARCH; None: linux/amd64, else the index's first); None when the tag does not exist."""
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        """The image config document of `ref`'s image for `platform` (OS/ARCH; None:
+        linux/amd64, else the index's first) and its layers' media types; None when the tag
+        does not exist."""
         r = parse_reference(ref)
         manifest = self._manifest(r, r.reference)
         if manifest is None:
@@ -335,9 +336,10 @@ class HttpRegistry:
                 return None
             document = child[0]
         config = (document.get("config") or {}).get("digest")
-        if not config:
+        blob = self._request("GET", r, f"blobs/{config}", {}) if config else None
+        if blob is None:
             return None
-        return str(config), tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
+        return json.loads(blob.body), tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
         """Every blob the image under `ref` consists of (digest -> (size, media type)):

@@ -224,15 +224,16 @@ class CannedStore(CannedEngine):
     unless `recompress` (an engine that changed the image after the check)."""
 
     recompress: bool = False
-    config: str | None = None  # the config digest BuildKit's export reports, where it does
     requests: list[BuildRequest] = field(default_factory=list)
     ids: dict[str, str] = field(default_factory=dict)
 
-    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
-        from dataclasses import replace
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        return {"Id": self.ids.get(ref), "RootFS": {"Type": "layers", "Layers": LAYERS},
+                "Config": {"Hostname": "", "Env": ["PATH=/opt/venv/bin"], "Cmd": None, "Labels": LABELS}}
 
+    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
         self.requests.append(req)
-        result = replace(super().build(req, on_progress), config_digest=self.config)
+        result = super().build(req, on_progress)
         for tag in req.tags:
             self.ids[tag] = result.image_id
         return result
@@ -287,27 +288,31 @@ def test_a_cache_the_registry_does_not_have_yet_is_exported_not_imported() -> No
     assert engine.requests[-1].export.cache_to == cache  # type: ignore[union-attr]
 
 
-CONFIG, PUBLISHED = "sha256:" + "e" * 64, "sha256:" + "d" * 64
+PUBLISHED = "sha256:" + "d" * 64
+LAYERS = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]  # the built image's uncompressed layers
+LABELS = {"io.imagebuilder.inputs-hash": "same"}
 
 
 @dataclass
 class CannedPublished(CannedBlobs):
-    """A registry whose tag names a published image: its config digest and layers' media type."""
+    """A registry whose tag names a published image: its config and layers' media type."""
 
-    config: str = CONFIG
+    config: dict[str, Any] = field(default_factory=lambda: {
+        "rootfs": {"type": "layers", "diff_ids": LAYERS}, "config": {"Env": ["PATH=/opt/venv/bin"], "Labels": LABELS}})
     layers: str = "application/vnd.oci.image.layer.v1.tar+zstd"
 
     def digest(self, ref: str) -> str | None:  # what a push put there, else what was published
         return (self.engine.digests.get(ref) if self.engine else None) or self.answers.get(ref)
 
-    def image_config(self, ref: str, platform: str | None = None) -> tuple[str, tuple[str, ...]] | None:
-        return (self.config, (self.layers,) * 3) if self.digest(ref) else None
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        return (self.config, (self.layers,) * len(LAYERS)) if self.digest(ref) else None
 
 
 def test_a_republish_of_the_image_the_registry_has_uploads_nothing_and_keeps_its_digest() -> None:
-    """The same config is the same image (BuildKit's new index differs only in its provenance's
-    timestamps): no push, the published digest stays under every tag, a missing tag points at it."""
-    engine = CannedStore(config=CONFIG)
+    """The same layers and settings are the same image (BuildKit's new index differs only in its
+    provenance's timestamps): no push, the published digest stays under every tag, a missing tag
+    points at it."""
+    engine = CannedStore()
     (image,) = images()
     registry = CannedPublished(answers={image.ref: PUBLISHED}, engine=engine)
     (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
@@ -318,11 +323,12 @@ def test_a_republish_of_the_image_the_registry_has_uploads_nothing_and_keeps_its
 
 
 @pytest.mark.parametrize("published", [
-    CannedPublished(config="sha256:" + "9" * 64),  # another image
+    CannedPublished(config={"rootfs": {"diff_ids": LAYERS[:1]}, "config": {"Env": ["PATH=/opt/venv/bin"], "Labels": LABELS}}),
+    CannedPublished(config={"rootfs": {"diff_ids": LAYERS}, "config": {"Env": ["PATH=/opt/venv/bin"], "Labels": {**LABELS, "x": "y"}}}),
     CannedPublished(layers="application/vnd.oci.image.layer.v1.tar+gzip"),  # zstd was asked for
-], ids=["another-config", "other-compression"])
+], ids=["other-layers", "other-labels", "other-compression"])
 def test_a_registry_image_that_differs_in_config_or_compression_is_pushed_over(published: CannedPublished) -> None:
-    engine = CannedStore(config=CONFIG)
+    engine = CannedStore()
     (image,) = images()
     published.engine, published.answers = engine, {image.ref: PUBLISHED}
     (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, published, export=ZSTD_EXPORT)

@@ -67,9 +67,6 @@ class BuildResult:
     removed: tuple[str, ...] = ()
     """Images this build made and nobody asked for, removed after it: the earlier stages of a
     multi-stage build, and the image a rebuilt tag pointed at before when no tag is left on it."""
-    config_digest: str | None = None
-    """The digest of the image's config where the builder reports it (BuildKit exporting into
-    the image store): the same config is the same layers' content, whatever their compression."""
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,6 @@ class BuildKitBuilder:
             cached_steps=state.cached_steps,
             executed_steps=state.executed_steps,
             log_path=req.log_path,
-            config_digest=image_id if req.export is not None else None,
         )
 
     def _run(self, argv: Sequence[str], env: dict[str, str] | None, state: PlainProgress,
