@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -114,20 +115,6 @@ def test_the_published_image_carries_provenance_of_where_it_was_built_from(publi
     assert any("imagebuilder-base" in base for base in found.base)
 
 
-def _image_manifest(ref: str) -> str:
-    """The digest of the image's own manifest: inside the index BuildKit pushes (beside its
-    provenance attestation, platform unknown/unknown), or the ref's digest itself."""
-    registry = HttpRegistry(config={})
-    found = registry.manifest(ref)
-    assert found is not None, ref
-    document, _media_type = found
-    images = [m["digest"] for m in document.get("manifests", []) if m.get("platform", {}).get("os") != "unknown"]
-    if images:
-        (digest,) = images
-        return str(digest)
-    return str(registry.digest(ref))
-
-
 def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(published: dict[str, Any], base_image: str) -> None:
     """The rebuild is the same image (its config, so every layer); BuildKit's new index would
     differ only in its provenance's timestamps (pushed, it was 29,723 bytes and a new digest
@@ -137,11 +124,13 @@ def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(publi
     assert again["status"] == "pushed" and "kept, nothing uploaded" in again["reason"]
     assert again["pushed_bytes"] == 0
     before = published["runtime"]["pushed"]
-    assert again["pushed"] == before  # every tag, the dated one too, names what it named
-    for ref, digest in again["pushed"].items():
+    # Its tags name what they named; today's dated tag was there already, so it is not in the
+    # report, and it names the same image too.
+    assert again["pushed"] == {ref: digest for ref, digest in before.items() if ref in again["pushed"]}
+    (dated,) = set(before) - set(again["pushed"])
+    assert dated.endswith(f"-{datetime.now(timezone.utc):%Y%m%d}")
+    for ref, digest in before.items():
         assert HttpRegistry(config={}).digest(ref) == digest
-        assert _image_manifest(f"{ref.rpartition(':')[0]}@{digest}") == _image_manifest(
-            f"{ref.rpartition(':')[0]}@{before[ref]}")
 
 
 @pytest.fixture
