@@ -298,24 +298,8 @@ class HttpRegistry:
         return digest
 
     def labels(self, ref: str) -> dict[str, str] | None:
-        r = parse_reference(ref)
-        manifest = self._manifest(r, r.reference)
-        if manifest is None:
-            return None
-        document, media_type = manifest
-        if media_type in INDEXES or document.get("mediaType") in INDEXES:
-            child = self._manifest(r, pick_manifest(document))
-            if child is None:
-                return None
-            document = child[0]
-        config_digest = (document.get("config") or {}).get("digest")
-        if not config_digest:
-            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the manifest names no config blob")
-        blob = self._request("GET", r, f"blobs/{config_digest}", {})
-        if blob is None:
-            return None
-        config = json.loads(blob.body)
-        return dict((config.get("config") or {}).get("Labels") or {})
+        found = self.image_config(ref)
+        return None if found is None else dict((found[0].get("config") or {}).get("Labels") or {})
 
     def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
         """The image config document of `ref`'s image for `platform` (OS/ARCH; None:
@@ -336,7 +320,9 @@ class HttpRegistry:
                 return None
             document = child[0]
         config = (document.get("config") or {}).get("digest")
-        blob = self._request("GET", r, f"blobs/{config}", {}) if config else None
+        if not config:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the manifest names no config blob")
+        blob = self._request("GET", r, f"blobs/{config}", {})
         if blob is None:
             return None
         return json.loads(blob.body), tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
