@@ -180,14 +180,15 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), params
 
 
-def pick_manifest(index: Mapping[str, Any]) -> str:
-    """The digest of an index's linux/amd64 image, else of its first entry."""
+def pick_manifest(index: Mapping[str, Any], platform: str = "linux/amd64") -> str:
+    """The digest of an index's image for `platform` (OS/ARCH), else of its first entry."""
     entries = index.get("manifests") or []
     if not entries:
         raise ValueError("the manifest list is empty")
+    os_name, _, architecture = platform.partition("/")
     for entry in entries:
-        platform = entry.get("platform") or {}
-        if platform.get("os") == "linux" and platform.get("architecture") == "amd64":
+        found = entry.get("platform") or {}
+        if found.get("os") == os_name and found.get("architecture") == architecture:
             return str(entry["digest"])
     return str(entries[0]["digest"])
 
@@ -311,11 +312,7 @@ class HttpRegistry:
             return None
         document, media_type = manifest
         if media_type in INDEXES or document.get("mediaType") in INDEXES:
-            os_name, _, architecture = (platform or "linux/amd64").partition("/")
-            entries = [e for e in document.get("manifests") or []
-                       if (e.get("platform") or {}).get("os") == os_name
-                       and (e.get("platform") or {}).get("architecture") == architecture]
-            child = self._manifest(r, str(entries[0]["digest"]) if entries else pick_manifest(document))
+            child = self._manifest(r, pick_manifest(document, platform or "linux/amd64"))
             if child is None:
                 return None
             document = child[0]
