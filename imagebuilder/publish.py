@@ -342,13 +342,18 @@ def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event)
     pushed = {ref: step.digest for ref in step.image.refs if ref not in step.retag}
     try:
         for ref in step.retag:
-            now = registry.put_tag(ref, step.digest)
-            if now != step.digest:
-                raise PushNotConfirmed(ref=ref, pushed=step.digest, registry_has=now or "no such tag")
-            pushed[ref] = now
+            pushed[ref] = _put_tag(registry, ref, step.digest)
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"retag failed: {e}", pushed=pushed)
     return Outcome(step, RETAGGED, step.reason, pushed=pushed)
+
+
+def _put_tag(registry: Registry, ref: str, digest: str) -> str:
+    """Point tag `ref` at `digest` (a manifest PUT) and confirm the registry took it."""
+    now = registry.put_tag(ref, digest)
+    if now != digest:
+        raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=now or "no such tag")
+    return now
 
 
 def export_for(image: RenderedImage, options: RunOptions, registry: Registry) -> Export | None:
@@ -397,42 +402,37 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     # With the containerd image store the image id is the digest of the index BuildKit
     # exported: the push must store exactly that, or it is not the image verify ran.
     same_bytes = options.export is not None and options.export.compression is not None
-    published = _published_as_built(image, engine, registry, options)
+    published: str | None = None
     try:
-        for ref in image.refs if published is None else ():
-            counted = getattr(engine, "push_counted", None)
-            if counted is not None:
-                result = counted(ref, retries=options.push_retries, backoff=options.push_backoff)
-                digest = result.digest
-                blobs = getattr(registry, "blobs", None)
-                if uploaded is not None and blobs is not None:
-                    uploaded += result.uploaded_bytes(blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
-                else:
-                    uploaded = None
-            else:
-                digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
-                uploaded = None
-            if same_bytes and digest != built.result.image_id:
-                raise PushedOtherContent(ref=ref, pushed=digest, verified=built.result.image_id)
-            confirmed = registry.digest(ref)
-            if confirmed != digest:
-                raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
-            pushed[ref] = digest
+        published = _published_as_built(image, engine, registry, options)
         if published is not None:
             # The registry has this very image (BuildKit's new index would differ only in its
             # provenance's timestamps): nothing goes up, and a tag that names another is moved.
             for ref in image.refs:
-                now = published if registry.digest(ref) == published else registry.put_tag(ref, published)
-                if now != published:
-                    raise PushNotConfirmed(ref=ref, pushed=published, registry_has=now or "no such tag")
-                pushed[ref] = now
+                pushed[ref] = published if registry.digest(ref) == published else _put_tag(registry, ref, published)
+        else:
+            for ref in image.refs:
+                counted = getattr(engine, "push_counted", None)
+                if counted is not None:
+                    result = counted(ref, retries=options.push_retries, backoff=options.push_backoff)
+                    digest = result.digest
+                    blobs = getattr(registry, "blobs", None)
+                    if uploaded is not None and blobs is not None:
+                        uploaded += result.uploaded_bytes(blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
+                    else:
+                        uploaded = None
+                else:
+                    digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
+                    uploaded = None
+                if same_bytes and digest != built.result.image_id:
+                    raise PushedOtherContent(ref=ref, pushed=digest, verified=built.result.image_id)
+                confirmed = registry.digest(ref)
+                if confirmed != digest:
+                    raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
+                pushed[ref] = digest
         if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
             # A manifest PUT of the image just pushed: the dated tag needs no local tag.
-            digest = pushed[image.ref]
-            now = registry.put_tag(step.dated, digest)
-            if now != digest:
-                raise PushNotConfirmed(ref=step.dated, pushed=digest, registry_has=now or "no such tag")
-            pushed[step.dated] = now
+            pushed[step.dated] = _put_tag(registry, step.dated, pushed[image.ref])
     except ImageBuilderError as e:
         timings["push_s"] = time.monotonic() - started
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=pushed,

@@ -335,3 +335,18 @@ def test_a_registry_image_that_differs_in_config_or_compression_is_pushed_over(p
     assert outcome.status == publish.PUSHED, outcome.reason
     assert engine.pushed == list(image.refs)
     assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
+
+
+def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_run() -> None:
+    """The check before the push reads the registry: its failure is the image's push failure."""
+    from imagebuilder.registry import RegistryUnavailable
+
+    class Down(CannedPublished):
+        def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+            raise RegistryUnavailable(url="http://127.0.0.1:5999/v2/", detail="connection refused")
+
+    engine = CannedStore()
+    (image,) = images()
+    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, Down(engine=engine), export=ZSTD_EXPORT)
+    assert outcome.status == publish.FAILED and outcome.reason.startswith("push failed: the registry at")
+    assert engine.pushed == [] and outcome.pushed == {}
