@@ -43,12 +43,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # remote_engine: the empty engines of the cold pulls
 
 from imagebuilder.lock import load_locks  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.registry import HttpRegistry  # noqa: E402
 from imagebuilder.resolve import Request, resolve  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
+from remote_engine import remote_engine  # type: ignore[import-not-found]  # noqa: E402
 
 BASE = "imagebuilder-base:bookworm"
 TORCH, CUDA, OS = "2.12", "13.0", "debian12"
@@ -129,9 +131,6 @@ def cold_pull(ref: str, registry_port: int) -> float:
     its own network namespace, data root and bridge, the registry forwarded into it), empty, torn
     down after. This engine cannot be made cold: its pushes' leases keep their blobs for an hour
     after the images are removed (a "cold" pull here took 0.1 s)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from remote_engine import remote_engine  # type: ignore[import-not-found]
-
     with remote_engine(registry_port) as engine:
         start = time.perf_counter()
         sh("docker", "pull", "-q", ref, env=engine.env())
