@@ -28,8 +28,14 @@ CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-run
     (Export(Compression("zstd"), cache_from=(CACHE,), cache_to=CACHE),
      ["--output", "type=image,compression=zstd,force-compression=true,oci-mediatypes=true", "--provenance=false",
       "--cache-from", f"type=registry,ref={CACHE},registry.insecure=true",
-      "--cache-to", f"type=registry,ref={CACHE},mode=max,oci-mediatypes=true,image-manifest=true,compression=zstd,"
-                    "ignore-error=true,registry.insecure=true"]),
+      "--cache-to", f"type=registry,ref={CACHE},mode=min,oci-mediatypes=true,image-manifest=true,compression=zstd,"
+                    "force-compression=true,ignore-error=true,registry.insecure=true"]),
+    # The cache's blobs are the image's: compressed as the image's layers are.
+    (Export(Compression("gzip", 9), cache_to=CACHE),
+     ["--output", "type=image,compression=gzip,force-compression=true,oci-mediatypes=true,compression-level=9",
+      "--provenance=false",
+      "--cache-to", f"type=registry,ref={CACHE},mode=min,oci-mediatypes=true,image-manifest=true,compression=gzip,"
+                    "force-compression=true,ignore-error=true,registry.insecure=true"]),
     (Export(cache_from=("ghcr.io/acme/imagebuilder-cache:k",)),
      ["--load", "--provenance=false", "--cache-from", "type=registry,ref=ghcr.io/acme/imagebuilder-cache:k"]),
 ])

@@ -57,7 +57,7 @@ class Export:
     cache_from: tuple[str, ...] = ()
     """Registry cache refs (HOST/NS/imagebuilder-cache:KEY) to import."""
     cache_to: str | None = None
-    """The registry cache ref to export every stage's layers to (mode=max)."""
+    """The registry cache ref to export the image's layers and every step's cache key to (mode=min)."""
 
     def describe(self) -> str:
         c = self.compression
@@ -96,9 +96,15 @@ def output_args(export: Export | None) -> list[str]:
         args += ["--cache-from", f"type=registry,ref={ref}" + (",registry.insecure=true" if _insecure(ref) else "")]
     if export.cache_to is not None:
         ref = export.cache_to
-        # Cache blobs in zstd too: an import by another runner pulls them.
-        args += ["--cache-to", f"type=registry,ref={ref},mode=max,oci-mediatypes=true,image-manifest=true,"
-                 "compression=zstd,ignore-error=true" + (",registry.insecure=true" if _insecure(ref) else "")]
+        # mode=min: the image's own layers, compressed as the image's are, so the cache's blobs are
+        # the image's blobs (no second compression) and the image's push mounts them from the cache's
+        # repository instead of uploading them again; the cache keys of every step, the venv stage's
+        # included, go too, so an empty builder matches `COPY --link --from=venv` without that stage's
+        # layer. mode=max would compress and upload the venv stage's own multi-GB layer as well.
+        # force-compression: the base's layers too (without it the cache keeps their gzip blobs).
+        compression = export.compression.kind if export.compression is not None else "zstd"
+        args += ["--cache-to", f"type=registry,ref={ref},mode=min,oci-mediatypes=true,image-manifest=true,"
+                 f"compression={compression},force-compression=true,ignore-error=true" + (",registry.insecure=true" if _insecure(ref) else "")]
     return args
 
 
