@@ -173,16 +173,20 @@ def _uv_env(options: RenderOptions, single_stage: bool) -> str:
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "")
 
 
-def _mounts(options: RenderOptions) -> tuple[str, str]:
-    """BuildKit's `RUN --mount=...` prefixes of the apt RUN and of the install RUN."""
+def _mounts(options: RenderOptions) -> tuple[str, str, str]:
+    """BuildKit's `RUN --mount=...` prefixes of the image's apt RUN, of the venv stage's apt RUN
+    and of the install RUN. The two apt RUNs run at once, so each has its own apt cache: apt
+    locks its download folder, and one shared cache (sharing=locked) made the image's apt wait
+    for the venv stage's."""
     if not options.buildkit:
-        return "", ""
-    apt = f"--mount=type=cache,id=imagebuilder-apt,target={APT_CACHE},sharing=locked"
+        return "", "", ""
+    apt, venv_apt = (f"--mount=type=cache,id={cache_id},target={APT_CACHE},sharing=locked \\\n    "
+                     for cache_id in ("imagebuilder-apt", "imagebuilder-apt-venv"))
     install = [f"--mount=type=cache,id=imagebuilder-uv,target={UV_CACHE},uid={USER_ID},gid={USER_ID}"]
     if options.ca_bundle is not None:
         install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
                        f"uid={USER_ID},required=true")
-    return apt + " \\\n    ", "".join(f"{m} \\\n    " for m in install)
+    return apt, venv_apt, "".join(f"{m} \\\n    " for m in install)
 
 
 def _apt_options(options: RenderOptions) -> str:
@@ -477,7 +481,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         files[TORCH_LOCK_PATH.replace("/opt/", "", 1)] = venv.lock.text().encode()
         if venv.added is not None:
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
-    apt_mounts, install_mounts = _mounts(options)
+    apt_mounts, venv_apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         ca = read_ca_bundle(options.ca_bundle)
 
@@ -507,6 +511,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "buildkit": options.buildkit,
             "ca_secret": options.buildkit and ca is not None,
             "apt_mounts": apt_mounts,
+            "venv_apt_mounts": venv_apt_mounts,
             "apt_options": _apt_options(options),
             "install_mounts": install_mounts,
             "lock_path": lock_path if lock is not None else None,
