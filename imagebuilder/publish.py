@@ -405,6 +405,8 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     published: str | None = None
     try:
         published = _published_as_built(image, engine, registry, options)
+        if published is None:
+            _mount_from_cache(image, engine, registry, options)
         if published is not None:
             # The registry has this very image (BuildKit's new index would differ only in its
             # provenance's timestamps): nothing goes up, and a tag that names another is moved.
@@ -454,6 +456,28 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
         reason += f"; the registry had this image ({_short(published)}): kept, nothing uploaded"
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=pushed, timings=timings,
                    pushed_bytes=uploaded, signed=signed)
+
+
+def _mount_from_cache(image: RenderedImage, engine: Engine, registry: Registry, options: RunOptions) -> None:
+    """Mount the image's layers from its build cache's repository into its own before the push.
+    The build's cache export (mode=min) uploaded the image's own blobs there, and `docker push`
+    asks to mount a blob only from repositories it pulled or pushed it to itself, so without
+    this the push uploads every layer a second time. Only the cache's layers this image has (by
+    uncompressed digest) are mounted; one the registry will not mount is left to the push, and a
+    registry that cannot say fails nothing here (the push says what fails)."""
+    manifest, mount = getattr(registry, "manifest", None), getattr(registry, "mount", None)
+    inspect = getattr(engine, "inspect_image", None)
+    if options.export is None or options.cache_base is None or manifest is None or mount is None or inspect is None:
+        return
+    cache = cache_ref(options.cache_base, image.spec.key)
+    try:
+        found = manifest(cache)
+        ours = set((inspect(image.ref).get("RootFS") or {}).get("Layers") or ())
+        for layer in (found[0].get("layers") or []) if found else []:
+            if (layer.get("annotations") or {}).get("containerd.io/uncompressed") in ours:
+                mount(image.ref, str(layer["digest"]), cache)
+    except ImageBuilderError:
+        pass
 
 
 # What makes two images the same image to a container: their layers' content and these settings.

@@ -405,6 +405,28 @@ class HttpRegistry:
                                         detail=f"the index PUT as {expected} reads back as {now}")
         return now
 
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        """Link blob `digest` of repository `source` (a ref on the same registry) into `ref`'s
+        repository without uploading it: the API's cross-repository mount. False where the
+        registry did not mount it; the upload session it opened instead is cancelled, and the
+        push uploads the blob as it would have."""
+        r, src = parse_reference(ref), parse_reference(source)
+        if src.api_host != r.api_host:
+            return False
+        query = urllib.parse.urlencode({"mount": digest, "from": src.name})
+        got = self._request("POST", r, f"blobs/uploads/?{query}", {"Content-Length": "0"}, b"", push=True,
+                            also=f"repository:{src.name}:pull")
+        if got is not None and got.status == 201:
+            return True
+        location = (got.headers.get("Location") or "") if got is not None else ""
+        session = location.split(f"/v2/{r.name}/", 1)
+        if len(session) == 2:
+            try:
+                self._request("DELETE", r, session[1], {}, push=True)
+            except RegistryError:
+                pass  # an unused session: the registry purges it
+        return False
+
     def tags(self, ref: str) -> list[str]:
         """Every tag of `ref`'s repository ([] when it has none), following the API's pages."""
         r = parse_reference(ref)
@@ -469,10 +491,11 @@ class HttpRegistry:
         return scheme
 
     def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
-                 data: bytes | None = None, push: bool = False) -> _Response | None:
-        """One API call; None on 404. Authenticates on a 401 challenge and retries once."""
+                 data: bytes | None = None, push: bool = False, also: str = "") -> _Response | None:
+        """One API call; None on 404. Authenticates on a 401 challenge and retries once.
+        `also`: another scope the call needs (a mount's pull of its source repository)."""
         url = self._url(r, path)
-        scope = f"repository:{r.name}:{'pull,push' if push else 'pull'}"
+        scope = f"repository:{r.name}:{'pull,push' if push else 'pull'}" + (f" {also}" if also else "")
         auth = self._tokens.get((r.api_host, scope))
         for attempt in range(2):
             request = urllib.request.Request(url, data=data, method=method, headers=dict(headers))
@@ -518,10 +541,11 @@ class HttpRegistry:
             return basic
         if scheme != "bearer" or "realm" not in params:
             raise RegistryDenied(url=url, status=401, detail=f"unsupported challenge {challenge!r}")
-        query = {"scope": params.get("scope") or scope}
+        # One scope parameter per scope, as docker asks for them (a mount needs two).
+        query: dict[str, str | list[str]] = {"scope": (params.get("scope") or scope).split()}
         if "service" in params:
             query["service"] = params["service"]
-        token_url = f"{params['realm']}?{urllib.parse.urlencode(query)}"
+        token_url = f"{params['realm']}?{urllib.parse.urlencode(query, doseq=True)}"
         request = urllib.request.Request(token_url, headers={"Authorization": basic} if basic else {})
         try:
             with self._opener(r.api_host).open(request, timeout=self._timeout) as response:

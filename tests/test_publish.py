@@ -615,6 +615,50 @@ def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int
         reg.stop()
 
 
+@pytest.mark.registry
+def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, free_port: int) -> None:
+    """publish mounts the layers its cache export uploaded into the image's repository; a blob
+    the source repository does not have is not mounted, and the upload session the registry
+    opened instead is cancelled."""
+    if not REGISTRY_BIN.exists():
+        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+    reg = LocalRegistry(tmp_path / "registry", free_port)
+    reg.start()
+    try:
+        blob = os.urandom(4096)
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        base = f"http://{reg.address}/v2/ml"
+        started = urllib.request.urlopen(urllib.request.Request(f"{base}/imagebuilder-cache/blobs/uploads/",
+                                                                method="POST", data=b""))
+        location = started.headers["Location"]
+        put = f"{location}{'&' if '?' in location else '?'}digest={digest}"
+        urllib.request.urlopen(urllib.request.Request(
+            put if put.startswith("http") else f"http://{reg.address}{put}", method="PUT", data=blob,
+            headers={"Content-Type": "application/octet-stream"}))
+
+        def has(repository: str, what: str) -> bool:
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"{base}/{repository}/blobs/{what}", method="HEAD"))
+                return True
+            except urllib.error.HTTPError:
+                return False
+
+        registry = HttpRegistry(config={})
+        cache = f"{reg.address}/ml/imagebuilder-cache:k"
+        assert not has("pytorch", digest)
+        assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", digest, cache) is True
+        assert has("pytorch", digest)
+        other = "sha256:" + "0" * 64
+        assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", other, cache) is False
+        assert not has("pytorch", other)
+        # The refused mount's upload session is cancelled: docker-registry drops its start time
+        # and data (it keeps an empty hash state), so it is no session any more.
+        sessions = list((tmp_path / "registry" / "data").rglob("_uploads/*/startedat"))
+        assert sessions == [], sessions
+    finally:
+        reg.stop()
+
+
 def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:
     done = imagebuilder("--matrix", str(SMALL), "publish", "--torch", "2.6", "--cuda", "12.4",
                          "--registry", f"127.0.0.1:{free_port}/ml", "--dry-run")

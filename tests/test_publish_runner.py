@@ -294,6 +294,46 @@ LABELS = {"io.imagebuilder.inputs-hash": "same"}
 
 
 @dataclass
+class CannedCache(CannedBlobs):
+    """A registry holding the image's build cache: two of the image's layers and one of an
+    older build's; it mounts what it is asked to and records it (before or after a push)."""
+
+    mounted: list[tuple[str, str, str, int]] = field(default_factory=list)
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        if "imagebuilder-cache" not in ref:
+            return None
+        layers = [{"digest": f"sha256:{n * 64}", "annotations": {"containerd.io/uncompressed": diff_id}}
+                  for n, diff_id in (("e", LAYERS[0]), ("f", LAYERS[1]), ("9", "sha256:" + "0" * 64))]
+        return {"layers": layers}, "application/vnd.oci.image.manifest.v1+json"
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        self.mounted.append((ref, digest, source, len(self.engine.pushed) if self.engine else 0))
+        return True
+
+
+def test_the_push_mounts_the_image_s_layers_from_its_build_cache_first() -> None:
+    """The cache export uploaded the image's blobs (mode=min) to the cache's repository: they
+    are mounted into the image's own before `docker push`, which then uploads none of them.
+    A layer of the cache that the image does not have stays where it is."""
+    engine = CannedStore()
+    (image,) = images()
+    cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
+    registry = CannedCache(answers={cache: "sha256:" + "c" * 64}, engine=engine)
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    assert outcome.status == publish.PUSHED
+    assert registry.mounted == [(image.ref, f"sha256:{n * 64}", cache, 0) for n in "ef"]
+
+
+def test_without_a_registry_cache_nothing_is_mounted() -> None:
+    engine = CannedStore()
+    (image,) = images()
+    registry = CannedCache(engine=engine)
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == publish.PUSHED and registry.mounted == []
+
+
+@dataclass
 class CannedPublished(CannedBlobs):
     """A registry whose tag names a published image: its config and layers' media type."""
 
