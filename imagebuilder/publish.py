@@ -405,14 +405,13 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     published: str | None = None
     try:
         published = _published_as_built(image, engine, registry, options)
-        if published is None:
-            _mount_from_cache(image, engine, registry, options)
         if published is not None:
             # The registry has this very image (BuildKit's new index would differ only in its
             # provenance's timestamps): nothing goes up, and a tag that names another is moved.
             for ref in image.refs:
                 pushed[ref] = published if registry.digest(ref) == published else _put_tag(registry, ref, published)
         else:
+            _mount_from_cache(image, engine, registry, options)
             for ref in image.refs:
                 counted = getattr(engine, "push_counted", None)
                 if counted is not None:
