@@ -45,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # remote_engine: the empty engines of the cold pulls
+sys.path.insert(0, str(ROOT / "tests"))  # remote_engine (the cold pulls' empty engines), build_records
 
 from imagebuilder.engine.export import cache_ref  # noqa: E402
 from imagebuilder.lock import load_locks  # noqa: E402
@@ -53,6 +53,7 @@ from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.registry import HttpRegistry  # noqa: E402
 from imagebuilder.resolve import Request, resolve  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
+from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from remote_engine import remote_engine  # type: ignore[import-not-found]  # noqa: E402
 
 BASE = "imagebuilder-base:bookworm"
@@ -156,24 +157,6 @@ def cache_export_s(build_log: str) -> float:
     return float(done[1])
 
 
-def build_records() -> set[str]:
-    """The ids of BuildKit's cache records (the bench removes the ones it added)."""
-    done = subprocess.run(["docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
-                          capture_output=True, text=True, check=False)
-    return {str(r["ID"]) for r in json.loads(done.stdout or "[]") or []}
-
-
-def prune_records_since(before: set[str]) -> None:
-    """Prune the records added since `before`, one id per call (children before parents)."""
-    for _ in range(3):  # a parent is refused while a child holds it: a few passes
-        added = build_records() - before
-        if not added:
-            return
-        for cache_id in added:
-            subprocess.run(["docker", "builder", "prune", "--force", "--all", "--filter", f"id={cache_id}"],
-                           capture_output=True, check=False)
-
-
 def remove_ours() -> None:
     """Remove every local image this run tagged (their names carry RUN)."""
     listing = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
@@ -184,7 +167,7 @@ def remove_ours() -> None:
 
 
 def main() -> None:
-    before = build_records()
+    before = build_cache_records("docker")
     port = free_port()
     address = sh(str(ROOT / ".ci" / "registry.sh"), "start", str(port)).stdout.strip().splitlines()[-1]
     zstd_ns, gzip_ns = f"{address}/bench-{RUN}", f"{address}/bench-gzip-{RUN}"
@@ -194,7 +177,7 @@ def main() -> None:
         # The floor's image and records share nothing the publishes use: gone now, the disk
         # must hold a runtime and a devel image, twice compressed, with their records.
         remove_ours()
-        prune_records_since(before)
+        prune_records("docker", before, keep_cache_mounts=False)
         rows.append(("floor: runtime lock, uv --no-cache, BuildKit --no-cache, zstd into the store", f"{floor_s:.1f}s"))
         wall, cold = publish(zstd_ns, "--variant", "runtime", "--no-cache")
         build_s, verify_s, push_s = cold["build_s"], cold["verify_s"], cold["push_s"]
@@ -227,7 +210,7 @@ def main() -> None:
         rows.append(("republish of identical content: pushed_bytes", f"{again['pushed_bytes']:,} (target 0)"))
         # Each pull on a new empty engine; this one's images and records go first (disk).
         remove_ours()
-        prune_records_since(before)
+        prune_records("docker", before, keep_cache_mounts=False)
         zstd_pull, gzip_pull = cold_pull(cold["ref"], port), cold_pull(gz["ref"], port)
         rows += [("cold pull on an empty engine, zstd", f"{zstd_pull:.1f}s"),
                  ("cold pull on an empty engine, gzip", f"{gzip_pull:.1f}s (zstd/gzip {zstd_pull / gzip_pull:.2f}x; "
@@ -235,7 +218,7 @@ def main() -> None:
     finally:
         remove_ours()
         subprocess.run([str(ROOT / ".ci" / "registry.sh"), "stop", str(port)], capture_output=True, check=False)
-        prune_records_since(before)
+        prune_records("docker", before, keep_cache_mounts=False)
         width = max((len(name) for name, _ in rows), default=0)
         for name, value in rows:
             print(f"{name.ljust(width)}  {value}")

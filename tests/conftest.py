@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]
 
 if TYPE_CHECKING:
     from imagebuilder.engine import DockerEngine
@@ -315,28 +316,6 @@ def _buildkit_cli() -> str | None:
     return None
 
 
-def _build_cache_records(cli: str) -> dict[str, tuple[str, str]]:
-    """BuildKit cache record id -> (when it was created, its type: regular, exec.cachemount, ...)."""
-    import json
-
-    done = subprocess.run([cli, "system", "df", "-v", "--format", "{{json .BuildCache}}"],
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0 or not done.stdout.strip():
-        return {}
-    return {str(record["ID"]): (str(record["CreatedAt"]), str(record.get("CacheType", "")))
-            for record in json.loads(done.stdout) or []}
-
-
-def _prune_records(cli: str, before: dict[str, tuple[str, str]], *, keep_cache_mounts: bool) -> None:
-    records = _build_cache_records(cli)
-    added = [(cache_id, created) for cache_id, (created, kind) in records.items()
-             if cache_id not in before and not (keep_cache_mounts and kind == "exec.cachemount")]
-    # One id per call (BuildKit takes one value per filter), newest first: children before parents.
-    for cache_id, _created in sorted(added, key=lambda r: r[1], reverse=True):
-        subprocess.run([cli, "builder", "prune", "--force", "--all", "--filter", f"id={cache_id}"],
-                       env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, timeout=600)
-
-
 # The BuildKit CLI and the records that existed before this session, once it has started.
 _SESSION_CACHE: list[tuple[str, dict[str, tuple[str, str]]]] = []
 
@@ -353,11 +332,11 @@ def _session_build_cache(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
     if cli is None:
         yield None
         return
-    before = _build_cache_records(cli)
+    before = build_cache_records(cli)
     _SESSION_CACHE.append((cli, before))
     yield cli, before
     _SESSION_CACHE.clear()
-    _prune_records(cli, before, keep_cache_mounts=False)
+    prune_records(cli, before, keep_cache_mounts=False)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -370,7 +349,7 @@ def buildkit_cache_cleanup(_session_build_cache: tuple[str, dict[str, tuple[str,
     yield
     if _session_build_cache is not None:
         cli, before = _session_build_cache
-        _prune_records(cli, before, keep_cache_mounts=True)
+        prune_records(cli, before, keep_cache_mounts=True)
 
 
 # --- a real image is removed after the last test that uses it -----------------------------
@@ -412,7 +391,7 @@ def released_after_last_use(request: pytest.FixtureRequest, cleanup: Callable[[]
 def prune_session_build_cache() -> None:
     """Prune the BuildKit records this session added (its layers; the cache mounts stay)."""
     if _SESSION_CACHE:
-        _prune_records(*_SESSION_CACHE[0], keep_cache_mounts=True)
+        prune_records(*_SESSION_CACHE[0], keep_cache_mounts=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
