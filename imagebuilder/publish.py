@@ -378,9 +378,10 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
         if image.depends_on and image.depends_on not in local:
             # Build FROM the runtime image as published, not whatever this host has under its tag.
             engine.pull(image.depends_on)
+        export = export_for(image, options, registry)
         built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
                             pull=options.pull, on_progress=on_progress, builder=builder,
-                            platform=options.platform, export=export_for(image, options, registry))
+                            platform=options.platform, export=export)
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"build failed: {e}")
     timings["build_s"] = time.monotonic() - started
@@ -411,7 +412,8 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
             for ref in image.refs:
                 pushed[ref] = published if registry.digest(ref) == published else _put_tag(registry, ref, published)
         else:
-            _mount_from_cache(image, engine, registry, options)
+            if export is not None and export.cache_to is not None:
+                _mount_from_cache(image.ref, engine, registry, export.cache_to)
             for ref in image.refs:
                 counted = getattr(engine, "push_counted", None)
                 if counted is not None:
@@ -457,8 +459,8 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
                    pushed_bytes=uploaded, signed=signed)
 
 
-def _mount_from_cache(image: RenderedImage, engine: Engine, registry: Registry, options: RunOptions) -> None:
-    """Mount the image's layers from its build cache's repository into its own before the push.
+def _mount_from_cache(ref: str, engine: Engine, registry: Registry, cache: str) -> None:
+    """Mount the image's layers from its build cache `cache` into its repository before the push.
     The build's cache export (mode=min) uploaded the image's own blobs there, and `docker push`
     asks to mount a blob only from repositories it pulled or pushed it to itself, so without
     this the push uploads every layer a second time. Only the cache's layers this image has (by
@@ -466,15 +468,14 @@ def _mount_from_cache(image: RenderedImage, engine: Engine, registry: Registry, 
     registry that cannot say fails nothing here (the push says what fails)."""
     manifest, mount = getattr(registry, "manifest", None), getattr(registry, "mount", None)
     inspect = getattr(engine, "inspect_image", None)
-    if options.export is None or options.cache_base is None or manifest is None or mount is None or inspect is None:
+    if manifest is None or mount is None or inspect is None:
         return
-    cache = cache_ref(options.cache_base, image.spec.key)
     try:
         found = manifest(cache)
-        ours = set((inspect(image.ref).get("RootFS") or {}).get("Layers") or ())
+        ours = set((inspect(ref).get("RootFS") or {}).get("Layers") or ())
         for layer in (found[0].get("layers") or []) if found else []:
             if (layer.get("annotations") or {}).get("containerd.io/uncompressed") in ours:
-                mount(image.ref, str(layer["digest"]), cache)
+                mount(ref, str(layer["digest"]), cache)
     except ImageBuilderError:
         pass
 
