@@ -1,28 +1,29 @@
-"""Benchmark: real builds on the local Docker Engine, side by side with the floor.
+"""Benchmark: the main job (`imagebuilder build --torch 2.6 --cuda 12.1`) against the floors of
+the same lock, real builds on the local Docker Engine (BuildKit, containerd image store), one run.
 
-The floor (bench/floor/Dockerfile) is the least a torch image can be: a venv and the same
-pinned wheels on the same base, installed the same way (uv), nothing else. Measured in one
-run:
-  1. cold build of the floor;
-  2. cold build of imagebuilder's runtime image with --ca-bundle (two stages: the CA stays in
-     the first, so the venv crosses a stage boundary once);
-  3. cold build of the runtime image on a base that already trusts the CA (one stage, the
-     path of every site without a TLS-intercepting proxy);
-  4. a no-change rebuild of 3;
-  5. `--variant all` (runtime, devel, jupyter) against the sum of separate builds, and how
-     much the jupyter image adds over the runtime image whose layers it reuses.
-Targets: cold ratio < 1.15, size ratio < 1.10, rebuild < 5 s. Prints a table; removes what
-it built. Needs a running daemon, imagebuilder-base:bookworm (.ci/setup) and, behind a
-TLS-intercepting proxy, SSL_CERT_FILE. Takes 20-40 minutes on 2 cores.
+Measured back to back, BuildKit's records pruned between the cold builds (only the records this
+run added; the floors download every wheel with `uv --no-cache`):
+  1. the zstd floor: the runtime lock installed by uv on the base, nothing else, exported zstd
+     into the image store (`--output type=image,compression=zstd,force-compression=true`);
+  2. the compile-capable zstd floor: the same plus the image's own apt packages (g++,
+     python3-dev, tini), what a runtime image that runs `torch.compile` cannot do without;
+  3. the plain `docker buildx build --load` of floor 1 (what a user's own Dockerfile costs);
+  4. the main job, cold (the README's command);
+  5. the devel image of the same release after it;
+  6. a no-change rebuild of 4.
+Each row's step times come from the build's own log. Targets: 4 <= 1.10x floor 2 and <= 0.5x
+build 3. Removes what it built and the build records it added. Needs a running daemon,
+imagebuilder-base:bookworm (.ci/setup) and, behind a TLS-intercepting proxy, SSL_CERT_FILE.
+About 15 minutes on 2 cores.
 
-Run: .venv/bin/python bench/bench_build.py [--skip-all-variants]
+Run: .venv/bin/python bench/bench_build.py
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,40 +34,160 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from bench.floor import build_floor  # noqa: E402
-from imagebuilder.engine import DockerEngine  # noqa: E402
-from imagebuilder.engine.classic import ClassicBuilder  # noqa: E402
+from build_records import build_cache_records, prune_records  # noqa: E402
+from imagebuilder.lock import load_locks  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
+from imagebuilder.resolve import Request, resolve  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 
 BASE = "imagebuilder-base:bookworm"
-CA_BASE = "imagebuilder-base:bookworm-ca"
-REPO = f"imagebuilder-bench/{uuid.uuid4().hex[:6]}"
+TORCH, CUDA, OS = "2.6", "12.1", "debian12"
+RUN = uuid.uuid4().hex[:6]
+REPOSITORY = f"imagebuilder-bench-build-{RUN}"
+FLOOR = """\
+FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*
+COPY lock.txt /lock.txt
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \\
+    export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \\
+ && python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir uv=={uv} \\
+ && /tmp/uv/bin/uv venv --python /usr/bin/python3.11 /opt/venv \\
+ && /tmp/uv/bin/uv pip install --no-cache --python /opt/venv/bin/python --require-hashes --no-deps -r /lock.txt \\
+ && rm -rf /tmp/uv
+"""
+PLAIN_PACKAGES = "python3 python3-venv"
+COMPILE_PACKAGES = "ca-certificates g++ python3 python3-dev python3-venv tini"
+ZSTD = "type=image,name={tag},compression=zstd,force-compression=true,oci-mediatypes=true"
+_DONE = re.compile(r"^#(\d+) (?:DONE|CACHED) ?([\d.]*)s?")
+_NAME = re.compile(r"^#(\d+) (\S.*)$")
+_TIMED = re.compile(r"^#\d+ (exporting layers|unpacking to \S+|exporting cache.*?) (\d+\.\d+)s done$")
 
 
-def cli(*args: str) -> dict[str, Any]:
+def ca_bundle() -> Path:
+    return Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def steps_of(log: str) -> list[tuple[str, float]]:
+    """(vertex name, seconds) of each step over a second, and the export's timed parts."""
+    names: dict[str, str] = {}
+    found: list[tuple[str, float]] = []
+    for line in log.splitlines():
+        if (timed := _TIMED.match(line)) is not None:
+            found.append((timed[1][:60], float(timed[2])))
+        elif (done := _DONE.match(line)) is not None:
+            if done[2] and float(done[2]) >= 1.0:
+                found.append((names.get(done[1], "?")[:60], float(done[2])))
+        elif (named := _NAME.match(line)) is not None and done is None:
+            names.setdefault(named[1], re.sub(r"--mount=\S+\s+", "", named[2]))
+    return found
+
+
+def floor(tag: str, packages: str, output: str) -> tuple[float, list[tuple[str, float]]]:
+    matrix = load_matrix(default_matrix_path())
+    spec = resolve(matrix, Request(TORCH, CUDA, variant="runtime", os=OS))
+    lock = load_locks(default_matrix_path().parent / "locks").lock_for(spec, matrix)
+    assert lock is not None, "no lock for the benchmark's image"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "Dockerfile").write_text(FLOOR.format(base=BASE, uv=matrix.tools.uv, packages=packages))
+        (Path(tmp) / "lock.txt").write_text(lock.text())
+        argv = ["docker", "buildx", "build", "--no-cache", "--progress=plain", "--provenance=false",
+                "--secret", f"id=ca,src={ca_bundle()}", *output.format(tag=tag).split(), tmp]
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"the floor build failed:\n{done.stderr[-3000:]}")
+    return seconds, steps_of(done.stderr)
+
+
+def imagebuilder(*args: str) -> tuple[float, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
         start = time.perf_counter()
-        # The classic builder, as the floor here is built: bench_buildkit.py measures BuildKit.
-        done = subprocess.run([sys.executable, "-m", "imagebuilder", *args, "--repository", REPO,
-                               "--report", str(report), "--quiet"], capture_output=True, text=True, cwd=ROOT,
-                              env={**os.environ, "IMAGEBUILDER_BUILDER": "classic"})
-        wall = time.perf_counter() - start
+        done = subprocess.run([sys.executable, "-m", "imagebuilder", "build", "--torch", TORCH, "--cuda", CUDA,
+                               "--os", OS, "--base-image", BASE, "--ca-bundle", str(ca_bundle()),
+                               "--repository", REPOSITORY, "--report", str(report), *args],
+                              capture_output=True, text=True, cwd=ROOT)
+        seconds = time.perf_counter() - start
         if done.returncode != 0:
-            sys.exit(f"imagebuilder {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-        doc: dict[str, Any] = json.loads(report.read_text())
-    doc["wall"] = wall
-    return doc
+            sys.exit(f"imagebuilder build {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+        image: dict[str, Any] = json.loads(report.read_text())["images"][0]
+    return seconds, image
 
 
-def floor(engine: DockerEngine, ca: str | None) -> tuple[float, int, str]:
-    ref = f"{REPO}:floor"
-    start = time.perf_counter()
-    result = build_floor(ClassicBuilder(engine), load_matrix(default_matrix_path()), "2.6", BASE, ref,
-                         Path(ca) if ca else None)
-    return time.perf_counter() - start, result.size, ref
+def log_steps(image: dict[str, Any]) -> list[tuple[str, float]]:
+    log = Path(image["log"])
+    sbom = log.with_name(log.stem + "-sbom.log")
+    return steps_of(log.read_text()) + [(f"(label build) {n}", s) for n, s in
+                                        (steps_of(sbom.read_text()) if sbom.is_file() else [])]
+
+
+def remove(*refs: str) -> None:
+    for ref in refs:
+        subprocess.run(["docker", "image", "rm", ref], capture_output=True)
+
+
+def main() -> None:
+    before = build_cache_records("docker")
+    rows: list[tuple[str, float, str]] = []
+    details: list[tuple[str, list[tuple[str, float]]]] = []
+    made: list[str] = []
+
+    def cold() -> None:
+        prune_records("docker", before, keep_cache_mounts=False)
+
+    try:
+        for name, packages, output in (
+                ("zstd floor (uv --no-cache, the lock on the base)", PLAIN_PACKAGES, "--output " + ZSTD),
+                ("compile-capable zstd floor (+ g++ python3-dev tini)", COMPILE_PACKAGES, "--output " + ZSTD),
+                ("plain docker buildx build --load (floor 1, gzip)", PLAIN_PACKAGES, "--tag {tag} --load")):
+            cold()
+            tag = f"{REPOSITORY}:floor-{len(rows)}"
+            say(f"building: {name}")
+            seconds, steps = floor(tag, packages, output)
+            made.append(tag)
+            remove(tag)
+            rows.append((name, seconds, ""))
+            details.append((name, steps))
+        cold()
+        say("building: the main job, cold")
+        main_s, runtime = imagebuilder()
+        made += runtime["tags"]
+        rows.append(("main job cold (imagebuilder build --torch 2.6 --cuda 12.1)", main_s,
+                     f"export {runtime['export_seconds'] or 0:.1f}s"))
+        details.append(("main job cold", log_steps(runtime)))
+        say("building: devel after it")
+        devel_s, devel = imagebuilder("--variant", "devel")
+        made += devel["tags"]
+        shared = set(layers(runtime["tags"][0])) & set(layers(devel["tags"][0]))
+        rows.append(("devel after it", devel_s, f"export {devel['export_seconds'] or 0:.1f}s; "
+                     f"{len(shared)} layers shared with runtime"))
+        details.append(("devel after it", log_steps(devel)))
+        say("building: no-change rebuild")
+        again_s, again = imagebuilder()
+        rows.append(("no-change rebuild of the main job", again_s,
+                     f"{again['cached_steps']}/{again['steps']} steps cached, same image: "
+                     f"{again['image_id'] == runtime['image_id']}"))
+    finally:
+        remove(*made)
+        prune_records("docker", before, keep_cache_mounts=False)
+    floor_zstd, floor_compile, plain = rows[0][1], rows[1][1], rows[2][1]
+    print(f"\n{'build':62} {'seconds':>8} {'/floor1':>8} {'/floor2':>8} {'/load':>7}  notes")
+    for name, seconds, note in rows:
+        print(f"{name:62} {seconds:8.1f} {seconds / floor_zstd:8.2f} {seconds / floor_compile:8.2f} "
+              f"{seconds / plain:7.2f}  {note}")
+    print(f"\ntargets: main job <= 1.10x the compile-capable floor ({main_s / floor_compile:.2f}x) and <= 0.5x "
+          f"the plain --load build ({main_s / plain:.2f}x)")
+    for name, steps in details:
+        print(f"\n{name}: steps over 1 s, from its build log")
+        for step, seconds in steps:
+            print(f"  {seconds:7.1f}s  {step}")
 
 
 def layers(ref: str) -> list[str]:
@@ -74,71 +195,6 @@ def layers(ref: str) -> list[str]:
                          capture_output=True, text=True, check=True).stdout
     found: list[str] = json.loads(out)
     return found
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--skip-all-variants", action="store_true", help="skip measurement 5 (the longest)")
-    args = parser.parse_args()
-    engine = DockerEngine()
-    ca = os.environ.get("SSL_CERT_FILE")
-    if ca:
-        subprocess.run(["bash", str(ROOT / ".ci" / "ca-base-image.sh"), CA_BASE, BASE, ca], check=True,
-                       capture_output=True)
-    common = ["--torch", "2.6", "--cuda", "12.4", "--os", "debian12", "--variant", "runtime"]
-    rows: list[tuple[str, str, str, str]] = []
-    built: list[str] = []
-    try:
-        floor_s, floor_size, floor_ref = floor(engine, ca)
-        built.append(floor_ref)
-        rows.append(("floor: venv + pinned wheels (uv)", f"{floor_s:.1f} s", f"{floor_size / 1e9:.2f} GB", "1.00 / 1.00"))
-
-        two = cli("build", *common, "--base-image", BASE, "--no-cache", *(["--ca-bundle", ca] if ca else []))
-        img = two["images"][0]
-        built += img["tags"]
-        rows.append(("runtime, --ca-bundle (2 stages)", f"{two['wall']:.1f} s", f"{img['size_bytes'] / 1e9:.2f} GB",
-                     f"{two['wall'] / floor_s:.2f} / {img['size_bytes'] / floor_size:.2f}"))
-        for ref in img["tags"]:
-            engine.remove_image(ref)
-
-        one = cli("build", *common, "--base-image", CA_BASE if ca else BASE, "--no-cache")
-        img = one["images"][0]
-        built += img["tags"]
-        rows.append(("runtime, CA-trusting base (1 stage)", f"{one['wall']:.1f} s", f"{img['size_bytes'] / 1e9:.2f} GB",
-                     f"{one['wall'] / floor_s:.2f} / {img['size_bytes'] / floor_size:.2f}"))
-
-        again = cli("build", *common, "--base-image", CA_BASE if ca else BASE)
-        a = again["images"][0]
-        rows.append(("no-change rebuild (1 stage)", f"{again['wall']:.1f} s", "",
-                     f"{a['cached_steps']}/{a['steps']} steps cached, same id: {a['image_id'] == img['image_id']}"))
-
-        if not args.skip_all_variants:
-            all_common = ["--torch", "2.12", "--cuda", "13.0", "--os", "debian12", "--base-image",
-                          CA_BASE if ca else BASE]
-            together = cli("build", *all_common, "--variant", "all", "--no-cache")
-            refs = {i["spec"]["variant"]: i["tags"][0] for i in together["images"]}
-            built += [t for i in together["images"] for t in i["tags"]]
-            runtime_layers, jupyter_layers = layers(refs["runtime"]), layers(refs["jupyter"])
-            shared = jupyter_layers[: len(runtime_layers)] == runtime_layers
-            sizes = {i["spec"]["variant"]: i["size_bytes"] for i in together["images"]}
-            for ref in built[-len([t for i in together["images"] for t in i["tags"]]):]:
-                engine.remove_image(ref)
-            separate = 0.0
-            for variant in ("runtime", "devel", "jupyter"):
-                doc = cli("build", *all_common, "--variant", variant, "--no-cache")
-                separate += doc["wall"]
-                built += [t for i in doc["images"] for t in i["tags"]]
-            rows.append(("--variant all (2.12, CUDA 13.0)", f"{together['wall']:.1f} s", "",
-                         f"separately {separate:.1f} s, ratio {together['wall'] / separate:.2f}"))
-            rows.append(("jupyter over its runtime image", "", f"+{(sizes['jupyter'] - sizes['runtime']) / 1e6:.0f} MB",
-                         f"runtime layers reused: {shared}"))
-    finally:
-        for ref in set(built):
-            engine.remove_image(ref)
-    print(f"{'measurement':40} {'time':>9} {'size':>9}  ratio to floor (time / size) or notes")
-    for name, t, size, note in rows:
-        print(f"{name:40} {t:>9} {size:>9}  {note}")
-    print("targets: cold time ratio < 1.15, size ratio < 1.10, no-change rebuild < 5 s")
 
 
 if __name__ == "__main__":

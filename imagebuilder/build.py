@@ -79,6 +79,7 @@ class Built:
             "image_id": self.result.image_id,
             "size_bytes": self.result.size,
             "seconds": round(self.result.seconds, 2),
+            "export_seconds": None if self.result.export_seconds is None else round(self.result.export_seconds, 2),
             "steps": self.result.steps,
             "cached_steps": self.result.cached_steps,
             "log": str(self.result.log_path) if self.result.log_path else None,
@@ -212,7 +213,7 @@ def build_image(
                 request = BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
                                        nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log,
                                        export=export)
-            result = _label_sbom(engine, builder, image, unlabelled, result, request)
+            result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
     return Built(image, result, image.refs)
@@ -238,7 +239,7 @@ def python_download_hint(tail: Iterable[str], image: RenderedImage) -> str | Non
 
 
 def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unlabelled: str,
-                result: BuildResult, request: BuildRequest) -> BuildResult:
+                result: BuildResult, request: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
     """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
     installed, so its digest is known only after the build: a one-instruction build on top
     adds the label (no layer; served from the cache when nothing changed)."""
@@ -253,8 +254,18 @@ def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unla
     else:
         request.context.mkdir()
         (request.context / "Dockerfile").write_text(f"FROM {unlabelled}\n{label}")
-    labelled = builder.build(request)
-    return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags)
+    # Its steps are the cached ones just shown: only its export (new blobs, the unpack) is news.
+    labelled = builder.build(request, None if on_progress is None else _activities_only(on_progress))
+    export = (result.export_seconds or 0.0) + (labelled.export_seconds or 0.0)
+    return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags,
+                   seconds=result.seconds + labelled.seconds, export_seconds=export or result.export_seconds)
+
+
+def _activities_only(on_progress: OnProgress) -> OnProgress:
+    def forward(p: Progress) -> None:
+        if p.activity is not None:
+            on_progress(p)
+    return forward
 
 
 def build_all(plan: Sequence[tuple[str, RenderedImage]], *, engine: ImageStore, builder: Builder,
@@ -295,7 +306,8 @@ def format_built(built: Built) -> str:
     r = built.result
     return "\n".join([f"built {built.refs[0]}",
                       f"  image  {r.image_id} ({human_size(r.size)})",
-                      f"  time   {r.seconds:.1f}s, {r.cached_steps}/{r.steps} steps cached",
+                      f"  time   {r.seconds:.1f}s, {r.cached_steps}/{r.steps} steps cached"
+                      + (f"; the export (compress, unpack) {r.export_seconds:.1f}s" if r.export_seconds else ""),
                       f"  tags   {', '.join(built.refs[1:])}",
                       f"  log    {r.log_path}"])
 
@@ -316,7 +328,7 @@ class ProgressPrinter:
     """Step n/m, the instruction and the elapsed time: one updating line per step on a
     terminal, plain lines elsewhere (CI logs)."""
 
-    HEARTBEAT = 30.0  # seconds between lines for a long step, when not on a terminal
+    HEARTBEAT = 10.0  # seconds between lines for a long step, when not on a terminal
 
     def __init__(self, label: str, stream: Any = None, tty: bool | None = None) -> None:
         self.label = label
@@ -324,25 +336,30 @@ class ProgressPrinter:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.step = 0
+        self.activity: str | None = None
         self.width = 0
 
     def __call__(self, p: Progress) -> None:
         instruction = re.sub(r"\s+", " ", p.instruction)
-        text = f"[{self.label}] step {p.step}/{p.total} {instruction[:70]}"
-        text += " (cached)" if p.cached else ""
+        if p.activity is not None:
+            text = f"[{self.label}] {p.activity[:90]}"
+        else:
+            text = f"[{self.label}] step {p.step}/{p.total} {instruction[:70]}"
+            text += " (cached)" if p.cached else ""
         if self.tty:
             line = f"{text} {p.elapsed:6.1f}s"
-            if p.step != self.step and self.step:
+            if (p.step != self.step or p.activity != self.activity) and self.step:
                 self.stream.write("\n")
             self.stream.write("\r" + line.ljust(self.width))
             self.width = len(line)
             self.stream.flush()
-        elif p.step != self.step or p.elapsed - self.printed_at >= self.HEARTBEAT:
-            still = "" if p.step != self.step else " still running"
+        elif p.step != self.step or p.activity != self.activity or p.elapsed - self.printed_at >= self.HEARTBEAT:
+            still = "" if p.step != self.step or p.activity != self.activity else " still running"
             self.stream.write(f"{text}{still} at {p.elapsed:.1f}s\n")
             self.stream.flush()
             self.printed_at = p.elapsed
         self.step = p.step
+        self.activity = p.activity
 
     def close(self) -> None:
         if self.tty and self.step:

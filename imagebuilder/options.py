@@ -287,7 +287,7 @@ def compression(f: F) -> F:
                           "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
                           "current Kubernetes nodes. Default: publish, zstd where BuildKit exports into the "
-                          "containerd store (gzip by docker push elsewhere); build, --load as docker build does."),
+                          "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
         _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),

@@ -173,20 +173,16 @@ def _uv_env(options: RenderOptions, single_stage: bool) -> str:
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "")
 
 
-def _mounts(options: RenderOptions) -> tuple[str, str, str]:
-    """BuildKit's `RUN --mount=...` prefixes of the image's apt RUN, of the venv stage's apt RUN
-    and of the install RUN. The two apt RUNs run at once, so each has its own apt cache: apt
-    locks its download folder, and one shared cache (sharing=locked) made the image's apt wait
-    for the venv stage's."""
+def _mounts(options: RenderOptions) -> tuple[str, str]:
+    """BuildKit's `RUN --mount=...` prefixes of the image's apt RUN and of the install RUN."""
     if not options.buildkit:
-        return "", "", ""
-    apt, venv_apt = (f"--mount=type=cache,id={cache_id},target={APT_CACHE},sharing=locked \\\n    "
-                     for cache_id in ("imagebuilder-apt", "imagebuilder-apt-venv"))
+        return "", ""
+    apt = f"--mount=type=cache,id=imagebuilder-apt,target={APT_CACHE},sharing=locked \\\n    "
     install = [f"--mount=type=cache,id=imagebuilder-uv,target={UV_CACHE},uid={USER_ID},gid={USER_ID}"]
     if options.ca_bundle is not None:
         install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
                        f"uid={USER_ID},required=true")
-    return apt, venv_apt, "".join(f"{m} \\\n    " for m in install)
+    return apt, "".join(f"{m} \\\n    " for m in install)
 
 
 def _apt_options(options: RenderOptions) -> str:
@@ -254,42 +250,58 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     ]
 
 
-TORCH_LOCK_PATH = "/opt/imagebuilder/torch.lock"  # the venv stage's lock: the runtime image's
+TORCH_LOCK_PATH = "/opt/imagebuilder/torch.lock"  # the torch layer's lock (the runtime image's), in the context
+TORCH_LOCK_MOUNT = "/run/imagebuilder/torch.lock"  # where the torch layer's RUN sees it: a bind mount, in no layer
 ADDED_LOCK_PATH = "/opt/imagebuilder/added.lock"  # what a devel image adds on top of it
+# The time every file of the torch layer carries (1980-01-01, the earliest a zip entry can
+# hold): with it the layer's bytes depend on the lock alone, not on when it was built.
+LAYER_EPOCH = 315532800
 
 
 @dataclass(frozen=True)
 class SharedVenv:
-    """One torch layer per lock: a stage FROM the plain OS image (one per OS and Python)
-    installs the runtime lock into the venv, and every image of that lock (runtime, devel,
-    the images of other CUDA versions with the same wheels) takes it with `COPY --link`, a
-    layer that does not depend on what is below it: the same digest in all of them."""
+    """One torch layer per lock: the image's own RUN installs the runtime lock into the venv
+    and fixes every file's time, touching nothing outside the venv, so the layer's bytes are
+    the same in every image of that lock on the same OS and Python (runtime, devel, the images
+    of other CUDA versions with the same wheels), whatever is below it: the registry stores it
+    once, a node that has it pulls only the rest, and the venv is written once per build."""
 
-    base: str
-    """The venv stage's FROM: the OS's plain image, or --base-image."""
-    pin: BasePin
     lock: Lock
-    """The runtime lock: the venv's whole content."""
+    """The runtime lock: the layer's whole content."""
     added: Lock | None
     """devel: the pins its lock has beyond the runtime lock, installed on top; None: runtime."""
 
 
 def shared_venv(spec: BuildSpec, matrix: Matrix, options: RenderOptions, lock: Lock | None,
                 extras: tuple[str, ...]) -> SharedVenv | None:
-    """The image's shared venv stage, or None where it takes the single-stage install: the
+    """The image's torch layer, or None where it takes the plain single-stage install: the
     classic builder, a jupyter image (its torch is its parent's), an image without a lock, or
     a devel lock that does not contain its runtime lock pin for pin."""
     if not options.buildkit or spec.parent is not None or lock is None:
         return None
-    base = spec.os.base if spec.base_is_default else spec.base_image
-    pin = options.locks.base_for(base)
     if not variant(spec.variant).toolchain:
-        return SharedVenv(base, pin, lock, None)
+        return SharedVenv(lock, None)
     runtime_lock = options.locks.lock_for(replace(spec, variant="runtime", toolchain="none"), matrix, extras)
     if runtime_lock is None or not set(runtime_lock.pins) <= set(lock.pins):
         return None
     added = tuple(p for p in lock.pins if p not in set(runtime_lock.pins))
-    return SharedVenv(base, pin, runtime_lock, replace(lock, name=f"{lock.name}-added", pins=added))
+    return SharedVenv(runtime_lock, replace(lock, name=f"{lock.name}-added", pins=added))
+
+
+def _torch_layer_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: SharedVenv,
+                          extras: tuple[str, ...]) -> list[str]:
+    """The torch layer's RUN: the runtime lock's install, then every file's time fixed."""
+    runtime = replace(spec, variant="runtime", toolchain="none")
+    commands = _install_commands(runtime, matrix, options, True, venv.lock, extras, TORCH_LOCK_MOUNT)
+    trees = VENV + ("" if spec.python_from_os else " /opt/python")
+    return [*commands, f"find {trees} -exec touch -h -d @{LAYER_EPOCH} {{}} +"]
+
+
+def _torch_mounts(install_mounts: str) -> str:
+    """The install's mounts plus the lock (bind-mounted from the context) and a tmpfs /tmp:
+    the RUN then changes nothing outside the venv."""
+    return (install_mounts + f"--mount=type=bind,source={TORCH_LOCK_PATH.replace('/opt/', '', 1)},"
+            f"target={TORCH_LOCK_MOUNT} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
 
 
 def _added_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> list[str]:
@@ -481,7 +493,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         files[TORCH_LOCK_PATH.replace("/opt/", "", 1)] = venv.lock.text().encode()
         if venv.added is not None:
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
-    apt_mounts, venv_apt_mounts, install_mounts = _mounts(options)
+    apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         ca = read_ca_bundle(options.ca_bundle)
 
@@ -499,19 +511,17 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "two_stage": two_stage,
             "nvcc_check": nvcc_check(spec),
             "shared_venv": venv is not None,
-            "venv_base": venv.pin.from_ref if venv else "",
             "torch_lock_path": TORCH_LOCK_PATH,
             "added_lock_path": ADDED_LOCK_PATH,
             "added": venv is not None and venv.added is not None,
-            "venv_commands": [] if venv is None else _install_commands(
-                replace(spec, variant="runtime", toolchain="none"), matrix, options, True, venv.lock, extras,
-                TORCH_LOCK_PATH),
+            "venv_commands": [] if venv is None else _torch_layer_commands(spec, matrix, options, venv, extras),
+            "torch_mounts": _torch_mounts(install_mounts),
+            "layer_epoch": LAYER_EPOCH,
             "added_commands": _added_commands(spec, matrix, options) if venv and venv.added else [],
             "ca_path": CA_PATH,
             "buildkit": options.buildkit,
             "ca_secret": options.buildkit and ca is not None,
             "apt_mounts": apt_mounts,
-            "venv_apt_mounts": venv_apt_mounts,
             "apt_options": _apt_options(options),
             "install_mounts": install_mounts,
             "lock_path": lock_path if lock is not None else None,
@@ -555,8 +565,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     # publish compares it with the registry's copy.
     draft, draft_files = render_with("", _Naming((), "imagebuilder", "matrix.yaml", DEFAULT_SOURCE))
     inputs_hash = _hash(draft, {k: v for k, v in draft_files.items() if _hashed(k)},
-                        base_pin.identity if base_pin else "", parent_hash,
-                        *((venv.pin.identity,) if venv else ()))
+                        base_pin.identity if base_pin else "", parent_hash)
     naming = _Naming(tags, f"imagebuilder {__version__}", matrix.path.name, options.source)
     dockerfile, final_files = render_with(inputs_hash, naming)
     secrets: dict[str, bytes] = {}

@@ -29,14 +29,30 @@ def progress(step: int, elapsed: float, line: str | None = None, cached: bool = 
 def test_plain_progress_prints_one_line_per_step_and_a_heartbeat_for_long_steps():
     out = io.StringIO()
     printer = ProgressPrinter("runtime", stream=out, tty=False)
-    for event in [progress(1, 0.1), progress(2, 0.2), progress(2, 5.0, "x"), progress(2, 40.0, "y"), progress(3, 41.0)]:
+    for event in [progress(1, 0.1), progress(2, 0.2), progress(2, 5.0, "x"), progress(2, 15.0, "y"), progress(3, 16.0)]:
         printer(event)
     printer.close()
     assert out.getvalue().splitlines() == [
         "[runtime] step 1/3 RUN uv pip install torch at 0.1s",
         "[runtime] step 2/3 RUN uv pip install torch at 0.2s",
-        "[runtime] step 2/3 RUN uv pip install torch still running at 40.0s",
-        "[runtime] step 3/3 RUN uv pip install torch at 41.0s",
+        "[runtime] step 2/3 RUN uv pip install torch still running at 15.0s",
+        "[runtime] step 3/3 RUN uv pip install torch at 16.0s",
+    ]
+
+
+def test_plain_progress_names_the_export_and_beats_every_ten_seconds():
+    out = io.StringIO()
+    printer = ProgressPrinter("runtime", stream=out, tty=False)
+    export = "exporting layers (zstd)"
+    for event in [progress(3, 30.0), Progress(3, 3, export, 31.0, False, None, activity=export),
+                  Progress(3, 3, export, 41.0, False, None, activity=export),
+                  Progress(3, 3, "unpacking to x:1", 45.0, False, None, activity="unpacking to x:1")]:
+        printer(event)
+    assert out.getvalue().splitlines() == [
+        "[runtime] step 3/3 RUN uv pip install torch at 30.0s",
+        "[runtime] exporting layers (zstd) at 31.0s",
+        "[runtime] exporting layers (zstd) still running at 41.0s",
+        "[runtime] unpacking to x:1 at 45.0s",
     ]
 
 

@@ -155,6 +155,59 @@ def test_a_fully_cached_build_counts_its_cached_steps():
     assert state.failed is None
 
 
+EXPORT_OUTPUT = """\
+#7 [stage-1 3/3] RUN echo fine
+#7 DONE 1.0s
+
+#8 exporting to image
+#8 exporting layers
+#8 exporting layers 212.6s done
+#8 exporting manifest sha256:0e7135e5c799e2ed78d4a780eaf377a9cc2301d556c868c8129e167e9a4e6548 0.0s done
+#8 unpacking to docker.io/library/x:1
+#8 unpacking to docker.io/library/x:1 51.3s done
+#8 DONE 264.1s
+"""
+
+
+def test_the_export_is_announced_and_its_seconds_counted():
+    events: list[Progress] = []
+    state = PlainProgress(TWO_STAGES, time.monotonic(), events.append, export_note="zstd")
+    lines = EXPORT_OUTPUT.splitlines(keepends=True)
+    for line in lines[:5]:
+        state.feed(line)
+    assert state.activity == "exporting layers (zstd)"
+    assert [e.activity for e in events if e.activity] == ["exporting to image", "exporting layers (zstd)"]
+    for line in lines[5:8]:
+        state.feed(line)
+    assert state.activity == "unpacking to docker.io/library/x:1"
+    for line in lines[8:]:
+        state.feed(line)
+    assert state.activity is None
+    assert state.export_seconds == pytest.approx(212.6 + 51.3)
+
+
+def test_silence_gets_a_heartbeat_naming_what_is_still_going(monkeypatch):
+    from imagebuilder.engine import buildkit
+
+    events: list[Progress] = []
+    clock = [1000.0]
+    monkeypatch.setattr(buildkit.time, "monotonic", lambda: clock[0])
+    state = PlainProgress(TWO_STAGES, 1000.0, events.append, export_note="zstd")
+    state.feed("#5 [a 2/2] RUN sleep 100\n")  # a step without output
+    clock[0] += buildkit.QUIET_FOR - 1
+    state.heartbeat()
+    assert len(events) == 1  # not yet
+    clock[0] += 2
+    state.heartbeat()
+    assert (events[-1].step, events[-1].activity, events[-1].elapsed) == (2, None, pytest.approx(11.0))
+    for line in ("#5 DONE 12.0s\n", "#8 exporting to image\n", "#8 exporting layers\n"):
+        state.feed(line)
+    clock[0] += buildkit.QUIET_FOR
+    state.heartbeat()
+    assert events[-1].activity == "exporting layers (zstd)" and events[-1].elapsed == pytest.approx(21.0)
+    assert state.heartbeat() is None and events[-1].elapsed == pytest.approx(21.0)  # said just now
+
+
 def test_a_missing_base_image_is_named():
     state, _ = parse(MISSING_BASE_OUTPUT, "FROM no-such-image:1\nRUN true\n")
     error = state.error(1, None)

@@ -9,7 +9,7 @@ import pytest
 
 from imagebuilder.engine.api import Pushed
 from imagebuilder.errors import BadRequest
-from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose,
+from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose, choose_for_build,
                                  compression_of, output_args)
 from imagebuilder.provenance import built_from
 from imagebuilder.verify import HostFacts, preflight
@@ -69,6 +69,19 @@ def test_choose(kind: str | None, level: int | None, buildkit: bool, store: bool
 def test_publish_defaults_to_zstd_where_buildkit_exports_into_the_store(
         kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
     assert choose(kind, level, buildkit=buildkit, image_store=store, provenance=True, default="zstd") == expected
+
+
+@pytest.mark.parametrize("kind, level, buildkit, store, expected", [
+    (None, None, True, True, Export(Compression("zstd"))),  # not --load's gzip on one core
+    ("gzip", None, True, True, Export(Compression("gzip"))),  # asked for
+    (None, 19, True, True, Export(Compression("zstd", 19))),
+    (None, None, True, False, None),  # the classic store: --load, as docker build does
+    (None, None, False, True, None),  # the classic builder
+])
+def test_build_defaults_to_zstd_where_buildkit_exports_into_the_store(
+        kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
+    for_image = choose_for_build(kind, level, None, buildkit, lambda: store, lambda ref: False)
+    assert for_image("2.6.0-cuda12.1-cudnn9-py3.11-debian12-runtime") == expected
 
 
 @pytest.mark.parametrize("kind, level, buildkit, store, cache, said", [

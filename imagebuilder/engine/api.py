@@ -64,6 +64,9 @@ class BuildResult:
     executed_steps: int
     """Steps that ran (neither FROM nor served from cache); 0 for a fully cached build."""
     log_path: Path | None
+    export_seconds: float | None = None
+    """BuildKit: the seconds its export took (compressing the layers, unpacking them into the
+    image store); None where the builder does not say."""
     removed: tuple[str, ...] = ()
     """Images this build made and nobody asked for, removed after it: the earlier stages of a
     multi-stage build, and the image a rebuilt tag pointed at before when no tag is left on it."""
@@ -79,6 +82,9 @@ class Progress:
     cached: bool
     line: str | None
     """An output line of the step; None for the event that starts (or caches) the step."""
+    activity: str | None = None
+    """Work between or after the steps (BuildKit's export: compressing the layers, unpacking
+    them into the image store) still going after `elapsed` seconds; None: a step's event."""
 
 
 @dataclass(frozen=True)

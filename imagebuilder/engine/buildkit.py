@@ -40,6 +40,12 @@ _OUTPUT = re.compile(r"^\d+\.\d+ (.*)$")
 _MOUNT = re.compile(r"--mount=\S+\s+")
 _METADATA = re.compile(r"^\[internal\] load metadata for (\S+)")
 _STOP_GRACE = 10.0  # seconds the CLI gets to cancel the build before it is killed
+# An internal vertex's timed status line: "exporting layers 35.2s done", "unpacking to NAME 12.3s done".
+_STATUS_DONE = re.compile(r"^(?P<what>.*?) (?P<seconds>\d+\.\d+)s done$")
+_EXPORT_WORK = ("exporting layers", "unpacking to", "exporting cache", "writing layer")
+QUIET_FOR = 10.0
+"""Seconds without a line after which the build says what is still going: the plain output is
+silent while BuildKit compresses the layers and unpacks them (minutes for a torch image)."""
 
 
 def dockerfile_stages(dockerfile: str) -> tuple[tuple[str, int], ...]:
@@ -81,7 +87,7 @@ class PlainProgress:
     so a two-stage build counts 1..m like the classic builder's `Step n/m`."""
 
     def __init__(self, dockerfile: str, started: float,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None, export_note: str = "") -> None:
         self.stages = dockerfile_stages(dockerfile)
         self.total = sum(count for _, count in self.stages)
         self._offsets: dict[str, int] = {}
@@ -93,6 +99,11 @@ class PlainProgress:
         self.on_progress = on_progress
         self.vertices: dict[int, _Vertex] = {}
         self.trailer: list[str] = []  # the lines after the vertices: the CLI's final error
+        self.export_note = export_note  # said with "exporting layers": how they are compressed
+        self.activity: str | None = None  # the internal work going on (export, unpack), if any
+        self.export_seconds = 0.0  # what BuildKit's export took: compressing, unpacking, caches
+        self._said_at = started
+        self._lock = threading.Lock()
 
     def feed(self, line: str) -> None:
         line = line.rstrip("\r\n")
@@ -107,6 +118,8 @@ class PlainProgress:
             self.vertices[number] = vertex = self._new_vertex(text)
             if vertex.step is not None:
                 self._emit(vertex, None)
+            else:
+                self._status(text)
             return
         if text == "CACHED":
             vertex.cached = True
@@ -114,12 +127,47 @@ class PlainProgress:
                 self._emit(vertex, None)
         elif text.startswith("DONE"):
             vertex.done = True
+            if vertex.step is None:
+                self.activity = None
         elif text.startswith("ERROR:"):
             vertex.error = text.removeprefix("ERROR:").strip()
         elif output := _OUTPUT.match(text):
             vertex.tail.append(output[1])
             if vertex.step is not None:
                 self._emit(vertex, output[1])
+        elif vertex.step is None:
+            self._status(text)
+
+    def _status(self, text: str) -> None:
+        """An internal vertex's status line: what the build does between and after its steps."""
+        done = _STATUS_DONE.match(text)
+        if done is None:
+            what = text + (f" ({self.export_note})" if self.export_note and text.startswith("exporting layers") else "")
+            self.activity = what if text.startswith(_EXPORT_WORK) or text.startswith("exporting to") else None
+            if self.activity is not None:
+                self._announce()
+            return
+        if done["what"].startswith(_EXPORT_WORK):
+            self.export_seconds += float(done["seconds"])
+        self.activity = None
+
+    def heartbeat(self) -> None:
+        """After QUIET_FOR seconds without a line: what is still going (a step without output,
+        the export), so the build is never silent for longer."""
+        if time.monotonic() - self._said_at < QUIET_FOR:
+            return
+        running = self.current
+        if running is not None:
+            self._emit(running, None)
+        else:
+            self._announce()
+
+    def _announce(self) -> None:
+        if self.on_progress is not None and self.activity is not None:
+            with self._lock:
+                self._said_at = time.monotonic()
+                self.on_progress(Progress(self.total, self.total, self.activity, self._said_at - self.started,
+                                          False, None, activity=self.activity))
 
     def _new_vertex(self, name: str) -> _Vertex:
         step = _STEP.match(name)
@@ -138,8 +186,10 @@ class PlainProgress:
 
     def _emit(self, vertex: _Vertex, line: str | None) -> None:
         if self.on_progress is not None and vertex.step is not None:
-            self.on_progress(Progress(vertex.step, self.total, vertex.instruction,
-                                      time.monotonic() - self.started, vertex.cached, line))
+            with self._lock:
+                self._said_at = time.monotonic()
+                self.on_progress(Progress(vertex.step, self.total, vertex.instruction,
+                                          self._said_at - self.started, vertex.cached, line))
 
     # -- what the build came to
 
@@ -245,7 +295,12 @@ class BuildKitBuilder:
         check_request(req)
         self.engine.ping()
         started = time.monotonic()
-        state = PlainProgress((req.context / req.dockerfile).read_text(), started, on_progress)
+        note = ""
+        if req.export is not None and req.export.compression is not None:
+            note = req.export.compression.kind
+        elif self.cli.buildx:
+            note = "the builder's default compression"
+        state = PlainProgress((req.context / req.dockerfile).read_text(), started, on_progress, note)
         env = {**os.environ, "DOCKER_BUILDKIT": "1"} if self.cli.buildkit_env else None
         log: IO[str] | None = None
         if req.log_path is not None:
@@ -274,6 +329,7 @@ class BuildKitBuilder:
             cached_steps=state.cached_steps,
             executed_steps=state.executed_steps,
             log_path=req.log_path,
+            export_seconds=state.export_seconds,
         )
 
     def _run(self, argv: Sequence[str], env: dict[str, str] | None, state: PlainProgress,
@@ -298,6 +354,14 @@ class BuildKitBuilder:
         timer = threading.Timer(req.timeout, stop_for_timeout)
         timer.daemon = True
         timer.start()
+        finished = threading.Event()
+
+        def beat() -> None:
+            while not finished.wait(1.0):
+                state.heartbeat()
+
+        beating = threading.Thread(target=beat, name="imagebuilder-build-heartbeat", daemon=True)
+        beating.start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -313,6 +377,8 @@ class BuildKitBuilder:
             raise
         finally:
             timer.cancel()
+            finished.set()
+            beating.join()
         if timed_out.is_set():
             if log:
                 log.write(f"\n[imagebuilder] build stopped after {req.timeout:.0f}s\n")

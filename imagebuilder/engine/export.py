@@ -137,17 +137,22 @@ def choose(kind: str | None, level: int | None, *, buildkit: bool, image_store: 
 def choose_for_build(kind: str | None, level: int | None, cache_base: str | None, buildkit: bool,
                      image_store: Callable[[], bool],
                      cached: Callable[[str], bool]) -> Callable[[str], Export | None]:
-    """`build`'s export per image key: compression where the store keeps it, and the image's
-    registry cache (--cache-from-registry) imported where `cached` says the registry has it
-    (BuildKit fails a build whose cache is missing)."""
+    """`build`'s export per image key: zstd (or what was asked) where the store keeps what
+    BuildKit compressed, and the image's registry cache (--cache-from-registry) imported where
+    `cached` says the registry has it (BuildKit fails a build whose cache is missing).
+
+    zstd by default, as publish: `--load` into the containerd store compresses every layer with
+    gzip on one core (212.6 s of a 365.9 s cold build of the 2.6 runtime image, measured), zstd
+    at ~180 MB/s a core; a later `docker push` sends those blobs as they are."""
     store = buildkit and image_store()
     choose(kind, level, buildkit=buildkit, image_store=store, provenance=False,
-           cache_from=(cache_base,) if cache_base else ())  # refused before any build, not after one
+           cache_from=(cache_base,) if cache_base else (), default="zstd")  # refused before any build, not after one
 
     def for_image(key: str) -> Export | None:
         ref = cache_ref(cache_base, key) if cache_base else None
         cache_from = (ref,) if ref and cached(ref) else ()
-        return choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from)
+        return choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from,
+                      default="zstd")
 
     return for_image
 
