@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from build_records import build_cache_records, prune_records  # noqa: E402
+from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from imagebuilder.lock import load_locks  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
 from imagebuilder.resolve import Request, resolve  # noqa: E402

@@ -191,7 +191,7 @@ def test_silence_gets_a_heartbeat_naming_what_is_still_going(monkeypatch):
 
     events: list[Progress] = []
     clock = [1000.0]
-    monkeypatch.setattr(buildkit.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     state = PlainProgress(TWO_STAGES, 1000.0, events.append, export_note="zstd")
     state.feed("#5 [a 2/2] RUN sleep 100\n")  # a step without output
     clock[0] += buildkit.QUIET_FOR - 1
@@ -199,13 +199,15 @@ def test_silence_gets_a_heartbeat_naming_what_is_still_going(monkeypatch):
     assert len(events) == 1  # not yet
     clock[0] += 2
     state.heartbeat()
-    assert (events[-1].step, events[-1].activity, events[-1].elapsed) == (2, None, pytest.approx(11.0))
+    assert (events[-1].step, events[-1].activity) == (2, None) and events[-1].elapsed == pytest.approx(11.0)
     for line in ("#5 DONE 12.0s\n", "#8 exporting to image\n", "#8 exporting layers\n"):
         state.feed(line)
     clock[0] += buildkit.QUIET_FOR
     state.heartbeat()
     assert events[-1].activity == "exporting layers (zstd)" and events[-1].elapsed == pytest.approx(21.0)
-    assert state.heartbeat() is None and events[-1].elapsed == pytest.approx(21.0)  # said just now
+    said = len(events)
+    state.heartbeat()
+    assert len(events) == said  # said just now
 
 
 def test_a_missing_base_image_is_named():
