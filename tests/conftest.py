@@ -47,6 +47,7 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     "docker_engine": frozenset({"docker"}),
     "registry": frozenset({"registry"}),
     "local_registry": frozenset({"registry"}),
+    "docs_registry": frozenset({"registry"}),
     # Real torch images (GBs, minutes): built through the CLI once per module or session.
     **{name: frozenset({"slow"}) for name in (
         "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
