@@ -15,6 +15,7 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
@@ -33,9 +34,49 @@ def _require_docker() -> bool:
 
 
 def _unavailable(reason: str) -> NoReturn:
+    """The one way a test (or a test module) says that what it needs is missing: a skip, or under
+    IMAGEBUILDER_REQUIRE_DOCKER=1 (CI, whose .ci/setup installs every tool the tests use: Docker,
+    docker-registry, cosign, torch, gcc, jq, uv, sshd, the base images) a failure, so CI cannot
+    pass by skipping. tests/test_suite_rules.py refuses a pytest.skip or importorskip elsewhere."""
     if _require_docker():
         pytest.fail(f"{reason} (IMAGEBUILDER_REQUIRE_DOCKER=1: not skipping)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, why: str) -> ModuleType:
+    """`import name`, or _unavailable (a skip, a failure in CI) saying why the test needs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        _unavailable(f"{name} is not importable ({e}): {why}")
+
+
+# --- hypothesis: the same examples on every run, a deep run on demand ---------------------
+
+# By default (CI, the fast run) the fuzzers are derandomized: every run tries the same examples
+# (seeded from each test), so a red CI run is the code's doing and reproduces as it is.
+# IMAGEBUILDER_FUZZ=deep: random examples, FUZZ_SCALE times as many (tests/test_matrix_fuzz.py
+# multiplies its bounds by fuzz_examples), for hunting before a release.
+FUZZ_DEEP = os.environ.get("IMAGEBUILDER_FUZZ") == "deep"
+FUZZ_SCALE = 20
+
+
+def fuzz_examples(n: int) -> int:
+    """A fuzzer's max_examples: `n` in CI and the fast run, FUZZ_SCALE times that in a deep run."""
+    return n * FUZZ_SCALE if FUZZ_DEEP else n
+
+
+def _hypothesis_profiles() -> None:
+    from hypothesis import settings
+
+    settings.register_profile("derandomized", derandomize=True, database=None)
+    settings.register_profile("deep", derandomize=False)
+    settings.load_profile("deep" if FUZZ_DEEP else "derandomized")
+
+
+_hypothesis_profiles()
 
 
 # --- markers: a test carries the markers of what it needs ----------------------------------

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ca_bundle_args, imagebuilder, remove_local_tags
+from conftest import _unavailable, ca_bundle_args, imagebuilder, remove_local_tags, require_module
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
@@ -238,7 +238,7 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.registry
 def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path, free_port: int) -> None:
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     cert, key = _self_signed(tmp_path)
     reg = LocalRegistry(tmp_path / "registry", free_port, tls=(cert, key))
     reg.start()
@@ -324,9 +324,7 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
 @pytest.fixture(scope="module")
 def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
     if not REGISTRY_BIN.exists():
-        if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"{REGISTRY_BIN} is missing: apt-get install docker-registry", pytrace=False)
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     import socket
 
     with socket.socket() as s:
@@ -524,8 +522,6 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
     from imagebuilder.engine.select import detect_buildkit
 
     if detect_buildkit()[0] is None:
-        from conftest import _unavailable
-
         _unavailable("no docker CLI here builds with BuildKit")
     base_image = "imagebuilder-base:bookworm"  # named in FROM only: a dry run reads no image
     registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
@@ -596,11 +592,13 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
 
 @pytest.mark.registry
 def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int) -> None:
-    crypt = pytest.importorskip("crypt", reason="the crypt module makes the bcrypt htpasswd entry")
+    # docker-registry's htpasswd accepts bcrypt entries only; the bcrypt package comes with
+    # paramiko (docker[ssh], imagebuilder's own dependency). Python 3.13 has no crypt module.
+    bcrypt = require_module("bcrypt", "it makes the registry's bcrypt htpasswd entry")
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     htpasswd = tmp_path / "htpasswd"
-    htpasswd.write_text(f"bot:{crypt.crypt('s3cret', crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+    htpasswd.write_text(f"bot:{bcrypt.hashpw(b's3cret', bcrypt.gensalt()).decode()}\n")
     reg = LocalRegistry(tmp_path / "registry", free_port, htpasswd=htpasswd)
     reg.start()
     try:
@@ -621,7 +619,7 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
     the source repository does not have is not mounted, and the upload session the registry
     opened instead is cancelled."""
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     reg = LocalRegistry(tmp_path / "registry", free_port)
     reg.start()
     try:
@@ -710,7 +708,7 @@ BOTH = ("linux/amd64", "linux/arm64")
 @pytest.fixture
 def fresh_registry(tmp_path: Path, free_port: int) -> Iterator[LocalRegistry]:
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     reg = LocalRegistry(tmp_path / "registry", free_port)
     reg.start()
     try:
