@@ -9,7 +9,9 @@ import re
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -402,19 +404,103 @@ def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path
         yield {"runtime": runtime, "devel": devel}
 
 
-def _stream_contains(argv: list[str], needle: bytes, chunk: int = 1 << 24) -> bool:
-    """Whether a command's stdout holds `needle`, read in chunks (an image save is GBs)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    tail, found = b"", False
-    while block := proc.stdout.read(chunk):
-        if needle in tail + block:
-            found = True
-            break
-        tail = block[-len(needle):]
-    proc.kill()
-    proc.wait()
+def _layers_find(ref: str, needles: list[bytes], chunk: int = 1 << 22) -> set[bytes]:
+    """Which of `needles` are in `docker save REF`: in any file of its archive (the config, its
+    history) and in every layer's contents, decompressed (the containerd store saves layers as
+    it stores them, gzip or zstd: a plain search of the stream finds no file's bytes; measured).
+    Read as a stream (an image is GBs); `docker save` must exit 0, or the search proves nothing."""
+    import tarfile
+    import threading
+    import zlib
+
+    keep = max(len(n) for n in needles)
+    found: set[bytes] = set()
+
+    def search(blocks: Iterator[bytes]) -> None:
+        tail = b""
+        for block in blocks:
+            found.update(n for n in needles if n in tail + block)
+            tail = block[-keep:]
+
+    def raw(f: IO[bytes], first: bytes) -> Iterator[bytes]:
+        yield first
+        while block := f.read(chunk):
+            yield block
+
+    def gunzip(blocks: Iterator[bytes]) -> Iterator[bytes]:
+        inflate = zlib.decompressobj(wbits=47)
+        for block in blocks:
+            while block:
+                yield inflate.decompress(block)
+                block = inflate.unused_data  # concatenated gzip members
+                if block:
+                    inflate = zlib.decompressobj(wbits=47)
+
+    def unzstd(blocks: Iterator[bytes]) -> Iterator[bytes]:
+        proc = subprocess.Popen(["zstd", "-dc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin = proc.stdin
+
+        def feed() -> None:
+            with stdin:
+                for block in blocks:
+                    stdin.write(block)
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        while block := proc.stdout.read(chunk):
+            yield block
+        feeder.join()
+        assert proc.wait() == 0, "zstd -dc failed on a layer"
+
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert save.stdout is not None and save.stderr is not None
+    files = 0
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as archive:
+            for member in archive:
+                f = archive.extractfile(member) if member.isfile() else None
+                if f is None:
+                    continue
+                files += 1
+                first = f.read(4)
+                blocks = raw(f, first)
+                if first[:2] == b"\x1f\x8b":
+                    blocks = gunzip(blocks)
+                elif first == b"\x28\xb5\x2f\xfd":
+                    blocks = unzstd(blocks)
+                search(blocks)
+    finally:
+        save.stdout.close()
+        stderr = save.stderr.read()
+        assert save.wait() == 0, f"docker save {ref} exited {save.returncode}: {stderr.decode(errors='replace')[-2000:]}"
+    assert files, f"docker save {ref} held no file"
     return found
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_the_layer_search_finds_a_files_bytes_and_fails_on_a_failed_save(docker_engine, base_image, buildkit_cli,
+                                                                         tmp_path, compression):
+    """The positive control of the CA test's search, on a small image: bytes that are only in a
+    layer's file (written by the step, not in its command) are found, in either compression the
+    store may hold; what is nowhere is not; a save that fails fails the search."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /x"
+                                         f" # {uuid.uuid4().hex}\n")
+    ref = f"{TEST_REPOSITORY_PREFIX}/layer-search-{uuid.uuid4().hex[:8]}:x"
+    done = subprocess.run([*buildkit_cli.command, "--output",
+                           f"type=image,name={ref},compression={compression},force-compression=true", str(tmp_path)],
+                          env={**os.environ, **({"DOCKER_BUILDKIT": "1"} if buildkit_cli.buildkit_env else {})},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    try:
+        content = docker_engine.read_file(ref, "/x")
+        assert content is not None and len(content) == 48
+        assert _layers_find(ref, [content, uuid.uuid4().hex.encode()]) == {content}
+    finally:
+        docker_engine.remove_image(ref)
+    with pytest.raises(AssertionError, match="docker save .* exited"):
+        _layers_find(ref, [content])
 
 
 @pytest.mark.slow
@@ -423,8 +509,16 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     image = buildkit_images["runtime"]
     ref = image["tags"][0]
     _, marker = marked_ca
-    # docker save holds every layer (uncompressed tars) and the config with its history.
-    assert not _stream_contains(["docker", "save", ref], marker)
+    # The install step ran in this build (BuildKit keeps secrets out of the cache key: a step
+    # served from the cache never saw the marked CA, and its absence would prove nothing).
+    assert re.search(r"\+ torch==2\.12\.", Path(image["log"]).read_text()), "the install step did not run"
+    # docker save holds every layer (uncompressed tars) and the config with its history. The
+    # positive control, in the same stream: a line of the lock the build installed from, which
+    # is in a layer (/opt/imagebuilder/requirements.lock): the search does find what is there.
+    lock = docker_engine.read_file(ref, "/opt/imagebuilder/requirements.lock")
+    control = max(lock.splitlines(), key=len)
+    assert len(control) > 40, lock[:500]
+    assert _layers_find(ref, [marker, control]) == {control}
     history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", ref],
                              capture_output=True, text=True, check=True).stdout
     assert marker.decode() not in history and "BEGIN CERTIFICATE" not in history
