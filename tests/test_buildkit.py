@@ -24,7 +24,8 @@ from imagebuilder.matrix import load_matrix
 from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
 
-from conftest import REPO_ROOT, TEST_REPOSITORY_PREFIX, imagebuilder, released_after_last_use, remove_local_tags
+from conftest import (REPO_ROOT, TEST_REPOSITORY_PREFIX, family_build, imagebuilder, released_after_last_use,
+                      remove_local_tags)
 
 HERE = Path(__file__).parent
 M = load_matrix(HERE / "data" / "matrix-small.yaml")
@@ -392,15 +393,22 @@ def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str
 @pytest.fixture(scope="module")
 def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory, request):
     """torch 2.12 runtime, then the devel image that needs the same wheels, both with BuildKit
-    and --ca-bundle on the local Debian base. Removed after the last test that uses them."""
+    and --ca-bundle on the local Debian base. Removed after the last test that uses them.
+
+    The family's real builds (conftest's IMAGE_FAMILIES): its other users (the session's devel
+    image, test_publish_buildkit's publishes) run after this module and are served from these
+    layers. --no-cache, both: every step runs here with the marked CA (BuildKit keeps secrets out
+    of the cache key, so a cached step would never have seen it), and the devel install step
+    runs even though the runtime's layers are there: its wheels can then only come from the
+    shared cache mount (BuildKit keeps cache mounts)."""
     repository = f"{TEST_REPOSITORY_PREFIX}/buildkit-{uuid.uuid4().hex[:8]}"
     reports = tmp_path_factory.mktemp("buildkit")
     with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
-        runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime")
-        # --no-cache: the install step runs even where an earlier run left its layer; the wheels
-        # can then only come from the shared cache mount (BuildKit keeps cache mounts).
-        devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
-                       "--no-cache")
+        with family_build(request):
+            runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime",
+                             "--no-cache")
+            devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
+                           "--no-cache")
         yield {"runtime": runtime, "devel": devel}
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _unavailable, ca_bundle_args, imagebuilder, remove_local_tags, require_module
+from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, require_module)
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
@@ -341,23 +341,13 @@ def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRe
 
 
 @pytest.fixture(scope="module")
-def first_run(docker_engine: Any, base_image: str, local_registry: LocalRegistry,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def first_run(signed_publish: dict[str, Any]) -> dict[str, Any]:
     """`imagebuilder publish` of the real runtime image to an empty registry: build, smoke
-    tests (CPU mode), push of every tag. Yields its report (and how long it took); removes
-    every local image it tagged afterwards."""
-    namespace = f"imagebuilder-test/pub-{uuid.uuid4().hex[:8]}"
-    registry = f"{local_registry.address}/{namespace}"
-    report = tmp_path_factory.mktemp("publish") / "first.json"
-    started = time.monotonic()
-    done = imagebuilder(*_publish_args(base_image, registry, report))
-    seconds = time.monotonic() - started
-    try:
-        assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-        yield {"report": json.loads(report.read_text()), "registry": registry, "stdout": done.stdout,
-               "seconds": seconds}
-    finally:
-        remove_local_tags(docker_engine, local_registry.address)
+    tests (CPU mode), push of every tag. It is conftest's signed_publish (signed too, with
+    BuildKit: test_signing's tests read the same publish); its report, registry, output and how
+    long it took. Its images go after test_signing's last test."""
+    assert (TORCH, CUDA, OS) == (SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS)
+    return signed_publish
 
 
 def _head(ref: str) -> str | None:
