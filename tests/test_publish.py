@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, require_module)
+from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags,
+                      require_module)
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
@@ -530,7 +531,8 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
 @pytest.mark.docker
 @pytest.mark.registry
 def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
-        docker_engine: Any, base_image: str, local_registry: LocalRegistry, first_run: dict[str, Any]) -> None:
+        docker_engine: Any, base_image: str, local_registry: LocalRegistry, first_run: dict[str, Any],
+        request: pytest.FixtureRequest) -> None:
     from smoke_tests.result import Result
 
     from imagebuilder.verify import VerifyReport
@@ -539,7 +541,10 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     # The runtime image's plan and tags in a fresh namespace, built from a small Dockerfile of
     # its own (a unique layer and the SBOM file the runner labels): what fails here is the
     # push, and rebuilding torch twice with the classic builder took 15 minutes.
-    rendered = _rendered(f"{local_registry.address}/imagebuilder-test/down-{uuid.uuid4().hex[:8]}", base_image)
+    namespace = f"imagebuilder-test/down-{uuid.uuid4().hex[:8]}"
+    # Its images go after it (first_run's registry is another one now, whose cleanup missed these).
+    request.addfinalizer(lambda: remove_local_tags(docker_engine, namespace))
+    rendered = _rendered(f"{local_registry.address}/{namespace}", base_image)
     image = replace(rendered, files={}, dockerfile=(
         f"FROM {base_image}\n"
         f"RUN mkdir -p /opt/imagebuilder && echo '{{\"down\": \"{uuid.uuid4().hex}\"}}' > {SBOM_PATH}\n"))
