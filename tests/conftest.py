@@ -442,7 +442,13 @@ def signed_publish(docker_engine: DockerEngine, base_image: str, signing_keys: d
     with throwaway_registry() as address:
         registry = f"{address}/imagebuilder-test/pub-{uuid.uuid4().hex[:8]}"
         report = tmp_path_factory.mktemp("signed-publish") / "publish.json"
-        with released_after_last_use(request, lambda: remove_local_tags(docker_engine, address)):
+        def release() -> None:
+            # After the last user, not at the session's end: the registry's storage is GBs.
+            remove_local_tags(docker_engine, address)
+            subprocess.run([str(REPO_ROOT / ".ci" / "registry.sh"), "stop", address.rsplit(":", 1)[1]],
+                           capture_output=True, timeout=30, check=False)
+
+        with released_after_last_use(request, release):
             started = time.monotonic()
             with family_build(request):
                 done = imagebuilder("publish", "--torch", SIGNED_TORCH, "--cuda", SIGNED_CUDA, "--os", SIGNED_OS,
