@@ -613,6 +613,34 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         prune_session_build_cache()
 
 
+# --- the smoke tests on this host: one run per argv -----------------------------------------
+
+# `imagebuilder verify --local ...` runs every smoke test on this host's torch for real (a gloo
+# all-reduce, an Inductor compile: minutes on 2 cores). test_verify and the documented
+# commands ask for the same argv: it runs once per session, and each asker reads its result.
+_HOST_VERIFY: dict[tuple[str, ...], subprocess.Popen[str]] = {}
+_HOST_VERIFIED: dict[tuple[str, ...], tuple[int, str, str]] = {}
+
+
+def start_host_verify(*args: str) -> None:
+    """Start `imagebuilder verify ARGS` on this host unless this session has (runs side by side)."""
+    import sys
+
+    if args not in _HOST_VERIFY and args not in _HOST_VERIFIED:
+        _HOST_VERIFY[args] = subprocess.Popen([sys.executable, "-m", "imagebuilder", "verify", *args], cwd=REPO_ROOT,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def host_verify(*args: str, timeout: float = 2400) -> tuple[int, str, str]:
+    """`imagebuilder verify ARGS` on this host, run once per session: (exit status, stdout, stderr)."""
+    if args not in _HOST_VERIFIED:
+        start_host_verify(*args)
+        proc = _HOST_VERIFY.pop(args)
+        stdout, stderr = proc.communicate(timeout=timeout)
+        _HOST_VERIFIED[args] = (proc.returncode, stdout, stderr)
+    return _HOST_VERIFIED[args]
+
+
 # --- a Docker daemon reached over SSH (DOCKER_HOST=ssh://...) -----------------------------
 
 SSHD = Path("/usr/sbin/sshd")
