@@ -132,8 +132,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # short a stretch as the tests allow. docs/development.md lists the families and what each costs.
 IMAGE_FAMILIES: dict[str, tuple[str, ...]] = {
     # test_buildkit builds runtime and devel for real (--no-cache, with the marked CA); the
-    # session's devel image and test_publish_buildkit's publishes are served from their layers.
-    "torch 2.12 / CUDA 13.0 runtime and devel (debian12)": ("buildkit_images", "devel_image", "bk_published"),
+    # session's devel image (test_workspace's, test_torchcodec's) and test_publish_buildkit's
+    # publishes are served from their layers.
+    "torch 2.13 / CUDA 13.0 runtime and devel (debian12)": ("buildkit_images", "devel_image", "bk_published"),
     # conftest's runtime image (the README's main job) and the jupyter image built FROM it.
     "torch 2.6 / CUDA 12.1 runtime and jupyter (debian12)": ("runtime_image", "jupyter_image"),
     # One signed publish (BuildKit) serving test_publish and test_signing.
@@ -149,14 +150,14 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     # The families' builds (IMAGE_FAMILIES), and their users that build again from the cache.
     ("conftest.py", "build_cli"): "the runtime_image family's build, with a variant",
     ("conftest.py", "runtime_image"): "family: torch 2.6 / CUDA 12.1 runtime",
-    ("conftest.py", "devel_image"): "family: torch 2.12 / CUDA 13.0 devel (served from test_buildkit's layers)",
+    ("conftest.py", "devel_image"): "family: torch 2.13 / CUDA 13.0 devel (served from test_buildkit's layers)",
     ("conftest.py", "signed_publish"): "family: torch 2.6 / CUDA 12.4 runtime, published and signed",
     ("test_buildkit.py", "_build"): "buildkit_images' build through the CLI",
-    ("test_buildkit.py", "buildkit_images"): "family: torch 2.12 / CUDA 13.0 runtime and devel, the real builds",
+    ("test_buildkit.py", "buildkit_images"): "family: torch 2.13 / CUDA 13.0 runtime and devel, the real builds",
     ("test_e2e.py", "jupyter_image"): "family: torch 2.6 / CUDA 12.1 (JupyterLab's layer on runtime_image)",
     ("test_e2e.py", "test_a_second_identical_build_is_fully_cached"): "runtime_image again: from the cache",
     ("test_publish_buildkit.py", "_publish"): "the publish of test_publish_buildkit's tests",
-    ("test_publish_buildkit.py", "bk_published"): "family: torch 2.12 / CUDA 13.0 (from test_buildkit's layers)",
+    ("test_publish_buildkit.py", "bk_published"): "family: torch 2.13 / CUDA 13.0 (from test_buildkit's layers)",
     ("test_publish_buildkit.py", "test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag"):
         "the family's runtime again: from the cache",
     ("test_publish_buildkit.py", "test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_pushes"):
@@ -173,7 +174,6 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
         "an image imagebuilder did not build (bench/floor.py: pip install torch)",
     ("test_python_install.py", "test_a_debian13_image_runs_on_the_os_python"):
         "torch 2.6 / CUDA 12.4 on Debian 13's own Python 3.13 (its own lock)",
-    ("test_torchcodec.py", "codec_image"): "torch 2.13 runtime: the one release in the suite with torchcodec",
     # Builds that fail before torch is installed (seconds).
     ("test_e2e.py", "test_build_failure_names_the_step_and_leaves_no_tag"): "fails at the install step (no index)",
     ("test_e2e.py", "test_missing_base_image_suggests_base_image"): "fails before building (no base)",
@@ -373,13 +373,15 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
         yield entry
 
 
-DEVEL_TORCH, DEVEL_CUDA = "2.12", "13.0"  # CUDA 13's nvcc comes from PyPI: a devel image on plain Debian
+# CUDA 13's nvcc comes from PyPI: a devel image on plain Debian. 2.13: its torchaudio needs torchcodec
+# and the OS's FFmpeg, so test_torchcodec runs on this image (no image of its own).
+DEVEL_TORCH, DEVEL_CUDA = "2.13", "13.0"
 
 
 @pytest.fixture(scope="session")
 def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory,
                 request: pytest.FixtureRequest) -> Iterator[dict]:
-    """A devel image (torch 2.12, CUDA 13.0, Debian base) built once per session through the
+    """A devel image (torch 2.13, CUDA 13.0, Debian base) built once per session through the
     CLI (its family's: served from test_buildkit's layers, which run first); the devel-jupyter
     image is built FROM it. Yields the build report's image entry; removes both after the last
     test that uses it."""

@@ -357,7 +357,7 @@ def test_buildkit_without_a_ca_trusts_the_system_store():
 
 # CUDA 13: devel gets nvcc from PyPI, so a devel image builds on the plain Debian base (a CUDA 12
 # devel image needs nvidia/cuda's nvcc, and the build's nvcc check refuses a base without it).
-E2E = ("--torch", "2.12", "--cuda", "13.0", "--os", "debian12")
+E2E = ("--torch", "2.13", "--cuda", "13.0", "--os", "debian12")  # conftest's DEVEL_TORCH, DEVEL_CUDA
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +392,7 @@ def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str
 
 @pytest.fixture(scope="module")
 def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory, request):
-    """torch 2.12 runtime, then the devel image that needs the same wheels, both with BuildKit
+    """torch 2.13 runtime, then the devel image that needs the same wheels, both with BuildKit
     and --ca-bundle on the local Debian base. Removed after the last test that uses them.
 
     The family's real builds (conftest's IMAGE_FAMILIES): its other users (the session's devel
@@ -519,7 +519,7 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     _, marker = marked_ca
     # The install step ran in this build (BuildKit keeps secrets out of the cache key: a step
     # served from the cache never saw the marked CA, and its absence would prove nothing).
-    assert re.search(r"\+ torch==2\.12\.", Path(image["log"]).read_text()), "the install step did not run"
+    assert re.search(r"\+ torch==2\.13\.", Path(image["log"]).read_text()), "the install step did not run"
     # docker save holds every layer (uncompressed tars) and the config with its history. The
     # positive control, in the same stream: a line of the lock the build installed from, which
     # is in a layer (/opt/imagebuilder/requirements.lock): the search does find what is there.
@@ -534,7 +534,7 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     assert not [e for e in env if e.startswith(("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"))], env
     run = docker_engine.run(ref, ["bash", "-c", "test ! -e /run/secrets/ca && python -c 'import torch; print(torch.__version__)'"],
                             timeout=300)
-    assert run.exit_code == 0 and "2.12." in run.output, run.output
+    assert run.exit_code == 0 and "2.13." in run.output, run.output
 
 
 @pytest.mark.slow
@@ -543,7 +543,7 @@ def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
     runtime_log = Path(buildkit_images["runtime"]["log"]).read_text()
     devel_log = Path(buildkit_images["devel"]["log"]).read_text()
     # uv installed torch in this build (the step ran, it was not a cached layer) ...
-    assert re.search(r"\+ torch==2\.12\.", devel_log) and "+ ninja==" in devel_log
+    assert re.search(r"\+ torch==2\.13\.", devel_log) and "+ ninja==" in devel_log
     # ... from the shared cache mount: no wheel the runtime image installed came down again
     # (devel's own additions, nvcc's wheels and ninja, may). By what came down, not by line:
     # buildx 0.13's plain progress glues a step's first output to its (long) instruction line.

@@ -3,8 +3,9 @@ verified, one torch layer shared by runtime and devel, SLSA provenance read back
 build caches through the registry, a republish that uploads nothing, and a build on another
 engine (its own network namespace and bridge, TCP with TLS) through --buildx-builder.
 
-Two real torch images (2.12 runtime and devel for CUDA 13.0 on the local Debian base) are
-built once for the module; the remote engine imports their cache instead of building.
+Two real torch images (2.13 runtime and devel for CUDA 13.0 on the local Debian base: the
+family of conftest's IMAGE_FAMILIES whose layers test_buildkit built) are published once for
+the module; the remote engine imports their cache instead of building.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from imagebuilder.registry import HttpRegistry
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 
-TORCH, CUDA, OS = "2.12", "13.0", "debian12"
+TORCH, CUDA, OS = "2.13", "13.0", "debian12"  # conftest's DEVEL_TORCH, DEVEL_CUDA: one family
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 
@@ -120,7 +121,7 @@ def test_the_published_image_carries_provenance_of_where_it_was_built_from(bk_pu
     found = built_from(predicate)
     assert found.revision == "0" * 40
     assert found.matrix is not None and re.fullmatch(r"matrix\.yaml sha256:[0-9a-f]{64}", found.matrix)
-    assert found.lock is not None and found.lock.startswith("locks/torch2.12.1-cu130-py3.11-runtime.txt sha256:")
+    assert found.lock is not None and found.lock.startswith("locks/torch2.13.0-cu130-py3.11-runtime.txt sha256:")
     assert any("imagebuilder-base" in base for base in found.base)
 
 

@@ -1,7 +1,7 @@
 """Images people work in: Jupyter over devel, /workspace, SSH with keys, the entrypoint
 (signals, exit codes, any uid, the /dev/shm warning).
 
-The real-engine tests share two images per session: conftest's devel image (torch 2.12,
+The real-engine tests share two images per session: conftest's devel image (torch 2.13,
 CUDA 13.0 on the Debian base; its only users are here, so that its family, conftest's
 IMAGE_FAMILIES, runs back to back) and a devel-jupyter image built FROM it. verify's devel
 check runs here too. Containers are started with the docker CLI, as a user starts them, each under a timeout
