@@ -113,7 +113,9 @@ def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, run
     def content(ref: str) -> tuple:
         """What an image is, whatever the store names it by: its config's creation time and layers."""
         attrs = docker_engine.inspect_image(ref)
-        return attrs["Created"], attrs["RootFS"]["Layers"], attrs["Config"]
+        config = attrs["Config"]
+        return (attrs["Created"], attrs["RootFS"]["Layers"], config.get("Labels"), config.get("Env"),
+                config.get("Entrypoint"), config.get("Cmd"))
 
     first = content(runtime_image["tags"][0])
     report = build_cli(base_image, runtime_image["repository"], tmp_path / "again.json", "--variant", "runtime")
