@@ -524,6 +524,7 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     # positive control, in the same stream: a line of the lock the build installed from, which
     # is in a layer (/opt/imagebuilder/requirements.lock): the search does find what is there.
     lock = docker_engine.read_file(ref, "/opt/imagebuilder/requirements.lock")
+    assert lock, f"{ref} has no /opt/imagebuilder/requirements.lock for the positive control"
     control = max(lock.splitlines(), key=len)
     assert len(control) > 40, lock[:500]
     assert _layers_find(ref, [marker, control]) == {control}
