@@ -15,6 +15,7 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
@@ -33,9 +34,49 @@ def _require_docker() -> bool:
 
 
 def _unavailable(reason: str) -> NoReturn:
+    """The one way a test (or a test module) says that what it needs is missing: a skip, or under
+    IMAGEBUILDER_REQUIRE_DOCKER=1 (CI, whose .ci/setup installs every tool the tests use: Docker,
+    docker-registry, cosign, torch, gcc, jq, uv, sshd, the base images) a failure, so CI cannot
+    pass by skipping. tests/test_suite_rules.py refuses a pytest.skip or importorskip elsewhere."""
     if _require_docker():
         pytest.fail(f"{reason} (IMAGEBUILDER_REQUIRE_DOCKER=1: not skipping)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, why: str) -> ModuleType:
+    """`import name`, or _unavailable (a skip, a failure in CI) saying why the test needs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        _unavailable(f"{name} is not importable ({e}): {why}")
+
+
+# --- hypothesis: the same examples on every run, a deep run on demand ---------------------
+
+# By default (CI, the fast run) the fuzzers are derandomized: every run tries the same examples
+# (seeded from each test), so a red CI run is the code's doing and reproduces as it is.
+# IMAGEBUILDER_FUZZ=deep: random examples, FUZZ_SCALE times as many (tests/test_matrix_fuzz.py
+# multiplies its bounds by fuzz_examples), for hunting before a release.
+FUZZ_DEEP = os.environ.get("IMAGEBUILDER_FUZZ") == "deep"
+FUZZ_SCALE = 20
+
+
+def fuzz_examples(n: int) -> int:
+    """A fuzzer's max_examples: `n` in CI and the fast run, FUZZ_SCALE times that in a deep run."""
+    return n * FUZZ_SCALE if FUZZ_DEEP else n
+
+
+def _hypothesis_profiles() -> None:
+    from hypothesis import settings
+
+    settings.register_profile("derandomized", derandomize=True, database=None)
+    settings.register_profile("deep", derandomize=False)
+    settings.load_profile("deep" if FUZZ_DEEP else "derandomized")
+
+
+_hypothesis_profiles()
 
 
 # --- markers: a test carries the markers of what it needs ----------------------------------
@@ -47,10 +88,12 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     "docker_engine": frozenset({"docker"}),
     "registry": frozenset({"registry"}),
     "local_registry": frozenset({"registry"}),
+    "docs_registry": frozenset({"registry"}),
     # Real torch images (GBs, minutes): built through the CLI once per module or session.
     **{name: frozenset({"slow"}) for name in (
         "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
-        "arm64_image", "first_run", "signed_run")},
+        "arm64_image", "first_run", "signed_run", "bk_published")},
+    "signed_publish": frozenset({"slow", "registry"}),
     # Every smoke test for real on this host's torch (a gloo all-reduce, an Inductor compile).
     "local_runs": frozenset({"slow"}),
     "full_run": frozenset({"slow"}),
@@ -76,32 +119,95 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if missing:
         raise pytest.UsageError("tests whose fixtures need markers they lack (see FIXTURE_MARKERS in "
                                 "tests/conftest.py):\n  " + "\n  ".join(missing))
-    _group_the_users_of_session_images(items)
-    # Measured: started after the other modules (the uv cache mount holding every lock's wheels
-    # by then), test_publish_buildkit's runtime and devel publishes took a 75 GB disk from 22 GB
-    # free to 4 GB with the devel build still running. So it runs first (a stable sort).
-    items.sort(key=lambda item: item.get_closest_marker("most_disk") is None)
+    _group_the_families(items)
 
 
-# Images built once per session (GBs each): the modules that use one run one after another,
-# and the image is removed after the last test that uses it (see released_after_last_use).
-SESSION_IMAGES = ("runtime_image", "devel_image")
+# --- real torch images by family: the images of one lock share BuildKit's layers ------------
+
+# A family: the fixtures whose images are built from one lock (so from the same BuildKit
+# layers). The session's BuildKit records are pruned after every module and every released
+# image (the disk is shared), except a family's own records while the family has users left:
+# each image content is built once, and its later users are served from the cache. The
+# modules that use a family run back to back (_group_the_families), so a family is open for as
+# short a stretch as the tests allow. docs/development.md lists the families and what each costs.
+IMAGE_FAMILIES: dict[str, tuple[str, ...]] = {
+    # test_buildkit builds runtime and devel for real (--no-cache, with the marked CA); the
+    # session's devel image (test_workspace's, test_torchcodec's) and test_publish_buildkit's
+    # publishes are served from their layers.
+    "torch 2.13 / CUDA 13.0 runtime and devel (debian12)": ("buildkit_images", "devel_image", "bk_published"),
+    # conftest's runtime image (the README's main job) and the jupyter image built FROM it.
+    "torch 2.6 / CUDA 12.1 runtime and jupyter (debian12)": ("runtime_image", "jupyter_image"),
+    # One signed publish (BuildKit) serving test_publish and test_signing.
+    "torch 2.6 / CUDA 12.4 runtime, published and signed (debian12)": ("signed_publish",),
+}
+FAMILY_OF = {fixture: family for family, fixtures in IMAGE_FAMILIES.items() for fixture in fixtures}
+
+# Every other fixture or test that builds a real torch image (or starts to: the failures
+# before torch are listed too), by file and function; tests/test_suite_rules.py fails when a
+# build appears outside these and the family fixtures, so a new image is a decision (minutes
+# of CI each), not an accident.
+OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
+    # The families' builds (IMAGE_FAMILIES), and their users that build again from the cache.
+    ("conftest.py", "build_cli"): "the runtime_image family's build, with a variant",
+    ("conftest.py", "runtime_image"): "family: torch 2.6 / CUDA 12.1 runtime",
+    ("conftest.py", "devel_image"): "family: torch 2.13 / CUDA 13.0 devel (served from test_buildkit's layers)",
+    ("conftest.py", "signed_publish"): "family: torch 2.6 / CUDA 12.4 runtime, published and signed",
+    ("test_buildkit.py", "_build"): "buildkit_images' build through the CLI",
+    ("test_buildkit.py", "buildkit_images"): "family: torch 2.13 / CUDA 13.0 runtime and devel, the real builds",
+    ("test_e2e.py", "jupyter_image"): "family: torch 2.6 / CUDA 12.1 (JupyterLab's layer on runtime_image)",
+    ("test_e2e.py", "test_a_second_identical_build_is_fully_cached"): "runtime_image again: from the cache",
+    ("test_publish_buildkit.py", "_publish"): "the publish of test_publish_buildkit's tests",
+    ("test_publish_buildkit.py", "bk_published"): "family: torch 2.13 / CUDA 13.0 (from test_buildkit's layers)",
+    ("test_publish_buildkit.py", "test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag"):
+        "the family's runtime again: from the cache",
+    ("test_publish_buildkit.py", "test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_pushes"):
+        "the family's runtime on a second engine, from the registry's cache",
+    ("test_publish.py", "test_second_run_skips_and_pushes_nothing"): "signed_publish's rerun: skips",
+    ("test_publish.py", "test_the_next_day_adds_only_the_dated_tag"): "signed_publish's rerun: retags",
+    ("test_signing.py", "test_nothing_is_signed_when_verify_failed"): "signed_publish's image again: from the cache",
+    ("test_signing.py", "test_a_failed_signing_fails_the_publish_and_the_next_run_signs"):
+        "signed_publish's image again: from the cache",
+    ("test_workspace.py", "devel_jupyter_image"): "JupyterLab's layer on devel_image",
+    # Images of their own.
+    ("test_buildkit.py", "arm64_image"): "torch 2.11 for arm64 under QEMU (its own lock and platform)",
+    ("test_e2e.py", "test_verify_fails_a_plain_pip_install_image_for_want_of_a_compiler"):
+        "an image imagebuilder did not build (bench/floor.py: pip install torch)",
+    ("test_python_install.py", "test_a_debian13_image_runs_on_the_os_python"):
+        "torch 2.6 / CUDA 12.4 on Debian 13's own Python 3.13 (its own lock)",
+    # Builds that fail before torch is installed (seconds).
+    ("test_e2e.py", "test_build_failure_names_the_step_and_leaves_no_tag"): "fails at the install step (no index)",
+    ("test_e2e.py", "test_missing_base_image_suggests_base_image"): "fails before building (no base)",
+    ("test_python_install.py", "test_a_refusing_python_mirror_fails_the_build_with_one_line_naming_it"):
+        "fails at the interpreter download",
+    ("test_bad_inputs.py", "test_an_image_that_exists_nowhere_is_a_bad_request"): "fails before building (no base)",
+    ("test_bad_inputs.py", "test_a_registry_that_cannot_be_asked_is_the_worlds_failure"): "fails before building",
+    ("test_bad_inputs.py", "test_build_refuses_a_with_that_contradicts_the_torch_pins"): "refused before building",
+    ("test_bad_inputs.py", "test_a_devel_base_image_without_nvcc_fails_the_first_build_step"):
+        "fails at the first build step",
+}
 
 
-def _group_the_users_of_session_images(items: list[pytest.Item]) -> None:
-    """Move each module that uses a session image next to the first module that uses it (a
-    stable sort: the order inside a module, and of modules that share nothing, is kept)."""
+def _group_the_families(items: list[pytest.Item]) -> None:
+    """Order the modules so that each family's users run back to back (a stable sort): every
+    module that uses a family moves next to the first module that uses it; the group holding a
+    `most_disk` module runs first (before the session's caches grow), and that module runs last
+    in its group (its last test prunes all of the session's records for a second engine)."""
     modules = list(dict.fromkeys(item.path for item in items))
     uses: dict[Path, set[str]] = {module: set() for module in modules}
+    most_disk: set[Path] = set()
     for item in items:
-        uses[item.path] |= set(SESSION_IMAGES) & set(getattr(item, "fixturenames", ()))
+        uses[item.path] |= {FAMILY_OF[name] for name in getattr(item, "fixturenames", ()) if name in FAMILY_OF}
+        if item.get_closest_marker("most_disk") is not None:
+            most_disk.add(item.path)
     first: dict[str, int] = {}
     for index, module in enumerate(modules):
-        for name in sorted(uses[module]):
-            first.setdefault(name, index)
-    group = {module: min([index, *(first[name] for name in uses[module])]) for index, module in enumerate(modules)}
+        for family in sorted(uses[module]):
+            first.setdefault(family, index)
+    group = {module: min([index, *(first[family] for family in uses[module])]) for index, module in enumerate(modules)}
+    disk_groups = {group[module] for module in most_disk}
     position = {module: index for index, module in enumerate(modules)}
-    items.sort(key=lambda item: (group[item.path], position[item.path]))
+    items.sort(key=lambda item: (group[item.path] not in disk_groups, group[item.path], item.path in most_disk,
+                                 position[item.path]))
 
 
 @pytest.fixture(scope="session")
@@ -259,34 +365,104 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
     images built FROM it in its repository) after the last test that uses it."""
     repository = f"{TEST_REPOSITORY_PREFIX}/e2e-{uuid.uuid4().hex[:8]}"
     with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
-        report = build_cli(base_image, repository, tmp_path_factory.mktemp("build") / "report.json",
-                           "--variant", "runtime")
+        with family_build(request):
+            report = build_cli(base_image, repository, tmp_path_factory.mktemp("build") / "report.json",
+                               "--variant", "runtime")
         entry = report["images"][0]
         entry["repository"] = repository
         yield entry
 
 
-DEVEL_TORCH, DEVEL_CUDA = "2.12", "13.0"  # CUDA 13's nvcc comes from PyPI: a devel image on plain Debian
+# CUDA 13's nvcc comes from PyPI: a devel image on plain Debian. 2.13: its torchaudio needs torchcodec
+# and the OS's FFmpeg, so test_torchcodec runs on this image (no image of its own).
+DEVEL_TORCH, DEVEL_CUDA = "2.13", "13.0"
 
 
 @pytest.fixture(scope="session")
 def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: pytest.TempPathFactory,
                 request: pytest.FixtureRequest) -> Iterator[dict]:
-    """A devel image (torch 2.12, CUDA 13.0, Debian base) built once per session through the
-    CLI; the devel-jupyter image is built FROM it. Yields the build report's image entry;
-    removes both after the last test that uses it."""
+    """A devel image (torch 2.13, CUDA 13.0, Debian base) built once per session through the
+    CLI (its family's: served from test_buildkit's layers, which run first); the devel-jupyter
+    image is built FROM it. Yields the build report's image entry; removes both after the last
+    test that uses it."""
     import json
 
     repository = f"{TEST_REPOSITORY_PREFIX}/devel-{uuid.uuid4().hex[:8]}"
     report = tmp_path_factory.mktemp("devel") / "report.json"
     with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
-        done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS, "--variant", "devel",
-                            "--builder", "auto", "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
-                            "--report", str(report))
+        with family_build(request):
+            done = imagebuilder("build", "--torch", DEVEL_TORCH, "--cuda", DEVEL_CUDA, "--os", E2E_OS, "--variant",
+                                "devel", "--builder", "auto", "--base-image", base_image, "--repository", repository,
+                                *ca_bundle_args(), "--report", str(report))
         assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
         entry = json.loads(report.read_text())["images"][0]
         entry["repository"] = repository
         yield entry
+
+
+SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS = "2.6", "12.4", "debian12"
+
+
+def cosign_key_pair(directory: Path, password: str = "") -> tuple[Path, Path]:
+    """A cosign key pair (cosign.key, cosign.pub) made by cosign itself."""
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cosign", "generate-key-pair"], cwd=directory, capture_output=True, check=True, timeout=60,
+                   env={**os.environ, "COSIGN_PASSWORD": password})
+    return directory / "cosign.key", directory / "cosign.pub"
+
+
+@pytest.fixture(scope="session")
+def signing_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three cosign key pairs: ours (no password), another, and one locked with a password."""
+    import shutil
+
+    if shutil.which("cosign") is None:
+        _unavailable("cosign is missing: .ci/cosign-install.sh installs it")
+    root = tmp_path_factory.mktemp("keys")
+    key, pub = cosign_key_pair(root / "ours")
+    _, other = cosign_key_pair(root / "other")
+    locked, locked_pub = cosign_key_pair(root / "locked", password="s3cret")
+    return {"key": key, "pub": pub, "other": other, "locked": locked, "locked_pub": locked_pub}
+
+
+@pytest.fixture(scope="session")
+def signed_publish(docker_engine: DockerEngine, base_image: str, signing_keys: dict[str, Path],
+                   tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict]:
+    """`imagebuilder publish --sign-key` of the real runtime image (torch 2.6, CUDA 12.4, on the
+    local Debian base, BuildKit) to an empty registry, once per session: build, smoke tests (CPU
+    mode), push of every tag, signature and SBOM attestation. test_publish's first run and
+    test_signing's signed run are this one publish (they published identical inputs twice);
+    their modules run back to back (IMAGE_FAMILIES), test_signing's last test, which moves the
+    tags, last. Every local tag and the registry go after the last test that uses it."""
+    import json
+    import time
+
+    from imagebuilder.engine.select import detect_buildkit
+
+    if detect_buildkit()[0] is None:
+        _unavailable("no docker CLI here builds with BuildKit")
+    with throwaway_registry() as address:
+        registry = f"{address}/imagebuilder-test/pub-{uuid.uuid4().hex[:8]}"
+        report = tmp_path_factory.mktemp("signed-publish") / "publish.json"
+        def release() -> None:
+            # After the last user, not at the session's end: the registry's storage is GBs.
+            remove_local_tags(docker_engine, address)
+            subprocess.run([str(REPO_ROOT / ".ci" / "registry.sh"), "stop", address.rsplit(":", 1)[1]],
+                           capture_output=True, timeout=30, check=False)
+
+        with released_after_last_use(request, release):
+            started = time.monotonic()
+            with family_build(request):
+                done = imagebuilder("publish", "--torch", SIGNED_TORCH, "--cuda", SIGNED_CUDA, "--os", SIGNED_OS,
+                                    "--variant", "runtime", "--builder", "buildkit", "--base-image", base_image,
+                                    *ca_bundle_args(), "--allow-no-gpu", "--registry", registry, "--report", str(report),
+                                    "--sign-key", str(signing_keys["key"]), env_extra={"COSIGN_PASSWORD": ""})
+            seconds = time.monotonic() - started
+            assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+            document = json.loads(report.read_text())
+            (image,) = document["images"]
+            yield {"report": document, "image": image, "address": address, "registry": registry,
+                   "stdout": done.stdout, "seconds": seconds, "digest": image["digest"]}
 
 
 def remove_block(text: str, key: str) -> str:
@@ -343,13 +519,33 @@ def _session_build_cache(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
 def buildkit_cache_cleanup(_session_build_cache: tuple[str, dict[str, tuple[str, str]]] | None) -> Iterator[None]:
     """BuildKit keeps every layer of the tests' builds in its cache, outside the image store that
     image cleanup reaches: with the containerd store a whole run's layers fill a CI disk (tens of
-    GB). So the layers this session added are pruned after each module; its cache mounts (the
-    wheels and apt packages later builds reuse) at the session's end. Only this session's
-    records are pruned: the daemon and its cache are shared."""
+    GB). So the layers this session added are pruned after each module, but for the records of
+    a family that has users left (IMAGE_FAMILIES); its cache mounts (the wheels and apt packages
+    later builds reuse) at the session's end. Only this session's records are pruned: the
+    daemon and its cache are shared."""
     yield
-    if _session_build_cache is not None:
-        cli, before = _session_build_cache
-        prune_records(cli, before, keep_cache_mounts=True)
+    prune_session_build_cache()
+
+
+# family -> the BuildKit records its fixtures' builds added, while the family has users left
+_FAMILY_RECORDS: dict[str, set[str]] = {}
+# family -> the node id of the last collected test that uses one of its fixtures
+_FAMILY_LAST_USERS: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def family_build(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Around a family fixture's builds (IMAGE_FAMILIES): the BuildKit records they add are the
+    family's, kept by every prune until the last test that uses the family has run."""
+    family = FAMILY_OF.get(request.fixturename or "")
+    assert family is not None, f"{request.fixturename} is in no IMAGE_FAMILIES entry"
+    before = set(build_cache_records(_SESSION_CACHE[0][0])) if _SESSION_CACHE else set()
+    try:
+        yield
+    finally:
+        if _SESSION_CACHE:
+            added = set(build_cache_records(_SESSION_CACHE[0][0])) - before
+            _FAMILY_RECORDS.setdefault(family, set()).update(added)
 
 
 # --- a real image is removed after the last test that uses it -----------------------------
@@ -388,10 +584,17 @@ def released_after_last_use(request: pytest.FixtureRequest, cleanup: Callable[[]
         release()
 
 
-def prune_session_build_cache() -> None:
-    """Prune the BuildKit records this session added (its layers; the cache mounts stay)."""
-    if _SESSION_CACHE:
-        prune_records(*_SESSION_CACHE[0], keep_cache_mounts=True)
+def prune_session_build_cache(*, families_too: bool = False) -> None:
+    """Prune the BuildKit records this session added (its layers; the cache mounts stay), but
+    for those of a family with users left (all of them with families_too: test_publish_buildkit's
+    second engine, whose copy of torch must not share the disk with the first's)."""
+    if not _SESSION_CACHE:
+        return
+    cli, before = _SESSION_CACHE[0]
+    kept = dict(before)
+    if not families_too:
+        kept.update({record: ("", "") for records in _FAMILY_RECORDS.values() for record in records})
+    prune_records(cli, kept, keep_cache_mounts=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -401,8 +604,43 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         for collected in item.session.items:
             for name in getattr(collected, "fixturenames", ()):
                 _LAST_USERS[name] = collected.nodeid
+                if name in FAMILY_OF:
+                    _FAMILY_LAST_USERS[FAMILY_OF[name]] = collected.nodeid
     for name in [name for name in _RELEASES if _LAST_USERS.get(name) == item.nodeid]:
         _RELEASES.pop(name)()
+    closed = [family for family in _FAMILY_RECORDS if _FAMILY_LAST_USERS.get(family) == item.nodeid]
+    for family in closed:
+        del _FAMILY_RECORDS[family]
+    if closed:
+        prune_session_build_cache()
+
+
+# --- the smoke tests on this host: one run per argv -----------------------------------------
+
+# `imagebuilder verify --local ...` runs every smoke test on this host's torch for real (a gloo
+# all-reduce, an Inductor compile: minutes on 2 cores). test_verify and the documented
+# commands ask for the same argv: it runs once per session, and each asker reads its result.
+_HOST_VERIFY: dict[tuple[str, ...], subprocess.Popen[str]] = {}
+_HOST_VERIFIED: dict[tuple[str, ...], tuple[int, str, str]] = {}
+
+
+def start_host_verify(*args: str) -> None:
+    """Start `imagebuilder verify ARGS` on this host unless this session has (runs side by side)."""
+    import sys
+
+    if args not in _HOST_VERIFY and args not in _HOST_VERIFIED:
+        _HOST_VERIFY[args] = subprocess.Popen([sys.executable, "-m", "imagebuilder", "verify", *args], cwd=REPO_ROOT,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def host_verify(*args: str, timeout: float = 2400) -> tuple[int, str, str]:
+    """`imagebuilder verify ARGS` on this host, run once per session: (exit status, stdout, stderr)."""
+    if args not in _HOST_VERIFIED:
+        start_host_verify(*args)
+        proc = _HOST_VERIFY.pop(args)
+        stdout, stderr = proc.communicate(timeout=timeout)
+        _HOST_VERIFIED[args] = (proc.returncode, stdout, stderr)
+    return _HOST_VERIFIED[args]
 
 
 # --- a Docker daemon reached over SSH (DOCKER_HOST=ssh://...) -----------------------------

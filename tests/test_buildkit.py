@@ -9,7 +9,9 @@ import re
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -22,7 +24,8 @@ from imagebuilder.matrix import load_matrix
 from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
 
-from conftest import REPO_ROOT, TEST_REPOSITORY_PREFIX, imagebuilder, released_after_last_use, remove_local_tags
+from conftest import (REPO_ROOT, TEST_REPOSITORY_PREFIX, family_build, imagebuilder, released_after_last_use,
+                      remove_local_tags)
 
 HERE = Path(__file__).parent
 M = load_matrix(HERE / "data" / "matrix-small.yaml")
@@ -356,7 +359,7 @@ def test_buildkit_without_a_ca_trusts_the_system_store():
 
 # CUDA 13: devel gets nvcc from PyPI, so a devel image builds on the plain Debian base (a CUDA 12
 # devel image needs nvidia/cuda's nvcc, and the build's nvcc check refuses a base without it).
-E2E = ("--torch", "2.12", "--cuda", "13.0", "--os", "debian12")
+E2E = ("--torch", "2.13", "--cuda", "13.0", "--os", "debian12")  # conftest's DEVEL_TORCH, DEVEL_CUDA
 
 
 @pytest.fixture(scope="module")
@@ -391,32 +394,123 @@ def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str
 
 @pytest.fixture(scope="module")
 def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path_factory, request):
-    """torch 2.12 runtime, then the devel image that needs the same wheels, both with BuildKit
-    and --ca-bundle on the local Debian base. Removed after the last test that uses them."""
+    """torch 2.13 runtime, then the devel image that needs the same wheels, both with BuildKit
+    and --ca-bundle on the local Debian base. Removed after the last test that uses them.
+
+    The family's real builds (conftest's IMAGE_FAMILIES): its other users (the session's devel
+    image, test_publish_buildkit's publishes) run after this module and are served from these
+    layers. --no-cache, both: every step runs here with the marked CA (BuildKit keeps secrets out
+    of the cache key, so a cached step would never have seen it), and the devel install step
+    runs even though the runtime's layers are there: its wheels can then only come from the
+    shared cache mount (BuildKit keeps cache mounts)."""
     repository = f"{TEST_REPOSITORY_PREFIX}/buildkit-{uuid.uuid4().hex[:8]}"
     reports = tmp_path_factory.mktemp("buildkit")
     with released_after_last_use(request, lambda: remove_local_tags(docker_engine, repository)):
-        runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime")
-        # --no-cache: the install step runs even where an earlier run left its layer; the wheels
-        # can then only come from the shared cache mount (BuildKit keeps cache mounts).
-        devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
-                       "--no-cache")
+        with family_build(request):
+            runtime = _build(base_image, repository, reports / "runtime.json", marked_ca[0], "--variant", "runtime",
+                             "--no-cache")
+            devel = _build(base_image, repository, reports / "devel.json", marked_ca[0], "--variant", "devel",
+                           "--no-cache")
         yield {"runtime": runtime, "devel": devel}
 
 
-def _stream_contains(argv: list[str], needle: bytes, chunk: int = 1 << 24) -> bool:
-    """Whether a command's stdout holds `needle`, read in chunks (an image save is GBs)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    tail, found = b"", False
-    while block := proc.stdout.read(chunk):
-        if needle in tail + block:
-            found = True
-            break
-        tail = block[-len(needle):]
-    proc.kill()
-    proc.wait()
+def _layers_find(ref: str, needles: list[bytes], chunk: int = 1 << 22) -> set[bytes]:
+    """Which of `needles` are in `docker save REF`: in any file of its archive (the config, its
+    history) and in every layer's contents, decompressed (the containerd store saves layers as
+    it stores them, gzip or zstd: a plain search of the stream finds no file's bytes; measured).
+    Read as a stream (an image is GBs); `docker save` must exit 0, or the search proves nothing."""
+    import tarfile
+    import threading
+    import zlib
+
+    keep = max(len(n) for n in needles)
+    found: set[bytes] = set()
+
+    def search(blocks: Iterator[bytes]) -> None:
+        tail = b""
+        for block in blocks:
+            found.update(n for n in needles if n in tail + block)
+            tail = block[-keep:]
+
+    def raw(f: IO[bytes], first: bytes) -> Iterator[bytes]:
+        yield first
+        while block := f.read(chunk):
+            yield block
+
+    def gunzip(blocks: Iterator[bytes]) -> Iterator[bytes]:
+        inflate = zlib.decompressobj(wbits=47)
+        for block in blocks:
+            while block:
+                yield inflate.decompress(block)
+                block = inflate.unused_data  # concatenated gzip members
+                if block:
+                    inflate = zlib.decompressobj(wbits=47)
+
+    def unzstd(blocks: Iterator[bytes]) -> Iterator[bytes]:
+        proc = subprocess.Popen(["zstd", "-dc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin = proc.stdin
+
+        def feed() -> None:
+            with stdin:
+                for block in blocks:
+                    stdin.write(block)
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        while block := proc.stdout.read(chunk):
+            yield block
+        feeder.join()
+        assert proc.wait() == 0, "zstd -dc failed on a layer"
+
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert save.stdout is not None and save.stderr is not None
+    files = 0
+    try:
+        with tarfile.open(fileobj=save.stdout, mode="r|") as archive:
+            for member in archive:
+                f = archive.extractfile(member) if member.isfile() else None
+                if f is None:
+                    continue
+                files += 1
+                first = f.read(4)
+                blocks = raw(f, first)
+                if first[:2] == b"\x1f\x8b":
+                    blocks = gunzip(blocks)
+                elif first == b"\x28\xb5\x2f\xfd":
+                    blocks = unzstd(blocks)
+                search(blocks)
+    finally:
+        save.stdout.close()
+        stderr = save.stderr.read()
+        assert save.wait() == 0, f"docker save {ref} exited {save.returncode}: {stderr.decode(errors='replace')[-2000:]}"
+    assert files, f"docker save {ref} held no file"
     return found
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_the_layer_search_finds_a_files_bytes_and_fails_on_a_failed_save(docker_engine, base_image, buildkit_cli,
+                                                                         tmp_path, compression):
+    """The positive control of the CA test's search, on a small image: bytes that are only in a
+    layer's file (written by the step, not in its command) are found, in either compression the
+    store may hold; what is nowhere is not; a save that fails fails the search."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /x"
+                                         f" # {uuid.uuid4().hex}\n")
+    ref = f"{TEST_REPOSITORY_PREFIX}/layer-search-{uuid.uuid4().hex[:8]}:x"
+    done = subprocess.run([*buildkit_cli.command, "--output",
+                           f"type=image,name={ref},compression={compression},force-compression=true", str(tmp_path)],
+                          env={**os.environ, **({"DOCKER_BUILDKIT": "1"} if buildkit_cli.buildkit_env else {})},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    try:
+        content = docker_engine.read_file(ref, "/x")
+        assert content is not None and len(content) == 48
+        assert _layers_find(ref, [content, uuid.uuid4().hex.encode()]) == {content}
+    finally:
+        docker_engine.remove_image(ref)
+    with pytest.raises(AssertionError, match="docker save .* exited"):
+        _layers_find(ref, [content])
 
 
 @pytest.mark.slow
@@ -425,8 +519,17 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     image = buildkit_images["runtime"]
     ref = image["tags"][0]
     _, marker = marked_ca
-    # docker save holds every layer (uncompressed tars) and the config with its history.
-    assert not _stream_contains(["docker", "save", ref], marker)
+    # The install step ran in this build (BuildKit keeps secrets out of the cache key: a step
+    # served from the cache never saw the marked CA, and its absence would prove nothing).
+    assert re.search(r"\+ torch==2\.13\.", Path(image["log"]).read_text()), "the install step did not run"
+    # docker save holds every layer (uncompressed tars) and the config with its history. The
+    # positive control, in the same stream: a line of the lock the build installed from, which
+    # is in a layer (/opt/imagebuilder/requirements.lock): the search does find what is there.
+    lock = docker_engine.read_file(ref, "/opt/imagebuilder/requirements.lock")
+    assert lock, f"{ref} has no /opt/imagebuilder/requirements.lock for the positive control"
+    control = max(lock.splitlines(), key=len)
+    assert len(control) > 40, lock[:500]
+    assert _layers_find(ref, [marker, control]) == {control}
     history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", ref],
                              capture_output=True, text=True, check=True).stdout
     assert marker.decode() not in history and "BEGIN CERTIFICATE" not in history
@@ -434,7 +537,7 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     assert not [e for e in env if e.startswith(("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"))], env
     run = docker_engine.run(ref, ["bash", "-c", "test ! -e /run/secrets/ca && python -c 'import torch; print(torch.__version__)'"],
                             timeout=300)
-    assert run.exit_code == 0 and "2.12." in run.output, run.output
+    assert run.exit_code == 0 and "2.13." in run.output, run.output
 
 
 @pytest.mark.slow
@@ -443,7 +546,7 @@ def test_a_second_image_needing_the_same_wheels_downloads_none(buildkit_images):
     runtime_log = Path(buildkit_images["runtime"]["log"]).read_text()
     devel_log = Path(buildkit_images["devel"]["log"]).read_text()
     # uv installed torch in this build (the step ran, it was not a cached layer) ...
-    assert re.search(r"\+ torch==2\.12\.", devel_log) and "+ ninja==" in devel_log
+    assert re.search(r"\+ torch==2\.13\.", devel_log) and "+ ninja==" in devel_log
     # ... from the shared cache mount: no wheel the runtime image installed came down again
     # (devel's own additions, nvcc's wheels and ninja, may). By what came down, not by line:
     # buildx 0.13's plain progress glues a step's first output to its (long) instruction line.

@@ -13,10 +13,12 @@ What each command costs decides how it runs:
 - matrix (listing, offline check), render and --help/--version run in-process, and must exit 0
   (render -o writes into a temporary folder);
 - build and publish run with --dry-run (the plan, with the daemon and registry asked; nothing
-  is built or pushed), verify as written: marked docker. They may fail for want of what this
-  machine lacks (exit 1 with an `error:` line: an example registry, a GPU), never with a
-  traceback or a usage error. The README's main job is built for real by conftest's
-  runtime_image, which CI runs anyway;
+  is built or pushed), verify as written: marked docker. A dry run must exit 0: publish's
+  example registry is replaced by a local one (docs_registry), so the plan really reads a
+  registry; a build dry run whose base image names a mirror this machine cannot reach, and a
+  verify of an image or registry that is not here (or of a GPU this host lacks), must fail
+  with exit 1 for that reason (EXPECTED_FAILURES), never with a traceback or a usage error.
+  The README's main job is built for real by conftest's runtime_image, which CI runs anyway;
 - lock, matrix check --online and matrix add read the package index: parsed only here (their
   own network tests run them), so CI never resolves or downloads for a documentation line.
 """
@@ -210,13 +212,96 @@ def _give_the_reader_their_key(folder: Path, argv: list[str]) -> None:
                     (folder / f"cosign{suffix}").rename(folder / f"{stem}{suffix}")
 
 
+# Why a documented docker-tier command that cannot succeed on this machine fails: an example
+# registry's host (ghcr.io/acme, registry.example.com) or a mirror's base image that this
+# machine cannot reach, an image the reader built or pulled, a GPU. Anything else must exit 0.
+EXPECTED_FAILURES = {
+    "unreachable registry": r"^error: the registry at \S+ did not answer",
+    "registry refuses": r"^error: .*(?:HTTP 40[134]|unauthorized|denied|not found|no such)",
+    "image not here": r"is not here and could not be pulled",
+    "mirror base image": r"^error: base image \S+ is not available locally and could not be pulled",
+    "no GPU": r"no NVIDIA GPU visible on this host",
+}
+
+
+def must_succeed(argv: list[str]) -> bool:
+    """Whether this documented command must exit 0 here: every dry run (build on a base image
+    that is local or the default; publish against docs_registry) and a CPU-allowed local verify."""
+    words = subcommand(argv)
+    if words[:1] == ["build"]:
+        base = argv[argv.index("--base-image") + 1] if "--base-image" in argv[:-1] else None
+        return base is None or not re.match(r"^[\w.-]+\.[\w-]+(?::\d+)?/", base)  # no registry host: local
+    if words[:1] == ["publish"]:
+        return True
+    return words == ["verify"] and "--local" in argv and "--allow-no-gpu" in argv
+
+
+def with_local_registry(argv: list[str], registry: str) -> list[str]:
+    """A publish's --registry HOST/NAMESPACE with HOST replaced by the local registry."""
+    argv = list(argv)
+    if "--registry" in argv[:-1]:
+        i = argv.index("--registry") + 1
+        argv[i] = f"{registry}/{argv[i].split('/', 1)[1] if '/' in argv[i] else 'ml'}"
+    return argv
+
+
+@pytest.fixture(scope="module")
+def docs_registry(docker_engine) -> Iterator[str]:
+    """A local registry standing in for the documentation's example registries."""
+    from conftest import throwaway_registry
+
+    with throwaway_registry() as address:
+        yield address
+
+
+def _check_outcome(doc: Documented, argv: list[str], code: int, output: str) -> None:
+    shown = f"{doc.where}: `imagebuilder {' '.join(argv)}` exited {code}:\n{output[-2000:]}"
+    assert "Traceback" not in output, shown
+    if must_succeed(argv):
+        assert code == 0, shown
+        return
+    assert code == 1, shown
+    assert re.search(r"^error: ", output, re.M), f"exit 1 without an error line: {shown}"
+    reasons = [name for name, pattern in EXPECTED_FAILURES.items() if re.search(pattern, output, re.M)]
+    assert reasons, f"failed for a reason none of EXPECTED_FAILURES names: {shown}"
+
+
+PUBLISH_DOCS = [d for d in DOCKER_DOCS if subcommand(ARGVS[d])[:1] == ["publish"]]
+BUILD_VERIFY_DOCS = [d for d in DOCKER_DOCS if d not in PUBLISH_DOCS]
+
+
+def test_the_docker_tier_has_commands_that_must_succeed():
+    """The rule is not vacuous: the pages show dry runs of build and publish that must exit 0."""
+    assert PUBLISH_DOCS and any(must_succeed(cheap(ARGVS[d])) for d in BUILD_VERIFY_DOCS)
+    assert not must_succeed(["build", "--base-image", "mirror.local/ubuntu:22.04", "--dry-run"])
+    assert must_succeed(["build", "--base-image", "imagebuilder-base:bookworm", "--dry-run"])
+    assert with_local_registry(["publish", "--registry", "ghcr.io/acme", "--dry-run"], "127.0.0.1:5") == [
+        "publish", "--registry", "127.0.0.1:5/acme", "--dry-run"]
+
+
 @pytest.mark.docker
-@pytest.mark.parametrize("doc", DOCKER_DOCS, ids=_ids(DOCKER_DOCS))
-def test_every_documented_docker_command_runs_without_a_crash(doc, tmp_path, monkeypatch, docker_engine):
+@pytest.mark.parametrize("doc", BUILD_VERIFY_DOCS, ids=_ids(BUILD_VERIFY_DOCS))
+def test_every_documented_build_and_verify_command_runs_as_expected(doc, tmp_path, monkeypatch, docker_engine):
     argv = cheap(ARGVS[doc])
     _give_the_reader_their_key(tmp_path, argv)
+    if argv[:1] == ["verify"] and "--local" in argv:
+        # The smoke tests on this host for real: conftest runs each argv once per session
+        # (test_verify's local runs ask for docs/verify.md's too).
+        from conftest import host_verify
+
+        code, stdout, stderr = host_verify(*argv[1:])
+        output = stdout + stderr
+    else:
+        code, output = run_in(tmp_path, argv, monkeypatch)
+    _check_outcome(doc, argv, code, output)
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.parametrize("doc", PUBLISH_DOCS, ids=_ids(PUBLISH_DOCS))
+def test_every_documented_publish_dry_run_succeeds_against_a_registry(doc, tmp_path, monkeypatch, docker_engine,
+                                                                     docs_registry):
+    argv = with_local_registry(cheap(ARGVS[doc]), docs_registry)
+    _give_the_reader_their_key(tmp_path, argv)
     code, output = run_in(tmp_path, argv, monkeypatch)
-    assert code in (0, 1), f"{doc.where}: `imagebuilder {' '.join(argv)}` exited {code}:\n{output[-2000:]}"
-    assert "Traceback" not in output
-    if code == 1:
-        assert re.search(r"^error: ", output, re.M), f"{doc.where}: exit 1 without an error line:\n{output[-2000:]}"
+    _check_outcome(doc, argv, code, output)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, released_after_last_use,
-                      remove_images)
+from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, family_build, imagebuilder,
+                      released_after_last_use, remove_images)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -110,6 +110,14 @@ def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, run
         # BuildKit, what auto picks on that engine, rebuilds from its cache (test_publish_buildkit).
         pytest.xfail("classic builder on the containerd store: a --ca-bundle rebuild is not served from cache "
                      "(measured on Docker 26.1: 26 of 28 steps ran again)")
+    def content(ref: str) -> tuple:
+        """What an image is, whatever the store names it by: its config's creation time and layers."""
+        attrs = docker_engine.inspect_image(ref)
+        config = attrs["Config"]
+        return (attrs["Created"], attrs["RootFS"]["Layers"], config.get("Labels"), config.get("Env"),
+                config.get("Entrypoint"), config.get("Cmd"))
+
+    first = content(runtime_image["tags"][0])
     report = build_cli(base_image, runtime_image["repository"], tmp_path / "again.json", "--variant", "runtime")
     again = report["images"][0]
     if buildkit:
@@ -117,7 +125,14 @@ def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, run
         # every stage (the CA is a secret, nothing is removed), every step served from it.
         assert again["cached_steps"] >= again["steps"] - 3, again  # the FROM lines are not "cached"
         assert again["removed"] == []
-        assert docker_engine.image_exists(again["tags"][0])
+        # The same image. Where the store names an image by its config (overlay2) that is its
+        # id; the containerd store names it by the index BuildKit exported, whose provenance
+        # attestation carries the build's own timestamps (measured: another id for every
+        # fully cached build of one Dockerfile), so there the config is compared: the same
+        # creation time (a step that ran again would set a new one) and the same layers.
+        if not stores_manifests(docker_engine.info()):
+            assert again["image_id"] == runtime_image["image_id"]
+        assert content(again["tags"][0]) == first
         return
     assert again["image_id"] == runtime_image["image_id"]
     if ca_bundle_args():
@@ -155,8 +170,9 @@ def jupyter_image(docker_engine, base_image, runtime_image, tmp_path_factory, re
     """JupyterLab on the runtime image, built once for the tests below; removed after the last."""
     tags: list[str] = []
     with released_after_last_use(request, lambda: remove_images(docker_engine, tags)):
-        report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
-                           "--variant", "jupyter")
+        with family_build(request):
+            report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
+                               "--variant", "jupyter")
         tags += [t for image in report["images"] for t in image["tags"]]
         yield report
 
@@ -208,38 +224,6 @@ def test_verify_judges_the_jupyter_server(jupyter_image):
     assert (jupyter["measurements"]["without_token"], jupyter["measurements"]["with_token"]) == (403, 200)
 
 
-
-
-def test_verify_proves_the_devel_image_compiles_a_cuda_extension(devel_image):
-    """verify runs the devel check in a devel image: nvcc of the image's CUDA at CUDA_HOME, and
-    a CUDA extension built and loaded against torch, without a GPU."""
-    done = imagebuilder("verify", devel_image["tags"][0], "--allow-no-gpu", "--json", timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
-    devel = checks["devel"]
-    assert devel["status"] == "pass", devel
-    assert devel["measurements"]["nvcc"] == devel["measurements"]["expected_cuda"] == "13.0"
-    assert devel["measurements"]["cuda_home"].endswith("/nvidia/cu13")
-    assert "jupyter" not in checks
-
-
-def test_verify_fails_a_devel_image_without_nvcc(docker_engine, devel_image, image_repo, tmp_path):
-    """A devel image without nvcc (a CUDA 12 devel on a base without NVIDIA's devel layers)
-    fails the devel check that verify, and so publish, runs."""
-    from imagebuilder.engine import BuildRequest
-    from imagebuilder.engine.classic import ClassicBuilder
-    from imagebuilder.verify import parse_output
-
-    context = tmp_path / "no-nvcc"
-    context.mkdir()
-    (context / "Dockerfile").write_text(f'FROM {devel_image["tags"][0]}\nRUN rm "$CUDA_HOME/bin/nvcc"\n')
-    ref = f"{image_repo}:no-nvcc"
-    ClassicBuilder(docker_engine).build(BuildRequest(context=context, tags=(ref,), timeout=300))
-    result = docker_engine.run(ref, ["python", "-m", "smoke_tests", "--json", "--checks", "devel", "--allow-no-gpu"],
-                               timeout=300)
-    (devel,) = parse_output(result.output, result.exit_code).checks
-    assert result.exit_code == 1 and devel.status == "fail"
-    assert "has no bin/nvcc" in devel.reason and "a devel image must compile CUDA code" in devel.reason
 
 
 def test_verify_passes_the_built_image_in_cpu_mode(runtime_image):

@@ -313,7 +313,9 @@ def _copy_matrix(tmp_path: Path) -> Path:
 def _uv() -> str:
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists() and shutil.which("uv") is None:
-        pytest.skip("uv is not installed (pip install uv==<matrix.yaml tools.uv>)")
+        from conftest import _unavailable
+
+        _unavailable("uv is not installed (pip install uv==<matrix.yaml tools.uv>)")
     return str(uv) if uv.exists() else "uv"
 
 

@@ -18,6 +18,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fuzz_examples
+
 from imagebuilder.errors import BadRequest
 from imagebuilder.matrix import MatrixError, load_matrix, parse_matrix
 from imagebuilder.resolve import enumerate_matrix
@@ -85,7 +87,7 @@ def _check(text: str) -> None:
         pass  # a valid matrix may hold images that cannot be built; they are left out, not a crash
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=fuzz_examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(MUTATION, min_size=1, max_size=2))
 def test_any_edit_of_a_matrix_loads_or_lists_its_problems(mutations: list[tuple[Path_, str, Any]]) -> None:
     data = copy.deepcopy(DATA)
@@ -94,7 +96,7 @@ def test_any_edit_of_a_matrix_loads_or_lists_its_problems(mutations: list[tuple[
     _check(yaml.dump(data, Dumper=yaml.CSafeDumper, sort_keys=False))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=fuzz_examples(300), deadline=None)
 @given(st.integers(min_value=0, max_value=len(SMALL.read_bytes())), st.binary(min_size=1, max_size=4))
 def test_any_bytes_in_a_matrix_file_load_or_list_their_problems(tmp_path_factory: Any, at: int, junk: bytes) -> None:
     original = SMALL.read_bytes()

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ca_bundle_args, imagebuilder, remove_local_tags
+from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags,
+                      require_module)
 
 from imagebuilder import publish
 from imagebuilder.build import HASH
@@ -238,7 +239,7 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.registry
 def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path, free_port: int) -> None:
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     cert, key = _self_signed(tmp_path)
     reg = LocalRegistry(tmp_path / "registry", free_port, tls=(cert, key))
     reg.start()
@@ -324,9 +325,7 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
 @pytest.fixture(scope="module")
 def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
     if not REGISTRY_BIN.exists():
-        if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"{REGISTRY_BIN} is missing: apt-get install docker-registry", pytrace=False)
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     import socket
 
     with socket.socket() as s:
@@ -343,23 +342,13 @@ def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRe
 
 
 @pytest.fixture(scope="module")
-def first_run(docker_engine: Any, base_image: str, local_registry: LocalRegistry,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def first_run(signed_publish: dict[str, Any]) -> dict[str, Any]:
     """`imagebuilder publish` of the real runtime image to an empty registry: build, smoke
-    tests (CPU mode), push of every tag. Yields its report (and how long it took); removes
-    every local image it tagged afterwards."""
-    namespace = f"imagebuilder-test/pub-{uuid.uuid4().hex[:8]}"
-    registry = f"{local_registry.address}/{namespace}"
-    report = tmp_path_factory.mktemp("publish") / "first.json"
-    started = time.monotonic()
-    done = imagebuilder(*_publish_args(base_image, registry, report))
-    seconds = time.monotonic() - started
-    try:
-        assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-        yield {"report": json.loads(report.read_text()), "registry": registry, "stdout": done.stdout,
-               "seconds": seconds}
-    finally:
-        remove_local_tags(docker_engine, local_registry.address)
+    tests (CPU mode), push of every tag. It is conftest's signed_publish (signed too, with
+    BuildKit: test_signing's tests read the same publish); its report, registry, output and how
+    long it took. Its images go after test_signing's last test."""
+    assert (TORCH, CUDA, OS) == (SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS)
+    return signed_publish
 
 
 def _head(ref: str) -> str | None:
@@ -524,8 +513,6 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
     from imagebuilder.engine.select import detect_buildkit
 
     if detect_buildkit()[0] is None:
-        from conftest import _unavailable
-
         _unavailable("no docker CLI here builds with BuildKit")
     base_image = "imagebuilder-base:bookworm"  # named in FROM only: a dry run reads no image
     registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
@@ -544,7 +531,8 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
 @pytest.mark.docker
 @pytest.mark.registry
 def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
-        docker_engine: Any, base_image: str, local_registry: LocalRegistry, first_run: dict[str, Any]) -> None:
+        docker_engine: Any, base_image: str, local_registry: LocalRegistry, first_run: dict[str, Any],
+        request: pytest.FixtureRequest) -> None:
     from smoke_tests.result import Result
 
     from imagebuilder.verify import VerifyReport
@@ -553,7 +541,10 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     # The runtime image's plan and tags in a fresh namespace, built from a small Dockerfile of
     # its own (a unique layer and the SBOM file the runner labels): what fails here is the
     # push, and rebuilding torch twice with the classic builder took 15 minutes.
-    rendered = _rendered(f"{local_registry.address}/imagebuilder-test/down-{uuid.uuid4().hex[:8]}", base_image)
+    namespace = f"imagebuilder-test/down-{uuid.uuid4().hex[:8]}"
+    # Its images go after it (first_run's registry is another one now, whose cleanup missed these).
+    request.addfinalizer(lambda: remove_local_tags(docker_engine, namespace))
+    rendered = _rendered(f"{local_registry.address}/{namespace}", base_image)
     image = replace(rendered, files={}, dockerfile=(
         f"FROM {base_image}\n"
         f"RUN mkdir -p /opt/imagebuilder && echo '{{\"down\": \"{uuid.uuid4().hex}\"}}' > {SBOM_PATH}\n"))
@@ -596,11 +587,13 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
 
 @pytest.mark.registry
 def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int) -> None:
-    crypt = pytest.importorskip("crypt", reason="the crypt module makes the bcrypt htpasswd entry")
+    # docker-registry's htpasswd accepts bcrypt entries only; the bcrypt package comes with
+    # paramiko (docker[ssh], imagebuilder's own dependency). Python 3.13 has no crypt module.
+    bcrypt = require_module("bcrypt", "it makes the registry's bcrypt htpasswd entry")
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     htpasswd = tmp_path / "htpasswd"
-    htpasswd.write_text(f"bot:{crypt.crypt('s3cret', crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+    htpasswd.write_text(f"bot:{bcrypt.hashpw(b's3cret', bcrypt.gensalt()).decode()}\n")
     reg = LocalRegistry(tmp_path / "registry", free_port, htpasswd=htpasswd)
     reg.start()
     try:
@@ -621,7 +614,7 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
     the source repository does not have is not mounted, and the upload session the registry
     opened instead is cancelled."""
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     reg = LocalRegistry(tmp_path / "registry", free_port)
     reg.start()
     try:
@@ -710,7 +703,7 @@ BOTH = ("linux/amd64", "linux/arm64")
 @pytest.fixture
 def fresh_registry(tmp_path: Path, free_port: int) -> Iterator[LocalRegistry]:
     if not REGISTRY_BIN.exists():
-        pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     reg = LocalRegistry(tmp_path / "registry", free_port)
     reg.start()
     try:

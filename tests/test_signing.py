@@ -1,8 +1,9 @@
 """signing: `publish --sign-key` and `verify --key` with the real cosign against a real local registry.
 
-One real image for the module: the runtime image tests/test_publish.py publishes (torch 2.6 for
-CUDA 12.4 on the local Debian base), published once with --sign-key and BuildKit (what the
-engine users run builds with) to a throwaway registry (its smoke tests run once, CPU mode). The
+One real image for the module: conftest's signed_publish, the runtime image tests/test_publish.py
+publishes too (the same publish: torch 2.6 for CUDA 12.4 on the local Debian base), published
+once with --sign-key and BuildKit (what the engine users run builds with) to a throwaway
+registry (its smoke tests run once, CPU mode). The
 later tests rebuild it from BuildKit's layer cache where they need another digest of the same
 inputs (a new revision label), with the first run's verdict instead of running the smoke tests
 again; every local tag, the build's cache records and the registry's storage are removed after
@@ -16,18 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ca_bundle_args, imagebuilder, released_after_last_use, remove_local_tags, throwaway_registry
+from conftest import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, cosign_key_pair, imagebuilder
 from test_publish_runner import CannedEngine, CannedRegistry, verdict
 from test_publish_runner import images as canned_images
 
@@ -39,15 +37,10 @@ from imagebuilder.render import SBOM_PATH, RenderedImage
 from imagebuilder.resources import default_matrix_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TORCH, CUDA, OS = "2.6", "12.4", "debian12"  # test_publish.py's image
+TORCH, CUDA, OS = SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS  # conftest's signed_publish
 
 
-def key_pair(directory: Path, password: str = "") -> tuple[Path, Path]:
-    """A cosign key pair (cosign.key, cosign.pub) made by cosign itself."""
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cosign", "generate-key-pair"], cwd=directory, capture_output=True, check=True, timeout=60,
-                   env={**os.environ, "COSIGN_PASSWORD": password})
-    return directory / "cosign.key", directory / "cosign.pub"
+key_pair = cosign_key_pair  # conftest's: its session keys sign signed_publish
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -188,21 +181,9 @@ def test_a_missing_key_is_a_bad_request(args: tuple[str, ...]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cosign_installed() -> None:
-    if shutil.which("cosign") is None:
-        reason = "cosign is missing: .ci/cosign-install.sh installs it"
-        if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory, cosign_installed: None) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("keys")
-    key, pub = key_pair(root / "ours")
-    _, other = key_pair(root / "other")
-    locked, locked_pub = key_pair(root / "locked", password="s3cret")
-    return {"key": key, "pub": pub, "other": other, "locked": locked, "locked_pub": locked_pub}
+def keys(signing_keys: dict[str, Path]) -> dict[str, Path]:
+    """conftest's session key pairs (ours signed conftest's signed_publish)."""
+    return signing_keys
 
 
 @pytest.fixture(scope="module")
@@ -212,30 +193,19 @@ def builder(docker_engine: Any) -> BuildKitBuilder:
     from imagebuilder.engine.select import detect_buildkit
 
     cli, tried = detect_buildkit()
-    if cli is not None:
-        return BuildKitBuilder(cli, docker_engine)
-    reason = f"no docker CLI here builds with BuildKit ({'; '.join(tried)})"
-    if os.environ.get("IMAGEBUILDER_REQUIRE_DOCKER") == "1":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    if cli is None:
+        _unavailable(f"no docker CLI here builds with BuildKit ({'; '.join(tried)})")
+    assert cli is not None  # _unavailable does not return (mypy sees conftest's names untyped)
+    return BuildKitBuilder(cli, docker_engine)
 
 
 @pytest.fixture(scope="module")
-def signed_run(docker_engine: Any, base_image: str, keys: dict[str, Path], builder: BuildKitBuilder,
-               tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """`imagebuilder publish --sign-key` of the real runtime image to an empty registry."""
-    with throwaway_registry() as address:
-        registry = f"{address}/imagebuilder-test/sign-{uuid.uuid4().hex[:8]}"
-        report = tmp_path_factory.mktemp("signed") / "publish.json"
-        with released_after_last_use(request, lambda: remove_local_tags(docker_engine, address)):
-            done = imagebuilder("publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
-                                "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--builder", "buildkit",
-                                "--registry", registry, "--report", str(report), "--sign-key", str(keys["key"]),
-                                env_extra={"COSIGN_PASSWORD": ""})
-            assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-            (image,) = json.loads(report.read_text())["images"]
-            yield {"image": image, "address": address, "registry": registry, "stdout": done.stdout,
-                   "digest": image["digest"], "pinned": signing.pinned(image["ref"], image["digest"])}
+def signed_run(signed_publish: dict[str, Any], builder: BuildKitBuilder) -> dict[str, Any]:
+    """`imagebuilder publish --sign-key` of the real runtime image to an empty registry: conftest's
+    signed_publish, which test_publish's first run is too (their modules run back to back; this
+    module's last test moves the published tags, after test_publish's reruns)."""
+    assert (TORCH, CUDA, OS) == (SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS)
+    return {**signed_publish, "pinned": signing.pinned(signed_publish["image"]["ref"], signed_publish["digest"])}
 
 
 def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -45,7 +45,9 @@ CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 
 @pytest.fixture(scope="module")
 def torch() -> Any:
-    return pytest.importorskip("torch")
+    from conftest import require_module
+
+    return require_module("torch", "the smoke tests run on this host's torch (.ci/setup installs the CPU build)")
 
 
 def correct_manifest() -> Dict[str, Any]:
@@ -482,7 +484,9 @@ def compile_library(tmp_path: Path, name: str, source: str, **macros: object) ->
     """A stand-in for an NVIDIA library, so that the real ctypes calls run without a driver."""
     cc = find_cxx({"PATH": os.environ["PATH"]})
     if isinstance(cc, CompilerProblem):
-        pytest.skip(cc.reason)
+        from conftest import _unavailable
+
+        _unavailable(cc.reason)
     c_file = tmp_path / f"{name}.c"
     c_file.write_text(source)
     library = tmp_path / name

@@ -4,8 +4,6 @@ those releases install both (issue 20 item 5); older releases render as before."
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import pytest
 from packaging.version import Version
@@ -16,8 +14,7 @@ from imagebuilder.render import render
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
-from conftest import (DEFAULT_BASE_IMAGE, TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder,
-                       remove_local_tags)
+from conftest import DEVEL_CUDA, DEVEL_TORCH
 
 M = load_matrix(default_matrix_path())
 FFMPEG = {"debian12": "libavcodec59", "debian13": "libavcodec61", "ubuntu22.04": "libavcodec58",
@@ -106,26 +103,15 @@ print(json.dumps({"shape": list(loaded.shape), "rate": loaded_rate,
 CODEC_TORCH, CODEC_CUDA = "2.13", "13.0"
 
 
-@pytest.fixture(scope="module")
-def codec_image(docker_engine) -> Iterator[str]:
-    """No session image is of a release whose torchaudio needs torchcodec (2.6 runtime, 2.12
-    devel): one 2.13 runtime image on the local Debian base, removed after."""
-    repository = f"{TEST_REPOSITORY_PREFIX}/codec-{uuid.uuid4().hex[:8]}"
-    try:
-        done = imagebuilder("build", "--torch", CODEC_TORCH, "--cuda", CODEC_CUDA, "--variant", "runtime", "--builder", "auto",
-                            "--base-image", DEFAULT_BASE_IMAGE, "--repository", repository, *ca_bundle_args())
-        assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
-        yield repository
-    finally:
-        remove_local_tags(docker_engine, repository)
-
-
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_built_image_saves_and_loads_a_wav_and_decodes_a_jpeg(docker_engine, codec_image):
-    import docker
-
-    ref = next(tag for image in docker.from_env().images.list() for tag in image.tags if codec_image in tag)
+def test_a_built_image_saves_and_loads_a_wav_and_decodes_a_jpeg(docker_engine, devel_image):
+    """On the session's devel image (torch 2.13: its torchaudio needs torchcodec and the OS's
+    FFmpeg; devel installs what runtime does): no image of its own."""
+    assert (DEVEL_TORCH, DEVEL_CUDA) == (CODEC_TORCH, CODEC_CUDA)
+    spec = resolve(M, Request(CODEC_TORCH, CODEC_CUDA, os="debian12", variant="devel"))
+    assert any(r.startswith("torchcodec==") for r in requirements(spec, M))
+    ref = devel_image["tags"][0]
     result = docker_engine.run(ref, ["python", "-c", MEDIA], timeout=300)
     assert not result.timed_out and result.exit_code == 0, result.output[-3000:]
     out = json.loads(result.output.strip().splitlines()[-1])

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from conftest import require_module
+
+require_module("torch", "the checks import torch (.ci/setup installs the CPU build)")
 
 from smoke_tests.checks import CHECK_NAMES, checks_for  # noqa: E402
 from smoke_tests.checks import devel, jupyter  # noqa: E402

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import remove_block
+from conftest import _unavailable, remove_block
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"
@@ -125,7 +125,7 @@ def _run_step(script: str, env: dict[str, str], tmp_path: Path) -> subprocess.Co
 def _run_plan(workflow: dict[str, Any], tmp: Path, torch: str) -> dict[str, str]:
     """The plan job's matrix step, run with this checkout's imagebuilder and jq; its outputs."""
     if shutil.which("jq") is None:
-        pytest.skip("jq is not installed (GitHub's runners have it)")
+        _unavailable("jq is not installed (GitHub's runners have it; .ci/setup installs it)")
     (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
     output = tmp / "github_output"
     done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": torch,
@@ -323,7 +323,7 @@ def test_locks_workflow_check_step_finds_drift_and_the_refresh_step_fixes_it(
     """The check and refresh steps, run for real against the index (uv), on a copy of the
     matrix and its locks, restricted to the image CI builds."""
     if not (Path(sys.executable).parent / "uv").exists() and shutil.which("uv") is None:
-        pytest.skip("uv is not installed")
+        _unavailable("uv is not installed (.ci/setup installs it)")
     from imagebuilder.lock import parse_lock
     from packaging.version import Version
 

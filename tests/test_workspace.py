@@ -1,9 +1,10 @@
 """Images people work in: Jupyter over devel, /workspace, SSH with keys, the entrypoint
 (signals, exit codes, any uid, the /dev/shm warning).
 
-The real-engine tests share two images per session: conftest's devel image (torch 2.12,
-CUDA 13.0 on the Debian base, also used by test_e2e) and a devel-jupyter image built FROM
-it. Containers are started with the docker CLI, as a user starts them, each under a timeout
+The real-engine tests share two images per session: conftest's devel image (torch 2.13,
+CUDA 13.0 on the Debian base; its only users are here, so that its family, conftest's
+IMAGE_FAMILIES, runs back to back) and a devel-jupyter image built FROM it. verify's devel
+check runs here too. Containers are started with the docker CLI, as a user starts them, each under a timeout
 and removed afterwards.
 """
 
@@ -311,3 +312,42 @@ def test_an_arbitrary_uid_compiles_with_torch(devel_image):
                   timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-4:] == ["compiled", "12345", "uid12345", "/tmp/home-12345"]
+
+
+# --- verify on the devel image (moved from test_e2e: the devel image's users run together) ---
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_verify_proves_the_devel_image_compiles_a_cuda_extension(devel_image):
+    """verify runs the devel check in a devel image: nvcc of the image's CUDA at CUDA_HOME, and
+    a CUDA extension built and loaded against torch, without a GPU."""
+    done = imagebuilder("verify", devel_image["tags"][0], "--allow-no-gpu", "--json", timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    devel = checks["devel"]
+    assert devel["status"] == "pass", devel
+    assert devel["measurements"]["nvcc"] == devel["measurements"]["expected_cuda"] == "13.0"
+    assert devel["measurements"]["cuda_home"].endswith("/nvidia/cu13")
+    assert "jupyter" not in checks
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_verify_fails_a_devel_image_without_nvcc(docker_engine, devel_image, image_repo, tmp_path):
+    """A devel image without nvcc (a CUDA 12 devel on a base without NVIDIA's devel layers)
+    fails the devel check that verify, and so publish, runs."""
+    from imagebuilder.engine import BuildRequest
+    from imagebuilder.engine.classic import ClassicBuilder
+    from imagebuilder.verify import parse_output
+
+    context = tmp_path / "no-nvcc"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f'FROM {devel_image["tags"][0]}\nRUN rm "$CUDA_HOME/bin/nvcc"\n')
+    ref = f"{image_repo}:no-nvcc"
+    ClassicBuilder(docker_engine).build(BuildRequest(context=context, tags=(ref,), timeout=300))
+    result = docker_engine.run(ref, ["python", "-m", "smoke_tests", "--json", "--checks", "devel", "--allow-no-gpu"],
+                               timeout=300)
+    (devel,) = parse_output(result.output, result.exit_code).checks
+    assert result.exit_code == 1 and devel.status == "fail"
+    assert "has no bin/nvcc" in devel.reason and "a devel image must compile CUDA code" in devel.reason

@@ -1,0 +1,92 @@
+"""Rules over the test suite itself (read from its source, no Docker): what CI's minutes go to,
+and that no proof can pass without having run."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+# A skip that is a condition of the host, not a tool CI installs: (file, the skip's text).
+HOST_CONDITIONS = {
+    ("test_bad_inputs.py", 'pytest.skip(f"needs a {python} without torch")'),  # a host whose system Python has torch
+    ("test_variant_checks.py", 'pytest.skip("this torch is a CUDA build")'),  # a GPU host's torch
+}
+
+
+def test_every_missing_tool_goes_through_the_one_helper():
+    """A test that lacks what it needs calls conftest's _unavailable (or require_module), which
+    fails under IMAGEBUILDER_REQUIRE_DOCKER=1: CI, which installs every such tool, cannot pass by
+    skipping. A bare pytest.skip or importorskip would skip there too."""
+    found = []
+    for path in sorted(TESTS.glob("*.py")):
+        if path.name in ("conftest.py", Path(__file__).name):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"pytest\.(skip|importorskip)\(", line) and (path.name, line.strip()) not in HOST_CONDITIONS:
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert not found, "use conftest._unavailable / require_module:\n" + "\n".join(found)
+
+
+# --- every real torch build is a listed decision -----------------------------------------
+
+# Calls that build (or publish) a real torch image whatever their arguments say.
+BUILD_HELPERS = {"build_cli", "build_floor", "_build", "_publish"}
+NOT_BUILDING = {"--dry-run", "--merge-only", "--help"}
+
+
+def _strings(node: ast.AST, assigned: Mapping[str, ast.AST]) -> set[str]:
+    """The string constants in an argument list, a `*name` resolved where the same function
+    assigns `name` a literal list or tuple."""
+    found: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            found.add(sub.value)
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "_publish_args":
+            found.add("publish")  # test_publish's argument list of a publish
+        elif isinstance(sub, ast.Starred) and isinstance(sub.value, ast.Name) and sub.value.id in assigned:
+            found |= _strings(assigned[sub.value.id], {})
+    return found
+
+
+def real_builds() -> set[tuple[str, str]]:
+    """(file, function) of every function in tests/ that runs `imagebuilder build|publish` for
+    real (not a dry run, not a merge of what is in a registry) or calls a build helper."""
+    found = set()
+    for path in sorted(TESTS.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            assigned = {target.id: node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
+                        for target in node.targets if isinstance(target, ast.Name)
+                        and isinstance(node.value, (ast.List, ast.Tuple))}
+            for call in ast.walk(function):
+                if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+                    continue
+                name = call.func.id
+                if name in BUILD_HELPERS and name != function.name:
+                    found.add((path.name, function.name))
+                elif name == "imagebuilder":
+                    words = _strings(ast.Tuple(elts=list(call.args), ctx=ast.Load()), assigned)
+                    if {"build", "publish"} & words and not NOT_BUILDING & words:
+                        found.add((path.name, function.name))
+    return found
+
+
+def test_every_real_torch_build_is_a_listed_decision():
+    """A real torch image costs minutes of CI's 40 (docs/development.md): a new one is added to
+    conftest's OTHER_REAL_BUILDS (or reuses a family of IMAGE_FAMILIES) on purpose, never by
+    accident; a listed one that is gone is taken off the list."""
+    from conftest import OTHER_REAL_BUILDS
+
+    found = real_builds()
+    assert found, "the scan finds no build at all: it no longer reads the tests"
+    new = sorted(found - set(OTHER_REAL_BUILDS))
+    assert not new, ("real torch builds outside conftest's OTHER_REAL_BUILDS and IMAGE_FAMILIES (reuse a family's "
+                     f"image, or list it with what it costs): {new}")
+    gone = sorted(set(OTHER_REAL_BUILDS) - found)
+    assert not gone, f"listed in OTHER_REAL_BUILDS but no longer building: {gone}"
