@@ -255,16 +255,17 @@ def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unla
         request.context.mkdir()
         (request.context / "Dockerfile").write_text(f"FROM {unlabelled}\n{label}")
     # Its steps are the cached ones just shown: only its export (new blobs, the unpack) is news.
-    labelled = builder.build(request, None if on_progress is None else _activities_only(on_progress))
+    labelled = builder.build(request, None if on_progress is None else _activities_only(on_progress, result.seconds))
     export = (result.export_seconds or 0.0) + (labelled.export_seconds or 0.0)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags,
                    seconds=result.seconds + labelled.seconds, export_seconds=export or result.export_seconds)
 
 
-def _activities_only(on_progress: OnProgress) -> OnProgress:
+def _activities_only(on_progress: OnProgress, offset: float) -> OnProgress:
+    """The events of the export, on the first build's clock (`offset`: its seconds)."""
     def forward(p: Progress) -> None:
         if p.activity is not None:
-            on_progress(p)
+            on_progress(replace(p, elapsed=p.elapsed + offset))
     return forward
 
 

@@ -177,6 +177,7 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     # Builds that fail before torch is installed (seconds).
     ("test_e2e.py", "test_build_failure_names_the_step_and_leaves_no_tag"): "fails at the install step (no index)",
     ("test_e2e.py", "test_missing_base_image_suggests_base_image"): "fails before building (no base)",
+    ("test_e2e.py", "test_strict_refuses_the_cuda_121_fallback_before_anything_is_built"): "refused before building",
     ("test_python_install.py", "test_a_refusing_python_mirror_fails_the_build_with_one_line_naming_it"):
         "fails at the interpreter download",
     ("test_bad_inputs.py", "test_an_image_that_exists_nowhere_is_a_bad_request"): "fails before building (no base)",
@@ -354,7 +355,9 @@ def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> di
                         "--base-image", base_image, "--repository", repository, *ca_bundle_args(),
                         "--report", str(report), *extra)
     assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
-    return json.loads(report.read_text())
+    doc: dict = json.loads(report.read_text())
+    doc["stderr"] = done.stderr  # what the user saw: the notices, the progress
+    return doc
 
 
 @pytest.fixture(scope="session")
@@ -370,6 +373,7 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
                                "--variant", "runtime")
         entry = report["images"][0]
         entry["repository"] = repository
+        entry["stderr"] = report["stderr"]
         yield entry
 
 

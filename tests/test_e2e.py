@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -80,6 +81,39 @@ def test_runtime_image_has_what_its_labels_say(docker_engine, runtime_image):
     # Every tag of the scheme points at the image.
     ids = {docker_engine.image_labels(t) == labels for t in runtime_image["tags"]}
     assert ids == {True} and len(runtime_image["tags"]) >= 2
+
+
+def test_the_main_job_says_what_it_assumed_and_is_never_silent(runtime_image):
+    """The README's main job on the shipped matrix: the cu124-on-12.1 notice on the real build's
+    output, and progress all the way (no gap over 15 s between its timed lines: the export and
+    the unpack say what they do, as the steps do)."""
+    err = runtime_image["stderr"]
+    assert ("note: torch 2.6.0 has no CUDA 12.1 wheels; using cu124 wheels on the CUDA 12.1.1 image, which run "
+            "there through CUDA minor-version compatibility") in err
+    at = [float(m[1]) for m in re.finditer(r"^\[runtime\] .* at (\d+\.\d+)s$", err, re.M)]
+    assert len(at) > 5 and at == sorted(at)
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert max(gaps) <= 15.0, f"a silence of {max(gaps):.1f}s:\n{err[-3000:]}"
+    from imagebuilder.engine.select import decide
+
+    if decide("auto").kind == "buildkit":
+        assert re.search(r"^\[runtime\] exporting layers \(zstd\)", err, re.M)  # zstd by default
+        assert runtime_image["export_seconds"] > 0
+        assert re.search(r"the export \(compress, unpack\) \d+\.\ds", err)
+
+
+def test_strict_refuses_the_cuda_121_fallback_before_anything_is_built(docker_engine, base_image):
+    repository = f"{TEST_REPOSITORY_PREFIX}/strict-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.1", "--strict", "--base-image", base_image,
+                        "--repository", repository, "--builder", "auto", *ca_bundle_args())
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: torch 2.6.0 is published for CUDA ")
+    assert "--strict" in done.stderr and "building" not in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 30
+    listed = subprocess.run(["docker", "images", "-q", "--filter", f"reference={repository}*"], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0 and listed.stdout.strip() == ""
 
 
 def test_smoke_tests_travel_with_the_image(docker_engine, runtime_image):
