@@ -260,12 +260,20 @@ def test_verify_judges_the_jupyter_server(jupyter_image):
 
 
 
-def test_verify_passes_the_built_image_in_cpu_mode(runtime_image):
-    done = imagebuilder("verify", runtime_image["tags"][0], "--allow-no-gpu", "--json", timeout=1200)
+def test_verify_over_ssh_passes_the_built_image_in_cpu_mode(docker_engine, runtime_image, ssh_docker_host):
+    """docs/verify.md's remote example for real: `DOCKER_HOST=ssh://gpu-box imagebuilder verify TAG`,
+    this machine's daemon behind the tests' own sshd, the real torch image's smoke tests run."""
+    logins = ssh_docker_host.logins()
+    done = imagebuilder("verify", runtime_image["tags"][0], "--allow-no-gpu", "--json", timeout=1200,
+                        env_extra=ssh_docker_host.env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     doc = json.loads(done.stdout)
     status = {c["name"]: c["status"] for c in doc["checks"]}
     assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "compile": "pass", "cuda_graph": "skip"}
+    assert ssh_docker_host.logins() > logins  # through our sshd, not the local socket
+    leftover = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={runtime_image['tags'][0]}"],
+                              capture_output=True, text=True, timeout=60)
+    assert leftover.returncode == 0 and leftover.stdout.strip() == ""
 
 
 def test_verify_fails_a_plain_pip_install_image_for_want_of_a_compiler(docker_engine, base_image):
