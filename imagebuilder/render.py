@@ -19,6 +19,7 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .errors import BadRequest
+from .layers import wheel_groups
 from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
@@ -250,8 +251,8 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     ]
 
 
-TORCH_LOCK_PATH = "/opt/imagebuilder/torch.lock"  # the torch layer's lock (the runtime image's), in the context
-TORCH_LOCK_MOUNT = "/run/imagebuilder/torch.lock"  # where the torch layer's RUN sees it: a bind mount, in no layer
+LAYERS_DIR = "imagebuilder/layers"  # the wheel groups' locks, in the context; bind-mounted, in no layer
+LAYERS_MOUNT = "/run/imagebuilder/layers"
 ADDED_LOCK_PATH = "/opt/imagebuilder/added.lock"  # what a devel image adds on top of it
 # The time every file of the torch layer carries (1980-01-01, the earliest a zip entry can
 # hold): with it the layer's bytes depend on the lock alone, not on when it was built.
@@ -288,20 +289,42 @@ def shared_venv(spec: BuildSpec, matrix: Matrix, options: RenderOptions, lock: L
     return SharedVenv(runtime_lock, replace(lock, name=f"{lock.name}-added", pins=added))
 
 
-def _torch_layer_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: SharedVenv,
-                          extras: tuple[str, ...]) -> list[str]:
-    """The torch layer's RUN: the runtime lock's install, then every file's time fixed."""
-    runtime = replace(spec, variant="runtime", toolchain="none")
-    commands = _install_commands(runtime, matrix, options, True, venv.lock, extras, TORCH_LOCK_MOUNT)
+@dataclass(frozen=True)
+class TorchLayer:
+    """One wheel group's RUN: its mounts (the install's, its lock, a tmpfs /tmp) and commands."""
+
+    name: str
+    mounts: str
+    commands: tuple[str, ...]
+
+
+def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: SharedVenv,
+                  install_mounts: str) -> list[TorchLayer]:
+    """The runtime lock as its wheel groups' layers (layers.py), one RUN each. Each touches only
+    the venv (the lock is bind-mounted, /tmp a tmpfs) and gives what it wrote a fixed time, so a
+    layer's bytes depend on its pins, the OS's Python and nothing else. uv is fetched once per
+    host into its cache mount (a RUN finds it there, or bootstraps it), not once per layer."""
+    uv = f"{UV_CACHE}/bin/uv-{matrix.tools.uv}"
+    bootstrap = (f"{{ [ -x {uv} ] || {{ python3 -m venv {UV} && {UV}/bin/pip install --no-cache-dir "
+                 f"uv=={matrix.tools.uv} && install -D {UV}/bin/uv {uv}.$$ && mv -f {uv}.$$ {uv}; }}; }}")
+    python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     trees = VENV + ("" if spec.python_from_os else " /opt/python")
-    return [*commands, f"find {trees} -exec touch -h -d @{LAYER_EPOCH} {{}} +"]
-
-
-def _torch_mounts(install_mounts: str) -> str:
-    """The install's mounts plus the lock (bind-mounted from the context) and a tmpfs /tmp:
-    the RUN then changes nothing outside the venv."""
-    return (install_mounts + f"--mount=type=bind,source={TORCH_LOCK_PATH.replace('/opt/', '', 1)},"
-            f"target={TORCH_LOCK_MOUNT} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
+    index = index_args(spec, options.index_url, options.extra_index_urls)
+    layers = []
+    for n, group in enumerate(wheel_groups(venv.lock)):
+        commands = [_uv_env(options, True), "touch /tmp/.layer-start", bootstrap]
+        if n == 0:
+            if not spec.python_from_os:
+                mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
+                commands.append(f"{mirror}{uv} python install {spec.python}")
+            commands.append(f"{uv} venv --allow-existing --python {python} {VENV}")
+        commands.append(f"{uv} pip install --python {VENV}/bin/python" + "".join(
+            f" \\\n        {a}" for a in [*index, "--require-hashes --no-deps", f"-r {LAYERS_MOUNT}/{group.filename}"]))
+        commands.append(f"find {trees} -cnewer /tmp/.layer-start -exec touch -h -d @{LAYER_EPOCH} {{}} +")
+        mounts = (install_mounts + f"--mount=type=bind,source={LAYERS_DIR}/{group.filename},"
+                  f"target={LAYERS_MOUNT}/{group.filename} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
+        layers.append(TorchLayer(group.name, mounts, tuple(commands)))
+    return layers
 
 
 def _added_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> list[str]:
@@ -490,7 +513,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     two_stage = options.ca_bundle is not None and not options.buildkit
     venv = shared_venv(spec, matrix, options, lock, extras)
     if venv is not None:
-        files[TORCH_LOCK_PATH.replace("/opt/", "", 1)] = venv.lock.text().encode()
+        files.update({f"{LAYERS_DIR}/{group.filename}": group.lock.text().encode()
+                      for group in wheel_groups(venv.lock)})
         if venv.added is not None:
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
     apt_mounts, install_mounts = _mounts(options)
@@ -511,11 +535,9 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "two_stage": two_stage,
             "nvcc_check": nvcc_check(spec),
             "shared_venv": venv is not None,
-            "torch_lock_path": TORCH_LOCK_PATH,
             "added_lock_path": ADDED_LOCK_PATH,
             "added": venv is not None and venv.added is not None,
-            "venv_commands": [] if venv is None else _torch_layer_commands(spec, matrix, options, venv, extras),
-            "torch_mounts": _torch_mounts(install_mounts),
+            "torch_layers": [] if venv is None else _torch_layers(spec, matrix, options, venv, install_mounts),
             "layer_epoch": LAYER_EPOCH,
             "added_commands": _added_commands(spec, matrix, options) if venv and venv.added else [],
             "ca_path": CA_PATH,

@@ -170,9 +170,9 @@ def test_every_dockerfile_of_the_real_matrix_passes_hadolint(tmp_path):
 # --- one torch layer per lock ------------------------------------------------------------
 
 
-def _torch_layer(dockerfile: str) -> str:
-    """The torch layer's RUN: every line from the image's USER 1000 to the USER 0 after it."""
-    marker = "# The torch layer:"
+def _torch_layers(dockerfile: str) -> str:
+    """The torch layers' RUNs: every line from the first group's comment to the USER 0 after them."""
+    marker = "# The torch layers:"
     assert marker in dockerfile, dockerfile[:2000]
     return dockerfile.split(marker, 1)[1].split("\nUSER 0\n", 1)[0]
 
@@ -186,22 +186,34 @@ def _buildkit_render(torch: str, cuda: str, variant: str, os: str = "debian12"):
     return render(spec, matrix, RenderOptions(buildkit=True, locks=locks))
 
 
-def test_runtime_and_devel_of_one_lock_install_the_same_torch_layer_once():
+def test_runtime_and_devel_of_one_lock_install_the_same_torch_layers_once():
     runtime = _buildkit_render("2.12", "13.0", "runtime")
     devel = _buildkit_render("2.12", "13.0", "devel")
-    # The same RUN over the same lock, touching only the venv, every time fixed: the same layer
-    # bytes above whatever is below it (tests/test_buildkit.py proves it on the engine).
-    assert _torch_layer(runtime.dockerfile) == _torch_layer(devel.dockerfile)
-    layer = _torch_layer(runtime.dockerfile)
-    assert "--mount=type=bind,source=imagebuilder/torch.lock,target=/run/imagebuilder/torch.lock" in layer
-    assert "--mount=type=tmpfs,target=/tmp" in layer
-    assert layer.rstrip().endswith("find /opt/venv -exec touch -h -d @315532800 {} +")
-    # Written once, where it stays: no second stage, no copy of the venv.
+    # The same RUNs over the same group locks, touching only the venv, every time fixed: the same
+    # layer bytes above whatever is below them (tests/test_buildkit.py proves it on the engine).
+    assert _torch_layers(runtime.dockerfile) == _torch_layers(devel.dockerfile)
+    layers = _torch_layers(runtime.dockerfile)
+    groups = ["cuda-libraries", "cublas", "cudnn", "cusparselt", "nccl", "triton", "torch", "rest"]
+    assert [line[2:] for line in layers.splitlines() if line.startswith("# ") and " " not in line[2:]] == groups
+    assert layers.count("\nRUN ") == len(groups)
+    for group in groups:
+        assert (f"--mount=type=bind,source=imagebuilder/layers/{group}.lock,"
+                f"target=/run/imagebuilder/layers/{group}.lock") in layers
+        assert runtime.files[f"imagebuilder/layers/{group}.lock"] == devel.files[f"imagebuilder/layers/{group}.lock"]
+    assert layers.count("--mount=type=tmpfs,target=/tmp") == len(groups)
+    assert layers.count("find /opt/venv -cnewer /tmp/.layer-start -exec touch -h -d @315532800 {} +") == len(groups)
+    assert layers.count(" venv --allow-existing ") == 1  # the first group's RUN makes the venv
+    # Together the groups are the runtime lock, each pin once.
+    pinned = [line.split()[0] for group in groups
+              for line in runtime.files[f"imagebuilder/layers/{group}.lock"].decode().splitlines()
+              if "==" in line and not line.startswith("#")]
+    locked = [line.split()[0] for line in runtime.files["imagebuilder/requirements.lock"].decode().splitlines()
+              if "==" in line and not line.startswith("#")]
+    assert sorted(pinned) == sorted(locked)
+    # Written once, where they stay: no second stage, no copy of the venv.
     for image in (runtime, devel):
         assert image.dockerfile.count("\nFROM ") == 1 and "--from=" not in image.dockerfile
-        assert " && touch -d @315532800 /opt\n" in image.dockerfile  # the layer's /opt entry
-    assert runtime.files["imagebuilder/torch.lock"] == devel.files["imagebuilder/torch.lock"]
-    assert runtime.files["imagebuilder/torch.lock"] == runtime.files["imagebuilder/requirements.lock"]
+        assert " && touch -d @315532800 /opt\n" in image.dockerfile  # the layers' /opt entry
     # devel adds what its lock has beyond the runtime's (ninja, the nvcc wheels), on top.
     added = [line for line in devel.files["imagebuilder/added.lock"].decode().splitlines() if "==" in line
              and not line.startswith("#")]
@@ -210,11 +222,11 @@ def test_runtime_and_devel_of_one_lock_install_the_same_torch_layer_once():
     assert "-r /opt/imagebuilder/added.lock" in devel.dockerfile and "added.lock" not in runtime.dockerfile
 
 
-def test_images_of_other_cuda_versions_with_the_same_wheels_share_the_torch_layer():
+def test_images_of_other_cuda_versions_with_the_same_wheels_share_the_torch_layers():
     on_121, on_124 = (_buildkit_render("2.6", cuda, "runtime", "ubuntu22.04") for cuda in ("12.1", "12.4"))
     assert on_121.spec.wheel.name == on_124.spec.wheel.name == "cu124"
     assert on_121.spec.base_image != on_124.spec.base_image  # nvidia/cuda 12.1.1 and 12.4.1
-    assert _torch_layer(on_121.dockerfile) == _torch_layer(on_124.dockerfile)
+    assert _torch_layers(on_121.dockerfile) == _torch_layers(on_124.dockerfile)
 
 
 def test_the_classic_builder_and_jupyter_keep_their_own_install():
@@ -224,6 +236,6 @@ def test_the_classic_builder_and_jupyter_keep_their_own_install():
     locks = load_locks(default_matrix_path().parent / "locks")
     spec = resolve(matrix, Request("2.12", "13.0", variant="runtime", os="debian12"))
     classic = render(spec, matrix, RenderOptions(locks=locks))
-    assert "# The torch layer:" not in classic.dockerfile and "touch -h -d" not in classic.dockerfile
+    assert "# The torch layers:" not in classic.dockerfile and "touch -h -d" not in classic.dockerfile
     jupyter = _buildkit_render("2.12", "13.0", "jupyter")
-    assert "# The torch layer:" not in jupyter.dockerfile
+    assert "# The torch layers:" not in jupyter.dockerfile
