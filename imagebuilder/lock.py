@@ -159,16 +159,18 @@ def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) ->
     return reqs + list(extras)
 
 
-def index_args(spec: BuildSpec, index_url: str | None, extra_index_urls: Sequence[str]) -> list[str]:
+def index_args(spec: BuildSpec, index_url: str | None, extra_index_urls: Sequence[str]) -> list[tuple[str, str]]:
     """The PyPI build of a release comes from the default index (the user's own, or a
-    mirror set by --index-url); other CUDA builds come from PyTorch's wheel index."""
+    mirror set by --index-url); other CUDA builds come from PyTorch's wheel index. (option,
+    value) pairs: the lock passes them to uv as they are, render quotes them into a RUN line
+    without their credentials."""
     index = index_url
     if index is None and spec.wheel.name != spec.torch.pypi_variant:
         index = spec.wheel.index
-    args = [f"--index-url {index}"] if index else []
-    args += [f"--extra-index-url {url}" for url in extra_index_urls]
+    args = [("--index-url", index)] if index else []
+    args += [("--extra-index-url", url) for url in extra_index_urls]
     if len(args) > 1:
-        args.append("--index-strategy unsafe-best-match")
+        args.append(("--index-strategy", "unsafe-best-match"))
     return args
 
 
@@ -418,8 +420,8 @@ class UvCompile:
         cmd = [self.uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
                "--no-annotate", "--no-build", "--no-python-downloads", "--python-version", str(spec.python),
                "--python-platform", PLATFORMS[request.platform]]
-        for arg in index_args(spec, request.index_url, request.extra_index_urls):
-            cmd += arg.split(" ", 1)
+        for option, value in index_args(spec, request.index_url, request.extra_index_urls):
+            cmd += [option, value]
         if constraints is not None:
             with self._guard:
                 self._count += 1

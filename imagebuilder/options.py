@@ -15,6 +15,7 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
+from .index_url import parse_index_url
 from .matrix import VARIANTS
 from .pipeline import ALL, Rendering, Selection
 
@@ -99,15 +100,24 @@ def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value.rstrip("/") if value else None
 
 
-index_url = click.option("--index-url", metavar="URL",
-                         help="Package index for the wheels, replacing the default one (a mirror).")
+def _index_url(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None) -> Any:
+    """An http(s):// or file:// URL, checked before any work (issue 29): uv fails on anything else
+    minutes into a build."""
+    for url in (value,) if isinstance(value, str) else value or ():
+        parse_index_url(url, param.opts[0])
+    return value
+
+
+index_url = click.option("--index-url", metavar="URL", callback=_index_url,
+                         help="Package index for the wheels, replacing the default one (a mirror). "
+                              "A user and password in it reach a BuildKit build as a secret, never a layer.")
 
 
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
         index_url,
-        click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
+        click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL", callback=_index_url,
                      help="Additional package index; repeatable."),
     )(f)
 

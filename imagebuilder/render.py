@@ -19,6 +19,7 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .errors import BadRequest
+from .index_url import netrc, parse_index_url
 from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
@@ -42,6 +43,11 @@ DEFAULT_SOURCE = "imagebuilder"
 
 class RenderError(BadRequest):
     """The render request cannot be carried out (an unreadable --ca-bundle, say)."""
+
+
+class CredentialsNeedBuildKit(BadRequest):
+    template = ("the index URL carries a user or password, which the classic builder would write into the "
+                "image's history; use --builder buildkit (they reach the build as a secret) or an index without them")
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,8 @@ SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 # image that needs torch's wheels downloads none. The ids are the same for every image.
 CA_SECRET_ID = "ca"
 CA_SECRET_PATH = f"/run/secrets/{CA_SECRET_ID}"
+NETRC_SECRET_ID = "index-netrc"  # the index URLs' credentials: uv reads the file NETRC names
+NETRC_SECRET_PATH = f"/run/secrets/{NETRC_SECRET_ID}"
 CACHE_DIR = "/var/cache/imagebuilder"
 APT_CACHE = f"{CACHE_DIR}/apt"
 UV_CACHE = f"{CACHE_DIR}/uv"
@@ -170,7 +178,8 @@ def _uv_env(options: RenderOptions, single_stage: bool) -> str:
     else:
         env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
     cert = _cert_file(options, single_stage)
-    return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "")
+    netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options) else ""
+    return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
 
 
 def _mounts(options: RenderOptions) -> tuple[str, str, str]:
@@ -186,6 +195,9 @@ def _mounts(options: RenderOptions) -> tuple[str, str, str]:
     if options.ca_bundle is not None:
         install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
                        f"uid={USER_ID},required=true")
+    if index_netrc(options):
+        install.append(f"--mount=type=secret,id={NETRC_SECRET_ID},target={NETRC_SECRET_PATH},"
+                       f"uid={USER_ID},required=true")
     return apt, venv_apt, "".join(f"{m} \\\n    " for m in install)
 
 
@@ -195,6 +207,18 @@ def _apt_options(options: RenderOptions) -> str:
     if not options.buildkit:
         return ""
     return f" -o Dir::Cache::Archives={APT_CACHE} -o APT::Keep-Downloaded-Packages=true"
+
+
+def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
+    """The index options of a RUN line: each URL without its user and password (those reach
+    the build as the netrc secret) and quoted for the shell."""
+    return [f"{option} {shlex.quote(parse_index_url(value).public if option.endswith('-url') else value)}"
+            for option, value in index_args(spec, options.index_url, options.extra_index_urls)]
+
+
+def index_netrc(options: RenderOptions) -> bytes:
+    """The netrc secret of the index URLs' credentials; empty when they carry none."""
+    return netrc(parse_index_url(url) for url in (options.index_url, *options.extra_index_urls) if url)
 
 
 def _pip_install(args: list[str]) -> str:
@@ -210,7 +234,7 @@ SBOM_PATH = "/opt/imagebuilder/sbom.cdx.json"
 def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix, options: RenderOptions,
                   extras: tuple[str, ...]) -> str:
     """Exactly the lock when there is one (no resolution in the build); else resolve now."""
-    index = index_args(spec, options.index_url, options.extra_index_urls)
+    index = _index_args(spec, options)
     if lock is not None:
         return _pip_install(index + ["--require-hashes --no-deps", f"-r {path}"])
     return _pip_install(index + requirements(spec, matrix, extras))
@@ -249,7 +273,7 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     return bootstrap + [
         f"{UV}/bin/uv pip freeze --python {VENV}/bin/python > /tmp/constraints.txt",
         _pip_install(["--constraint /tmp/constraints.txt"]
-                     + index_args(spec, options.index_url, options.extra_index_urls) + requirements(spec, matrix)),
+                     + _index_args(spec, options) + requirements(spec, matrix)),
         f"rm -rf {UV} /tmp/constraints.txt",
     ]
 
@@ -296,7 +320,7 @@ def _added_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> 
     """devel on the shared venv: its lock's additions (ninja, the nvcc wheels) on top."""
     commands = [_uv_env(options, True),
                 f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
-                _pip_install(index_args(spec, options.index_url, options.extra_index_urls)
+                _pip_install(_index_args(spec, options)
                              + ["--require-hashes --no-deps", f"-r {ADDED_LOCK_PATH}"])]
     if spec.toolchain == "pip":
         lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
@@ -481,6 +505,9 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         files[TORCH_LOCK_PATH.replace("/opt/", "", 1)] = venv.lock.text().encode()
         if venv.added is not None:
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
+    credentials = index_netrc(options)
+    if credentials and not options.buildkit:
+        raise CredentialsNeedBuildKit()
     apt_mounts, venv_apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         ca = read_ca_bundle(options.ca_bundle)
@@ -564,6 +591,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         final_files["ca-bundle.pem"] = ca
     elif ca is not None:
         secrets[CA_SECRET_ID] = ca
+    if credentials:
+        secrets[NETRC_SECRET_ID] = credentials
     return RenderedImage(
         spec=spec,
         repository=options.repository,

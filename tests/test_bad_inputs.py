@@ -87,6 +87,19 @@ ROWS = {
     "matrix path empty": Row(("--matrix", "", "matrix"), 2, "--matrix '': the path is empty"),
     "cuda update noted": Row(("render", "--torch", "2.6", "--cuda", "12.4.0", "--dry-run"), 0,
                              "note: --cuda 12.4.0: the matrix's CUDA 12.4 is 12.4.1"),
+    # issue 29, item 2: index URLs uv can use, credentials in no RUN line
+    "render --index-url not a URL": Row((*RENDER, "--dry-run", "--index-url", "notaurl"), 2,
+                                        "--index-url notaurl is not a package index URL: its scheme is missing"),
+    "render --extra-index-url ftp": Row((*RENDER, "--dry-run", "--extra-index-url", "ftp://x/simple"), 2,
+                                        "--extra-index-url ftp://x/simple is not a package index URL: its scheme is ftp://"),
+    "lock --index-url bad port": Row((*LOCK, "--index-url", "https://127.0.0.1:abc/simple"), 2,
+                                     "its port is not a number from 1 to 65535"),
+    "matrix check --online not a URL": Row(("matrix", "check", "--online", "--index-url", "notaurl"), 2,
+                                           "--index-url notaurl is not a package index URL"),
+    "matrix add not a URL": Row(("matrix", "add", "--torch", "2.6.0", "--index-url", "notaurl"), 2,
+                                "--index-url notaurl is not a package index URL"),
+    "render credentials, classic": Row((*RENDER, "--dry-run", "--index-url", "https://alice:s3cr3t@mirror.example.com/simple"), 2,
+                                       "the classic builder would write into the image's history; use --builder buildkit"),
     # 5. the world's failure
     "no daemon": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 1, "could not reach the Docker daemon"),
 }
