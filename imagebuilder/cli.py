@@ -17,7 +17,7 @@ import click
 from packaging.version import Version
 
 from . import __version__, options, pipeline
-from .errors import ImageBuilderError
+from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix, load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
@@ -222,8 +222,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
       imagebuilder render --torch 2.13 --cuda 13.0 --platform linux/arm64 --dry-run
       imagebuilder render --all -o build/all
     """
-    if not dry_run and output is None:
-        raise click.UsageError("give -o DIR to write the build context, or --dry-run to print the Dockerfile")
+    if dry_run == (output is not None):
+        raise BadRequest("give -o DIR to write the build context, or --dry-run to print the Dockerfile (not both)")
     if render_all and dry_run:
         raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
     if not render_all and (not selection.torch or not selection.cuda):
@@ -330,18 +330,9 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     """
     from .verify import verify_local, verify_published
 
-    if local:
-        if mount_smoke_tests:
-            raise click.UsageError("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
-        if key is not None or signature_only:
-            raise click.UsageError("--key and --signature-only check a published image; --local checks this environment")
-        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest,
-                              target=f"local {tag}" if tag else None)
+    if local or tag is None:  # options checked the combinations
+        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest)
     else:
-        if tag is None:
-            raise click.UsageError("give the image TAG to verify, or --local for this environment")
-        if manifest is not None:
-            raise click.UsageError("--manifest is for --local; an image carries its own manifest")
         from .engine.docker import DockerEngine
 
         report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only,
@@ -397,8 +388,6 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     signer = key_signer(sign_key) if sign_key is not None else None
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
-    if merge_only and not multi:
-        raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
     engine = None if dry_run or merge_only else DockerEngine()

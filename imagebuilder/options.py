@@ -6,6 +6,8 @@ loose keyword arguments."""
 from __future__ import annotations
 
 import functools
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,10 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
+from .errors import BadRequest
 from .index_url import parse_index_url
 from .matrix import VARIANTS
+from .output import PSEUDO_FILE_SYSTEMS, file_system_type
 from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,6 +47,46 @@ def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Call
         return command  # type: ignore[return-value]
 
     return decorator
+
+
+def _check(validate: Callable[..., None]) -> Callable[[F], F]:
+    """Refuse a combination of options before the command does any work: validate(**options)
+    raises BadRequest (exit 2, one line)."""
+
+    def decorator(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            validate(**kwargs)
+            return f(*args, **kwargs)
+
+        return command  # type: ignore[return-value]
+
+    return decorator
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A timeout: a finite number of seconds, at least 1 and at most a week (inf, nan and 1e300
+    are no deadline a container can be given)."""
+    if not math.isfinite(value) or not 1 <= value <= WEEK:
+        raise BadRequest(f"{param.opts[0]} {value:g} is not a number of seconds from 1 to {WEEK}; give e.g. 1800")
+    return value
+
+
+WEEK = 7 * 24 * 3600
+
+
+def _report_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """--report is checked before the work it reports on: found unwritable only after an
+    hours-long build, it would lose the record."""
+    if value is None:
+        return None
+    folder = value.absolute().parent  # made when it is missing: its nearest ancestor must take it
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if value.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (
+            value.exists() and not os.access(value, os.W_OK)) or file_system_type(folder) in PSEUDO_FILE_SYSTEMS:
+        raise BadRequest(f"--report {value}: cannot write a file there; give a FILE in a folder you can write")
+    return value
 
 
 def _selection(torch_version: str | None, cuda_version: str | None, python_version: str | None,
@@ -166,7 +210,7 @@ def building(f: F) -> F:
     )(f)
 
 
-report = click.option("--report", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+report = click.option("--report", type=click.Path(path_type=Path), metavar="FILE", callback=_report_file,
                       help="Write a JSON report of what was done to FILE.")
 allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
                             help="On a host without GPUs, run the CPU mode of the smoke tests instead of failing.")
@@ -201,9 +245,15 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                               "its local tags end in -arm64 / -amd64.")
 
 
+def _build_only(dry_run: bool, report: Path | None, **_: Any) -> None:
+    if dry_run and report is not None:
+        raise BadRequest("--report records what a build did and a --dry-run builds nothing; drop one of them")
+
+
 def build_only(f: F) -> F:
     """build's own options: a dry run, and the registry caches to import."""
     return _stack(
+        _check(_build_only),
         click.option("--dry-run", is_flag=True,
                      help="Print what would be built, in build order, and stop: nothing is built (the daemon "
                           "is still asked for the base image's OS and the images already there)."),
@@ -213,14 +263,34 @@ def build_only(f: F) -> F:
     )(f)
 
 
+def _verifying(tag: str | None, local: bool, manifest: str | None, mount_smoke_tests: bool, key: str | None,
+               signature_only: bool, **_: Any) -> None:
+    if local:
+        if tag is not None:
+            raise BadRequest(f"--local checks this Python environment, not an image; give TAG ({tag}) or --local")
+        if mount_smoke_tests:
+            raise BadRequest("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
+        if key is not None or signature_only:
+            raise BadRequest("--key and --signature-only check a published image; --local checks this environment")
+        return
+    if tag is None:
+        raise BadRequest("give the image TAG to verify, or --local for this environment")
+    if manifest is not None:
+        raise BadRequest("--manifest is for --local; an image carries its own manifest")
+    if signature_only and key is None:
+        raise BadRequest("--signature-only checks the signature against --key: give --key PUB (without "
+                         "--signature-only, verify says whether the image is signed and runs its checks)")
+
+
 def verifying(f: F) -> F:
     """verify's own options: what to check, how long, how to report."""
     return _stack(
+        _check(_verifying),
         click.option("--local", is_flag=True,
                      help="Check this Python environment instead of an image (bare-metal hosts, pods)."),
         allow_no_gpu,
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
-        click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+        click.option("--timeout", type=float, callback=_seconds, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests may take in all; the container is killed and removed after."),
         click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
                      help="With --local: the manifest.json whose versions to expect. Default: none."),
@@ -237,9 +307,17 @@ def verifying(f: F) -> F:
     )(f)
 
 
+def _publishing(merge: bool, merge_only: bool, platforms: str | None, **_: Any) -> None:
+    if merge_only and not merge:
+        raise BadRequest("--merge-only writes the indexes that --no-merge leaves out; give one of them")
+    if merge_only and platforms is None:
+        raise BadRequest("--merge-only needs --platform: the platforms each index joins")
+
+
 def publishing(f: F) -> F:
     """publish's own options: where to, what to push, how to merge, which day."""
     return _stack(
+        _check(_publishing),
         click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
@@ -257,7 +335,7 @@ def publishing(f: F) -> F:
                           "platform each; a --merge-only job writes the indexes after them."),
         click.option("--merge-only", is_flag=True,
                      help="Build nothing: make each TAG an index over the --platform images already pushed."),
-        click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+        click.option("--verify-timeout", type=float, callback=_seconds, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
@@ -289,6 +367,13 @@ class Compressing:
     level: int | None
 
 
+def _compressing(compression: str | None, compression_level: int | None) -> Compressing:
+    if compression_level is not None and compression is None:
+        raise BadRequest(f"--compression-level {compression_level} sets the level of --compression: "
+                         "give --compression zstd or gzip with it")
+    return Compressing(compression, compression_level)
+
+
 def compression(f: F) -> F:
     """Handed to the command as `compressing: Compressing`."""
     return _stack(
@@ -300,6 +385,5 @@ def compression(f: F) -> F:
                           "containerd store (gzip by docker push elsewhere); build, --load as docker build does."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
-        _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),
-                 ("compression", "compression_level")),
+        _collect("compressing", _compressing, ("compression", "compression_level")),
     )(f)
