@@ -21,6 +21,7 @@ from .errors import BadRequest
 from .index_url import parse_index_url
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, file_system_type
+from .reference import parse_reference
 from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -275,6 +276,7 @@ def _verifying(tag: str | None, local: bool, manifest: str | None, mount_smoke_t
         return
     if tag is None:
         raise BadRequest("give the image TAG to verify, or --local for this environment")
+    parse_reference(tag, "verify")  # before the registry is asked for its signature
     if manifest is not None:
         raise BadRequest("--manifest is for --local; an image carries its own manifest")
     if signature_only and key is None:

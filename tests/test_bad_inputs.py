@@ -125,6 +125,19 @@ ROWS = {
                                    "--report .: cannot write a file there"),
     "build --report /proc": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--report", "/proc/r.json"), 2,
                                 "--report /proc/r.json: cannot write a file there"),
+    "publish --registry port abc": Row(("publish", "--registry", "127.0.0.1:abc/ns", "--dry-run"), 2,
+                                       "'127.0.0.1:abc' is not a registry host[:port]"),
+    "verify port abc": Row(("verify", "127.0.0.1:abc/x:1"), 2, "'127.0.0.1:abc' is not a registry host[:port]"),
+    "verify port abc --signature-only": Row(("verify", "127.0.0.1:abc/x:1", "--key", "k.pub", "--signature-only"), 2,
+                                            "'127.0.0.1:abc' is not a registry host[:port]"),
+    # issue 29, item 6: a wrong request, not a registry that did not answer
+    "publish --registry port 0": Row(("publish", "--registry", "127.0.0.1:0/ns", "--dry-run"), 2,
+                                     "the port is not a number from 1 to 65535"),
+    "publish --registry port 99999": Row(("publish", "--registry", "127.0.0.1:99999/ns", "--dry-run"), 2,
+                                         "the port is not a number from 1 to 65535"),
+    "publish --registry empty port": Row(("publish", "--registry", "127.0.0.1:/ns", "--dry-run"), 2,
+                                         "'127.0.0.1:' is not a registry host[:port]"),
+    "verify port 99999": Row(("verify", "127.0.0.1:99999/x:1"), 2, "the port is not a number from 1 to 65535"),
     # 5. the world's failure
     "no daemon": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 1, "could not reach the Docker daemon"),
 }
