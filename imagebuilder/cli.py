@@ -138,7 +138,7 @@ def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
 @click.option("--torch", "torch_version", metavar="X.Y.Z", callback=options.release,
               help="The release to add, e.g. 2.15.0.")
 @click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
-@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
+@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY", callback=options.cuda_variants,
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
 @options.index_url
@@ -166,7 +166,7 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
 @options.with_extras
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 naming each package (or base image) the index now offers newer.")
-@click.option("--uv", "uv_path", metavar="PATH",
+@click.option("--uv", "uv_path", metavar="PATH", callback=options.uv_program,
               help="The uv to resolve with. Default: the one beside this Python, else PATH.")
 @pass_context
 def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,11 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest
 from .index_url import parse_index_url
+from .lock import BadUv
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, file_system_type
 from .reference import parse_reference
+from .render import PEM_CERTIFICATE
 from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -309,6 +312,18 @@ def verifying(f: F) -> F:
     )(f)
 
 
+def _registry_ca(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A file without a certificate would read as "the registry did not answer" (its TLS fails)."""
+    try:
+        holds = value is None or PEM_CERTIFICATE in value.read_bytes()
+    except OSError as e:
+        raise BadRequest(f"cannot read --registry-ca {value}: {e.strerror}; pass the registry's CA certificate (PEM)") from e
+    if not holds:
+        raise BadRequest(f"--registry-ca {value} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
+                         "pass the CA certificate of the registry's TLS")
+    return value
+
+
 def _publishing(merge: bool, merge_only: bool, platforms: str | None, **_: Any) -> None:
     if merge_only and not merge:
         raise BadRequest("--merge-only writes the indexes that --no-merge leaves out; give one of them")
@@ -324,6 +339,7 @@ def publishing(f: F) -> F:
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
         click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+                     callback=_registry_ca,
                      help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
                           "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs."),
         click.option("--push/--no-push", default=True, show_default=True,
@@ -346,6 +362,23 @@ def publishing(f: F) -> F:
                           "cosign key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned "
                           "image in the registry is rebuilt and signed."),
     )(f)
+
+
+def cuda_variants(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """PyTorch's wheel variants, cuXYZ (checked before the index is asked for them)."""
+    for name in value:
+        if not re.fullmatch(r"cu\d{3,4}", name):
+            raise BadRequest(f"--cuda-variant {name!r} is not a CUDA wheel variant; give cu followed by the "
+                             "CUDA version's digits, e.g. cu126 for CUDA 12.6")
+    return value
+
+
+def uv_program(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--uv names a program: checked before any lock is resolved (a text file is found out by
+    running it, in UvCompile)."""
+    if value is not None and not (os.path.isfile(value) and os.access(value, os.X_OK)):
+        raise BadUv(uv=value, why="no such file" if not os.path.exists(value) else "not an executable file")
+    return value
 
 
 def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Version | None:

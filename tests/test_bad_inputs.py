@@ -33,6 +33,7 @@ class Row:
     code: int
     line: str  # in the one `error:` line (or the note, for exit 0)
     files: tuple[tuple[str, bytes], ...] = ()  # inputs the row writes first, relative to its folder
+    env: tuple[tuple[str, str], ...] = ()  # the environment the row runs in, beside DOCKER_HOST=NO_DAEMON
 
 
 def _matrix(replace: str, by: str) -> bytes:
@@ -138,6 +139,17 @@ ROWS = {
     "publish --registry empty port": Row(("publish", "--registry", "127.0.0.1:/ns", "--dry-run"), 2,
                                          "'127.0.0.1:' is not a registry host[:port]"),
     "verify port 99999": Row(("verify", "127.0.0.1:99999/x:1"), 2, "the port is not a number from 1 to 65535"),
+    "lock --uv missing": Row((*LOCK, "--uv", "/nope/uv"), 2, "--uv /nope/uv is not a uv executable (no such file)"),
+    "DOCKER_HOST garbage": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 2,
+                               "DOCKER_HOST=garbage is not a Docker daemon address", env=(("DOCKER_HOST", "garbage"),)),
+    "DOCKER_HOST port abc": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 2,
+                                "its port is not a number from 1 to 65535", env=(("DOCKER_HOST", "tcp://h:abc"),)),
+    "matrix add already there": Row(("matrix", "add", "--torch", "2.6.0"), 2, "already has torch 2.6 (2.6.0)"),
+    "matrix add --cuda-variant banana": Row(("matrix", "add", "--torch", "2.99.0", "--cuda-variant", "banana"), 2,
+                                            "--cuda-variant 'banana' is not a CUDA wheel variant"),
+    "publish --registry-ca without a certificate": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--dry-run",
+                                                        "--registry-ca", "ca.pem"), 2,
+                                                       "--registry-ca ca.pem holds no PEM certificate", (("ca.pem", b"junk\n"),)),
     # 5. the world's failure
     "no daemon": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 1, "could not reach the Docker daemon"),
 }
@@ -154,6 +166,8 @@ def test_a_bad_input_gets_one_line_and_its_exit_code_and_writes_nothing(name: st
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DOCKER_HOST", NO_DAEMON)  # proves no row but "no daemon" asks one
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for key, value in row.env:
+        monkeypatch.setenv(key, value)
     for relative, data in row.files:
         (tmp_path / relative).write_bytes(data)
     before = _tree(tmp_path)

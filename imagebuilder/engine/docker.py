@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .api import Pushed, RunResult
-from .errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, base_image_missing, refuses_gpus,
-                     PullFailed, PushFailed)
+from .errors import (BadDaemonAddress, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
+                     PushFailed, base_image_missing, daemon_address_problem, refuses_gpus)
 
 if TYPE_CHECKING:
     import docker
@@ -72,6 +72,9 @@ class DockerEngine:
             import docker
 
             # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
+            problem = daemon_address_problem(self.base_url)
+            if problem is not None:
+                raise BadDaemonAddress(base_url=self.base_url, reason=problem)
             unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
             try:
                 if self._explicit_url:
