@@ -83,12 +83,12 @@ class ResolutionFailed(LockError):
 
 
 class LocksFailed(LockError):
-    template = "{failed} of {total} locks could not be resolved (above); the others are {done}"
+    template = "{failed} of {total} locks could not be resolved (above{why}){others}"
 
 
 class LocksUnsatisfiable(BadRequest):
     template = ("{failed} of {total} locks cannot be satisfied (above: their requirements contradict each "
-                "other); the others are {done}; drop or change the --with that conflicts")
+                "other){others}; drop or change the --with that conflicts")
 
 
 class BadUv(BadRequest):
@@ -547,6 +547,7 @@ class LockPlan:
     bases: Mapping[str, BasePin]
     unpinned: tuple[str, ...]  # base images neither the engine nor a registry could pin
     failed: tuple[ResolutionFailed, ...] = ()  # sets the index cannot satisfy; the rest are locked
+    extras: tuple[str, ...] = ()  # the --with asked for: without one, no set can contradict the user
 
 
 def release_platforms(spec: BuildSpec) -> Sequence[str]:
@@ -610,7 +611,7 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
             else:
                 bases[base] = found
     return LockPlan(tuple(done[n] for n in sorted(done)), bases, tuple(unpinned),
-                    tuple(failed[n] for n in sorted(failed)))
+                    tuple(failed[n] for n in sorted(failed)), tuple(extras))
 
 
 def _distinct(specs: Iterable[BuildSpec], extras: Sequence[str],
@@ -681,6 +682,10 @@ def check_or_write(plan: LockPlan, directory: Path, *, check_only: bool, echo: C
         for path in write_locks(directory, plan.locks, plan.bases):
             echo(f"wrote {path}")
     if plan.failed:
-        error = LocksUnsatisfiable if all(f.unsatisfiable for f in plan.failed) else LocksFailed
-        raise error(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks),
-                    done="checked" if check_only else "written")
+        unsatisfiable = all(f.unsatisfiable for f in plan.failed)
+        others = f"; the other {len(plan.locks)} are {'checked' if check_only else 'written'}" if plan.locks else ""
+        if unsatisfiable and plan.extras:
+            raise LocksUnsatisfiable(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks), others=others)
+        # Without a --with, what the index lacks (torch itself, a mirror without PyTorch's wheels) is its answer.
+        why = ": the index offers nothing that satisfies them; check that it serves these releases" if unsatisfiable else ""
+        raise LocksFailed(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks), why=why, others=others)
