@@ -365,3 +365,15 @@ def test_an_unwritable_workspace_is_warned_about_at_start(base_image: str, tmp_p
                          'owner: --user "$(id -u):$(id -g)"']
     else:
         assert lines == []
+
+
+def test_every_bad_input_docs_exit_codes_documents_behaves_as_documented() -> None:
+    """tests/battery.py over the table of docs/exit-codes.md, as a user runs each command."""
+    import battery
+
+    cases = battery.documented_cases()
+    assert len(cases) >= 40 and {case.code for case in cases} == {1, 2}
+    failures = [f"{case.command}: {problem}" for case, problem in battery.run_battery(cases) if problem]
+    assert failures == []
+    # The battery can fail: a documented code that is wrong is caught.
+    assert "exit 2, not 0" in (battery.run_case(battery.Case(0, "imagebuilder matrix --os nope")) or "")
