@@ -328,18 +328,19 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
       imagebuilder verify --local --timeout 600
       imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
     """
-    from .verify import verify_local, verify_published
+    from .verify import Live, verify_local, verify_published
 
+    live = None if as_json else Live(click.echo)  # the header and preflight at once, a line per check as it ends
     if local or tag is None:  # options checked the combinations
-        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest)
+        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
         from .engine.docker import DockerEngine
 
-        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only,
+        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format(live))
     report.raise_if_failed()
 
 

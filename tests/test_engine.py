@@ -412,6 +412,24 @@ def test_run_returns_output_and_exit_code_and_removes_its_container(
 
 
 @docker
+def test_run_tells_each_line_as_it_is_printed(docker_engine: DockerEngine, base_image: str, marker: str) -> None:
+    """verify shows each check as it ends: a line printed 2 s before the container ends arrives before that."""
+    arrived: list[tuple[str, float]] = []
+
+    def told(line: str) -> None:
+        arrived.append((line, time.monotonic()))
+
+    script = f"echo first; sleep 2; echo second >&2 # {marker}"
+    started = time.monotonic()
+    result = docker_engine.run(base_image, ["sh", "-c", script], timeout=60, on_output=told)
+    ended = time.monotonic()
+    assert [line for line, _ in arrived] == ["first", "second"] and "first" in result.output
+    assert arrived[0][1] < ended - 1, "the first line came only when the container ended"
+    assert started < arrived[0][1]
+    assert not _containers_running(marker)
+
+
+@docker
 def test_run_enforces_its_timeout(docker_engine: DockerEngine, base_image: str, marker: str) -> None:
     started = time.monotonic()
     result = docker_engine.run(base_image, ["sh", "-c", f"echo started; sleep 60 # {marker}"],
