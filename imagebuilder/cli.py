@@ -386,7 +386,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
+    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
