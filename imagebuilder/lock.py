@@ -133,12 +133,16 @@ def check_extras(spec: BuildSpec, extras: Sequence[str], lock: Lock | None = Non
     if codec is not None:
         pinned["torchcodec"] = codec
     if lock is not None:
-        pinned.update({p.name: p.version for p in lock.pins if PROTECTED.match(p.name)})
+        pinned.update({canonicalize_name(p.name): p.version for p in lock.pins if PROTECTED.match(p.name)})
+    else:  # the matrix's cuDNN and NCCL are the wheel's own Requires-Dist pins
+        major = spec.wheel.cuda.major
+        pinned.update({f"nvidia-cudnn-cu{major}": spec.wheel.cudnn, f"nvidia-nccl-cu{major}": spec.wheel.nccl})
     for text in extras:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         version = pinned.get(name)
-        if version is not None and not requirement.specifier.contains(version, prereleases=True):
+        # A direct URL (`torch @ https://...whl`) is another build, whatever its version.
+        if version is not None and (requirement.url or not requirement.specifier.contains(version, prereleases=True)):
             raise ExtraContradictsPin(extra=text, name=name, pinned=version, torch=spec.torch.version)
 
 

@@ -75,6 +75,13 @@ ROWS = {
                                "--with 'torch==2.5.1' contradicts the image's torch==2.6.0"),
     "render --with torchvision": Row((*RENDER, "--dry-run", "--with", "torchvision<0.20"), 2, "contradicts the image's torchvision==0.21.0"),
     "render --with triton": Row((*RENDER, "--dry-run", "--with", "triton==3.1.0"), 2, "contradicts the image's triton==3.2.0"),
+    # issue 29, item 7: without a lock too, and whatever the spelling; a direct URL is another build
+    "render --with nvidia-cudnn, no lock": Row((*RENDER, "--dry-run", "--with", "nvidia-cudnn-cu12==8.9.2.26"), 2,
+                                               "contradicts the image's nvidia-cudnn-cu12==9.1.0.70"),
+    "render --with nvidia_nccl underscores": Row((*RENDER, "--dry-run", "--with", "NVIDIA_NCCL_CU12<2"), 2,
+                                                 "contradicts the image's nvidia-nccl-cu12=="),
+    "render --with torch @ URL": Row((*RENDER, "--dry-run", "--with", "torch @ https://example.com/torch-2.6.0-cp311-none.whl"), 2,
+                                     "contradicts the image's torch==2.6.0"),
     "lock --with torch": Row((*LOCK, "--with", "torch==2.5.1"), 2, "contradicts the image's torch==2.6.0"),
     # 4. one request, one answer
     "matrix cross-major": Row(("matrix", "--torch", "2.6", "--cuda", "13.0"), 2, "another CUDA major cannot be used"),
