@@ -403,7 +403,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                                  registry=registry, force=force, day=today, merge_only=merge_only, note=note,
                                  signing=signer is not None)
     for platform, steps in plan.steps:
-        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
+        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
     if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
         merged = plan.indexes(registry, merge=merge_only or (merge and push),
                               signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
