@@ -232,7 +232,6 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
                                "not --all")
     from .engine.select import decide_for_render
-    from .output import write_tree
     from .platforms import parse_platforms
 
     wanted = parse_platforms(platforms)
@@ -243,8 +242,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if render_all:
         count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
         assert output is not None
-        write_tree(output, files)
-        click.echo(f"wrote {count} images to {output}")
+        for line in pipeline.write_all(output, count, files):
+            click.echo(line)
         return
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
     image = pipeline.requested(plan)

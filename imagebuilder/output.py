@@ -84,13 +84,13 @@ def _is_inside(name: str) -> bool:
     return bool(name) and not path.is_absolute() and ".." not in path.parts
 
 
-def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
+def write_tree(directory: Path, files: Mapping[str, bytes]) -> list[str]:
     """Write `files` (relative names) into `directory`, which must be empty or ours.
 
     Each file is written to a temporary name and renamed into place, and the list of what
     we wrote is replaced last, so an interrupted write leaves every file whole and the
     folder still recognisably ours. Files we wrote before and no longer render are
-    removed; nothing else in the folder is touched."""
+    removed (and returned, for the caller to say so); nothing else in the folder is touched."""
     directory = directory.absolute()
     check_target(directory)
     previous = owned_files(directory)
@@ -102,7 +102,7 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     try:
         if not directory.exists():
             _write_new(directory, {**files, OUTPUT_LIST: _listing(files)})
-            return
+            return []
         # An existing folder (empty, or ours) is written into and never replaced: it may be the
         # shell's working directory, a mount point, a link's target or a folder whose mode,
         # group and owner its user chose, under a parent they cannot write.
@@ -122,6 +122,7 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     except OSError as e:
         error = OutputFailed if e.errno in _DISK_ERRORS else OutputUnwritable
         raise error(directory=directory, reason=f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from e
+    return sorted(previous - set(files))
 
 
 def _listing(files: Iterable[str]) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -317,6 +317,17 @@ def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
     several = len({platform for platform, _ in plan}) > 1
     return [(f"{image.spec.key}-{arch(platform)}" if several else image.spec.key, platform if several else None, image)
             for platform, image in plan]
+
+
+def write_all(output: Path, count: int, files: Mapping[str, bytes]) -> list[str]:
+    """`render --all -o`: every context into `output`; what was written and what went, a line
+    each. A folder of an earlier render keeps only what this one asked for, and says so."""
+    from .output import write_tree
+
+    removed = {name.split("/", 1)[0] for name in write_tree(output, files) if "/" in name}
+    return [f"wrote {count} images to {output}"] + (
+        [f"removed the build contexts of {len(removed)} images an earlier render wrote there and this one did not "
+         "ask for (filters choose the images: render --all without them writes every image)"] if removed else [])
 
 
 def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:

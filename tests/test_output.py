@@ -94,3 +94,19 @@ def test_an_interrupted_write_into_an_empty_folder_leaves_it_ours(tmp_path: Path
     assert output.owned_files(folder) == {"a", "b", "c"}, "the folder is no longer recognisably ours"
     write_tree(folder, {"a": b"1"})  # the next render takes it, and removes what it no longer writes
     assert sorted(p.name for p in folder.iterdir()) == [OUTPUT_LIST, "a"]
+
+
+def test_render_all_says_which_contexts_of_an_earlier_render_it_removed(tmp_path: Path) -> None:
+    out = tmp_path / "all"
+    runner = CliRunner()
+    everything = runner.invoke(cli, ["--matrix", str(SMALL), "render", "--all", "--torch", "2.6", "--os", "debian12",
+                                     "-o", str(out)])
+    assert everything.exit_code == 0, everything.stderr
+    assert "removed" not in everything.stdout
+    folders = {p.name for p in out.iterdir() if p.is_dir()}
+    fewer = runner.invoke(cli, ["--matrix", str(SMALL), "render", "--all", "--torch", "2.6", "--os", "debian12",
+                                "--variant", "runtime", "-o", str(out)])
+    assert fewer.exit_code == 0, fewer.stderr
+    kept = {p.name for p in out.iterdir() if p.is_dir()}
+    assert kept < folders
+    assert f"removed the build contexts of {len(folders - kept)} images an earlier render wrote there" in fewer.stdout
