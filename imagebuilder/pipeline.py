@@ -275,7 +275,8 @@ def format_listing(rows: Sequence[dict[str, Any]], fmt: str) -> str:
         return json.dumps({"include": include}, separators=(",", ":"))
     if not rows:
         return "(no images match)"
-    return format_table([h.upper() for h in rows[0]], [list(r.values()) for r in rows])
+    return format_table([h.upper() for h in rows[0]],
+                        [[",".join(v) if isinstance(v, list) else v for v in r.values()] for r in rows])
 
 
 Folder = tuple[str, str | None, RenderedImage]  # (folder, platform when several, image)
