@@ -926,3 +926,10 @@ def test_the_smoke_tests_print_a_progress_line_per_check_with_json() -> None:
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     progress = [r for r in map(read_progress, done.stderr.splitlines()) if r is not None]
     assert [r.name for r in progress] == ["environment"], done.stderr
+
+
+def test_live_check_lines_line_up_with_every_check_name() -> None:
+    from imagebuilder.verify import CHECK_WIDTH
+    from smoke_tests.checks import CHECK_NAMES
+
+    assert CHECK_WIDTH == max(len(name) for name in CHECK_NAMES)
