@@ -281,7 +281,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .build import build_all
+    from .build import build_all, report_plan
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
     from .engine.select import decide, make_builder
@@ -301,9 +301,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
-        for platform, image in plan:
-            click.echo(f"would build {image.ref} ({platform})")
-        return
+        return report_plan(plan, report=report, echo=click.echo)
     build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
               quiet=quiet, exports=exports, report=report, echo=click.echo, err=progress)
 

@@ -249,15 +249,9 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                               "its local tags end in -arm64 / -amd64.")
 
 
-def _build_only(dry_run: bool, report: Path | None, **_: Any) -> None:
-    if dry_run and report is not None:
-        raise BadRequest("--report records what a build did and a --dry-run builds nothing; drop one of them")
-
-
 def build_only(f: F) -> F:
     """build's own options: a dry run, and the registry caches to import."""
     return _stack(
-        _check(_build_only),
         click.option("--dry-run", is_flag=True,
                      help="Print what would be built, in build order, and stop: nothing is built (the daemon "
                           "is still asked for the base image's OS and the images already there)."),

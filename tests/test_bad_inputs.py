@@ -119,8 +119,6 @@ ROWS = {
     "build --compression-level alone": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--compression-level", "3"), 2,
                                            "give --compression zstd or gzip with it"),
     "render --dry-run -o": Row((*RENDER, "--dry-run", "-o", "out"), 2, "or --dry-run to print the Dockerfile (not both)"),
-    "build --dry-run --report": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--dry-run", "--report", "r.json"), 2,
-                                    "a --dry-run builds nothing; drop one of them"),
     # issue 29, item 5: a line, not a traceback, and before any work
     "verify --timeout nan": Row(("verify", "--local", "--timeout", "nan"), 2, "--timeout nan is not a number of seconds from 1 to 604800"),
     "verify --timeout inf": Row(("verify", "pytorch:2.6", "--timeout", "inf"), 2, "--timeout inf is not a number of seconds"),
