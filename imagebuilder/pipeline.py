@@ -26,7 +26,7 @@ from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from .platforms import arch, host_platform
-from .render import RenderedImage, RenderOptions, render
+from .render import SECRET_SOURCES, RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 
 if TYPE_CHECKING:
@@ -339,7 +339,8 @@ def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> l
     if len(plan) == 1:
         image = plan[0][1]
         image.write(output)
-        return [f"wrote {output}/Dockerfile for {image.ref}"]
+        secrets = "".join(f" --secret id={name},src={SECRET_SOURCES.get(name, name.upper())}" for name in sorted(image.secrets))
+        return [f"wrote {output}/Dockerfile for {image.ref}", f"build it: docker build -t {image.ref}{secrets} {shlex.quote(str(output))}"]
     folders = plan_folders(plan)
     write_tree(output, context_files(folders))
     return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",

@@ -156,6 +156,8 @@ CA_SECRET_ID = "ca"
 CA_SECRET_PATH = f"/run/secrets/{CA_SECRET_ID}"
 NETRC_SECRET_ID = "index-netrc"  # the index URLs' credentials: uv reads the file NETRC names
 NETRC_SECRET_PATH = f"/run/secrets/{NETRC_SECRET_ID}"
+# What `docker build --secret id=...,src=` takes for each, as `render -o` tells its reader.
+SECRET_SOURCES = {CA_SECRET_ID: "$SSL_CERT_FILE", NETRC_SECRET_ID: "$HOME/.netrc"}
 CACHE_DIR = "/var/cache/imagebuilder"
 APT_CACHE = f"{CACHE_DIR}/apt"
 UV_CACHE = f"{CACHE_DIR}/uv"

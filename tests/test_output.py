@@ -110,3 +110,17 @@ def test_render_all_says_which_contexts_of_an_earlier_render_it_removed(tmp_path
     kept = {p.name for p in out.iterdir() if p.is_dir()}
     assert kept < folders
     assert f"removed the build contexts of {len(folders - kept)} images an earlier render wrote there" in fewer.stdout
+
+
+@pytest.mark.parametrize(("extra", "secret"), [
+    ((), ""),
+    (("--builder", "buildkit", "--index-url", "https://alice:s3cr3t@mirror.example.com/simple"),
+     " --secret id=index-netrc,src=$HOME/.netrc"),
+])
+def test_render_o_says_how_to_build_what_it_wrote(tmp_path: Path, extra: tuple[str, ...], secret: str) -> None:
+    out = tmp_path / "my ctx"
+    result = CliRunner().invoke(cli, [*RENDER, *extra, "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    ref = "pytorch:2.6.0-cuda12.4-cudnn9-debian12-runtime"
+    assert result.stdout.splitlines()[-1] == f"build it: docker build -t {ref}{secret} '{out}'"
+    assert "s3cr3t" not in result.stdout
