@@ -519,3 +519,26 @@ def test_only_the_engine_package_and_registry_auth_import_docker() -> None:
             if any(name == "docker" or name.startswith("docker.") for name in names):
                 importers.add(path.relative_to(package).as_posix())
     assert {p for p in importers if not p.startswith("engine/")} == {"registry.py"}, importers
+
+
+def test_a_failed_pull_keeps_the_daemons_cause_not_docker_pys_url() -> None:
+    import docker
+
+    from imagebuilder.engine.errors import PullFailed
+
+    cause = ("pull access denied for nope, repository does not exist or may require 'docker login': "
+             "denied: requested access to the resource is denied")
+    long_url = "http+docker://localhost/v1.47/images/create?tag=1&fromImage=" + "x" * 300
+
+    class Api:
+        def pull(self, ref: str, stream: bool, decode: bool) -> None:
+            raise docker.errors.APIError(f"404 Client Error for {long_url}: Not Found", explanation=cause)
+
+    class Client:
+        api = Api()
+
+    engine = DockerEngine("unix:///nonexistent")
+    engine._client_obj = Client()  # type: ignore[assignment]
+    with pytest.raises(PullFailed) as caught:
+        engine.pull("nope:1")
+    assert caught.value.detail == cause

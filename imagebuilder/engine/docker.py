@@ -381,7 +381,9 @@ class DockerEngine:
                         detail = event.get("errorDetail") or {}
                         raise PullFailed(ref=ref, detail=short_text(str(detail.get("message") or event.get("error"))))
             except docker.errors.APIError as e:
-                raise PullFailed(ref=ref, detail=short(e)) from e
+                # The daemon's own words: docker-py's status line and URL come first and took the
+                # whole line, so the cause (pull access denied, manifest unknown) was cut off.
+                raise PullFailed(ref=ref, detail=short_text(str(e.explanation or e))) from e
 
 
 
