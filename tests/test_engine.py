@@ -542,3 +542,25 @@ def test_a_failed_pull_keeps_the_daemons_cause_not_docker_pys_url() -> None:
     with pytest.raises(PullFailed) as caught:
         engine.pull("nope:1")
     assert caught.value.detail == cause
+
+
+@pytest.mark.parametrize(("env", "choice", "buildx", "says"), [
+    ({}, "buildkit", None, "--builder buildkit needs a docker CLI with BuildKit"),
+    ({"IMAGEBUILDER_BUILDER": "buildkit"}, "buildkit", None, "IMAGEBUILDER_BUILDER=buildkit needs a docker CLI"),
+    ({"BUILDX_BUILDER": "remote"}, "auto", "remote", "BUILDX_BUILDER=remote needs a docker CLI with BuildKit"),
+    ({"IMAGEBUILDER_BUILDER": "classic"}, "classic", "remote",
+     "--buildx-builder remote needs a BuildKit builder, but IMAGEBUILDER_BUILDER=classic asks for the classic one"),
+])
+def test_a_builder_error_names_the_setting_the_user_made(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                         choice: str, buildx: str | None, says: str) -> None:
+    from imagebuilder.engine import select
+    from imagebuilder.errors import BadRequest
+
+    for name in ("IMAGEBUILDER_BUILDER", "BUILDX_BUILDER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(select, "detect_buildkit", lambda builder=None: (None, ["docker: no buildx"]))
+    with pytest.raises(BadRequest) as caught:
+        select.decide(choice, buildx)
+    assert str(caught.value).startswith(says)
