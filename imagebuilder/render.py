@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -468,6 +469,11 @@ def read_ca_bundle(path: Path) -> bytes:
     if PEM_CERTIFICATE not in data:
         raise RenderError(f"--ca-bundle {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
                           "pass the proxy's CA bundle, e.g. $SSL_CERT_FILE")
+    try:  # BEGIN/END lines around anything else fail uv's TLS minutes into the build
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii", "replace"))
+    except ssl.SSLError as e:
+        raise RenderError(f"--ca-bundle {path} holds a PEM block that is not a certificate OpenSSL can read "
+                          f"({e.reason or e.strerror or e}); pass the proxy's CA bundle, e.g. $SSL_CERT_FILE") from e
     return data
 
 

@@ -70,6 +70,9 @@ ROWS = {
     # 2. refused now, not minutes later
     "ca-bundle text": Row((*RENDER, "--dry-run", "--ca-bundle", "/etc/hostname"), 2, "--ca-bundle /etc/hostname holds no PEM certificate"),
     "ca-bundle empty": Row((*RENDER, "--dry-run", "--ca-bundle", "empty.pem"), 2, "holds no PEM certificate", (("empty.pem", b""),)),
+    "ca-bundle BEGIN/END around junk": Row((*RENDER, "--dry-run", "--ca-bundle", "junk.pem"), 2,
+                                           "holds a PEM block that is not a certificate OpenSSL can read",
+                                           (("junk.pem", b"-----BEGIN CERTIFICATE-----\nMIIBjunk\n-----END CERTIFICATE-----\n"),)),
     "ca-bundle /dev/null": Row((*RENDER, "--dry-run", "--ca-bundle", "/dev/null"), 2, "--ca-bundle /dev/null holds no PEM certificate"),
     "render --with torch": Row((*RENDER, "--dry-run", "--with", "torch==2.5.1"), 2,
                                "--with 'torch==2.5.1' contradicts the image's torch==2.6.0"),
