@@ -24,7 +24,7 @@ from .lock import BadUv
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, file_system_type
 from .reference import parse_reference
-from .render import PEM_CERTIFICATE
+from .render import read_certificates
 from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -308,13 +308,8 @@ def verifying(f: F) -> F:
 
 def _registry_ca(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """A file without a certificate would read as "the registry did not answer" (its TLS fails)."""
-    try:
-        holds = value is None or PEM_CERTIFICATE in value.read_bytes()
-    except OSError as e:
-        raise BadRequest(f"cannot read --registry-ca {value}: {e.strerror}; pass the registry's CA certificate (PEM)") from e
-    if not holds:
-        raise BadRequest(f"--registry-ca {value} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
-                         "pass the CA certificate of the registry's TLS")
+    if value is not None:
+        read_certificates(value, "--registry-ca", "pass the CA certificate of the registry's TLS")
     return value
 
 
