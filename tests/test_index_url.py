@@ -84,3 +84,12 @@ def test_an_index_url_is_one_word_of_the_run_line(url: str) -> None:
     image = render(SPEC, M, RenderOptions(extra_index_urls=(url,)))
     line = next(line for line in image.dockerfile.splitlines() if "--extra-index-url" in line)
     assert shlex.split(line.strip().removesuffix("\\")) == ["--extra-index-url", url]
+
+
+def test_an_index_error_never_shows_the_urls_password() -> None:
+    from imagebuilder.index import BadIndexAnswer, IndexUnavailable
+
+    answered = BadIndexAnswer(url=f"{WITH_CREDENTIALS}/torch/", detail="HTTP 401 Unauthorized")
+    unavailable = IndexUnavailable(host="alice:s3cr3t@mirror.example.com", detail="timed out")
+    assert "s3cr3t" not in str(answered) and "alice:***@mirror.example.com/simple/torch/" in str(answered)
+    assert "s3cr3t" not in str(unavailable) and "at mirror.example.com: timed out" in str(unavailable)
