@@ -202,6 +202,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              callback=options.output_folder,
               help="Folder to write the build context(s) to: a new or empty folder, or one imagebuilder "
                    "wrote (only the files it wrote there are replaced).")
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")

@@ -22,7 +22,7 @@ from .errors import BadRequest
 from .index_url import parse_index_url
 from .lock import BadUv
 from .matrix import VARIANTS
-from .output import PSEUDO_FILE_SYSTEMS, file_system_type
+from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .reference import parse_reference
 from .render import read_certificates
 from .pipeline import ALL, Rendering, Selection
@@ -351,6 +351,11 @@ def publishing(f: F) -> F:
                           "cosign key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned "
                           "image in the registry is rebuilt and signed."),
     )(f)
+
+
+def output_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """-o: checked before anything is rendered."""
+    return check_output(value) if value is not None else None
 
 
 def cuda_variants(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:

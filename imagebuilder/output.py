@@ -84,6 +84,15 @@ def _is_inside(name: str) -> bool:
     return bool(name) and not path.is_absolute() and ".." not in path.parts
 
 
+def check_output(directory: Path) -> Path:
+    """-o refused before anything is rendered (a refusal after minutes of rendering, or after
+    notes about what it rendered, says less): a folder, or a place for one, that is empty or ours."""
+    check_target(directory.absolute())
+    if owned_files(directory.absolute()) is None:
+        raise ForeignFolder(directory=directory.absolute(), marker=OUTPUT_LIST)
+    return directory
+
+
 def write_tree(directory: Path, files: Mapping[str, bytes]) -> list[str]:
     """Write `files` (relative names) into `directory`, which must be empty or ours.
 

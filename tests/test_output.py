@@ -124,3 +124,15 @@ def test_render_o_says_how_to_build_what_it_wrote(tmp_path: Path, extra: tuple[s
     ref = "pytorch:2.6.0-cuda12.4-cudnn9-debian12-runtime"
     assert result.stdout.splitlines()[-1] == f"build it: docker build -t {ref}{secret} '{out}'"
     assert "s3cr3t" not in result.stdout
+
+
+def test_a_refused_output_folder_is_the_only_thing_said(tmp_path: Path) -> None:
+    """Refused before anything is rendered: no notes about the image it will not write."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text("FROM mine\n")
+    result = CliRunner().invoke(cli, [*RENDER, "-o", str(folder)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [f"error: {folder} is not empty and was not written by imagebuilder "
+                                          f"(no {OUTPUT_LIST}); give -o a new or empty folder: nothing was written"]
+    assert (folder / "Dockerfile").read_text() == "FROM mine\n" and len(list(folder.iterdir())) == 1
