@@ -18,15 +18,17 @@ from typing import Any
 NEW_FILE_MODE = 0o644
 
 
-def write_atomic(path: Path, data: bytes | str) -> Path:
-    """Replace `path` with `data` (str: UTF-8) in one step. A file that exists keeps its mode;
-    a new one gets 0644 (mkstemp's 0600 is nobody's intent). Makes the parent folder."""
+def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> Path:
+    """Replace `path` with `data` (str: UTF-8) in one step. A file that exists keeps its mode
+    unless `mode` is given; a new one gets `mode` or 0644 (mkstemp's 0600 is nobody's intent).
+    Makes the parent folder."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = NEW_FILE_MODE
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = NEW_FILE_MODE
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

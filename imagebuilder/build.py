@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_json
 from .engine.api import Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export
@@ -274,8 +275,6 @@ def build_all(plan: Sequence[tuple[str, RenderedImage]], *, engine: ImageStore, 
               report: Path | None, echo: Callable[[str], None], err: Callable[[str], None]) -> list[Built]:
     """`build`: every planned (platform, image) in order, progress on `err`, each result on
     `echo`; the --report written also when a build fails or is interrupted."""
-    from .atomic import write_json
-
     done: list[Built] = []
     try:
         for n, (platform, image) in enumerate(plan, 1):
@@ -301,6 +300,15 @@ def report_document(planned: Sequence[tuple[str, RenderedImage]], done: Sequence
     return {"ok": len(done) == len(planned),
             "images": [{**b.to_json(), "platform": platform} for b, (platform, _) in zip(done, planned)],
             "planned": [image.ref for _, image in planned]}
+
+
+def report_plan(plan: Sequence[tuple[str, RenderedImage]], *, report: Path | None, echo: Callable[[str], None]) -> None:
+    """`build --dry-run`: what would be built, in build order; with --report, the same as JSON
+    (a build's report with nothing built yet, marked as a dry run)."""
+    for platform, image in plan:
+        echo(f"would build {image.ref} ({platform})")
+    if report is not None:
+        write_json(report, {**report_document(plan, []), "ok": True, "dry_run": True})
 
 
 def format_built(built: Built) -> str:

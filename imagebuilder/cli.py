@@ -17,7 +17,7 @@ import click
 from packaging.version import Version
 
 from . import __version__, options, pipeline
-from .errors import ImageBuilderError
+from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix, load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
@@ -138,7 +138,7 @@ def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
 @click.option("--torch", "torch_version", metavar="X.Y.Z", callback=options.release,
               help="The release to add, e.g. 2.15.0.")
 @click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
-@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY",
+@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY", callback=options.cuda_variants,
               help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
 @options.index_url
@@ -166,7 +166,7 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
 @options.with_extras
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 naming each package (or base image) the index now offers newer.")
-@click.option("--uv", "uv_path", metavar="PATH",
+@click.option("--uv", "uv_path", metavar="PATH", callback=options.uv_program,
               help="The uv to resolve with. Default: the one beside this Python, else PATH.")
 @pass_context
 def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | None,
@@ -202,6 +202,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--all", "render_all", is_flag=True,
               help="Render every image of the matrix (filters apply), one folder per image.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              callback=options.output_folder,
               help="Folder to write the build context(s) to: a new or empty folder, or one imagebuilder "
                    "wrote (only the files it wrote there are replaced).")
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
@@ -222,8 +223,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
       imagebuilder render --torch 2.13 --cuda 13.0 --platform linux/arm64 --dry-run
       imagebuilder render --all -o build/all
     """
-    if not dry_run and output is None:
-        raise click.UsageError("give -o DIR to write the build context, or --dry-run to print the Dockerfile")
+    if dry_run == (output is not None):
+        raise BadRequest("give -o DIR to write the build context, or --dry-run to print the Dockerfile (not both)")
     if render_all and dry_run:
         raise click.UsageError("--dry-run prints one Dockerfile; use it without --all")
     if not render_all and (not selection.torch or not selection.cuda):
@@ -232,7 +233,6 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
         raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
                                "not --all")
     from .engine.select import decide_for_render
-    from .output import write_tree
     from .platforms import parse_platforms
 
     wanted = parse_platforms(platforms)
@@ -243,8 +243,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if render_all:
         count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
         assert output is not None
-        write_tree(output, files)
-        click.echo(f"wrote {count} images to {output}")
+        for line in pipeline.write_all(output, count, files):
+            click.echo(line)
         return
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
     image = pipeline.requested(plan)
@@ -282,7 +282,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .build import build_all
+    from .build import build_all, report_plan
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
     from .engine.select import decide, make_builder
@@ -302,9 +302,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
-        for platform, image in plan:
-            click.echo(f"would build {image.ref} ({platform})")
-        return
+        return report_plan(plan, report=report, echo=click.echo)
     build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
               quiet=quiet, exports=exports, report=report, echo=click.echo, err=progress)
 
@@ -328,27 +326,19 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
       imagebuilder verify --local --timeout 600
       imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
     """
-    from .verify import verify_local, verify_published
+    from .verify import Live, verify_local, verify_published
 
-    if local:
-        if mount_smoke_tests:
-            raise click.UsageError("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
-        if key is not None or signature_only:
-            raise click.UsageError("--key and --signature-only check a published image; --local checks this environment")
-        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest,
-                              target=f"local {tag}" if tag else None)
+    live = None if as_json else Live(click.echo)  # the header and preflight at once, a line per check as it ends
+    if local or tag is None:  # options checked the combinations
+        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
-        if tag is None:
-            raise click.UsageError("give the image TAG to verify, or --local for this environment")
-        if manifest is not None:
-            raise click.UsageError("--manifest is for --local; an image carries its own manifest")
         from .engine.docker import DockerEngine
 
-        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only,
+        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format(live))
     report.raise_if_failed()
 
 
@@ -394,11 +384,9 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    signer = key_signer(sign_key) if sign_key is not None else None
+    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
-    if merge_only and not multi:
-        raise click.UsageError("--merge-only needs --platform: the platforms each index joins")
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
     engine = None if dry_run or merge_only else DockerEngine()
@@ -413,7 +401,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                                  registry=registry, force=force, day=today, merge_only=merge_only, note=note,
                                  signing=signer is not None)
     for platform, steps in plan.steps:
-        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps))
+        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
     if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
         merged = plan.indexes(registry, merge=merge_only or (merge and push),
                               signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)

@@ -41,6 +41,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from .errors import ImageBuilderError
+from .index_url import redact
 
 # The manylinux tags a glibc-2.35 host (ubuntu22.04, the oldest OS we build) accepts.
 _GLIBC = range(17, 36)
@@ -60,11 +61,17 @@ class IndexUnavailable(ImageBuilderError):
     template = ("cannot read the package index at {host}: {detail}; check the network, "
                 "or point --index-url at a reachable index")
 
+    def describe(self) -> str:  # an --index-url's user and password are never shown
+        return self.template.format(**{**self.fields, "host": self.fields["host"].rpartition("@")[2]})
+
 
 class BadIndexAnswer(ImageBuilderError):
     url: str
     detail: str
     template = "the package index answered {url} with {detail}; point --index-url at a PEP 503/691 index"
+
+    def describe(self) -> str:  # an --index-url's password is never shown
+        return self.template.format(**{**self.fields, "url": redact(self.fields["url"])})
 
 
 @dataclass(frozen=True)

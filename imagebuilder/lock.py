@@ -83,12 +83,12 @@ class ResolutionFailed(LockError):
 
 
 class LocksFailed(LockError):
-    template = "{failed} of {total} locks could not be resolved (above); the others are {done}"
+    template = "{failed} of {total} locks could not be resolved (above{why}){others}"
 
 
 class LocksUnsatisfiable(BadRequest):
     template = ("{failed} of {total} locks cannot be satisfied (above: their requirements contradict each "
-                "other); the others are {done}; drop or change the --with that conflicts")
+                "other){others}; drop or change the --with that conflicts")
 
 
 class BadUv(BadRequest):
@@ -133,12 +133,16 @@ def check_extras(spec: BuildSpec, extras: Sequence[str], lock: Lock | None = Non
     if codec is not None:
         pinned["torchcodec"] = codec
     if lock is not None:
-        pinned.update({p.name: p.version for p in lock.pins if PROTECTED.match(p.name)})
+        pinned.update({canonicalize_name(p.name): p.version for p in lock.pins if PROTECTED.match(p.name)})
+    else:  # the matrix's cuDNN and NCCL are the wheel's own Requires-Dist pins
+        major = spec.wheel.cuda.major
+        pinned.update({f"nvidia-cudnn-cu{major}": spec.wheel.cudnn, f"nvidia-nccl-cu{major}": spec.wheel.nccl})
     for text in extras:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         version = pinned.get(name)
-        if version is not None and not requirement.specifier.contains(version, prereleases=True):
+        # A direct URL (`torch @ https://...whl`) is another build, whatever its version.
+        if version is not None and (requirement.url or not requirement.specifier.contains(version, prereleases=True)):
             raise ExtraContradictsPin(extra=text, name=name, pinned=version, torch=spec.torch.version)
 
 
@@ -159,16 +163,18 @@ def requirements(spec: BuildSpec, matrix: Matrix, extras: Sequence[str] = ()) ->
     return reqs + list(extras)
 
 
-def index_args(spec: BuildSpec, index_url: str | None, extra_index_urls: Sequence[str]) -> list[str]:
+def index_args(spec: BuildSpec, index_url: str | None, extra_index_urls: Sequence[str]) -> list[tuple[str, str]]:
     """The PyPI build of a release comes from the default index (the user's own, or a
-    mirror set by --index-url); other CUDA builds come from PyTorch's wheel index."""
+    mirror set by --index-url); other CUDA builds come from PyTorch's wheel index. (option,
+    value) pairs: the lock passes them to uv as they are, render quotes them into a RUN line
+    without their credentials."""
     index = index_url
     if index is None and spec.wheel.name != spec.torch.pypi_variant:
         index = spec.wheel.index
-    args = [f"--index-url {index}"] if index else []
-    args += [f"--extra-index-url {url}" for url in extra_index_urls]
+    args = [("--index-url", index)] if index else []
+    args += [("--extra-index-url", url) for url in extra_index_urls]
     if len(args) > 1:
-        args.append("--index-strategy unsafe-best-match")
+        args.append(("--index-strategy", "unsafe-best-match"))
     return args
 
 
@@ -418,8 +424,8 @@ class UvCompile:
         cmd = [self.uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
                "--no-annotate", "--no-build", "--no-python-downloads", "--python-version", str(spec.python),
                "--python-platform", PLATFORMS[request.platform]]
-        for arg in index_args(spec, request.index_url, request.extra_index_urls):
-            cmd += arg.split(" ", 1)
+        for option, value in index_args(spec, request.index_url, request.extra_index_urls):
+            cmd += [option, value]
         if constraints is not None:
             with self._guard:
                 self._count += 1
@@ -545,6 +551,7 @@ class LockPlan:
     bases: Mapping[str, BasePin]
     unpinned: tuple[str, ...]  # base images neither the engine nor a registry could pin
     failed: tuple[ResolutionFailed, ...] = ()  # sets the index cannot satisfy; the rest are locked
+    extras: tuple[str, ...] = ()  # the --with asked for: without one, no set can contradict the user
 
 
 def release_platforms(spec: BuildSpec) -> Sequence[str]:
@@ -608,7 +615,7 @@ def lock_images(specs: Iterable[BuildSpec], matrix: Matrix, *, resolver: Resolve
             else:
                 bases[base] = found
     return LockPlan(tuple(done[n] for n in sorted(done)), bases, tuple(unpinned),
-                    tuple(failed[n] for n in sorted(failed)))
+                    tuple(failed[n] for n in sorted(failed)), tuple(extras))
 
 
 def _distinct(specs: Iterable[BuildSpec], extras: Sequence[str],
@@ -679,6 +686,10 @@ def check_or_write(plan: LockPlan, directory: Path, *, check_only: bool, echo: C
         for path in write_locks(directory, plan.locks, plan.bases):
             echo(f"wrote {path}")
     if plan.failed:
-        error = LocksUnsatisfiable if all(f.unsatisfiable for f in plan.failed) else LocksFailed
-        raise error(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks),
-                    done="checked" if check_only else "written")
+        unsatisfiable = all(f.unsatisfiable for f in plan.failed)
+        others = f"; the other {len(plan.locks)} are {'checked' if check_only else 'written'}" if plan.locks else ""
+        if unsatisfiable and plan.extras:
+            raise LocksUnsatisfiable(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks), others=others)
+        # Without a --with, what the index lacks (torch itself, a mirror without PyTorch's wheels) is its answer.
+        why = ": the index offers nothing that satisfies them; check that it serves these releases" if unsatisfiable else ""
+        raise LocksFailed(failed=len(plan.failed), total=len(plan.failed) + len(plan.locks), why=why, others=others)

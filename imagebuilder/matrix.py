@@ -444,6 +444,11 @@ def _parse_pythons(c: _Checker, d: dict[str, Any], path: KeyPath, *, required: b
     return tuple(sorted(v for v in parsed if v is not None))
 
 
+# torchaudio.load/save are load_with_torchcodec/save_with_torchcodec from torchaudio 2.9 on
+# (matrix.yaml's header cites the docs): an image without torchcodec cannot read or write audio.
+TORCHAUDIO_NEEDS_TORCHCODEC = Version("2.9")
+
+
 def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchRelease | None:
     d = c.record(
         data,
@@ -458,6 +463,12 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         c.problem(path + ("version",), f"{version} is not a {key} release")
     pythons = _parse_pythons(c, d, path, required=True)
     variants = c.mapping(d.get("variants"), path + ("variants",), lambda n, v, p: _parse_variant(c, n, v, p))
+    torchaudio = c.version(d, "torchaudio", path, nullable=True)
+    torchcodec = _parse_torchcodec(c, d, path)
+    if torchaudio is not None and torchaudio >= TORCHAUDIO_NEEDS_TORCHCODEC and d.get("torchcodec") is None:
+        c.problem(path + ("torchcodec",), f"missing: torchaudio {torchaudio} loads and saves audio through torchcodec "
+                                          f"(torchaudio {TORCHAUDIO_NEEDS_TORCHCODEC}+); add the torchcodec release that "
+                                          "declares this torch, with its Pythons, from its PyPI metadata")
     pypi_variant = c.text(d, "pypi_variant", path)
     if pypi_variant and variants and pypi_variant not in variants:
         c.problem(path + ("pypi_variant",), f"{pypi_variant!r} is not among this release's variants ({', '.join(variants)})")
@@ -465,14 +476,14 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
         key=key,
         version=version or Version("0"),
         torchvision=c.version(d, "torchvision", path) or Version("0"),
-        torchaudio=c.version(d, "torchaudio", path, nullable=True),
+        torchaudio=torchaudio,
         triton=c.version(d, "triton", path, nullable=True),
         pythons=pythons,
         pypi_variant=pypi_variant,
         variants=tuple(sorted(variants.values(), key=lambda v: v.cuda)),
         source=c.text(d, "source", path),
         platforms=_parse_platforms(c, d, path),
-        torchcodec=_parse_torchcodec(c, d, path),
+        torchcodec=torchcodec,
     )
 
 

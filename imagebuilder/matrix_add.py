@@ -39,6 +39,12 @@ class CannotAdd(ImageBuilderError):
     template = "cannot add torch {version}: {reason}"
 
 
+class AlreadyInMatrix(CannotAdd):
+    """The request, not the index: the same command fails until the block is removed (exit 2)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -209,9 +215,9 @@ def add_release(index: Index, matrix: Matrix, version: Version, cuda_variants: t
     still reports (a CUDA block the metadata cannot give, say)."""
     key = f"{version.major}.{version.minor}"
     if key in matrix.torches:
-        raise CannotAdd(version=version,
-                        reason=f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
-                               "remove that block first to write it anew")
+        raise AlreadyInMatrix(version=version,
+                              reason=f"{matrix.path} already has torch {key} ({matrix.torches[key].version}); "
+                                     "remove that block first to write it anew")
     block = block_text(read_release(index, version, cuda_variants))
     text = insert_block(matrix.text, key, block)
     try:

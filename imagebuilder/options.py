@@ -6,6 +6,9 @@ loose keyword arguments."""
 from __future__ import annotations
 
 import functools
+import math
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,13 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
+from .errors import BadRequest
+from .index_url import parse_index_url
+from .lock import BadUv
 from .matrix import VARIANTS
+from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
+from .reference import parse_reference
+from .render import read_certificates
 from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,6 +51,46 @@ def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Call
         return command  # type: ignore[return-value]
 
     return decorator
+
+
+def _check(validate: Callable[..., None]) -> Callable[[F], F]:
+    """Refuse a combination of options before the command does any work: validate(**options)
+    raises BadRequest (exit 2, one line)."""
+
+    def decorator(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            validate(**kwargs)
+            return f(*args, **kwargs)
+
+        return command  # type: ignore[return-value]
+
+    return decorator
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A timeout: a finite number of seconds, at least 1 and at most a week (inf, nan and 1e300
+    are no deadline a container can be given)."""
+    if not math.isfinite(value) or not 1 <= value <= WEEK:
+        raise BadRequest(f"{param.opts[0]} {value:g} is not a number of seconds from 1 to {WEEK}; give e.g. 1800")
+    return value
+
+
+WEEK = 7 * 24 * 3600
+
+
+def _report_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """--report is checked before the work it reports on: found unwritable only after an
+    hours-long build, it would lose the record."""
+    if value is None:
+        return None
+    folder = value.absolute().parent  # made when it is missing: its nearest ancestor must take it
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if value.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or (
+            value.exists() and not os.access(value, os.W_OK)) or file_system_type(folder) in PSEUDO_FILE_SYSTEMS:
+        raise BadRequest(f"--report {value}: cannot write a file there; give a FILE in a folder you can write")
+    return value
 
 
 def _selection(torch_version: str | None, cuda_version: str | None, python_version: str | None,
@@ -99,15 +148,24 @@ def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value.rstrip("/") if value else None
 
 
-index_url = click.option("--index-url", metavar="URL",
-                         help="Package index for the wheels, replacing the default one (a mirror).")
+def _index_url(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None) -> Any:
+    """An http(s):// or file:// URL, checked before any work (issue 29): uv fails on anything else
+    minutes into a build."""
+    for url in (value,) if isinstance(value, str) else value or ():
+        parse_index_url(url, param.opts[0])
+    return value
+
+
+index_url = click.option("--index-url", metavar="URL", callback=_index_url,
+                         help="Package index for the wheels, replacing the default one (a mirror). "
+                              "A user and password in it reach a BuildKit build as a secret, never a layer.")
 
 
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
     return _stack(
         index_url,
-        click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL",
+        click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL", callback=_index_url,
                      help="Additional package index; repeatable."),
     )(f)
 
@@ -156,7 +214,7 @@ def building(f: F) -> F:
     )(f)
 
 
-report = click.option("--report", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+report = click.option("--report", type=click.Path(path_type=Path), metavar="FILE", callback=_report_file,
                       help="Write a JSON report of what was done to FILE.")
 allow_no_gpu = click.option("--allow-no-gpu", is_flag=True,
                             help="On a host without GPUs, run the CPU mode of the smoke tests instead of failing.")
@@ -203,14 +261,35 @@ def build_only(f: F) -> F:
     )(f)
 
 
+def _verifying(tag: str | None, local: bool, manifest: str | None, mount_smoke_tests: bool, key: str | None,
+               signature_only: bool, **_: Any) -> None:
+    if local:
+        if tag is not None:
+            raise BadRequest(f"--local checks this Python environment, not an image; give TAG ({tag}) or --local")
+        if mount_smoke_tests:
+            raise BadRequest("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
+        if key is not None or signature_only:
+            raise BadRequest("--key and --signature-only check a published image; --local checks this environment")
+        return
+    if tag is None:
+        raise BadRequest("give the image TAG to verify, or --local for this environment")
+    parse_reference(tag, "verify")  # before the registry is asked for its signature
+    if manifest is not None:
+        raise BadRequest("--manifest is for --local; an image carries its own manifest")
+    if signature_only and key is None:
+        raise BadRequest("--signature-only checks the signature against --key: give --key PUB (without "
+                         "--signature-only, verify says whether the image is signed and runs its checks)")
+
+
 def verifying(f: F) -> F:
     """verify's own options: what to check, how long, how to report."""
     return _stack(
+        _check(_verifying),
         click.option("--local", is_flag=True,
                      help="Check this Python environment instead of an image (bare-metal hosts, pods)."),
         allow_no_gpu,
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
-        click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+        click.option("--timeout", type=float, callback=_seconds, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests may take in all; the container is killed and removed after."),
         click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
                      help="With --local: the manifest.json whose versions to expect. Default: none."),
@@ -227,13 +306,29 @@ def verifying(f: F) -> F:
     )(f)
 
 
+def _registry_ca(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A file without a certificate would read as "the registry did not answer" (its TLS fails)."""
+    if value is not None:
+        read_certificates(value, "--registry-ca", "pass the CA certificate of the registry's TLS")
+    return value
+
+
+def _publishing(merge: bool, merge_only: bool, platforms: str | None, **_: Any) -> None:
+    if merge_only and not merge:
+        raise BadRequest("--merge-only writes the indexes that --no-merge leaves out; give one of them")
+    if merge_only and platforms is None:
+        raise BadRequest("--merge-only needs --platform: the platforms each index joins")
+
+
 def publishing(f: F) -> F:
     """publish's own options: where to, what to push, how to merge, which day."""
     return _stack(
+        _check(_publishing),
         click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
         click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
+                     callback=_registry_ca,
                      help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "
                           "/etc/docker/certs.d/HOST/ca.crt where dockerd has one, else the system's CAs."),
         click.option("--push/--no-push", default=True, show_default=True,
@@ -247,7 +342,7 @@ def publishing(f: F) -> F:
                           "platform each; a --merge-only job writes the indexes after them."),
         click.option("--merge-only", is_flag=True,
                      help="Build nothing: make each TAG an index over the --platform images already pushed."),
-        click.option("--verify-timeout", type=click.FloatRange(min=1), default=1800, show_default=True, metavar="S",
+        click.option("--verify-timeout", type=float, callback=_seconds, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
@@ -256,6 +351,28 @@ def publishing(f: F) -> F:
                           "cosign key file, env://VAR or a KMS URI (password in COSIGN_PASSWORD). An unsigned "
                           "image in the registry is rebuilt and signed."),
     )(f)
+
+
+def output_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """-o: checked before anything is rendered."""
+    return check_output(value) if value is not None else None
+
+
+def cuda_variants(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """PyTorch's wheel variants, cuXYZ (checked before the index is asked for them)."""
+    for name in value:
+        if not re.fullmatch(r"cu\d{3,4}", name):
+            raise BadRequest(f"--cuda-variant {name!r} is not a CUDA wheel variant; give cu followed by the "
+                             "CUDA version's digits, e.g. cu126 for CUDA 12.6")
+    return value
+
+
+def uv_program(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--uv names a program: checked before any lock is resolved (a text file is found out by
+    running it, in UvCompile)."""
+    if value is not None and not (os.path.isfile(value) and os.access(value, os.X_OK)):
+        raise BadUv(uv=value, why="no such file" if not os.path.exists(value) else "not an executable file")
+    return value
 
 
 def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Version | None:
@@ -279,6 +396,13 @@ class Compressing:
     level: int | None
 
 
+def _compressing(compression: str | None, compression_level: int | None) -> Compressing:
+    if compression_level is not None and compression is None:
+        raise BadRequest(f"--compression-level {compression_level} sets the level of --compression: "
+                         "give --compression zstd or gzip with it")
+    return Compressing(compression, compression_level)
+
+
 def compression(f: F) -> F:
     """Handed to the command as `compressing: Compressing`."""
     return _stack(
@@ -290,6 +414,5 @@ def compression(f: F) -> F:
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
-        _collect("compressing", lambda compression, compression_level: Compressing(compression, compression_level),
-                 ("compression", "compression_level")),
+        _collect("compressing", _compressing, ("compression", "compression_level")),
     )(f)

@@ -13,10 +13,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-from .atomic import write_atomic
+from .atomic import NEW_FILE_MODE, write_atomic
 from .errors import BadRequest, ImageBuilderError
 
 OUTPUT_LIST = ".imagebuilder-output.json"  # the files imagebuilder wrote into this folder
@@ -84,13 +84,22 @@ def _is_inside(name: str) -> bool:
     return bool(name) and not path.is_absolute() and ".." not in path.parts
 
 
-def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
+def check_output(directory: Path) -> Path:
+    """-o refused before anything is rendered (a refusal after minutes of rendering, or after
+    notes about what it rendered, says less): a folder, or a place for one, that is empty or ours."""
+    check_target(directory.absolute())
+    if owned_files(directory.absolute()) is None:
+        raise ForeignFolder(directory=directory.absolute(), marker=OUTPUT_LIST)
+    return directory
+
+
+def write_tree(directory: Path, files: Mapping[str, bytes]) -> list[str]:
     """Write `files` (relative names) into `directory`, which must be empty or ours.
 
     Each file is written to a temporary name and renamed into place, and the list of what
     we wrote is replaced last, so an interrupted write leaves every file whole and the
     folder still recognisably ours. Files we wrote before and no longer render are
-    removed; nothing else in the folder is touched."""
+    removed (and returned, for the caller to say so); nothing else in the folder is touched."""
     directory = directory.absolute()
     check_target(directory)
     previous = owned_files(directory)
@@ -99,17 +108,21 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     for name in files:
         if not _is_inside(name) or name == OUTPUT_LIST:
             raise ValueError(f"refusing to write {name!r}: not a relative path inside the output folder")
-    listing = {"format": _FORMAT, "generator": "imagebuilder", "files": sorted(files)}
-    listing_bytes = (json.dumps(listing, indent=2) + "\n").encode()
     try:
-        if not previous and not (directory.exists() and any(directory.iterdir())):
-            _write_new(directory, {**files, OUTPUT_LIST: listing_bytes})
-            return
+        if not directory.exists():
+            _write_new(directory, {**files, OUTPUT_LIST: _listing(files)})
+            return []
+        # An existing folder (empty, or ours) is written into and never replaced: it may be the
+        # shell's working directory, a mount point, a link's target or a folder whose mode,
+        # group and owner its user chose, under a parent they cannot write.
         for name in sorted(set(files) | previous):
             _refuse_links(directory, name)
+        # The list names every file this run may leave before it writes one, so an interrupted
+        # write leaves a folder that is still recognisably ours; the exact list comes last.
+        write_atomic(directory / OUTPUT_LIST, _listing(set(files) | previous))
         for name in sorted(files):
-            write_atomic(directory / name, files[name])
-        write_atomic(directory / OUTPUT_LIST, listing_bytes)
+            write_atomic(directory / name, files[name], _mode(files[name]))
+        write_atomic(directory / OUTPUT_LIST, _listing(files))
         for stale in sorted(previous - set(files), reverse=True):
             path = directory / stale
             if path.is_file() or path.is_symlink():
@@ -118,6 +131,16 @@ def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     except OSError as e:
         error = OutputFailed if e.errno in _DISK_ERRORS else OutputUnwritable
         raise error(directory=directory, reason=f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from e
+    return sorted(previous - set(files))
+
+
+def _listing(files: Iterable[str]) -> bytes:
+    return (json.dumps({"format": _FORMAT, "generator": "imagebuilder", "files": sorted(files)}, indent=2)
+            + "\n").encode()
+
+
+def _mode(data: bytes) -> int:
+    return 0o755 if data.startswith(b"#!") else NEW_FILE_MODE  # COPY keeps the mode: a script must arrive executable
 
 
 def check_target(directory: Path) -> None:
@@ -172,7 +195,7 @@ def _refuse_links(directory: Path, name: str) -> None:
 
 
 def _write_new(directory: Path, files: Mapping[str, bytes]) -> None:
-    """A new (or empty) folder: written beside it and renamed into place, so it appears whole."""
+    """A new folder: written beside it and renamed into place, so it appears whole."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
@@ -180,12 +203,9 @@ def _write_new(directory: Path, files: Mapping[str, bytes]) -> None:
             path = staging / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-            if data.startswith(b"#!"):  # COPY keeps the mode: a script must arrive executable
-                path.chmod(0o755)
+            path.chmod(_mode(data))
         staging.chmod(0o755)
-        if directory.exists():
-            directory.rmdir()  # empty, checked above; a file appearing meanwhile stops us here
-        os.rename(staging, directory)
+        os.rename(staging, directory)  # a folder made meanwhile stops us here (not empty: ENOTEMPTY)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

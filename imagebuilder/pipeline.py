@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
@@ -26,7 +26,7 @@ from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from .platforms import arch, host_platform
-from .render import RenderedImage, RenderOptions, render
+from .render import SECRET_SOURCES, RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 
 if TYPE_CHECKING:
@@ -275,7 +275,8 @@ def format_listing(rows: Sequence[dict[str, Any]], fmt: str) -> str:
         return json.dumps({"include": include}, separators=(",", ":"))
     if not rows:
         return "(no images match)"
-    return format_table([h.upper() for h in rows[0]], [list(r.values()) for r in rows])
+    return format_table([h.upper() for h in rows[0]],
+                        [[",".join(v) if isinstance(v, list) else v for v in r.values()] for r in rows])
 
 
 Folder = tuple[str, str | None, RenderedImage]  # (folder, platform when several, image)
@@ -319,6 +320,17 @@ def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
             for platform, image in plan]
 
 
+def write_all(output: Path, count: int, files: Mapping[str, bytes]) -> list[str]:
+    """`render --all -o`: every context into `output`; what was written and what went, a line
+    each. A folder of an earlier render keeps only what this one asked for, and says so."""
+    from .output import write_tree
+
+    removed = {name.split("/", 1)[0] for name in write_tree(output, files) if "/" in name}
+    return [f"wrote {count} images to {output}"] + (
+        [f"removed the build contexts of {len(removed)} images an earlier render wrote there and this one did not "
+         "ask for (filters choose the images: render --all without them writes every image)"] if removed else [])
+
+
 def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:
     """`render -o`: one image's context into `output`, or several (a parent that comes along,
     several platforms) a folder each with index.json; what was written, a line each."""
@@ -327,7 +339,8 @@ def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> l
     if len(plan) == 1:
         image = plan[0][1]
         image.write(output)
-        return [f"wrote {output}/Dockerfile for {image.ref}"]
+        secrets = "".join(f" --secret id={name},src={SECRET_SOURCES.get(name, name.upper())}" for name in sorted(image.secrets))
+        return [f"wrote {output}/Dockerfile for {image.ref}", f"build it: docker build -t {image.ref}{secrets} {shlex.quote(str(output))}"]
     folders = plan_folders(plan)
     write_tree(output, context_files(folders))
     return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",

@@ -746,16 +746,20 @@ class EventPrinter:
 
 
 
-def format_plan(steps: Sequence[Step]) -> str:
-    """The plan, and under it every tag each step pushes or re-points (the dated one too)."""
+def format_plan(steps: Sequence[Step], push: bool = True) -> str:
+    """The plan, under it every tag each step pushes or re-points (the dated one too), or with
+    --no-push what stays local, and the count of each action."""
     rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
     lines = [format_table(("#", "ACTION", "IMAGE", "WHY"), rows)]
     for step in steps:
         tags = ", ".join(parse_reference(ref).reference for ref in step.writes)
         if step.action == BUILD:
-            lines.append(f"  {step.image.tags[0]}: push {tags}")
+            lines.append(f"  {step.image.tags[0]}: " + (f"push {tags}" if push else "build and verify; push nothing (--no-push)"))
         elif step.action == RETAG:
-            lines.append(f"  {step.image.tags[0]}: point {tags} at {_short(step.digest or '')}")
+            lines.append(f"  {step.image.tags[0]}: " + (f"point {tags} at {_short(step.digest or '')}" if push
+                                                         else "point nothing (--no-push)"))
+    counts = {action: sum(step.action == action for step in steps) for action in (BUILD, RETAG, SKIP)}
+    lines.append(f"plan: {counts[BUILD]} to build, {counts[RETAG]} to re-point, {counts[SKIP]} to skip")
     return "\n".join(lines)
 
 

@@ -62,8 +62,9 @@ def _name_problem(name: str) -> str | None:
     first, slash, rest = name.partition("/")
     path = name
     if slash and ("." in first or ":" in first or first == "localhost"):
-        if not _DOMAIN.fullmatch(first):
-            return f"{first!r} is not a registry host[:port]"
+        problem = domain_problem(first)
+        if problem is not None:
+            return problem
         path = rest
     for component in path.split("/"):
         if not component:
@@ -73,6 +74,17 @@ def _name_problem(name: str) -> str | None:
                 return f"the repository name must be lowercase ({component!r})"
             return (f"{component!r} is not a path component (lowercase letters and digits, "
                     "joined by '.', '_', '__' or '-')")
+    return None
+
+
+def domain_problem(domain: str) -> str | None:
+    """Why `domain` is not a registry's HOST[:PORT], or None: a port is a number from 1 to
+    65535 (0, 99999 or `abc` are a wrong request, not a registry that did not answer)."""
+    if not _DOMAIN.fullmatch(domain):
+        return f"{domain!r} is not a registry host[:port]"
+    port = domain.rpartition("]")[2].partition(":")[2]
+    if port and not 1 <= int(port) <= 65535:
+        return f"{domain!r}: the port is not a number from 1 to 65535"
     return None
 
 

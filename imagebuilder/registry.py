@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import BadRequest, ImageBuilderError
+from .reference import domain_problem
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -116,6 +117,9 @@ def parse_registry(text: str) -> tuple[str, str]:
         raise BadRegistry(text=text, why="no scheme: imagebuilder picks http for loopback, https elsewhere")
     if not host or not _is_host(host):
         raise BadRegistry(text=text, why=f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
+    problem = domain_problem(host)
+    if problem is not None:
+        raise BadRegistry(text=text, why=problem)
     if namespace and not _NAMESPACE.match(namespace):
         raise BadRegistry(text=text, why=f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
     return host, namespace

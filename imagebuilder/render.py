@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -19,6 +20,7 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .errors import BadRequest
+from .index_url import netrc, parse_index_url
 from .layers import wheel_groups
 from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
@@ -43,6 +45,11 @@ DEFAULT_SOURCE = "imagebuilder"
 
 class RenderError(BadRequest):
     """The render request cannot be carried out (an unreadable --ca-bundle, say)."""
+
+
+class CredentialsNeedBuildKit(BadRequest):
+    template = ("the index URL carries a user or password, which the classic builder would write into the "
+                "image's history; use --builder buildkit (they reach the build as a secret) or an index without them")
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,10 @@ SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 # image that needs torch's wheels downloads none. The ids are the same for every image.
 CA_SECRET_ID = "ca"
 CA_SECRET_PATH = f"/run/secrets/{CA_SECRET_ID}"
+NETRC_SECRET_ID = "index-netrc"  # the index URLs' credentials: uv reads the file NETRC names
+NETRC_SECRET_PATH = f"/run/secrets/{NETRC_SECRET_ID}"
+# What `docker build --secret id=...,src=` takes for each, as `render -o` tells its reader.
+SECRET_SOURCES = {CA_SECRET_ID: "$SSL_CERT_FILE", NETRC_SECRET_ID: "$HOME/.netrc"}
 CACHE_DIR = "/var/cache/imagebuilder"
 APT_CACHE = f"{CACHE_DIR}/apt"
 UV_CACHE = f"{CACHE_DIR}/uv"
@@ -171,7 +182,8 @@ def _uv_env(options: RenderOptions, single_stage: bool) -> str:
     else:
         env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
     cert = _cert_file(options, single_stage)
-    return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "")
+    netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options) else ""
+    return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
 
 
 def _mounts(options: RenderOptions) -> tuple[str, str]:
@@ -183,6 +195,9 @@ def _mounts(options: RenderOptions) -> tuple[str, str]:
     if options.ca_bundle is not None:
         install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
                        f"uid={USER_ID},required=true")
+    if index_netrc(options):
+        install.append(f"--mount=type=secret,id={NETRC_SECRET_ID},target={NETRC_SECRET_PATH},"
+                       f"uid={USER_ID},required=true")
     return apt, "".join(f"{m} \\\n    " for m in install)
 
 
@@ -192,6 +207,18 @@ def _apt_options(options: RenderOptions) -> str:
     if not options.buildkit:
         return ""
     return f" -o Dir::Cache::Archives={APT_CACHE} -o APT::Keep-Downloaded-Packages=true"
+
+
+def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
+    """The index options of a RUN line: each URL without its user and password (those reach
+    the build as the netrc secret) and quoted for the shell."""
+    return [f"{option} {shlex.quote(parse_index_url(value).public if option.endswith('-url') else value)}"
+            for option, value in index_args(spec, options.index_url, options.extra_index_urls)]
+
+
+def index_netrc(options: RenderOptions) -> bytes:
+    """The netrc secret of the index URLs' credentials; empty when they carry none."""
+    return netrc(parse_index_url(url) for url in (options.index_url, *options.extra_index_urls) if url)
 
 
 def _pip_install(args: list[str]) -> str:
@@ -207,7 +234,7 @@ SBOM_PATH = "/opt/imagebuilder/sbom.cdx.json"
 def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix, options: RenderOptions,
                   extras: tuple[str, ...]) -> str:
     """Exactly the lock when there is one (no resolution in the build); else resolve now."""
-    index = index_args(spec, options.index_url, options.extra_index_urls)
+    index = _index_args(spec, options)
     if lock is not None:
         return _pip_install(index + ["--require-hashes --no-deps", f"-r {path}"])
     return _pip_install(index + requirements(spec, matrix, extras))
@@ -246,7 +273,7 @@ def _jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, s
     return bootstrap + [
         f"{UV}/bin/uv pip freeze --python {VENV}/bin/python > /tmp/constraints.txt",
         _pip_install(["--constraint /tmp/constraints.txt"]
-                     + index_args(spec, options.index_url, options.extra_index_urls) + requirements(spec, matrix)),
+                     + _index_args(spec, options) + requirements(spec, matrix)),
         f"rm -rf {UV} /tmp/constraints.txt",
     ]
 
@@ -309,7 +336,7 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
                  f"uv=={matrix.tools.uv} && install -D {UV}/bin/uv {uv}.$$ && mv -f {uv}.$$ {uv}; }}; }}")
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     trees = VENV + ("" if spec.python_from_os else " /opt/python")
-    index = index_args(spec, options.index_url, options.extra_index_urls)
+    index = _index_args(spec, options)
     layers = []
     for n, group in enumerate(wheel_groups(venv.lock)):
         commands = [_uv_env(options, True), "touch /tmp/.layer-start", bootstrap]
@@ -331,7 +358,7 @@ def _added_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> 
     """devel on the shared venv: its lock's additions (ninja, the nvcc wheels) on top."""
     commands = [_uv_env(options, True),
                 f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
-                _pip_install(index_args(spec, options.index_url, options.extra_index_urls)
+                _pip_install(_index_args(spec, options)
                              + ["--require-hashes --no-deps", f"-r {ADDED_LOCK_PATH}"])]
     if spec.toolchain == "pip":
         lib = f"{_python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
@@ -467,17 +494,26 @@ def nvcc_check(spec: BuildSpec) -> str | None:
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
 
 
-def read_ca_bundle(path: Path) -> bytes:
-    """The --ca-bundle's bytes, refused unless it holds a PEM certificate: an empty or wrong
-    file would otherwise surface minutes later as a TLS failure inside the build."""
+def read_certificates(path: Path, option: str, advice: str) -> bytes:
+    """The bytes of a CA file (--ca-bundle, --registry-ca), refused (exit 2) unless OpenSSL reads
+    PEM certificates in it: an empty or wrong file, or BEGIN/END lines around anything else, would
+    otherwise surface later as a TLS failure (minutes into a build, or as a registry "not answering")."""
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise RenderError(f"cannot read --ca-bundle {path}: {e.strerror}; pass a PEM file") from e
+        raise RenderError(f"cannot read {option} {path}: {e.strerror}; {advice}") from e
     if PEM_CERTIFICATE not in data:
-        raise RenderError(f"--ca-bundle {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); "
-                          "pass the proxy's CA bundle, e.g. $SSL_CERT_FILE")
+        raise RenderError(f"{option} {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); {advice}")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii", "replace"))
+    except ssl.SSLError as e:
+        raise RenderError(f"{option} {path} holds a PEM block that is not a certificate OpenSSL can read "
+                          f"({e.reason or e.strerror or e}); {advice}") from e
     return data
+
+
+def read_ca_bundle(path: Path) -> bytes:
+    return read_certificates(path, "--ca-bundle", "pass the proxy's CA bundle, e.g. $SSL_CERT_FILE")
 
 
 def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
@@ -517,6 +553,9 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
                       for group in wheel_groups(venv.lock)})
         if venv.added is not None:
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
+    credentials = index_netrc(options)
+    if credentials and not options.buildkit:
+        raise CredentialsNeedBuildKit()
     apt_mounts, install_mounts = _mounts(options)
     if options.ca_bundle is not None:
         ca = read_ca_bundle(options.ca_bundle)
@@ -595,6 +634,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         final_files["ca-bundle.pem"] = ca
     elif ca is not None:
         secrets[CA_SECRET_ID] = ca
+    if credentials:
+        secrets[NETRC_SECRET_ID] = credentials
     return RenderedImage(
         spec=spec,
         repository=options.repository,

@@ -71,6 +71,10 @@ class KeyNotFound(BadRequest):
                 "(awskms://, gcpkms://, azurekms://, hashivault://, k8s://)")
 
 
+class KeyUnusable(BadRequest):
+    template = "{option} {key} cannot sign: {detail}{hint}"
+
+
 class CosignMissing(SigningError):
     template = ("cosign is not installed ({binary}: not found): install cosign >= 2.5 "
                 "(Debian: apt-get install cosign; .ci/cosign-install.sh does it on Debian 12 too)")
@@ -190,6 +194,23 @@ class Cosign:
                                exit_code_cosign=done.returncode)
         return done.stdout
 
+    def try_key(self, key: str, option: str) -> None:
+        """Read the private key as signing would (its password, its KMS), and sign nothing:
+        a wrong key or COSIGN_PASSWORD fails here, not after hours of building and pushing."""
+        try:
+            done = subprocess.run([self.binary, "public-key", "--key", key], capture_output=True, text=True,
+                                  errors="replace", timeout=self.timeout, stdin=subprocess.DEVNULL, check=False)
+        except FileNotFoundError as e:
+            raise CosignMissing(binary=self.binary) from e
+        except subprocess.TimeoutExpired as e:
+            raise CosignTimedOut(action="public-key", target=key, timeout=self.timeout) from e
+        if done.returncode != 0:
+            detail = _last_error(done.stderr)
+            asked = any(word in detail for word in ("ioctl", "decrypt", "password"))
+            hint = ("; give the private key (not the .pub) and its password in COSIGN_PASSWORD" if asked
+                    else _hint(detail))
+            raise KeyUnusable(option=option, key=key, detail=detail, hint=hint)
+
     # -- the four commands imagebuilder uses
 
     def sign(self, key: str, target: str) -> None:
@@ -257,9 +278,13 @@ class KeySigner:
         return sign_image(self.cosign, self.key, target, sbom)
 
 
-def key_signer(key: str, option: str = "--sign-key") -> KeySigner:
-    """The signer for a --sign-key value: the key exists (or is a URI) and cosign is installed."""
-    return KeySigner(key_reference(key, option), Cosign().require())
+def key_signer(key: str, option: str = "--sign-key", *, try_key: bool = False) -> KeySigner:
+    """The signer for a --sign-key value: the key exists (or is a URI) and cosign is installed;
+    with `try_key`, cosign has read the key (publish: before any build)."""
+    signer = KeySigner(key_reference(key, option), Cosign().require())
+    if try_key:
+        signer.cosign.try_key(signer.key, option)
+    return signer
 
 
 def sign_image(cosign: Cosign, key: str, target: str, sbom: bytes | None) -> Signed:

@@ -27,8 +27,9 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ import smoke_tests
 from smoke_tests.driver import FAIL as DRIVER_FAIL
 from smoke_tests.driver import judge_driver
 from smoke_tests.expected import DEFAULT_MANIFEST, ManifestError, load_expected
-from smoke_tests.report import format_table
+from smoke_tests.report import check_line, format_table, read_progress, summary
 from smoke_tests.result import FAIL, PASS, SKIP, Result
 
 from .engine.errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
@@ -591,6 +592,34 @@ SIGNATURE_ONLY = "signature"
 """The mode of a report that checked the image's signature and started no container."""
 
 
+# The live lines' name column: smoke_tests.checks (which imports torch) names them; the longest is 11.
+CHECK_WIDTH = len("environment")
+
+
+@dataclass
+class Live:
+    """verify's report while it is made, for people: the header and the preflight at once, then
+    a line per check as it ends (the smoke tests' progress lines); format(live) prints the rest.
+    An image whose smoke tests print no progress (an older build) gets its table at the end."""
+
+    echo: Callable[[str], None]
+    head_shown: bool = False
+    checks_shown: int = 0
+
+    def head(self, report: VerifyReport) -> None:
+        for line in [*report.head_lines(), ""]:
+            self.echo(line)
+        self.head_shown = True
+
+    def output(self, line: str) -> None:
+        result = read_progress(line)
+        if result is not None:
+            if not self.checks_shown:
+                self.echo(f"{'CHECK':<{CHECK_WIDTH}}  STATUS  REASON")
+            self.echo(check_line(result, CHECK_WIDTH))
+            self.checks_shown += 1
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     target: str
@@ -664,23 +693,29 @@ class VerifyReport:
             "signature": self.signature.to_json() if self.signature is not None else None,
         }
 
-    def format(self) -> str:
-        """For people: the preflight table, then the checks' table (or why there is none)."""
-        verdict = f"{'OK' if self.ok else 'FAILED'}: {self.target} ({self.seconds:.1f}s)"
-        if self.mode == SIGNATURE_ONLY:
-            return "\n".join([self.signature.line() if self.signature else "signature: not checked", verdict])
+    def head_lines(self) -> list[str]:
+        """What is known before the smoke tests start: the header and the preflight table."""
         width = max([len("PREFLIGHT")] + [len(item.name) for item in self.preflight])
         lines = [f"verify {self.target} ({self.mode}"
                  f"{', GPUs required' if self.require_gpu else ', CPU mode allowed'})"]
         if self.signature is not None:
             lines.append(self.signature.line())
         lines.append(f"{'PREFLIGHT':<{width}}  STATUS  DETAIL")
-        lines += [f"{item.name:<{width}}  {item.status.upper():<6}  {item.detail}" for item in self.preflight]
+        return lines + [f"{item.name:<{width}}  {item.status.upper():<6}  {item.detail}" for item in self.preflight]
+
+    def format(self, live: Live | None = None) -> str:
+        """For people: the preflight table, then the checks' table (or why there is none).
+        After `live` showed the head and a line per check, the rest: the summary, the verdict."""
+        verdict = f"{'OK' if self.ok else 'FAILED'}: {self.target} ({self.seconds:.1f}s)"
+        if self.mode == SIGNATURE_ONLY:
+            return "\n".join([self.signature.line() if self.signature else "signature: not checked", verdict])
+        lines = [] if live is not None and live.head_shown else self.head_lines()
         if self.built_from is not None:
             lines += self.built_from.lines()
-        lines.append("")
-        if self.checks:
-            lines.append(format_table(list(self.checks)))
+        if self.checks and not (live is not None and live.checks_shown == len(self.checks)):
+            # The smoke tests' table without its own OK line: the verdict below is the one.
+            lines += ["", *format_table(list(self.checks)).splitlines()[:-1]]
+        lines.append(f"checks: {summary(list(self.checks))}" if self.checks else "")
         if self.error is not None:
             lines.append(f"smoke tests: {self.error}")
         if self.output_tail:
@@ -704,7 +739,7 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
 
 def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
                  timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False,
-                 read_provenance: bool = True) -> VerifyReport:
+                 read_provenance: bool = True, live: Live | None = None) -> VerifyReport:
     """Preflight the daemon's host for `ref`, then run the smoke tests in a container from it.
     A registry image's provenance (where it was built from) is read from the registry.
 
@@ -720,6 +755,8 @@ def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
     facts = collect_facts(engine, ref)
     checked = preflight(facts, allow_no_gpu=allow_no_gpu)
     require_gpu = checked.use_gpus or not allow_no_gpu
+    if live is not None:
+        live.head(VerifyReport(ref, "docker", checked.items, require_gpu=require_gpu))
     if not checked.ok:
         return VerifyReport(ref, "docker", checked.items, error=NOT_RUN, require_gpu=require_gpu,
                             seconds=time.monotonic() - started, bad_request=facts.image_not_found)
@@ -741,7 +778,8 @@ def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
     try:
         run = engine.run(ref, smoke_command("python3", require_gpu=require_gpu, manifest=manifest),
                          timeout=timeout, gpus=checked.use_gpus, shm_size=SHM_SIZE,
-                         environment=environment, archives=archives or None)
+                         environment=environment, archives=archives or None,
+                         on_output=live.output if live is not None else None)
     except GpuUnavailable as e:
         items = checked.items + (PreflightItem("runtime", FAIL, str(e)),)
         return VerifyReport(ref, "docker", items, error=NOT_RUN, require_gpu=require_gpu,
@@ -756,7 +794,8 @@ def verify_image(engine: Runner, ref: str, *, allow_no_gpu: bool = False,
 
 def verify_published(engine: Runner, tag: str, *, key: str | None, signature_only: bool = False,
                      store: Store | None = None, cosign: Cosign | None = None, allow_no_gpu: bool = False,
-                     timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False) -> VerifyReport:
+                     timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False,
+                     live: Live | None = None) -> VerifyReport:
     """The signature of the digest `tag` names in its registry first (signed by `key`, with its
     SBOM attested), before any container starts; then, unless that failed or `signature_only`,
     verify_image() on that very digest (on `tag` when no key pinned one). Without a key the
@@ -772,14 +811,16 @@ def verify_published(engine: Runner, tag: str, *, key: str | None, signature_onl
     if signature_only or not signature.ok:
         return VerifyReport(tag, SIGNATURE_ONLY, (), signature=signature, seconds=time.monotonic() - started)
     ref = signature.pinned if key is not None and signature.pinned else tag
+    if live is not None:
+        live.echo(signature.line())  # the head verify_image shows knows no signature
     report = verify_image(engine, ref, allow_no_gpu=allow_no_gpu, timeout=timeout,
-                          mount_smoke_tests=mount_smoke_tests)
+                          mount_smoke_tests=mount_smoke_tests, live=live)
     return replace(report, signature=signature, seconds=time.monotonic() - started)
 
 
 def verify_local(*, allow_no_gpu: bool = False, timeout: float = DEFAULT_TIMEOUT,
                  manifest: str | None = None, python: str | None = None,
-                 target: str | None = None) -> VerifyReport:
+                 target: str | None = None, live: Live | None = None) -> VerifyReport:
     """The same checks in this Python environment (bare-metal hosts, pods), in a subprocess
     under `timeout`, so that a hung CUDA call or compile cannot hang verify."""
     started = time.monotonic()
@@ -787,11 +828,14 @@ def verify_local(*, allow_no_gpu: bool = False, timeout: float = DEFAULT_TIMEOUT
     target = target or f"local {python}"
     checked = preflight(collect_local_facts(manifest), allow_no_gpu=allow_no_gpu)
     require_gpu = checked.use_gpus or not allow_no_gpu
+    if live is not None:
+        live.head(VerifyReport(target, "local", checked.items, require_gpu=require_gpu))
     if not checked.ok:
         return VerifyReport(target, "local", checked.items, error=NOT_RUN, require_gpu=require_gpu,
                             seconds=time.monotonic() - started)
     command = smoke_command(python, require_gpu=require_gpu, manifest=manifest)
-    output, exit_code, timed_out = run_process(command, timeout=timeout, env=_local_env())
+    output, exit_code, timed_out = run_process(command, timeout=timeout, env=_local_env(),
+                                               on_output=live.output if live is not None else None)
     parsed = parse_output(output, exit_code, timed_out=timed_out, timeout=timeout, python=in_local(python))
     return _report(target, "local", checked, parsed, output, require_gpu, time.monotonic() - started)
 
@@ -803,24 +847,41 @@ def _local_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root}
 
 
-def run_process(command: Sequence[str], *, timeout: float,
-                env: Mapping[str, str] | None = None) -> tuple[str, int | None, bool]:
+def run_process(command: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                on_output: Callable[[str], None] | None = None) -> tuple[str, int | None, bool]:
     """(stdout then stderr, exit code, timed out). The process and everything it started
-    (NCCL's workers, compiler jobs) is killed at the timeout and on Ctrl-C."""
+    (NCCL's workers, compiler jobs) is killed at the timeout and on Ctrl-C. `on_output` is
+    told each line of stderr as it comes (the smoke tests' progress)."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                errors="replace", env=dict(env) if env is not None else None,
                                start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+
+    def drain(stream: Any, into: list[str], each: Callable[[str], None] | None) -> None:
+        for line in stream:
+            into.append(line)
+            if each is not None:
+                each(line.rstrip("\n"))
+
+    readers = [threading.Thread(target=drain, args=(process.stdout, out, None), daemon=True),
+               threading.Thread(target=drain, args=(process.stderr, err, on_output), daemon=True)]
+    for reader in readers:
+        reader.start()
+    timed_out = False
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        stdout, stderr = process.communicate()
-        return stdout + stderr, None, True
+        process.wait()
+        timed_out = True
     except BaseException:
         _kill_group(process)
         process.wait()
         raise
-    return stdout + stderr, process.returncode, False
+    for reader in readers:
+        reader.join()
+    return "".join(out) + "".join(err), None if timed_out else process.returncode, timed_out
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:

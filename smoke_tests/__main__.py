@@ -52,7 +52,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     require_gpu = args.require_gpu or (not args.allow_no_gpu and gpu_required(expected))
     try:
-        results = run_checks(names, expected, args.timeout, require_gpu)
+        results = run_checks(names, expected, args.timeout, require_gpu,
+                             on_result=(lambda result: print(report.progress_line(result), file=sys.stderr, flush=True))
+                             if args.json else None)
     except UnknownCheck as e:
         print(f"smoke_tests: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,30 @@ HEADLINE = (
 )
 
 
+# With --json, a line on stderr per check as it ends (the report comes on stdout at the end):
+# verify shows each while the others run. Lines without the prefix are anything else printed.
+PROGRESS_PREFIX = "smoke_tests: done: "
+
+
+def progress_line(result: Result) -> str:
+    return PROGRESS_PREFIX + json.dumps(result.to_dict(), sort_keys=True)
+
+
+def read_progress(line: str) -> Optional[Result]:
+    """The result a progress line carries; None for any other line (or a broken one)."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        return Result.from_dict(json.loads(line[len(PROGRESS_PREFIX):]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def check_line(result: Result, name_width: int = 0) -> str:
+    """One check as a line of the table."""
+    return f"{result.name:<{name_width}}  {result.status.upper():<6}  {result.reason}"
+
+
 def ok(results: Sequence[Result]) -> bool:
     return not any(result.failed for result in results)
 
@@ -63,7 +87,7 @@ def format_table(results: Sequence[Result]) -> str:
     name_width = max([len("CHECK")] + [len(r.name) for r in results])
     lines = [f"{'CHECK':<{name_width}}  STATUS  REASON"]
     for result in results:
-        lines.append(f"{result.name:<{name_width}}  {result.status.upper():<6}  {result.reason}")
+        lines.append(check_line(result, name_width))
         headline = _headline(result)
         if headline:
             lines.append(f"{'':<{name_width}}  {'':<6}  {headline}")

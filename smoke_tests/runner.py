@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 from .checks import CHECK_NAMES, CHECKS, Check, checks_for
 from .context import DEFAULT_TIMEOUT, Context
@@ -77,14 +77,22 @@ def run_checks(
     expected: Union[Expected, Mapping[str, Any], None] = None,
     timeout: float = DEFAULT_TIMEOUT,
     require_gpu: bool = False,
+    on_result: Optional[Callable[[Result], None]] = None,
 ) -> List[Result]:
     """Run the named checks (by default those for the expected variant) in registry order.
 
-    expected is an Expected or the manifest's dict; None means no expectations.
+    expected is an Expected or the manifest's dict; None means no expectations. on_result is
+    told each result as its check ends (verify prints a line per check while the rest run).
     """
     ctx = Context(expected=as_expected(expected), require_gpu=require_gpu, timeout=timeout)
     wanted = list(checks_for(ctx.expected.variant) if names is None else names)
     unknown = [name for name in wanted if name not in CHECK_NAMES]
     if unknown:
         raise UnknownCheck(unknown)
-    return [run_one(name, check, ctx) for name, check in CHECKS if name in wanted]
+    results = []
+    for name, check in CHECKS:
+        if name in wanted:
+            results.append(run_one(name, check, ctx))
+            if on_result is not None:
+                on_result(results[-1])
+    return results

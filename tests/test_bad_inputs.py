@@ -33,6 +33,7 @@ class Row:
     code: int
     line: str  # in the one `error:` line (or the note, for exit 0)
     files: tuple[tuple[str, bytes], ...] = ()  # inputs the row writes first, relative to its folder
+    env: tuple[tuple[str, str], ...] = ()  # the environment the row runs in, beside DOCKER_HOST=NO_DAEMON
 
 
 def _matrix(replace: str, by: str) -> bytes:
@@ -69,11 +70,21 @@ ROWS = {
     # 2. refused now, not minutes later
     "ca-bundle text": Row((*RENDER, "--dry-run", "--ca-bundle", "/etc/hostname"), 2, "--ca-bundle /etc/hostname holds no PEM certificate"),
     "ca-bundle empty": Row((*RENDER, "--dry-run", "--ca-bundle", "empty.pem"), 2, "holds no PEM certificate", (("empty.pem", b""),)),
+    "ca-bundle BEGIN/END around junk": Row((*RENDER, "--dry-run", "--ca-bundle", "junk.pem"), 2,
+                                           "holds a PEM block that is not a certificate OpenSSL can read",
+                                           (("junk.pem", b"-----BEGIN CERTIFICATE-----\nMIIBjunk\n-----END CERTIFICATE-----\n"),)),
     "ca-bundle /dev/null": Row((*RENDER, "--dry-run", "--ca-bundle", "/dev/null"), 2, "--ca-bundle /dev/null holds no PEM certificate"),
     "render --with torch": Row((*RENDER, "--dry-run", "--with", "torch==2.5.1"), 2,
                                "--with 'torch==2.5.1' contradicts the image's torch==2.6.0"),
     "render --with torchvision": Row((*RENDER, "--dry-run", "--with", "torchvision<0.20"), 2, "contradicts the image's torchvision==0.21.0"),
     "render --with triton": Row((*RENDER, "--dry-run", "--with", "triton==3.1.0"), 2, "contradicts the image's triton==3.2.0"),
+    # issue 29, item 7: without a lock too, and whatever the spelling; a direct URL is another build
+    "render --with nvidia-cudnn, no lock": Row((*RENDER, "--dry-run", "--with", "nvidia-cudnn-cu12==8.9.2.26"), 2,
+                                               "contradicts the image's nvidia-cudnn-cu12==9.1.0.70"),
+    "render --with nvidia_nccl underscores": Row((*RENDER, "--dry-run", "--with", "NVIDIA_NCCL_CU12<2"), 2,
+                                                 "contradicts the image's nvidia-nccl-cu12=="),
+    "render --with torch @ URL": Row((*RENDER, "--dry-run", "--with", "torch @ https://example.com/torch-2.6.0-cp311-none.whl"), 2,
+                                     "contradicts the image's torch==2.6.0"),
     "lock --with torch": Row((*LOCK, "--with", "torch==2.5.1"), 2, "contradicts the image's torch==2.6.0"),
     # 4. one request, one answer
     "matrix cross-major": Row(("matrix", "--torch", "2.6", "--cuda", "13.0"), 2, "another CUDA major cannot be used"),
@@ -87,6 +98,66 @@ ROWS = {
     "matrix path empty": Row(("--matrix", "", "matrix"), 2, "--matrix '': the path is empty"),
     "cuda update noted": Row(("render", "--torch", "2.6", "--cuda", "12.4.0", "--dry-run"), 0,
                              "note: --cuda 12.4.0: the matrix's CUDA 12.4 is 12.4.1"),
+    # issue 29, item 2: index URLs uv can use, credentials in no RUN line
+    "render --index-url not a URL": Row((*RENDER, "--dry-run", "--index-url", "notaurl"), 2,
+                                        "--index-url notaurl is not a package index URL: its scheme is missing"),
+    "render --extra-index-url ftp": Row((*RENDER, "--dry-run", "--extra-index-url", "ftp://x/simple"), 2,
+                                        "--extra-index-url ftp://x/simple is not a package index URL: its scheme is ftp://"),
+    "lock --index-url bad port": Row((*LOCK, "--index-url", "https://127.0.0.1:abc/simple"), 2,
+                                     "its port is not a number from 1 to 65535"),
+    "matrix check --online not a URL": Row(("matrix", "check", "--online", "--index-url", "notaurl"), 2,
+                                           "--index-url notaurl is not a package index URL"),
+    "matrix add not a URL": Row(("matrix", "add", "--torch", "2.6.0", "--index-url", "notaurl"), 2,
+                                "--index-url notaurl is not a package index URL"),
+    "render credentials, classic": Row((*RENDER, "--dry-run", "--index-url", "https://alice:s3cr3t@mirror.example.com/simple"), 2,
+                                       "the classic builder would write into the image's history; use --builder buildkit"),
+    # issue 29, item 4: a flag that would be ignored, or would say OK for what it did not check
+    "verify --signature-only without --key": Row(("verify", "pytorch:2.6", "--signature-only"), 2,
+                                                 "--signature-only checks the signature against --key: give --key PUB"),
+    "verify --signature-only --json without --key": Row(("verify", "pytorch:2.6", "--signature-only", "--json"), 2,
+                                                        "give --key PUB"),
+    "verify --local with a TAG": Row(("verify", "--local", "pytorch:2.6"), 2, "--local checks this Python environment, not an image"),
+    "publish --merge-only --no-merge": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--platform", "linux/amd64,linux/arm64",
+                                            "--merge-only", "--no-merge"), 2, "--merge-only writes the indexes that --no-merge leaves out"),
+    "build --compression-level alone": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--compression-level", "3"), 2,
+                                           "give --compression zstd or gzip with it"),
+    "render --dry-run -o": Row((*RENDER, "--dry-run", "-o", "out"), 2, "or --dry-run to print the Dockerfile (not both)"),
+    # issue 29, item 5: a line, not a traceback, and before any work
+    "verify --timeout nan": Row(("verify", "--local", "--timeout", "nan"), 2, "--timeout nan is not a number of seconds from 1 to 604800"),
+    "verify --timeout inf": Row(("verify", "pytorch:2.6", "--timeout", "inf"), 2, "--timeout inf is not a number of seconds"),
+    "verify --timeout 1e300": Row(("verify", "pytorch:2.6", "--timeout", "1e300"), 2, "--timeout 1e+300 is not a number of seconds"),
+    "publish --verify-timeout nan": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--verify-timeout", "nan"), 2,
+                                        "--verify-timeout nan is not a number of seconds"),
+    "build --report unwritable": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--report", "afile/r.json"), 2,
+                                     "--report afile/r.json: cannot write a file there", (("afile", b"x"),)),
+    "build --report a folder": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--report", "."), 2,
+                                   "--report .: cannot write a file there"),
+    "build --report /proc": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--report", "/proc/r.json"), 2,
+                                "--report /proc/r.json: cannot write a file there"),
+    "publish --registry port abc": Row(("publish", "--registry", "127.0.0.1:abc/ns", "--dry-run"), 2,
+                                       "'127.0.0.1:abc' is not a registry host[:port]"),
+    "verify port abc": Row(("verify", "127.0.0.1:abc/x:1"), 2, "'127.0.0.1:abc' is not a registry host[:port]"),
+    "verify port abc --signature-only": Row(("verify", "127.0.0.1:abc/x:1", "--key", "k.pub", "--signature-only"), 2,
+                                            "'127.0.0.1:abc' is not a registry host[:port]"),
+    # issue 29, item 6: a wrong request, not a registry that did not answer
+    "publish --registry port 0": Row(("publish", "--registry", "127.0.0.1:0/ns", "--dry-run"), 2,
+                                     "the port is not a number from 1 to 65535"),
+    "publish --registry port 99999": Row(("publish", "--registry", "127.0.0.1:99999/ns", "--dry-run"), 2,
+                                         "the port is not a number from 1 to 65535"),
+    "publish --registry empty port": Row(("publish", "--registry", "127.0.0.1:/ns", "--dry-run"), 2,
+                                         "'127.0.0.1:' is not a registry host[:port]"),
+    "verify port 99999": Row(("verify", "127.0.0.1:99999/x:1"), 2, "the port is not a number from 1 to 65535"),
+    "lock --uv missing": Row((*LOCK, "--uv", "/nope/uv"), 2, "--uv /nope/uv is not a uv executable (no such file)"),
+    "DOCKER_HOST garbage": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 2,
+                               "DOCKER_HOST=garbage is not a Docker daemon address", env=(("DOCKER_HOST", "garbage"),)),
+    "DOCKER_HOST port abc": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 2,
+                                "its port is not a number from 1 to 65535", env=(("DOCKER_HOST", "tcp://h:abc"),)),
+    "matrix add already there": Row(("matrix", "add", "--torch", "2.6.0"), 2, "already has torch 2.6 (2.6.0)"),
+    "matrix add --cuda-variant banana": Row(("matrix", "add", "--torch", "2.99.0", "--cuda-variant", "banana"), 2,
+                                            "--cuda-variant 'banana' is not a CUDA wheel variant"),
+    "publish --registry-ca without a certificate": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--dry-run",
+                                                        "--registry-ca", "ca.pem"), 2,
+                                                       "--registry-ca ca.pem holds no PEM certificate", (("ca.pem", b"junk\n"),)),
     # 5. the world's failure
     "no daemon": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 1, "could not reach the Docker daemon"),
 }
@@ -103,6 +174,8 @@ def test_a_bad_input_gets_one_line_and_its_exit_code_and_writes_nothing(name: st
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DOCKER_HOST", NO_DAEMON)  # proves no row but "no daemon" asks one
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for key, value in row.env:
+        monkeypatch.setenv(key, value)
     for relative, data in row.files:
         (tmp_path / relative).write_bytes(data)
     before = _tree(tmp_path)
@@ -300,3 +373,15 @@ def test_an_unwritable_workspace_is_warned_about_at_start(base_image: str, tmp_p
                          'owner: --user "$(id -u):$(id -g)"']
     else:
         assert lines == []
+
+
+def test_every_bad_input_docs_exit_codes_documents_behaves_as_documented() -> None:
+    """tests/battery.py over the table of docs/exit-codes.md, as a user runs each command."""
+    import battery
+
+    cases = battery.documented_cases()
+    assert len(cases) >= 40 and {case.code for case in cases} == {1, 2}
+    failures = [f"{case.command}: {problem}" for case, problem in battery.run_battery(cases) if problem]
+    assert failures == []
+    # The battery can fail: a documented code that is wrong is caught.
+    assert "exit 2, not 0" in (battery.run_case(battery.Case(0, "imagebuilder matrix --os nope")) or "")

@@ -70,3 +70,19 @@ def test_terminal_progress_updates_one_line_per_step():
 
 def test_human_size():
     assert [human_size(n) for n in (512, 1_500_000, 6_100_000_000)] == ["512 B", "1.5 MB", "6.1 GB"]
+
+
+def test_a_dry_run_with_a_report_writes_the_plan_it_prints(tmp_path: Path) -> None:
+    """`build --dry-run --report F` does what both say: builds nothing, reports what it would build."""
+    import json
+
+    from imagebuilder.build import report_plan
+
+    runtime = render(resolve(M, Request("2.6", "12.4", variant="runtime")), M)
+    printed: list[str] = []
+    report_plan([("linux/amd64", runtime)], report=tmp_path / "r.json", echo=printed.append)
+    assert printed == [f"would build {runtime.ref} (linux/amd64)"]
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document == {"ok": True, "dry_run": True, "images": [], "planned": [runtime.ref]}
+    report_plan([("linux/amd64", runtime)], report=None, echo=printed.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+import certifi
 import pytest
 
 from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
@@ -319,7 +320,11 @@ BUILDKIT_GOLDEN = {
     "buildkit-runtime-2.6-cuda12.4-py3.12.Dockerfile": (Request("2.6", "12.4", python="3.12"), False),
     "buildkit-jupyter-2.6-cuda12.4-ca.Dockerfile": (Request("2.6", "12.4", variant="jupyter"), True),
 }
-FAKE_CA = b"-----BEGIN CERTIFICATE-----\nMIIBbuildkit\n-----END CERTIFICATE-----\n"
+# A certificate OpenSSL reads (--ca-bundle refuses BEGIN/END lines around anything else): the
+# first of certifi's bundle; what it certifies does not matter to rendering.
+_BUNDLE = Path(certifi.where()).read_bytes()
+FAKE_CA = (_BUNDLE[_BUNDLE.index(b"-----BEGIN CERTIFICATE-----"):_BUNDLE.index(b"-----END CERTIFICATE-----")]
+           + b"-----END CERTIFICATE-----\n")
 
 
 @pytest.mark.parametrize("name", sorted(BUILDKIT_GOLDEN))

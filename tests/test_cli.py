@@ -69,6 +69,7 @@ def test_matrix_check_and_listing_formats():
     assert code == 0
     assert out.splitlines()[0].split()[:3] == ["TORCH", "CUDA", "WHEEL"]
     assert len(out.splitlines()) == 1 + 3  # header + cu118, cu124, cu126
+    assert all(line.split()[-1] == "linux/amd64" for line in out.splitlines()[1:])  # not a Python list
     code, out, _ = run("matrix", "--torch", "2.6", "--format", "json")
     rows = json.loads(out)
     assert {r["variant"] for r in rows} == set(VARIANTS)

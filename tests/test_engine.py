@@ -412,6 +412,24 @@ def test_run_returns_output_and_exit_code_and_removes_its_container(
 
 
 @docker
+def test_run_tells_each_line_as_it_is_printed(docker_engine: DockerEngine, base_image: str, marker: str) -> None:
+    """verify shows each check as it ends: a line printed 2 s before the container ends arrives before that."""
+    arrived: list[tuple[str, float]] = []
+
+    def told(line: str) -> None:
+        arrived.append((line, time.monotonic()))
+
+    script = f"echo first; sleep 2; echo second >&2 # {marker}"
+    started = time.monotonic()
+    result = docker_engine.run(base_image, ["sh", "-c", script], timeout=60, on_output=told)
+    ended = time.monotonic()
+    assert [line for line, _ in arrived] == ["first", "second"] and "first" in result.output
+    assert arrived[0][1] < ended - 1, "the first line came only when the container ended"
+    assert started < arrived[0][1]
+    assert not _containers_running(marker)
+
+
+@docker
 def test_run_enforces_its_timeout(docker_engine: DockerEngine, base_image: str, marker: str) -> None:
     started = time.monotonic()
     result = docker_engine.run(base_image, ["sh", "-c", f"echo started; sleep 60 # {marker}"],
@@ -501,3 +519,48 @@ def test_only_the_engine_package_and_registry_auth_import_docker() -> None:
             if any(name == "docker" or name.startswith("docker.") for name in names):
                 importers.add(path.relative_to(package).as_posix())
     assert {p for p in importers if not p.startswith("engine/")} == {"registry.py"}, importers
+
+
+def test_a_failed_pull_keeps_the_daemons_cause_not_docker_pys_url() -> None:
+    import docker
+
+    from imagebuilder.engine.errors import PullFailed
+
+    cause = ("pull access denied for nope, repository does not exist or may require 'docker login': "
+             "denied: requested access to the resource is denied")
+    long_url = "http+docker://localhost/v1.47/images/create?tag=1&fromImage=" + "x" * 300
+
+    class Api:
+        def pull(self, ref: str, stream: bool, decode: bool) -> None:
+            raise docker.errors.APIError(f"404 Client Error for {long_url}: Not Found", explanation=cause)
+
+    class Client:
+        api = Api()
+
+    engine = DockerEngine("unix:///nonexistent")
+    engine._client_obj = Client()  # type: ignore[assignment]
+    with pytest.raises(PullFailed) as caught:
+        engine.pull("nope:1")
+    assert caught.value.detail == cause
+
+
+@pytest.mark.parametrize(("env", "choice", "buildx", "says"), [
+    ({}, "buildkit", None, "--builder buildkit needs a docker CLI with BuildKit"),
+    ({"IMAGEBUILDER_BUILDER": "buildkit"}, "buildkit", None, "IMAGEBUILDER_BUILDER=buildkit needs a docker CLI"),
+    ({"BUILDX_BUILDER": "remote"}, "auto", "remote", "BUILDX_BUILDER=remote needs a docker CLI with BuildKit"),
+    ({"IMAGEBUILDER_BUILDER": "classic"}, "classic", "remote",
+     "--buildx-builder remote needs a BuildKit builder, but IMAGEBUILDER_BUILDER=classic asks for the classic one"),
+])
+def test_a_builder_error_names_the_setting_the_user_made(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                         choice: str, buildx: str | None, says: str) -> None:
+    from imagebuilder.engine import select
+    from imagebuilder.errors import BadRequest
+
+    for name in ("IMAGEBUILDER_BUILDER", "BUILDX_BUILDER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(select, "detect_buildkit", lambda builder=None: (None, ["docker: no buildx"]))
+    with pytest.raises(BadRequest) as caught:
+        select.decide(choice, buildx)
+    assert str(caught.value).startswith(says)

@@ -547,3 +547,24 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
     assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
     with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
         build_image(RecordingEngine(None), image, builder=RecordingEngine(None), matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+
+
+# uv's answer when the index has no torch at all (a mirror without PyTorch's wheels).
+NO_TORCH = "No solution found when resolving dependencies: Because torch was not found in the package registry"
+
+
+@pytest.mark.parametrize(("extras", "error", "code", "says", "never"), [
+    ((), locking.LocksFailed, 1, "the index offers nothing that satisfies them", "--with"),
+    (("pandas==0.1",), locking.LocksUnsatisfiable, 2, "drop or change the --with that conflicts", "the other"),
+])
+def test_an_unsatisfiable_lock_blames_a_with_only_when_one_was_given(tmp_path: Path, extras: tuple[str, ...],
+                                                                     error: type[Exception], code: int, says: str,
+                                                                     never: str) -> None:
+    failed = locking.ResolutionFailed(name="torch2.6.0-cu124-py3.11-runtime", requirements="torch==2.6.0", detail=NO_TORCH)
+    plan = locking.LockPlan((), {}, (), (failed,), extras)
+    with pytest.raises(error) as caught:
+        locking.check_or_write(plan, tmp_path, check_only=False, echo=print, note=print, err=print)
+    message = str(caught.value)
+    assert caught.value.exit_code == code and says in message and never not in message  # type: ignore[attr-defined]
+    assert "the others are" not in message  # there are none
+    assert list(tmp_path.iterdir()) == []

@@ -23,10 +23,11 @@ from imagebuilder.resources import default_matrix_path
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 
 
-def release(version: str = "2.9.1", cuda: str = "12.8.90") -> NewRelease:
+def release(version: str = "2.9.1", cuda: str = "12.8.90", torchaudio: str = "2.8.0") -> NewRelease:
+    """A release whose torchaudio (below 2.9) needs no torchcodec, unless `torchaudio` says so."""
     variant = Variant("cu128", Version(cuda), Version("9.10.2.21"), Version("2.27.5"),
                       "https://download.pytorch.org/whl/cu128", "test: Requires-Dist")
-    return NewRelease(Version(version), Version("0.24.1"), Version("2.9.1"), Version("3.5.1"),
+    return NewRelease(Version(version), Version("0.24.1"), Version(torchaudio), Version("3.5.1"),
                       (Version("3.10"), Version("3.11")), ("linux/amd64",), variant, (), "test source", ())
 
 
@@ -82,6 +83,21 @@ def test_every_variant_in_the_packaged_matrix_names_its_source():
             assert len(variant.source) > 20, (key, variant.name)  # a source, not a placeholder
 
 
+def test_a_release_whose_torchaudio_needs_torchcodec_says_the_block_lacks_it(tmp_path, monkeypatch):
+    """torchaudio 2.9+ loads and saves audio through torchcodec, which no Requires-Dist names:
+    the block is written, `matrix add` says what it could not fill, and `matrix check` fails it."""
+    from imagebuilder import matrix_add
+
+    monkeypatch.setattr(matrix_add, "read_release", lambda index, version, cuda_variants=(): release("2.13.0", torchaudio="2.13.0"))
+    path = tmp_path / "m.yaml"
+    path.write_text(SMALL.read_text())
+    result = CliRunner().invoke(cli, ["--matrix", str(path), "matrix", "add", "--torch", "2.13.0"])
+    assert result.exit_code == 0, result.output
+    assert "note: left for you: " in result.stderr and "torch.2.13.torchcodec: missing: torchaudio 2.13.0" in result.stderr
+    check = CliRunner().invoke(cli, ["--matrix", str(path), "matrix", "check"])
+    assert check.exit_code == 2 and "torch.2.13.torchcodec: missing" in check.stderr
+
+
 @pytest.mark.network
 def test_matrix_add_writes_2_14_equal_in_every_pin_to_todays(tmp_path):
     today = load_matrix(default_matrix_path())
@@ -90,6 +106,10 @@ def test_matrix_add_writes_2_14_equal_in_every_pin_to_todays(tmp_path):
     assert "2.14" not in load_matrix(path).torches
     result = CliRunner().invoke(cli, ["--matrix", str(path), "matrix", "add", "--torch", str(today.torches["2.14"].version)])
     assert result.exit_code == 0, result.output
+    # torchcodec is what no metadata names: left for the user (today's line, put in by hand).
+    assert "torch.2.14.torchcodec: missing" in result.output
+    codec = next(line for line in today.text.split('  "2.14":', 1)[1].splitlines() if line.startswith("    torchcodec:"))
+    path.write_text(path.read_text().replace('  "2.14":\n', '  "2.14":\n' + codec + "\n", 1))
     added, want = load_matrix(path).torches["2.14"], today.torches["2.14"]
     pins = ("version", "torchvision", "torchaudio", "triton", "pythons", "pypi_variant", "platforms")
     assert {p: getattr(added, p) for p in pins} == {p: getattr(want, p) for p in pins}

@@ -159,6 +159,13 @@ def test_plan_lists_every_tag_in_order() -> None:
     text = publish.format_plan(publish.plan([JUPYTER, RUNTIME], {}))
     assert text.index(RUNTIME.ref) < text.index(JUPYTER.ref)
     assert all(tag in text for tag in RUNTIME.tags + JUPYTER.tags)
+    assert text.splitlines()[-1] == "plan: 2 to build, 0 to re-point, 0 to skip"
+
+
+def test_a_plan_without_push_plans_no_push() -> None:
+    text = publish.format_plan(publish.plan([JUPYTER, RUNTIME], {}), push=False)
+    assert "push " not in text.replace("push nothing (--no-push)", "")
+    assert text.count("build and verify; push nothing (--no-push)") == 2
 
 
 # --------------------------------------------------------------------------- registry tables

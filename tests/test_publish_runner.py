@@ -67,7 +67,7 @@ class CannedEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None) -> RunResult:
+            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
         raise AssertionError("the runner starts no container itself: its verifier does")
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import certifi
 import pytest
 
 from packaging.version import Version
@@ -102,7 +103,10 @@ def test_the_runtime_guard_admits_every_driver_the_wheels_run_on():
 
 def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
     ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    # A certificate OpenSSL reads (--ca-bundle refuses anything else): the first of certifi's bundle.
+    bundle = Path(certifi.where()).read_text()
+    ca.write_text(bundle[bundle.index("-----BEGIN CERTIFICATE-----"):bundle.index("-----END CERTIFICATE-----")]
+                  + "-----END CERTIFICATE-----\n")
     for variant in VARIANTS:
         image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(ca_bundle=ca))
         build_stage, final = image.dockerfile.split("\nFROM ${BASE_IMAGE}\n", 1)

@@ -50,6 +50,32 @@ def error_lines(stderr: str) -> list[str]:
 # --------------------------------------------------------------------------- without Docker
 
 
+@pytest.mark.parametrize(("which", "password", "code", "line"), [
+    ("locked", None, 2, "--sign-key {key} cannot sign: "),  # no COSIGN_PASSWORD for an encrypted key
+    ("locked", "wrong", 2, "cannot sign: decrypt: encrypted: decryption failed; give the private key"),
+    ("locked_pub", "s3cret", 2, "cannot sign: "),  # the public key where the private one goes
+    ("locked", "s3cret", 1, "could not reach the Docker daemon"),  # the key is good: on to the work
+])
+def test_publish_tries_the_sign_key_before_any_work(keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    which: str, password: str | None, code: int, line: str) -> None:
+    from click.testing import CliRunner
+
+    from imagebuilder.cli import cli
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # any daemon call: "could not reach"
+    if password is None:
+        monkeypatch.delenv("COSIGN_PASSWORD", raising=False)
+    else:
+        monkeypatch.setenv("COSIGN_PASSWORD", password)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["publish", "--registry", "127.0.0.1:5000/ns", "--torch", "2.6", "--cuda", "12.4",
+                                      "--sign-key", str(keys[which])])
+    assert result.exit_code == code, result.stderr
+    (error,) = error_lines(result.stderr)
+    assert line.format(key=keys[which]) in error
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_attested_sbom_hashes_to_the_label_the_image_carries(tmp_path: Path) -> None:
     """The image's sbom.py writes the file whose sha256 is the io.imagebuilder.sbom.digest label;
     cosign hands back the parsed document: signing.sbom_bytes() must give those very bytes."""

@@ -13,7 +13,7 @@ import tarfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -328,7 +328,7 @@ class FakeEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None) -> RunResult:
+            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
         self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
                           "shm_size": shm_size, "environment": dict(environment or {}),
                           "volumes": dict(volumes or {}), "archives": dict(archives or {})})
@@ -340,6 +340,9 @@ class FakeEngine:
             return self.probe
         if self.run_error is not None:
             raise self.run_error
+        if on_output is not None:
+            for line in self.result.output.splitlines():
+                on_output(line)  # as the container prints it
         return self.result
 
     @property
@@ -843,3 +846,85 @@ def test_an_unreachable_ssh_daemon_says_what_to_check_over_ssh(ssh_docker_host: 
     reason = {"nothing listens": "Unable to connect", "unknown host key": "not found in known_hosts",
               "key not authorized": "Authentication failed"}[case]
     assert reason in said, said
+
+
+# --------------------------------------------------------------------------- live output (issue 29, item 3)
+
+
+PROGRESS = [Result("c0", "pass", "why 0", {"seconds": 0.1}), Result("c1", "skip", "why 1", {"seconds": 0.1})]
+
+
+def test_verify_shows_its_head_at_once_and_a_line_per_check_as_it_ends() -> None:
+    from imagebuilder.verify import CHECK_WIDTH, Live
+    from smoke_tests.report import check_line, progress_line
+
+    shown: list[str] = []
+    before_run: list[str] = []
+
+    @dataclass
+    class Watching(FakeEngine):
+        def run(self, image: str, command: Sequence[str] | str, **kwargs: Any) -> RunResult:
+            if "smoke_tests" in command:
+                before_run.extend(shown)
+            return super().run(image, command, **kwargs)
+
+    output = "".join(progress_line(r) + "\n" for r in PROGRESS) + json.dumps(document("pass", "skip"))
+    live = Live(shown.append)
+    report = verify_image(Watching(result=RunResult(0, output, False, 1.0)), "img:1", timeout=60, live=live)
+    assert before_run[0].startswith("verify img:1 (docker") and any(line.startswith("PREFLIGHT") for line in before_run)
+    assert not any(line.startswith("c0") for line in before_run), "a check line before the smoke tests ran"
+    assert [line for line in shown if line.startswith("c")] == [check_line(r, CHECK_WIDTH) for r in PROGRESS]
+    rest = report.format(live)
+    assert "PREFLIGHT" not in rest and "c0" not in rest, "printed twice"
+    assert rest.splitlines()[-2:] == ["checks: 1 passed, 1 skipped", rest.splitlines()[-1]]
+    assert sum(line.startswith("OK") for line in rest.splitlines()) == 1
+
+
+def test_an_image_whose_smoke_tests_print_no_progress_gets_its_table_at_the_end() -> None:
+    from imagebuilder.verify import Live
+
+    shown: list[str] = []
+    live = Live(shown.append)
+    report = verify_image(FakeEngine(), "img:1", timeout=60, live=live)
+    rest = report.format(live)
+    assert any(line.startswith("PREFLIGHT") for line in shown) and "PREFLIGHT" not in rest
+    assert "CHECK" in rest and "checks: 1 passed" in rest
+    assert sum(line.startswith("OK") for line in rest.splitlines()) == 1
+
+
+def test_local_shows_each_check_while_the_smoke_tests_still_run(tmp_path: Path, cpu_host: None) -> None:
+    """The fake smoke tests wait (up to 20 s) for the line verify shows of their first check."""
+    from imagebuilder.verify import Live
+    from smoke_tests.report import progress_line
+
+    seen = tmp_path / "seen"
+    (tmp_path / "report.json").write_text(json.dumps(document("pass", "skip")))
+    python = fake_python(tmp_path, f"""\
+        echo '{progress_line(PROGRESS[0])}' >&2
+        for _ in $(seq 200); do [ -e {seen} ] && break; sleep 0.1; done
+        cat {tmp_path}/report.json
+        """)
+
+    def echo(line: str) -> None:
+        if line.startswith("c0"):
+            seen.touch()
+
+    started = time.monotonic()
+    report = verify_local(allow_no_gpu=True, python=python, live=Live(echo))
+    assert report.ok and time.monotonic() - started < 10, "the check's line came only after the smoke tests ended"
+
+
+def test_the_smoke_tests_print_a_progress_line_per_check_with_json() -> None:
+    from smoke_tests.report import read_progress
+
+    done = subprocess.run([sys.executable, "-m", "smoke_tests", "--json", "--checks", "environment", "--allow-no-gpu"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    progress = [r for r in map(read_progress, done.stderr.splitlines()) if r is not None]
+    assert [r.name for r in progress] == ["environment"], done.stderr
+
+
+def test_live_check_lines_line_up_with_every_check_name() -> None:
+    from imagebuilder.verify import CHECK_WIDTH
+    from smoke_tests.checks import CHECK_NAMES
+
+    assert CHECK_WIDTH == max(len(name) for name in CHECK_NAMES)

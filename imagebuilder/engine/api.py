@@ -168,7 +168,10 @@ class Runner(Protocol):
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None) -> RunResult: ...
+            archives: Mapping[str, bytes] | None = None,
+            on_output: Callable[[str], None] | None = None) -> RunResult:
+        """`on_output`, when given, is told each line the container prints as it comes."""
+        ...
 
 
 class Pusher(Protocol):

@@ -12,14 +12,15 @@ import os
 import posixpath
 import re
 import tarfile
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .api import Pushed, RunResult
-from .errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, base_image_missing, refuses_gpus,
-                     PullFailed, PushFailed)
+from .errors import (BadDaemonAddress, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
+                     PushFailed, base_image_missing, daemon_address_problem, refuses_gpus)
 
 if TYPE_CHECKING:
     import docker
@@ -54,6 +55,27 @@ def _client_from_env(timeout: int) -> docker.DockerClient:
     return client
 
 
+def _follow(container: Any, on_output: Callable[[str], None]) -> threading.Thread:
+    """A thread telling `on_output` each line of the container's logs as it is printed. The
+    complete logs are read again after the container ends: a line lost here is only not shown live."""
+    import docker
+    import requests
+
+    def follow() -> None:
+        pending = b""
+        try:
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    on_output(line.decode("utf-8", "replace"))
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return  # the daemon or the container went away: the run's own handling reports it
+
+    thread = threading.Thread(target=follow, name="container-logs", daemon=True)
+    thread.start()
+    return thread
+
+
 class DockerEngine:
     """The Docker Engine through docker-py."""
 
@@ -72,6 +94,9 @@ class DockerEngine:
             import docker
 
             # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
+            problem = daemon_address_problem(self.base_url)
+            if problem is not None:
+                raise BadDaemonAddress(base_url=self.base_url, reason=problem)
             unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
             try:
                 if self._explicit_url:
@@ -225,8 +250,10 @@ class DockerEngine:
             gpus: bool = False, shm_size: str | None = None,
             environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None) -> RunResult:
+            archives: Mapping[str, bytes] | None = None,
+            on_output: Callable[[str], None] | None = None) -> RunResult:
         """Run `command` in a new container; the container is removed in every case.
+        `on_output` is told each line it prints as it comes (the logs, followed).
 
         `volumes` maps host paths to container paths (mounted read-only): paths on the
         daemon's host, so only for a local daemon. `archives` maps a container directory to a
@@ -244,6 +271,7 @@ class DockerEngine:
         binds = {host: {"bind": inside, "mode": "ro"} for host, inside in (volumes or {}).items()}
         started = time.monotonic()
         container = None
+        follower: threading.Thread | None = None
         try:
             with self.daemon_errors():
                 try:
@@ -257,6 +285,8 @@ class DockerEngine:
                             raise ContainerFailed(image=image,
                                                   detail=f"the daemon refused files for {directory}")
                     container.start()
+                    if on_output is not None:
+                        follower = _follow(container, on_output)
                 except docker.errors.ImageNotFound as e:
                     raise ImageMissing(ref=image) from e
                 except docker.errors.APIError as e:
@@ -279,6 +309,8 @@ class DockerEngine:
                     except docker.errors.APIError:
                         pass  # it finished just now
                     exit_code = int(container.wait(timeout=30).get("StatusCode", -1))
+                if follower is not None:
+                    follower.join(timeout=10)  # the stream ends with the container
                 output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
                 return RunResult(exit_code, output, timed_out, time.monotonic() - started)
         finally:
@@ -349,7 +381,9 @@ class DockerEngine:
                         detail = event.get("errorDetail") or {}
                         raise PullFailed(ref=ref, detail=short_text(str(detail.get("message") or event.get("error"))))
             except docker.errors.APIError as e:
-                raise PullFailed(ref=ref, detail=short(e)) from e
+                # The daemon's own words: docker-py's status line and URL come first and took the
+                # whole line, so the cause (pull access denied, manifest unknown) was cut off.
+                raise PullFailed(ref=ref, detail=short_text(str(e.explanation or e))) from e
 
 
 

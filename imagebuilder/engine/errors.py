@@ -35,6 +35,31 @@ class DaemonUnavailable(EngineError):
                 "~/.ssh/known_hosts, the key in ssh-agent, ~/.ssh/id_* or an IdentityFile of ~/.ssh/config)")
 
 
+class BadDaemonAddress(BadRequest):
+    template = ("DOCKER_HOST={base_url} is not a Docker daemon address ({reason}); give unix:///PATH, "
+                "tcp://HOST:PORT or ssh://[USER@]HOST, or unset it for the local daemon")
+
+
+DAEMON_SCHEMES = ("unix", "tcp", "ssh", "http", "https", "npipe")
+
+
+def daemon_address_problem(base_url: str) -> str | None:
+    """Why `base_url` (DOCKER_HOST) cannot name a daemon, or None: a wrong request, not a daemon
+    to start (which is what a connection that fails suggests)."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in DAEMON_SCHEMES:
+        return f"no {', '.join(s + '://' for s in DAEMON_SCHEMES[:3])} scheme"
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 and ":" in parts.netloc.rpartition("@")[2].rpartition("]")[2]:
+        return "its port is not a number from 1 to 65535"
+    if parts.scheme in ("unix", "npipe"):
+        return None if parts.path else "it names no socket"
+    return None if parts.hostname else "it names no host"
+
+
 class BaseImageMissing(EngineError):
     """The registry could not be asked (exit 1: the world; retrying may help)."""
 

@@ -33,9 +33,16 @@ _PROBE_DOCKERFILE = "FROM scratch\nLABEL io.imagebuilder.probe=1\n"
 
 
 class NoBuildKit(BadRequest):
+    asked: str
     tried: str
-    template = ("--builder buildkit needs a docker CLI with BuildKit; none here builds with it "
+    template = ("{asked} needs a docker CLI with BuildKit; none here builds with it "
                 "(tried: {tried}); install the buildx plugin (docker-buildx-plugin) or use --builder classic")
+
+
+def _asked(option: str, env: str, value: str) -> str:
+    """How the user asked for `value`: the error names the setting they made (the environment
+    variable, in CI), not an option they never typed."""
+    return f"{env}={value}" if os.environ.get(env) == value else f"{option} {value}"
 
 
 def docker_clis() -> list[str]:
@@ -115,13 +122,17 @@ def decide(choice: str, buildx_builder: str | None = None) -> Decision:
         raise BadRequest(f"unknown builder {choice!r}; known: {', '.join(CHOICES)}")
     if choice == "classic":
         if buildx_builder:
-            raise BadRequest("--buildx-builder needs --builder buildkit or auto")
+            raise BadRequest(f"{_asked('--buildx-builder', 'BUILDX_BUILDER', buildx_builder)} needs a BuildKit builder, "
+                             f"but {_asked('--builder', 'IMAGEBUILDER_BUILDER', choice)} asks for the classic one; "
+                             "give --builder buildkit or auto")
         return CLASSIC
     cli, tried = detect_buildkit(buildx_builder or os.environ.get("BUILDX_BUILDER") or None)
     if cli is not None:
         return Decision("buildkit", cli)
     if choice == "buildkit" or buildx_builder:
-        raise NoBuildKit(tried="; ".join(tried) or "no docker CLI on PATH")
+        asked = (_asked("--builder", "IMAGEBUILDER_BUILDER", choice) if choice == "buildkit"
+                 else _asked("--buildx-builder", "BUILDX_BUILDER", buildx_builder or ""))
+        raise NoBuildKit(asked=asked, tried="; ".join(tried) or "no docker CLI on PATH")
     return CLASSIC
 
 
