@@ -331,9 +331,11 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
     the venv (the lock is bind-mounted, /tmp a tmpfs) and gives what it wrote a fixed time, so a
     layer's bytes depend on its pins, the OS's Python and nothing else. uv is fetched once per
     host into its cache mount (a RUN finds it there, or bootstraps it), not once per layer."""
-    uv = f"{UV_CACHE}/bin/uv-{matrix.tools.uv}"
-    bootstrap = (f"{{ [ -x {uv} ] || {{ python3 -m venv {UV} && {UV}/bin/pip install --no-cache-dir "
-                 f"uv=={matrix.tools.uv} && install -D {UV}/bin/uv {uv}.$$ && mv -f {uv}.$$ {uv}; }}; }}")
+    # The cache mount is the host's, whatever platform the image is for: one binary per machine type.
+    uv = "$uv"
+    bootstrap = (f"uv={UV_CACHE}/bin/uv-{matrix.tools.uv}-$(uname -m) && {{ [ -x {uv} ] || {{ python3 -m venv {UV} "
+                 f"&& {UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv} && install -D {UV}/bin/uv {uv}.$$ "
+                 f"&& mv -f {uv}.$$ {uv}; }}; }}")
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     trees = VENV + ("" if spec.python_from_os else " /opt/python")
     index = _index_args(spec, options)
