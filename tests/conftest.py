@@ -357,6 +357,7 @@ def build_cli(base_image: str, repository: str, report: Path, *extra: str) -> di
     assert done.returncode == 0, f"build failed:\n{done.stderr[-4000:]}"
     doc: dict = json.loads(report.read_text())
     doc["stderr"] = done.stderr  # what the user saw: the notices, the progress
+    doc["stdout"] = done.stdout  # the summary of each image built
     return doc
 
 
@@ -373,7 +374,7 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
                                "--variant", "runtime")
         entry = report["images"][0]
         entry["repository"] = repository
-        entry["stderr"] = report["stderr"]
+        entry["stderr"], entry["stdout"] = report["stderr"], report["stdout"]
         yield entry
 
 

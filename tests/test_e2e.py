@@ -99,7 +99,7 @@ def test_the_main_job_says_what_it_assumed_and_is_never_silent(runtime_image):
     if decide("auto").kind == "buildkit":
         assert re.search(r"^\[runtime\] exporting layers \(zstd\)", err, re.M)  # zstd by default
         assert runtime_image["export_seconds"] > 0
-        assert re.search(r"the export \(compress, unpack\) \d+\.\ds", err)
+        assert re.search(r"the export \(compress, unpack\) \d+\.\ds", runtime_image["stdout"])
 
 
 def test_strict_refuses_the_cuda_121_fallback_before_anything_is_built(docker_engine, base_image):

@@ -43,9 +43,11 @@ _STOP_GRACE = 10.0  # seconds the CLI gets to cancel the build before it is kill
 # An internal vertex's timed status line: "exporting layers 35.2s done", "unpacking to NAME 12.3s done".
 _STATUS_DONE = re.compile(r"^(?P<what>.*?) (?P<seconds>\d+\.\d+)s done$")
 _EXPORT_WORK = ("exporting layers", "unpacking to", "exporting cache", "writing layer")
-QUIET_FOR = 10.0
-"""Seconds without a line after which the build says what is still going: the plain output is
-silent while BuildKit compresses the layers and unpacks them (minutes for a torch image)."""
+QUIET_FOR = 2.0
+"""Seconds without an event after which the build says again what is still going: the plain
+output is silent while BuildKit compresses the layers and unpacks them (minutes for a torch
+image). The printer writes at most one line per 10 s of these (ProgressPrinter.HEARTBEAT), so
+with an event at least every ~3 s no silence on the screen lasts more than ~13 s."""
 
 
 def dockerfile_stages(dockerfile: str) -> tuple[tuple[str, int], ...]:
