@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench.floor import LOCK_FLOOR_DOCKERFILE as FLOOR  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from imagebuilder.lock import load_locks  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
@@ -46,17 +47,6 @@ BASE = "imagebuilder-base:bookworm"
 TORCH, CUDA, OS = "2.6", "12.1", "debian12"
 RUN = uuid.uuid4().hex[:6]
 REPOSITORY = f"imagebuilder-bench-build-{RUN}"
-FLOOR = """\
-FROM {base}
-RUN apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*
-COPY lock.txt /lock.txt
-RUN --mount=type=secret,id=ca,target=/run/secrets/ca \\
-    export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \\
- && python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir uv=={uv} \\
- && /tmp/uv/bin/uv venv --python /usr/bin/python3.11 /opt/venv \\
- && /tmp/uv/bin/uv pip install --no-cache --python /opt/venv/bin/python --require-hashes --no-deps -r /lock.txt \\
- && rm -rf /tmp/uv
-"""
 PLAIN_PACKAGES = "python3 python3-venv"
 COMPILE_PACKAGES = "ca-certificates g++ python3 python3-dev python3-venv tini"
 ZSTD = "type=image,name={tag},compression=zstd,force-compression=true,oci-mediatypes=true"

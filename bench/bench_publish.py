@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # remote_engine (the cold pulls' empty engines), build_records
 
+from bench.floor import LOCK_FLOOR_DOCKERFILE  # noqa: E402
 from imagebuilder.engine.export import cache_ref  # noqa: E402
 from imagebuilder.lock import load_locks  # noqa: E402
 from imagebuilder.matrix import load_matrix  # noqa: E402
@@ -59,17 +60,6 @@ from remote_engine import remote_engine  # type: ignore[import-not-found]  # noq
 BASE = "imagebuilder-base:bookworm"
 TORCH, CUDA, OS = "2.12", "13.0", "debian12"
 RUN = uuid.uuid4().hex[:6]
-FLOOR_DOCKERFILE = """\
-FROM {base}
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*
-COPY lock.txt /lock.txt
-RUN --mount=type=secret,id=ca,target=/run/secrets/ca \\
-    export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \\
- && python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir uv=={uv} \\
- && /tmp/uv/bin/uv venv --python /usr/bin/python3.11 /opt/venv \\
- && /tmp/uv/bin/uv pip install --no-cache --python /opt/venv/bin/python --require-hashes --no-deps -r /lock.txt \\
- && rm -rf /tmp/uv
-"""
 
 
 def free_port() -> int:
@@ -101,7 +91,7 @@ def floor(tag: str) -> float:
     lock = load_locks(default_matrix_path().parent / "locks").lock_for(spec, matrix)
     assert lock is not None, "no lock for the benchmark's image"
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "Dockerfile").write_text(FLOOR_DOCKERFILE.format(base=BASE, uv=matrix.tools.uv))
+        (Path(tmp) / "Dockerfile").write_text(LOCK_FLOOR_DOCKERFILE.format(base=BASE, uv=matrix.tools.uv, packages="python3 python3-venv"))
         (Path(tmp) / "lock.txt").write_text(lock.text())
         return timed("docker", "buildx", "build", "--no-cache", "--progress=plain", "--provenance=false",
                      "--secret", f"id=ca,src={ca_bundle()}", "--output",

@@ -14,6 +14,18 @@ from imagebuilder.engine import Builder, BuildRequest, BuildResult
 from imagebuilder.matrix import Matrix
 
 HERE = Path(__file__).resolve().parent
+# A lock installed by uv on a base with `packages`, nothing else (bench_build, bench_publish).
+LOCK_FLOOR_DOCKERFILE = """\
+FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*
+COPY lock.txt /lock.txt
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \\
+    export SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \\
+ && python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir uv=={uv} \\
+ && /tmp/uv/bin/uv venv --python /usr/bin/python3.11 /opt/venv \\
+ && /tmp/uv/bin/uv pip install --no-cache --python /opt/venv/bin/python --require-hashes --no-deps -r /lock.txt \\
+ && rm -rf /tmp/uv
+"""
 
 
 def build_floor(builder: Builder, matrix: Matrix, torch_key: str, base_image: str, tag: str,
