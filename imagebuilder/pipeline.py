@@ -337,10 +337,12 @@ def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> l
     from .output import write_tree
 
     if len(plan) == 1:
-        image = plan[0][1]
+        platform, image = plan[0]
         image.write(output)
         secrets = "".join(f" --secret id={name},src={SECRET_SOURCES.get(name, name.upper())}" for name in sorted(image.secrets))
-        return [f"wrote {output}/Dockerfile for {image.ref}", f"build it: docker build -t {image.ref}{secrets} {shlex.quote(str(output))}"]
+        target = f" --platform {platform}" if platform != host_platform() else ""
+        return [f"wrote {output}/Dockerfile for {image.ref}",
+                f"build it: docker build{target} -t {image.ref}{secrets} {shlex.quote(str(output))}"]
     folders = plan_folders(plan)
     write_tree(output, context_files(folders))
     return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",
@@ -373,7 +375,7 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     planned: list[tuple[str, RenderedImage]] = []
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        own = _for_platform(options, platform)
         images = render_request(matrix, chosen, own, note, exists=exists)
         planned += [(platform, image) for image in
                     for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
@@ -424,7 +426,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     read_os_release = read_os_release or base_os_reader(selection)
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        own = replace(options, locks=options.locks.for_platform(platform))  # each platform builds from its own lock
+        own = _for_platform(options, platform)
         images = with_parents(render_selected(matrix, chosen, own), matrix, own)
         if not images:
             raise NothingSelected()
@@ -444,6 +446,12 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
         remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
         plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
     return PublishPlan(tuple(plans), index_platforms, multi)
+
+
+def _for_platform(options: RenderOptions, platform: str) -> RenderOptions:
+    """Each platform builds from its own lock; a foreign one says so (its wheels install natively)."""
+    return replace(options, locks=options.locks.for_platform(platform),
+                   foreign_platform=None if platform == host_platform() else platform)
 
 
 def base_os_reader(selection: Selection) -> ReadOsRelease | None:

@@ -22,6 +22,7 @@ from . import __version__
 from .errors import BadRequest
 from .index_url import netrc, parse_index_url
 from .layers import wheel_groups
+from .lock import PLATFORMS as LOCK_PLATFORMS
 from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
@@ -63,6 +64,9 @@ class RenderOptions:
     buildkit: bool = False  # for the BuildKit builder: the CA as a secret, shared cache mounts
     extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
     locks: LockSet = LockSet()  # locks/ beside the matrix; empty: resolve at build time
+    # The image's platform when BuildKit builds it on a host of another (linux/arm64 on an amd64
+    # host): its wheels install on the host, natively, instead of under emulation.
+    foreign_platform: str | None = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,7 @@ ADDED_LOCK_PATH = "/opt/imagebuilder/added.lock"  # what a devel image adds on t
 # The time every file of the torch layer carries (1980-01-01, the earliest a zip entry can
 # hold): with it the layer's bytes depend on the lock alone, not on when it was built.
 LAYER_EPOCH = 315532800
+NATIVE_LAYERS = "/imagebuilder-layers"  # in the native-wheels stage: one tree per torch layer
 
 
 @dataclass(frozen=True)
@@ -325,8 +330,26 @@ class TorchLayer:
     commands: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class NativeInstall:
+    """A foreign platform's wheels installed on the build host (the Dockerfile's native-wheels
+    stage): uv targets the image's platform, and each group's files go to layers/NAME."""
+    platform: str  # the image's, e.g. linux/arm64
+    uv_platform: str  # uv's --python-platform for it: the tag its lock was resolved for
+    layers: str = NATIVE_LAYERS
+
+
+def native_install(spec: BuildSpec, options: RenderOptions, venv: SharedVenv | None) -> NativeInstall | None:
+    """How a foreign platform's wheels install natively, or None where they install in the
+    image's own RUNs: the host's platform, the classic builder, no shared venv, or a Python
+    that uv installs (that would be the host's, not the image's)."""
+    if options.foreign_platform is None or venv is None or not options.buildkit or not spec.python_from_os:
+        return None
+    return NativeInstall(options.foreign_platform, LOCK_PLATFORMS[options.foreign_platform])
+
+
 def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: SharedVenv,
-                  install_mounts: str) -> list[TorchLayer]:
+                  install_mounts: str, native: NativeInstall | None = None) -> list[TorchLayer]:
     """The runtime lock as its wheel groups' layers (layers.py), one RUN each. Each touches only
     the venv (the lock is bind-mounted, /tmp a tmpfs) and gives what it wrote a fixed time, so a
     layer's bytes depend on its pins, the OS's Python and nothing else. uv is fetched once per
@@ -347,9 +370,17 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
                 mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
                 commands.append(f"{mirror}{uv} python install {spec.python}")
             commands.append(f"{uv} venv --allow-existing --python {python} {VENV}")
+        target = [f"--python-platform {native.uv_platform}"] if native else []
         commands.append(f"{uv} pip install --python {VENV}/bin/python" + "".join(
-            f" \\\n        {a}" for a in [*index, "--require-hashes --no-deps", f"-r {LAYERS_MOUNT}/{group.filename}"]))
+            f" \\\n        {a}" for a in [*target, *index, "--require-hashes --no-deps",
+                                            f"-r {LAYERS_MOUNT}/{group.filename}"]))
         commands.append(f"find {trees} -cnewer /tmp/.layer-start -exec touch -h -d @{LAYER_EPOCH} {{}} +")
+        if native:
+            # What this RUN wrote, with its owner, modes and times, as the image's layer will hold it.
+            out = f"{native.layers}/{group.name}"
+            commands.append(f"(cd / && find {VENV.lstrip('/')} -cnewer /tmp/.layer-start -print0 "
+                            f"| tar --null --no-recursion -T - -cf - | tar -xpf - -C {out}) \\\n"
+                            f"    && find {out}{VENV} -exec touch -h -d @{LAYER_EPOCH} {{}} +")
         mounts = (install_mounts + f"--mount=type=bind,source={LAYERS_DIR}/{group.filename},"
                   f"target={LAYERS_MOUNT}/{group.filename} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
         layers.append(TorchLayer(group.name, mounts, tuple(commands)))
@@ -559,6 +590,15 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     if credentials and not options.buildkit:
         raise CredentialsNeedBuildKit()
     apt_mounts, install_mounts = _mounts(options)
+    native = native_install(spec, options, venv)
+    if native is not None:
+        notices.append(f"{native.platform} on a host of another platform: its wheels install natively "
+                       f"(uv --python-platform {native.uv_platform}); apt, the SBOM and what runs the image's "
+                       "own programs run under emulation")
+    elif options.foreign_platform is not None:
+        notices.append(f"{options.foreign_platform} on a host of another platform: every step runs under "
+                       "emulation (the wheels install natively only with BuildKit, the shared venv and "
+                       "the OS's Python)")
     if options.ca_bundle is not None:
         ca = read_ca_bundle(options.ca_bundle)
 
@@ -578,7 +618,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "shared_venv": venv is not None,
             "added_lock_path": ADDED_LOCK_PATH,
             "added": venv is not None and venv.added is not None,
-            "torch_layers": [] if venv is None else _torch_layers(spec, matrix, options, venv, install_mounts),
+            "torch_layers": [] if venv is None else _torch_layers(spec, matrix, options, venv, install_mounts, native),
+            "native": native,
             "layer_epoch": LAYER_EPOCH,
             "added_commands": _added_commands(spec, matrix, options) if venv and venv.added else [],
             "ca_path": CA_PATH,

@@ -642,7 +642,7 @@ def arm64_image(docker_engine, buildkit_cli, tmp_path_factory, request):
                             "--repository", repository, "--builder", "buildkit", *ca_bundle_args(),
                             "--report", str(report))
         assert done.returncode == 0, f"arm64 build failed:\n{done.stderr[-4000:]}"
-        yield json.loads(report.read_text())["images"][0]
+        yield {**json.loads(report.read_text())["images"][0], "stderr": done.stderr}
 
 
 @pytest.mark.slow
@@ -667,6 +667,64 @@ def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
                 f"nvidia_cudnn_cu13-{manifest['cudnn']}", f"nvidia_nccl_cu13-{manifest['nccl']}"):
         assert f"{pin}.dist-info" in lines, (pin, lines)
     assert lines[-1] == EM_AARCH64  # libtorch_cuda.so is an aarch64 CUDA build
+
+
+# Run by the image's Python under QEMU (it imports no torch): every ELF file of the venv, the
+# interpreter its links and scripts name, who owns what.
+VENV_FACTS = """
+import json, os
+elf, foreign, shebangs = 0, [], set()
+for root, _, files in os.walk("/opt/venv"):
+    for name in files:
+        path = os.path.join(root, name)
+        if os.path.islink(path):
+            continue
+        with open(path, "rb") as f:
+            head = f.read(20)
+        if head[:4] == b"\\x7fELF":
+            elf += 1
+            if head[18:20] != b"\\xb7\\x00":
+                foreign.append(path)
+for name in os.listdir("/opt/venv/bin"):
+    path = os.path.join("/opt/venv/bin", name)
+    if os.path.isfile(path) and not os.path.islink(path):
+        with open(path, "rb") as f:
+            first = f.readline()
+        if first.startswith(b"#!"):
+            shebangs.add(first.strip().decode())
+python = os.path.realpath("/opt/venv/bin/python")
+print(json.dumps({"elf": elf, "foreign": foreign[:5], "shebangs": sorted(shebangs), "python": python,
+                  "runs": os.access(python, os.X_OK), "cfg": open("/opt/venv/pyvenv.cfg").read(),
+                  "owners": {p: [os.stat(p).st_uid, os.stat(p).st_gid, oct(os.stat(p).st_mode & 0o7777)]
+                             for p in ("/opt", "/opt/venv", "/opt/venv/lib/python3.11/site-packages")}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_an_arm64_image_built_on_amd64_installs_its_wheels_natively(arm64_image, docker_engine):
+    """Issue 31: on this amd64 host the aarch64 wheels are installed by uv on the host's own
+    platform (no QEMU for uv), into the layers the image's RUNs would write: every shared
+    object in the venv is aarch64, the venv's interpreter is the image's Python, its scripts
+    run that venv's python, and the owners are those of a venv installed in the image. The
+    build said what still ran emulated."""
+    (notice,) = [line for line in arm64_image["stderr"].splitlines() if "linux/arm64 on a host of another" in line]
+    assert "wheels install natively (uv --python-platform aarch64-manylinux_2_28)" in notice
+    assert "apt, the SBOM" in notice and "run under emulation" in notice
+    run = docker_engine.run(arm64_image["tags"][0], ["/usr/bin/python3", "-c", VENV_FACTS], timeout=600)
+    assert run.exit_code == 0, run.output
+    facts = json.loads(run.output.strip().splitlines()[-1])
+    assert facts["elf"] > 100 and facts["foreign"] == [], facts
+    assert facts["python"] == "/usr/bin/python3.11" and facts["runs"], facts
+    assert "home = /usr/bin\n" in facts["cfg"], facts["cfg"]
+    assert facts["shebangs"] and all(s.startswith("#!/opt/venv/bin/python") for s in facts["shebangs"]), facts
+    assert facts["owners"] == {"/opt": [0, 0, "0o755"], "/opt/venv": [1000, 1000, "0o755"],
+                               "/opt/venv/lib/python3.11/site-packages": [1000, 1000, "0o755"]}, facts["owners"]
+    # The wheels came in as copied layers, not as RUNs under emulation.
+    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", arm64_image["tags"][0]],
+                             capture_output=True, text=True, check=True).stdout
+    assert "uv pip install" not in history
+    assert history.count("/imagebuilder-layers/") >= 8, history
 
 
 @pytest.mark.docker

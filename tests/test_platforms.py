@@ -3,6 +3,9 @@ and the tags an image gets per platform. Pure; no Docker."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,7 +14,7 @@ from imagebuilder.errors import BadRequest
 from imagebuilder.matrix import load_matrix
 from imagebuilder.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, for_platforms,
                                     parse_base_images, parse_platforms, platform_image)
-from imagebuilder.render import render
+from imagebuilder.render import RenderedImage, render
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
@@ -92,3 +95,53 @@ def test_a_platform_jupyter_image_starts_from_that_platforms_runtime():
     assert arm.depends_on == f"{jupyter.depends_on}-arm64"
     assert f"ARG BASE_IMAGE={jupyter.depends_on}-arm64\n" in arm.dockerfile
     assert all(tag.endswith("-arm64") for tag in arm.tags)
+
+
+def _arm64_runtime(**options: Any) -> RenderedImage:
+    from imagebuilder.lock import load_locks
+    from imagebuilder.render import RenderOptions
+
+    locks = load_locks(default_matrix_path().parent / "locks").for_platform("linux/arm64")
+    spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
+    return render(spec, M, RenderOptions(buildkit=True, locks=locks, **options))
+
+
+def test_a_foreign_platform_installs_its_wheels_on_the_build_host():
+    """Issue 31: linux/arm64 built on an amd64 host: uv installs the aarch64 wheels in a stage on
+    $BUILDPLATFORM, one tree per torch layer, and the image copies each in as its own layer;
+    the host's own platform (and a native arm64 host) keeps the image's RUNs."""
+    native = _arm64_runtime()
+    assert "$BUILDPLATFORM" not in native.dockerfile and "COPY --link --from=native-wheels" not in native.dockerfile
+    cross = _arm64_runtime(foreign_platform="linux/arm64")
+    text = cross.dockerfile
+    assert "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS native-wheels\n" in text
+    stage, image = text.split("\nFROM ${BASE_IMAGE}\n")
+    groups = [line.removeprefix("# ") for line in native.dockerfile.splitlines()
+              if line.startswith("# ") and line[2:] in {"cuda-libraries", "cublas", "torch", "rest"}]
+    assert groups and all(f"tar -xpf - -C /imagebuilder-layers/{g})" in stage for g in groups)
+    assert stage.count("\n        --python-platform aarch64-manylinux_2_28 ") == stage.count("pip install --python /opt/venv") == 8
+    assert "uv pip install" not in image and "--python-platform" not in image
+    copies = [line for line in image.splitlines() if line.startswith("COPY --link --from=native-wheels ")]
+    assert copies == [f"COPY --link --from=native-wheels /imagebuilder-layers/{name}/ /"
+                      for name in re.findall(r"^# (\S+)\nRUN ", native.dockerfile, re.M)]
+    assert any("its wheels install natively" in n for n in cross.notices)
+    assert cross.inputs_hash != native.inputs_hash  # another Dockerfile: another build
+
+
+def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated():
+    from imagebuilder.render import RenderOptions
+
+    spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
+    image = render(spec, M, RenderOptions(buildkit=True, foreign_platform="linux/arm64"))  # no lock: no shared venv
+    assert "$BUILDPLATFORM" not in image.dockerfile
+    assert any("every step runs under emulation" in n for n in image.notices)
+
+
+def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
+    from imagebuilder import pipeline
+    from imagebuilder.render import RenderOptions
+
+    monkeypatch.setattr(pipeline, "host_platform", lambda: "linux/amd64")
+    options = RenderOptions(buildkit=True)
+    assert pipeline._for_platform(options, "linux/amd64").foreign_platform is None
+    assert pipeline._for_platform(options, "linux/arm64").foreign_platform == "linux/arm64"
