@@ -170,8 +170,6 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     ("test_workspace.py", "devel_jupyter_image"): "JupyterLab's layer on devel_image",
     # Images of their own.
     ("test_buildkit.py", "arm64_image"): "torch 2.11 for arm64 under QEMU (its own lock and platform)",
-    ("test_e2e.py", "test_verify_fails_a_plain_pip_install_image_for_want_of_a_compiler"):
-        "an image imagebuilder did not build (bench/floor.py: pip install torch)",
     ("test_python_install.py", "test_a_debian13_image_runs_on_the_os_python"):
         "torch 2.6 / CUDA 12.4 on Debian 13's own Python 3.13 (its own lock)",
     # Builds that fail before torch is installed (seconds).

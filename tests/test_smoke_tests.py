@@ -407,7 +407,7 @@ def test_the_module_is_collected_and_its_pure_tests_run_without_torch() -> None:
     blocker = textwrap.dedent("""
         import sys, pytest
         sys.modules["torch"] = None  # `import torch` now raises ImportError
-        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "summary or judge_driver or mig or fake_libcuda",
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "summary or judge_driver or mig_detection or fake_libcuda",
                               sys.argv[1]]))
     """)
     done = subprocess.run([sys.executable, "-c", blocker, __file__], capture_output=True, text=True,
