@@ -591,7 +591,11 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         raise CredentialsNeedBuildKit()
     apt_mounts, install_mounts = _mounts(options)
     native = native_install(spec, options, venv)
+    native_apt_mounts = apt_mounts
     if native is not None:
+        # apt's cache mount is locked while one apt runs: the image's apt, emulated, takes one of
+        # its own machine type's, so that the native stage's apt does not wait minutes for it.
+        apt_mounts = apt_mounts.replace("id=imagebuilder-apt,", f"id=imagebuilder-apt-{native.platform.rpartition('/')[2]},")
         notices.append(f"{native.platform} on a host of another platform: its wheels install natively "
                        f"(uv --python-platform {native.uv_platform}); apt, the SBOM and what runs the image's "
                        "own programs run under emulation")
@@ -620,6 +624,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "added": venv is not None and venv.added is not None,
             "torch_layers": [] if venv is None else _torch_layers(spec, matrix, options, venv, install_mounts, native),
             "native": native,
+            "native_apt_mounts": native_apt_mounts,
             "layer_epoch": LAYER_EPOCH,
             "added_commands": _added_commands(spec, matrix, options) if venv and venv.added else [],
             "ca_path": CA_PATH,

@@ -145,3 +145,11 @@ def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
     options = RenderOptions(buildkit=True)
     assert pipeline._for_platform(options, "linux/amd64").foreign_platform is None
     assert pipeline._for_platform(options, "linux/arm64").foreign_platform == "linux/arm64"
+
+
+def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt_cache():
+    text = _arm64_runtime(foreign_platform="linux/arm64").dockerfile
+    stage, image = text.split("\nFROM ${BASE_IMAGE}\n")
+    assert "--mount=type=cache,id=imagebuilder-apt,target=" in stage
+    assert "--mount=type=cache,id=imagebuilder-apt-arm64,target=" in image and "id=imagebuilder-apt," not in image
+    assert "id=imagebuilder-apt," in _arm64_runtime().dockerfile  # the host's own platform: one cache, as before
