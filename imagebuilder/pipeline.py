@@ -218,7 +218,7 @@ class Rendering:
 
 
 def source_label() -> str:
-    """The image's org.opencontainers.image.source: the repository CI builds from."""
+    """The image's source label (labels.SOURCE): the repository CI builds from."""
     server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 

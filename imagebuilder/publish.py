@@ -5,7 +5,7 @@
 - publish(): runs the steps over an Engine and a Registry, yielding one Outcome per image.
 
 An image is skipped when the registry's image under its primary tag was built from the same
-rendered inputs (its `io.imagebuilder.inputs-hash` label) and every one of its tags names
+rendered inputs (its inputs-hash label, labels.INPUTS_HASH) and every one of its tags names
 that image. When the image is there but some alias is missing or names another image, the
 alias is pointed at it in the registry (a manifest PUT, no build, no download): the inputs
 prove it is the image that alias should name, and it was verified when it was first pushed.
@@ -39,9 +39,10 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .build import HASH, SBOM_DIGEST, Built, ProgressPrinter, build_image, build_order
+from .build import Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
 from .engine.export import Export, cache_ref
+from .labels import INPUTS_HASH, SBOM_DIGEST
 from .registry import Registry, parse_reference
 from .render import SBOM_PATH, RenderedImage
 from .signing import SbomNotTheImages, pinned, signature_tag
@@ -199,7 +200,7 @@ def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None
             labels = registry.labels(pinned(image.ref, primary))
             if signing:
                 signed = registry.digest(signature_tag(pinned(image.ref, primary))) is not None
-        remotes[image.ref] = Remote(digests, (labels or {}).get(HASH), signed)
+        remotes[image.ref] = Remote(digests, (labels or {}).get(INPUTS_HASH), signed)
     return remotes
 
 

@@ -45,10 +45,10 @@ from .engine.errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, 
                             names_nothing, refuses_gpus)
 from .errors import BadRequest, ImageBuilderError
 from .engine.export import cannot_pull, compression_of
+from . import labels
 from .provenance import BuiltFrom, built_from
 from .reference import parse_reference
 from .matrix import driver_key
-from .tags import LABEL_PREFIX
 
 if TYPE_CHECKING:
     from .engine.api import Runner, RunResult
@@ -68,10 +68,10 @@ CONTAINER_SMOKE_TESTS = "/opt/imagebuilder/host"
 """Where this imagebuilder's smoke_tests package goes in a container of an image that is lent them."""
 LENT_MANIFEST = f"{CONTAINER_SMOKE_TESTS}/manifest.json"
 
-MIN_DRIVER_LABEL = f"{LABEL_PREFIX}.min-driver"
-MIN_DRIVER_COMPAT_LABEL = f"{LABEL_PREFIX}.min-driver-compat"
-CUDA_LABEL = f"{LABEL_PREFIX}.cuda"
-BUILT_LABEL = f"{LABEL_PREFIX}.inputs-hash"
+MIN_DRIVER_LABEL = labels.MIN_DRIVER
+MIN_DRIVER_COMPAT_LABEL = labels.MIN_DRIVER_COMPAT
+CUDA_LABEL = labels.CUDA
+BUILT_LABEL = labels.INPUTS_HASH
 """Every image imagebuilder builds carries it, and with it smoke_tests and a manifest."""
 
 

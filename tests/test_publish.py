@@ -34,7 +34,7 @@ from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bun
                       require_module)
 
 from imagebuilder import publish
-from imagebuilder.build import HASH
+from imagebuilder.labels import INPUTS_HASH as HASH
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.lock import load_locks, locks_dir

@@ -30,7 +30,7 @@ from test_publish_runner import CannedEngine, CannedRegistry, verdict
 from test_publish_runner import images as canned_images
 
 from imagebuilder import publish, signing
-from imagebuilder.build import SBOM_DIGEST
+from imagebuilder.labels import SBOM_DIGEST
 from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.registry import HttpRegistry
 from imagebuilder.render import SBOM_PATH, RenderedImage
