@@ -43,7 +43,8 @@ from .build import Built, ProgressPrinter, build_image, build_order
 from .errors import ImageBuilderError
 from .engine.export import Export, cache_ref
 from .labels import INPUTS_HASH, SBOM_DIGEST
-from .registry import Registry, parse_reference
+from .reference import parse_reference
+from .registry import Registry
 from .render import SBOM_PATH, RenderedImage
 from .signing import SbomNotTheImages, pinned, signature_tag
 from .table import format_table

@@ -35,15 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .labels import INPUTS_HASH, SBOM_DIGEST
 from .errors import BadRequest, ImageBuilderError
-from .registry import (
-    INDEXES,
-    RegistryError,
-    is_insecure_by_default,
-    parse_reference,
-    pick_manifest,
-)
+from .labels import INPUTS_HASH, SBOM_DIGEST
+from .reference import parse_reference
+from .registry import INDEXES, RegistryError, is_insecure_by_default, pick_manifest
 
 COSIGN_TIMEOUT = 300.0
 """Seconds one cosign command may take (a KMS round trip, a slow registry)."""
@@ -122,7 +117,7 @@ def torch_of(document: Mapping[str, Any]) -> str | None:
 
 def repository_of(ref: str) -> str:
     r = parse_reference(ref)
-    return f"{r.host}/{r.name}"
+    return f"{r.host}/{r.repository}"
 
 
 def pinned(ref: str, digest: str) -> str:

@@ -47,7 +47,7 @@ from .errors import BadRequest, ImageBuilderError
 from .engine.export import cannot_pull, compression_of
 from . import labels
 from .provenance import BuiltFrom, built_from
-from .reference import parse_reference
+from .reference import names_domain, parse_reference
 from .matrix import driver_key
 
 if TYPE_CHECKING:
@@ -369,10 +369,10 @@ def collect_facts(engine: Runner, ref: str) -> HostFacts:
 
 def registry_compression(ref: str) -> str | None:
     """The layer compression of `ref` in its registry; None: not a registry image, or unknown."""
-    from .registry import HttpRegistry, RegistryError, parse_reference
+    from .registry import HttpRegistry, RegistryError
 
     try:
-        if "/" not in ref or not _names_host(parse_reference(ref).host):
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
             return None
         return compression_of(media for _, media in HttpRegistry().blobs(ref).values())
     except (RegistryError, ValueError, OSError):
@@ -381,19 +381,15 @@ def registry_compression(ref: str) -> str | None:
 
 def registry_built_from(ref: str) -> BuiltFrom | None:
     """Where the registry image `ref` was built from, per its provenance; None: none readable."""
-    from .registry import HttpRegistry, RegistryError, parse_reference
+    from .registry import HttpRegistry, RegistryError
 
     try:
-        if "/" not in ref or not _names_host(parse_reference(ref).host):
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
             return None
         predicate = HttpRegistry().provenance(ref)
     except (RegistryError, ValueError, OSError):
         return None
     return built_from(predicate) if predicate else None
-
-
-def _names_host(host: str) -> bool:
-    return "." in host or ":" in host or host == "localhost"
 
 
 def collect_local_facts(manifest: str | None) -> HostFacts:
