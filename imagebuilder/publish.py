@@ -401,7 +401,7 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     on_event("push", step)
     started = time.monotonic()
     pushed: dict[str, str] = {}
-    uploaded: int | None = 0
+    uploaded = 0
     # With the containerd image store the image id is the digest of the index BuildKit
     # exported: the push must store exactly that, or it is not the image verify ran.
     same_bytes = options.export is not None and options.export.compression is not None
@@ -417,18 +417,9 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
             if export is not None and export.cache_to is not None:
                 _mount_from_cache(image.ref, engine, registry, export.cache_to)
             for ref in image.refs:
-                counted = getattr(engine, "push_counted", None)
-                if counted is not None:
-                    result = counted(ref, retries=options.push_retries, backoff=options.push_backoff)
-                    digest = result.digest
-                    blobs = getattr(registry, "blobs", None)
-                    if uploaded is not None and blobs is not None:
-                        uploaded += result.uploaded_bytes(blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
-                    else:
-                        uploaded = None
-                else:
-                    digest = engine.push(ref, retries=options.push_retries, backoff=options.push_backoff)
-                    uploaded = None
+                result = engine.push_counted(ref, retries=options.push_retries, backoff=options.push_backoff)
+                digest = result.digest
+                uploaded += result.uploaded_bytes(registry.blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
                 if same_bytes and digest != built.result.image_id:
                     raise PushedOtherContent(ref=ref, pushed=digest, verified=built.result.image_id)
                 confirmed = registry.digest(ref)
@@ -468,16 +459,12 @@ def _mount_from_cache(ref: str, engine: Engine, registry: Registry, cache: str) 
     this the push uploads every layer a second time. Only the cache's layers this image has (by
     uncompressed digest) are mounted; one the registry will not mount is left to the push, and a
     registry that cannot say fails nothing here (the push says what fails)."""
-    manifest, mount = getattr(registry, "manifest", None), getattr(registry, "mount", None)
-    inspect = getattr(engine, "inspect_image", None)
-    if manifest is None or mount is None or inspect is None:
-        return
     try:
-        found = manifest(cache)
-        ours = set((inspect(ref).get("RootFS") or {}).get("Layers") or ())
+        found = registry.manifest(cache)
+        ours = set((engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or ())
         for layer in (found[0].get("layers") or []) if found else []:
             if (layer.get("annotations") or {}).get("containerd.io/uncompressed") in ours:
-                mount(ref, str(layer["digest"]), cache)
+                registry.mount(ref, str(layer["digest"]), cache)
     except ImageBuilderError:
         pass
 
@@ -491,13 +478,12 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     verified: the same layers (uncompressed digests), compressed as asked, and the same
     runtime settings and labels. None where it is not, or where the registry cannot tell."""
     compression = options.export.compression if options.export is not None else None
-    describe, inspect = getattr(registry, "image_config", None), getattr(engine, "inspect_image", None)
-    if compression is None or describe is None or inspect is None:
+    if compression is None:
         return None
-    found = describe(image.ref, options.platform)
+    found = registry.image_config(image.ref, options.platform)
     if found is None or not all(m.endswith(f"+{compression.kind}") for m in found[1]):
         return None
-    theirs, local = found[0], inspect(image.ref)
+    theirs, local = found[0], engine.inspect_image(image.ref)
 
     def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
         return {key: (config or {}).get(key) or None for key in _RUNTIME_CONFIG}

@@ -195,7 +195,7 @@ def index_document(manifests: Sequence[Mapping[str, Any]]) -> bytes:
 
 
 class Registry(Protocol):
-    """What publish needs from a registry."""
+    """What publish needs from a registry: HttpRegistry is one, the tests' canned registry another."""
 
     def digest(self, ref: str) -> str | None:
         """The manifest digest `ref` names now; None when the tag does not exist."""
@@ -212,6 +212,18 @@ class Registry(Protocol):
 
     def put_index(self, ref: str, body: bytes) -> str:
         """Make tag `ref` the image index `body` (from index_for); the digest it now names."""
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        """(the image's config, its layers' media types); None when the tag does not exist."""
+
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        """Every blob of the image or index `ref`: digest -> (size, media type)."""
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        """(the manifest `ref` names, its media type); None when there is none."""
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        """Mount blob `digest` from repository `source` into `ref`'s; whether the registry did."""
 
 
 def docker_config() -> dict[str, Any]:
