@@ -333,8 +333,10 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
         from .engine.docker import DockerEngine
+        from .registry import HttpRegistry
 
-        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only, live=live,
+        report = verify_published(DockerEngine(), tag, registry=HttpRegistry(), key=key,
+                                  signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)

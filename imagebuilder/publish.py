@@ -281,17 +281,17 @@ class Outcome:
 
 Event = Callable[[str, Step], None]
 """Called with "build", "verify", "push" or "retag" before that phase of a step starts."""
-Verifier = Callable[["Engine", str, RunOptions], "VerifyReport"]
+Verifier = Callable[["Engine", Registry, str, RunOptions], "VerifyReport"]
 
 
-def smoke_test(engine: Engine, ref: str, options: RunOptions) -> VerifyReport:
+def smoke_test(engine: Engine, registry: Registry, ref: str, options: RunOptions) -> VerifyReport:
     """The default verifier: the image's smoke tests in a container (verify.verify_image)."""
     from .verify import verify_image
 
     # The current smoke tests, lent to the image: editing them rebuilds no image (they are
     # not in the inputs hash) and every image is still checked with today's checks.
     # Not yet pushed: the registry's provenance under this tag is of the image it replaces.
-    return verify_image(engine, ref, allow_no_gpu=options.allow_no_gpu, timeout=options.verify_timeout,
+    return verify_image(engine, ref, registry=registry, allow_no_gpu=options.allow_no_gpu, timeout=options.verify_timeout,
                         mount_smoke_tests=True, read_provenance=False)
 
 
@@ -391,7 +391,7 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     if options.verify:
         on_event("verify", step)
         started = time.monotonic()
-        report = verifier(engine, image.ref, options)
+        report = verifier(engine, registry, image.ref, options)
         timings["verify_s"] = time.monotonic() - started
     if report is not None and not report.ok:
         why = "; ".join(f"{name}: {reason}" for name, reason in report.failures)

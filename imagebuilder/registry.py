@@ -225,6 +225,9 @@ class Registry(Protocol):
     def mount(self, ref: str, digest: str, source: str) -> bool:
         """Mount blob `digest` from repository `source` into `ref`'s; whether the registry did."""
 
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        """The image's SLSA provenance predicate; None when it has none (verify reads it)."""
+
 
 def docker_config() -> dict[str, Any]:
     path = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"

@@ -561,7 +561,7 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     assert [s.action for s in steps] == [BUILD]
     options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=2, push_backoff=0.2)
 
-    def recorded(engine: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+    def recorded(engine: Any, registry: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
         # The same image the first run smoke-tested (same rendered inputs, same layers): its verdict.
         checks = tuple(Result.from_dict(c) for c in verified["verify"]["checks"])
         return VerifyReport(ref, "docker", (), checks, require_gpu=False)

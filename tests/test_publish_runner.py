@@ -136,9 +136,12 @@ class CannedRegistry:
     def mount(self, ref: str, digest: str, source: str) -> bool:
         return False
 
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        return None
 
-def verdict(ok: bool) -> Callable[[Any, str, publish.RunOptions], VerifyReport]:
-    def verifier(engine: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
+
+def verdict(ok: bool) -> Callable[[Any, Any, str, publish.RunOptions], VerifyReport]:
+    def verifier(engine: Any, registry: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
         check = Result("compile", PASS) if ok else Result("compile", FAIL, "no C++ compiler on PATH")
         return VerifyReport(ref, "docker", (PreflightItem("daemon", PASS, "answers"),), (check,))
 

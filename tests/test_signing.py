@@ -310,7 +310,7 @@ def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
     if not ok:
         checks += (Result("compile", FAIL, "no C++ compiler on PATH"),)
 
-    def verifier(engine: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+    def verifier(engine: Any, registry: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
         # The same layers the first run smoke-tested: its verdict (or a failing one).
         return VerifyReport(ref, "docker", (), checks, require_gpu=False)
 
