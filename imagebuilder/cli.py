@@ -22,6 +22,9 @@ from .matrix import Matrix, load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
 
+# Each command imports its machinery (engine, registry, build, verify, publish) in its body:
+# `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
+
 
 class Context:
     def __init__(self, matrix_path: Path) -> None:
