@@ -17,6 +17,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest
+from .resources import default_matrix_path
 from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
 from .variants import VARIANTS as VARIANTS
 
@@ -41,7 +42,6 @@ class MatrixError(BadRequest):
     """Fields: file, problems. The command to re-check names the same file the user gave.
 
     A bad request (exit 2): the matrix is the user's input, like a flag."""
-
     file: Path
     problems: list[Problem]
 
@@ -59,7 +59,6 @@ class MatrixMissing(BadRequest):
 
 def check_command(file: Path) -> str:
     """`imagebuilder matrix check`, with the --matrix that names `file` unless it is the default."""
-    from .resources import default_matrix_path
 
     if file.resolve() == default_matrix_path().resolve():
         return "imagebuilder matrix check"
@@ -106,7 +105,6 @@ class WheelVariant:
 class TorchCodec:
     """The torchcodec torchaudio's load/save go through (torchaudio 2.9+), for the Pythons its
     wheels exist for; it loads the OS's FFmpeg (OSRelease.ffmpeg)."""
-
     version: Version
     pythons: tuple[Version, ...]
     source: str
@@ -152,7 +150,6 @@ NOTEBOOK = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tq
 class NotebookPins:
     """What the jupyter variants install beside JupyterLab for one Python: each package's newest
     release whose wheels' Requires-Python admits it (cited in `source`)."""
-
     python: Version
     versions: Mapping[str, str]
     source: str
@@ -579,8 +576,6 @@ def parse_matrix(text: str, file: Path) -> Matrix:
 
 def matrix_file(option: str | None) -> Path:
     """The --matrix option as a path; the packaged matrix when it is not given."""
-    from .resources import default_matrix_path
-
     if option is None:
         return default_matrix_path()
     if not option.strip():

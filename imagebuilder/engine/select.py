@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import BadRequest
+from ..labels import PROBE
 from .api import Builder, BuilderKind
 from .buildkit import BuildKitBuilder, BuildKitCli
 from .classic import ClassicBuilder
@@ -29,7 +30,7 @@ from .docker import DockerEngine
 CHOICES = ("auto", "buildkit", "classic")
 _PROBE_TIMEOUT = 60.0
 # The smallest build there is: no base image, nothing written anywhere but /dev/null.
-_PROBE_DOCKERFILE = "FROM scratch\nLABEL io.imagebuilder.probe=1\n"
+_PROBE_DOCKERFILE = f"FROM scratch\nLABEL {PROBE}=1\n"
 
 
 class NoBuildKit(BadRequest):
