@@ -132,3 +132,14 @@ def test_a_driver_branch_is_a_floor_only_through_compatibility(key, ok):
         parse_matrix(text, Path("m.yaml"))
     else:
         assert any(f"cuda.12.1.{key}: not a driver version" in line for line in problems_of(text))
+
+
+def test_a_variant_driver_is_for_a_later_update_than_its_block():
+    """A wheel variant's min_driver names the driver of a later toolkit update than its CUDA
+    block's; one at or below the block's says nothing the block does not."""
+    text = SMALL_TEXT.replace('index: "https://download.pytorch.org/whl/cu124", ',
+                              'index: "https://download.pytorch.org/whl/cu124", min_driver: "550.54.15", ', 1)
+    assert text != SMALL_TEXT
+    assert any("min_driver: is not above CUDA 12.4's min_driver 550.54.15" in line for line in problems_of(text))
+    later = text.replace('min_driver: "550.54.15", ', 'min_driver: "550.90.07", ', 1)
+    parse_matrix(later, Path("m.yaml"))
