@@ -110,13 +110,17 @@ def test_the_cu118_builds_of_2_4_and_2_5_are_in_the_matrix(torch, cudnn, nccl):
 
 
 def test_cuda_13_floors_are_nvidias():
-    """13.x runs on any R580 driver (minor-version compatibility: ">= 580"); 13.2's own floor is
-    that of 13.2 Update 2, the update PyTorch's cu132 wheels are built with."""
+    """13.x runs on any R580 driver (minor-version compatibility: ">= 580"); the 13.2 block's own
+    floor is that of the update it names (13.2.1), and torch 2.15's cu132 wheels, which pin
+    cuda-toolkit 13.2.2, carry 13.2 Update 2's (issue 29, item 8)."""
     from smoke_tests.driver import PASS, judge_driver
 
-    cudas = load_matrix(default_matrix_path()).cudas
+    matrix = load_matrix(default_matrix_path())
+    cudas = matrix.cudas
     assert cudas[Version("13.0")].min_driver_compat == cudas[Version("13.2")].min_driver_compat == "580"
-    assert cudas[Version("13.2")].min_driver == "595.71.05"
+    assert cudas[Version("13.2")].version == Version("13.2.1") and cudas[Version("13.2")].min_driver == "595.58.03"
+    cu132 = matrix.torches["2.15"].variant("cu132")
+    assert "cuda-toolkit[" in cu132.source and "==13.2.2" in cu132.source and cu132.min_driver == "595.71.05"
     verdict = judge_driver("580.10.02", "595.71.05", "580", cuda="13.2")  # an R580 driver older than 13.0 GA's
     assert verdict.status == PASS and verdict.minor_version_compat
     assert judge_driver("575.57.08", "595.71.05", "580").status != PASS
