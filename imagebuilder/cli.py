@@ -288,11 +288,13 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .build import build_all, report_plan
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
-    from .engine.select import decide, make_builder
+    from .engine.select import decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry
 
     wanted = parse_platforms(platforms)
+    # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
+    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice))
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()

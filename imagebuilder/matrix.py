@@ -99,6 +99,9 @@ class WheelVariant:
     index: str
     source: str
     pythons: tuple[Version, ...] = ()  # only where the variant ships fewer Pythons than its release
+    # The driver of the CUDA toolkit update the wheels' libraries come from, where that is a later
+    # update than the one the matrix's block for their CUDA names (torch 2.15's cu132: 13.2.2).
+    min_driver: str | None = None
 
 
 @dataclass(frozen=True)
@@ -416,11 +419,12 @@ def _parse_notebook(c: _Checker, key: str, data: Any, path: KeyPath) -> Notebook
 
 
 def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVariant | None:
-    d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python"})
+    d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python", "min_driver"})
     if d is None:
         return None
     return WheelVariant(
         pythons=_parse_pythons(c, d, path),
+        min_driver=c.driver(d, "min_driver", path) if "min_driver" in d else None,
         name=name,
         cuda=c.version(d, "cuda", path) or Version("0"),
         cudnn=c.version(d, "cudnn", path) or Version("0"),
@@ -522,6 +526,12 @@ def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
                     ("torch", key, "variants", variant.name, "cuda"),
                     f"unknown CUDA {variant.cuda}; add it under cuda: or use one of {', '.join(cudas)}",
                 )
+            block = cudas.get(cuda_keys.get(variant.cuda, ""))
+            if variant.min_driver and block is not None and block.min_driver and \
+                    driver_key(variant.min_driver) <= driver_key(block.min_driver):
+                c.problem(("torch", key, "variants", variant.name, "min_driver"),
+                          f"is not above CUDA {variant.cuda}'s min_driver {block.min_driver}: it is for wheels "
+                          "of a later toolkit update than the block names; leave it out otherwise")
             for python in sorted(set(variant.pythons) - set(torch.pythons)):
                 c.problem(
                     ("torch", key, "variants", variant.name, "python"),

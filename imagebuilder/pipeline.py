@@ -380,6 +380,29 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     return planned
 
 
+def check_build(matrix: Matrix, selection: Selection, rendering: Rendering, platforms: Sequence[str],
+                kind: BuilderKind = "buildkit") -> None:
+    """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):
+    a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
+    also where no daemon answers. `kind`: the builder as far as it is known before probing
+    for one; BuildKit refuses nothing the classic builder takes, so what only the classic
+    one refuses waits for the decided builder. A --base-image's OS is read from the image
+    later, so without --os any OS of the matrix that takes the request will do here."""
+    options = render_options(matrix, rendering, kind)
+    base_given = selection.base_image is not None or bool(selection.platform_bases)
+    oses = list(matrix.oses) if base_given and selection.os is None else [selection.os]
+    refusal: BadRequest | None = None
+    for os_name in oses:
+        try:
+            plan_build(matrix, replace(selection, os=os_name), options, platforms, kind, None,
+                       lambda ref: False, lambda text: None)  # the run's own plan prints the notes
+            return
+        except BadRequest as e:
+            refusal = refusal or e
+    assert refusal is not None
+    raise refusal
+
+
 @dataclass(frozen=True)
 class PublishPlan:
     steps: tuple[tuple[str, tuple[publish.Step, ...]], ...]

@@ -137,6 +137,12 @@ def decide(choice: str, buildx_builder: str | None = None) -> Decision:
     return CLASSIC
 
 
+def kind_before_probing(choice: str) -> BuilderKind:
+    """The builder `decide` picks, as far as it is known before probing for a CLI (which may ask
+    a daemon): classic only when asked for; else BuildKit, which refuses nothing classic takes."""
+    return CLASSIC.kind if choice == "classic" else "buildkit"
+
+
 def decide_for_render(choice: str | None, foreign_platform: bool) -> Decision:
     """`render`: the builder asked for; none asked: classic (any `docker build` takes its
     Dockerfile), but BuildKit for another platform than the host's (only BuildKit builds that)."""
