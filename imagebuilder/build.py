@@ -23,13 +23,8 @@ from .atomic import write_json
 from .engine.api import Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export
-from .provenance import LOCK, MATRIX
+from .labels import CREATED, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
 from .render import SBOM_PATH, RenderedImage
-
-CREATED = "org.opencontainers.image.created"
-REVISION = "org.opencontainers.image.revision"
-HASH = "io.imagebuilder.inputs-hash"
-SBOM_DIGEST = "io.imagebuilder.sbom.digest"
 
 
 class BaseImageChanged(EngineError):
@@ -122,7 +117,7 @@ def build_labels(engine: ImageStore, image: RenderedImage, matrix_path: Path) ->
     created = None
     if engine.image_exists(image.ref):
         existing = engine.image_labels(image.ref)
-        if existing.get(HASH) == image.inputs_hash:
+        if existing.get(INPUTS_HASH) == image.inputs_hash:
             created = existing.get(CREATED)
     if created is None and os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
         created = datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).isoformat()

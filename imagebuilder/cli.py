@@ -22,6 +22,9 @@ from .matrix import Matrix, load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
 
+# Each command imports its machinery (engine, registry, build, verify, publish) in its body:
+# `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
+
 
 class Context:
     def __init__(self, matrix_path: Path) -> None:
@@ -285,11 +288,13 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .build import build_all, report_plan
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
-    from .engine.select import decide, make_builder
+    from .engine.select import decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry
 
     wanted = parse_platforms(platforms)
+    # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
+    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice))
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
@@ -333,8 +338,10 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
         from .engine.docker import DockerEngine
+        from .registry import HttpRegistry
 
-        report = verify_published(DockerEngine(), tag, key=key, signature_only=signature_only, live=live,
+        report = verify_published(DockerEngine(), tag, registry=HttpRegistry(), key=key,
+                                  signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)

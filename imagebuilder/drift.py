@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from .errors import ImageBuilderError
-from .index import Index, applies, cuda_pins, cuda_platforms, pinned
+from .index import Index, PackageIndex, applies, cuda_pins, cuda_platforms, pinned
 from .matrix import Matrix, TorchRelease
 
 
@@ -112,8 +112,6 @@ def check_drift(index: Index, matrix: Matrix, progress: Callable[[str], None] = 
 def report_drift(matrix: Matrix, index_url: str | None, *, echo: Callable[[str], None],
                  progress: Callable[[str], None]) -> None:
     """`matrix check --online`: a `drift:` line per difference, an error when there is any."""
-    from .index import PackageIndex
-
     drifts = check_drift(PackageIndex(index_url), matrix, progress=progress)
     for line in drifts:
         echo(f"drift: {line}")

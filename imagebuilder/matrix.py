@@ -17,6 +17,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest
+from .resources import default_matrix_path
 from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
 from .variants import VARIANTS as VARIANTS
 
@@ -41,7 +42,6 @@ class MatrixError(BadRequest):
     """Fields: file, problems. The command to re-check names the same file the user gave.
 
     A bad request (exit 2): the matrix is the user's input, like a flag."""
-
     file: Path
     problems: list[Problem]
 
@@ -59,7 +59,6 @@ class MatrixMissing(BadRequest):
 
 def check_command(file: Path) -> str:
     """`imagebuilder matrix check`, with the --matrix that names `file` unless it is the default."""
-    from .resources import default_matrix_path
 
     if file.resolve() == default_matrix_path().resolve():
         return "imagebuilder matrix check"
@@ -100,13 +99,15 @@ class WheelVariant:
     index: str
     source: str
     pythons: tuple[Version, ...] = ()  # only where the variant ships fewer Pythons than its release
+    # The driver of the CUDA toolkit update the wheels' libraries come from, where that is a later
+    # update than the one the matrix's block for their CUDA names (torch 2.15's cu132: 13.2.2).
+    min_driver: str | None = None
 
 
 @dataclass(frozen=True)
 class TorchCodec:
     """The torchcodec torchaudio's load/save go through (torchaudio 2.9+), for the Pythons its
     wheels exist for; it loads the OS's FFmpeg (OSRelease.ffmpeg)."""
-
     version: Version
     pythons: tuple[Version, ...]
     source: str
@@ -152,7 +153,6 @@ NOTEBOOK = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tq
 class NotebookPins:
     """What the jupyter variants install beside JupyterLab for one Python: each package's newest
     release whose wheels' Requires-Python admits it (cited in `source`)."""
-
     python: Version
     versions: Mapping[str, str]
     source: str
@@ -419,11 +419,12 @@ def _parse_notebook(c: _Checker, key: str, data: Any, path: KeyPath) -> Notebook
 
 
 def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVariant | None:
-    d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python"})
+    d = c.record(data, path, {"cuda", "cudnn", "nccl", "index", "source"}, {"python", "min_driver"})
     if d is None:
         return None
     return WheelVariant(
         pythons=_parse_pythons(c, d, path),
+        min_driver=c.driver(d, "min_driver", path) if "min_driver" in d else None,
         name=name,
         cuda=c.version(d, "cuda", path) or Version("0"),
         cudnn=c.version(d, "cudnn", path) or Version("0"),
@@ -525,6 +526,12 @@ def _cross_check(c: _Checker, defaults: Defaults, oses: dict[str, OSRelease],
                     ("torch", key, "variants", variant.name, "cuda"),
                     f"unknown CUDA {variant.cuda}; add it under cuda: or use one of {', '.join(cudas)}",
                 )
+            block = cudas.get(cuda_keys.get(variant.cuda, ""))
+            if variant.min_driver and block is not None and block.min_driver and \
+                    driver_key(variant.min_driver) <= driver_key(block.min_driver):
+                c.problem(("torch", key, "variants", variant.name, "min_driver"),
+                          f"is not above CUDA {variant.cuda}'s min_driver {block.min_driver}: it is for wheels "
+                          "of a later toolkit update than the block names; leave it out otherwise")
             for python in sorted(set(variant.pythons) - set(torch.pythons)):
                 c.problem(
                     ("torch", key, "variants", variant.name, "python"),
@@ -579,8 +586,6 @@ def parse_matrix(text: str, file: Path) -> Matrix:
 
 def matrix_file(option: str | None) -> Path:
     """The --matrix option as a path; the packaged matrix when it is not given."""
-    from .resources import default_matrix_path
-
     if option is None:
         return default_matrix_path()
     if not option.strip():

@@ -23,8 +23,10 @@ from .index_url import parse_index_url
 from .lock import BadUv
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
-from .reference import parse_reference
-from .render import read_certificates
+from .platforms import parse_base_images
+from .reference import check_repository, parse_reference
+from .render import read_ca_bundle, read_certificates
+from .resolve import check_not_empty
 from .pipeline import ALL, Rendering, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,7 +43,6 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
 def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Callable[[F], F]:
     """Hand the options `keys` to the command as one value `name` = make(**options)."""
-
     def decorator(f: F) -> F:
         @functools.wraps(f)
         def command(*args: Any, **kwargs: Any) -> Any:
@@ -56,7 +57,6 @@ def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Call
 def _check(validate: Callable[..., None]) -> Callable[[F], F]:
     """Refuse a combination of options before the command does any work: validate(**options)
     raises BadRequest (exit 2, one line)."""
-
     def decorator(f: F) -> F:
         @functools.wraps(f)
         def command(*args: Any, **kwargs: Any) -> Any:
@@ -96,8 +96,6 @@ def _report_file(ctx: click.Context, param: click.Parameter, value: Path | None)
 def _selection(torch_version: str | None, cuda_version: str | None, python_version: str | None,
                variant: str | None, os_name: str | None, base_image: tuple[str, ...] = (),
                strict: bool = False) -> Selection:
-    from .platforms import parse_base_images
-    from .resolve import check_not_empty
 
     check_not_empty(torch=torch_version, cuda=cuda_version, python=python_version, os=os_name)
     bases = parse_base_images(base_image)
@@ -194,9 +192,6 @@ def rendering(f: F) -> F:
 def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
                repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> Rendering:
     """Checked before anything runs: a bad name or CA bundle would fail the build minutes later."""
-    from .reference import check_repository
-    from .render import read_ca_bundle
-
     if repository is not None:
         check_repository(repository)
     if ca_bundle is not None:
@@ -391,7 +386,6 @@ def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Ve
 @dataclass(frozen=True)
 class Compressing:
     """--compression and --compression-level: None each means the engine's best default."""
-
     kind: str | None
     level: int | None
 

@@ -25,16 +25,22 @@ from .build import build_order
 from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
-from .platforms import arch, host_platform
+from . import lock as locking
+from .lock import load_locks, locks_dir
+from .output import write_tree
+from .platforms import arch, for_platforms, host_platform, platform_image
+from .registry import HttpRegistry, Registry
 from .render import SECRET_SOURCES, RenderedImage, RenderOptions, render
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
+from .table import format_table
+from .tags import primary_tag
 
+# publish (verify, signing) and engine.docker are imported inside the functions that use them:
+# cli imports this module for every command, and `render` or `--help` need neither.
 if TYPE_CHECKING:
-    from . import lock as locking
     from . import publish
     from .publish import IndexRegistry
     from .signing import Signer
-    from .registry import Registry
 
 ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
 
@@ -218,7 +224,7 @@ class Rendering:
 
 
 def source_label() -> str:
-    """The image's org.opencontainers.image.source: the repository CI builds from."""
+    """The image's source label (labels.SOURCE): the repository CI builds from."""
     server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 
@@ -227,7 +233,6 @@ def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
                    repository: str | None = None) -> RenderOptions:
     """The options every image of a command renders with, for the builder `kind` that
     engine.select decided (the same for a dry run as for the run)."""
-    from .lock import load_locks, locks_dir
 
     return RenderOptions(
         extras=rendering.extras,
@@ -247,7 +252,6 @@ def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
 
 def matrix_rows(matrix: Matrix, selection: Selection) -> list[dict[str, Any]]:
     """`imagebuilder matrix`: one row per selected image."""
-    from .tags import primary_tag
 
     return [{
         "torch": str(spec.torch.version),
@@ -266,7 +270,6 @@ def matrix_rows(matrix: Matrix, selection: Selection) -> list[dict[str, Any]]:
 
 def format_listing(rows: Sequence[dict[str, Any]], fmt: str) -> str:
     """`imagebuilder matrix --format table|json|github` of `matrix_rows`."""
-    from .table import format_table
 
     if fmt == "json":
         return json.dumps(rows, indent=2)
@@ -323,7 +326,6 @@ def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
 def write_all(output: Path, count: int, files: Mapping[str, bytes]) -> list[str]:
     """`render --all -o`: every context into `output`; what was written and what went, a line
     each. A folder of an earlier render keeps only what this one asked for, and says so."""
-    from .output import write_tree
 
     removed = {name.split("/", 1)[0] for name in write_tree(output, files) if "/" in name}
     return [f"wrote {count} images to {output}"] + (
@@ -334,7 +336,6 @@ def write_all(output: Path, count: int, files: Mapping[str, bytes]) -> list[str]
 def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:
     """`render -o`: one image's context into `output`, or several (a parent that comes along,
     several platforms) a folder each with index.json; what was written, a line each."""
-    from .output import write_tree
 
     if len(plan) == 1:
         platform, image = plan[0]
@@ -369,7 +370,6 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     """`build` (and `render`, which shows it): (platform, image) in build order, every
     platform's images resolved and checked (wheels for the platform; BuildKit for a foreign
     one; no --base-image PLATFORM=IMAGE for a platform not asked for) before anything builds."""
-    from .platforms import for_platforms
 
     selection.check_platform_bases(platforms)
     planned: list[tuple[str, RenderedImage]] = []
@@ -380,6 +380,29 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
         planned += [(platform, image) for image in
                     for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
     return planned
+
+
+def check_build(matrix: Matrix, selection: Selection, rendering: Rendering, platforms: Sequence[str],
+                kind: BuilderKind = "buildkit") -> None:
+    """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):
+    a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
+    also where no daemon answers. `kind`: the builder as far as it is known before probing
+    for one; BuildKit refuses nothing the classic builder takes, so what only the classic
+    one refuses waits for the decided builder. A --base-image's OS is read from the image
+    later, so without --os any OS of the matrix that takes the request will do here."""
+    options = render_options(matrix, rendering, kind)
+    base_given = selection.base_image is not None or bool(selection.platform_bases)
+    oses = list(matrix.oses) if base_given and selection.os is None else [selection.os]
+    refusal: BadRequest | None = None
+    for os_name in oses:
+        try:
+            plan_build(matrix, replace(selection, os=os_name), options, platforms, kind, None,
+                       lambda ref: False, lambda text: None)  # the run's own plan prints the notes
+            return
+        except BadRequest as e:
+            refusal = refusal or e
+    assert refusal is not None
+    raise refusal
 
 
 @dataclass(frozen=True)
@@ -416,7 +439,6 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     platform, each compared with what the registry holds (skip, retag or build; `signing`: an
     unsigned one is rebuilt)."""
     from . import publish
-    from .platforms import for_platforms, platform_image
 
     selection.check_platform_bases(platforms)
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
@@ -475,9 +497,7 @@ def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extra
     """`lock`: resolve every selected image's requirements (the PyPI builds unless --cuda asks
     for another), a line on `progress` per set as it is done (against `recorded`, for --check);
     base images pinned through the local engine (when one answers) or their registry."""
-    from . import lock as locking
     from .engine.docker import answering_engine
-    from .registry import HttpRegistry
 
     engine = answering_engine()
     selection = settle_os(matrix, selection, engine.os_release if engine else None, note)

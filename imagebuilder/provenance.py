@@ -12,10 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-REVISION = "org.opencontainers.image.revision"
-SOURCE = "org.opencontainers.image.source"
-MATRIX = "io.imagebuilder.matrix"
-LOCK = "io.imagebuilder.lock"
+from .labels import LOCK, MATRIX, REVISION, SOURCE
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@
 
 (distribution/reference's grammar, as `docker` applies it.) A reference that does not parse
 is a bad request: it is refused with the reason before any daemon or registry is asked.
+
+One Reference for every caller: the parts as written (name, tag, digest), and the registry's
+view with docker's defaults (host docker.io, repository library/NAME, reference `latest`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ _ALGORITHM = re.compile(r"[a-z0-9]+(?:[+._-][a-z0-9]+)*")
 _ENCODED = re.compile(r"[A-Za-z0-9=_-]+")
 _SHA256 = re.compile(r"[a-f0-9]{64}")
 NAME_MAX = 255
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
 FORMS = "NAME[:TAG] or NAME@sha256:DIGEST, e.g. pytorch:2.6.0-cuda12.4-cudnn9-runtime"
 
 
@@ -46,9 +51,38 @@ class InvalidRepository(BadRequest):
 
 @dataclass(frozen=True)
 class Reference:
-    name: str  # [domain/]path, as written
+    name: str
+    """[domain/]path, as written."""
     tag: str | None = None
     digest: str | None = None
+
+    @property
+    def host(self) -> str:
+        """The registry's HOST[:PORT]: the name's domain, else Docker Hub."""
+        first, slash, _ = self.name.partition("/")
+        return first if slash and names_domain(first) else DOCKER_HUB
+
+    @property
+    def repository(self) -> str:
+        """The repository path in that registry (Docker Hub's official images under library/)."""
+        first, slash, rest = self.name.partition("/")
+        if slash and names_domain(first):
+            return rest
+        return self.name if "/" in self.name else f"library/{self.name}"
+
+    @property
+    def reference(self) -> str:
+        """What the registry API's manifests/ URL takes: the digest, else the tag, else latest."""
+        return self.digest or self.tag or "latest"
+
+    @property
+    def api_host(self) -> str:
+        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
+
+
+def names_domain(part: str) -> bool:
+    """Whether the first component of a name is a registry's domain, as docker decides it."""
+    return "." in part or ":" in part or part == "localhost"
 
 
 def _name_problem(name: str) -> str | None:
@@ -61,7 +95,7 @@ def _name_problem(name: str) -> str | None:
         return "it contains a space"
     first, slash, rest = name.partition("/")
     path = name
-    if slash and ("." in first or ":" in first or first == "localhost"):
+    if slash and names_domain(first):
         problem = domain_problem(first)
         if problem is not None:
             return problem

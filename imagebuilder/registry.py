@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import BadRequest, ImageBuilderError
-from .reference import domain_problem
+from .reference import DOCKER_HUB, DOCKER_HUB_API, Reference, domain_problem, names_domain, parse_reference
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -43,8 +43,6 @@ ACCEPT = ", ".join((DOCKER_MANIFEST, OCI_MANIFEST, DOCKER_LIST, OCI_INDEX))
 INDEXES = (DOCKER_LIST, OCI_INDEX)
 REFERENCE_DIGEST = "vnd.docker.reference.digest"  # an attestation manifest's image, in an index
 TIMEOUT = 30.0
-DOCKER_HUB = "docker.io"
-DOCKER_HUB_API = "registry-1.docker.io"
 DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"
 
 
@@ -74,39 +72,6 @@ class RegistryProtocolError(RegistryError):
 # --------------------------------------------------------------------------- pure
 
 
-@dataclass(frozen=True)
-class Reference:
-    """host, repository name and tag (or digest) of an image reference."""
-
-    host: str
-    name: str
-    reference: str
-
-    @property
-    def api_host(self) -> str:
-        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
-
-
-def _is_host(part: str) -> bool:
-    return "." in part or ":" in part or part == "localhost"
-
-
-def parse_reference(ref: str) -> Reference:
-    """`127.0.0.1:5000/ml/pytorch:2.6-runtime` -> (127.0.0.1:5000, ml/pytorch, 2.6-runtime)."""
-    rest, at, digest = ref.partition("@")
-    first, slash, remainder = rest.partition("/")
-    if slash and _is_host(first):
-        host, path = first, remainder
-    else:
-        host, path = DOCKER_HUB, rest
-        if "/" not in path:
-            path = f"library/{path}"
-    if at:
-        return Reference(host, path, digest)
-    name, colon, tag = path.rpartition(":")
-    return Reference(host, name, tag) if colon else Reference(host, path, "latest")
-
-
 _NAMESPACE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 
 
@@ -115,7 +80,7 @@ def parse_registry(text: str) -> tuple[str, str]:
     host, _, namespace = text.strip().rstrip("/").partition("/")
     if "://" in text:
         raise BadRegistry(text=text, why="no scheme: imagebuilder picks http for loopback, https elsewhere")
-    if not host or not _is_host(host):
+    if not host or not names_domain(host):
         raise BadRegistry(text=text, why=f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
     problem = domain_problem(host)
     if problem is not None:
@@ -230,7 +195,7 @@ def index_document(manifests: Sequence[Mapping[str, Any]]) -> bytes:
 
 
 class Registry(Protocol):
-    """What publish needs from a registry."""
+    """What publish needs from a registry: HttpRegistry is one, the tests' canned registry another."""
 
     def digest(self, ref: str) -> str | None:
         """The manifest digest `ref` names now; None when the tag does not exist."""
@@ -247,6 +212,21 @@ class Registry(Protocol):
 
     def put_index(self, ref: str, body: bytes) -> str:
         """Make tag `ref` the image index `body` (from index_for); the digest it now names."""
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        """(the image's config, its layers' media types); None when the tag does not exist."""
+
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        """Every blob of the image or index `ref`: digest -> (size, media type)."""
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        """(the manifest `ref` names, its media type); None when there is none."""
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        """Mount blob `digest` from repository `source` into `ref`'s; whether the registry did."""
+
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        """The image's SLSA provenance predicate; None when it has none (verify reads it)."""
 
 
 def docker_config() -> dict[str, Any]:
@@ -417,13 +397,13 @@ class HttpRegistry:
         r, src = parse_reference(ref), parse_reference(source)
         if src.api_host != r.api_host:
             return False
-        query = urllib.parse.urlencode({"mount": digest, "from": src.name})
+        query = urllib.parse.urlencode({"mount": digest, "from": src.repository})
         got = self._request("POST", r, f"blobs/uploads/?{query}", {"Content-Length": "0"}, b"", push=True,
-                            also=f"repository:{src.name}:pull")
+                            also=f"repository:{src.repository}:pull")
         if got is not None and got.status == 201:
             return True
         location = (got.headers.get("Location") or "") if got is not None else ""
-        session = location.split(f"/v2/{r.name}/", 1)
+        session = location.split(f"/v2/{r.repository}/", 1)
         if len(session) == 2:
             try:
                 self._request("DELETE", r, session[1], {}, push=True)
@@ -462,7 +442,7 @@ class HttpRegistry:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{reference}"), detail=f"not JSON ({e})") from e
 
     def _url(self, r: Reference, path: str) -> str:
-        return f"{self._scheme(r.api_host)}://{r.api_host}/v2/{r.name}/{path}"
+        return f"{self._scheme(r.api_host)}://{r.api_host}/v2/{r.repository}/{path}"
 
     def _opener(self, host: str) -> urllib.request.OpenerDirector:
         """https trusting what dockerd trusts for this host: --registry-ca, else certs.d, else the system."""
@@ -499,7 +479,7 @@ class HttpRegistry:
         """One API call; None on 404. Authenticates on a 401 challenge and retries once.
         `also`: another scope the call needs (a mount's pull of its source repository)."""
         url = self._url(r, path)
-        scope = f"repository:{r.name}:{'pull,push' if push else 'pull'}" + (f" {also}" if also else "")
+        scope = f"repository:{r.repository}:{'pull,push' if push else 'pull'}" + (f" {also}" if also else "")
         auth = self._tokens.get((r.api_host, scope))
         for attempt in range(2):
             request = urllib.request.Request(url, data=data, method=method, headers=dict(headers))

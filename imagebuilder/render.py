@@ -60,7 +60,7 @@ class RenderOptions:
     extra_index_urls: tuple[str, ...] = ()
     ca_bundle: Path | None = None  # trusted inside the build only
     python_mirror: str | None = None  # where `uv python install` downloads CPython (UV_PYTHON_INSTALL_MIRROR)
-    source: str = DEFAULT_SOURCE  # org.opencontainers.image.source
+    source: str = DEFAULT_SOURCE  # labels.SOURCE
     buildkit: bool = False  # for the BuildKit builder: the CA as a secret, shared cache mounts
     extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
     locks: LockSet = LockSet()  # locks/ beside the matrix; empty: resolve at build time

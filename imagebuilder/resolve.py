@@ -16,7 +16,7 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadRequest
-from .matrix import CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant
+from .matrix import CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant, driver_key
 from .variants import VARIANTS, variant as variant_of
 
 Toolchain = Literal["none", "base", "pip"]
@@ -66,14 +66,9 @@ class BuildSpec:
     base_image: str  # for jupyter variants: the parent image they are built on (filled in by tags)
     base_is_default: bool
     toolchain: Toolchain  # devel only: where nvcc comes from
+    min_driver: str  # the driver of the newest CUDA toolkit whose libraries the image carries
     notices: tuple[str, ...]
     parent: BuildSpec | None = None  # jupyter variants: the runtime or devel image they are built on
-
-    @property
-    def min_driver(self) -> str:
-        """The lowest driver the image runs on: its toolkit's own floor, or, when its wheels are
-        of a newer CUDA minor than the image (minor-version compatibility), the compat floor."""
-        return self.cuda.min_driver_compat if self.wheel.cuda > self.cuda.key else self.cuda.min_driver
 
     @property
     def cudnn_major(self) -> int:
@@ -226,6 +221,17 @@ def _choose_base(
     )
 
 
+def image_min_driver(matrix: Matrix, cuda: CudaRelease, wheel: WheelVariant) -> str:
+    """The driver of the newest CUDA toolkit whose libraries the image carries: the base image's
+    (`cuda`), or the wheels' nvidia-* libraries' where those are of a later toolkit (cu124 wheels
+    on the CUDA 12.1 image; a wheel variant's own `min_driver` where its libraries are a later
+    update of the same minor). Below it, down to the major's minor-version compatibility floor
+    (`cuda.min_driver_compat`, the image's other driver label), the image runs without PTX JIT
+    of the newer code, which verify notes."""
+    carried = wheel.min_driver or matrix.cudas[wheel.cuda].min_driver
+    return max(cuda.min_driver, carried, key=driver_key)
+
+
 def resolve(matrix: Matrix, request: Request) -> BuildSpec:
     torch = find_torch(matrix, request.torch)
     cuda = find_cuda(matrix, request.cuda)
@@ -274,6 +280,7 @@ def resolve(matrix: Matrix, request: Request) -> BuildSpec:
         base_image=base,
         base_is_default=base_is_default,
         toolchain=toolchain,
+        min_driver=image_min_driver(matrix, cuda, wheel),
         notices=tuple(notices),
     )
 

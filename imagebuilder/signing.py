@@ -6,7 +6,7 @@
   attestation and no signature (signing failed half way) counts as unsigned, and the next
   publish rebuilds and signs it. Only a digest is ever signed, never a tag.
 - check_image(): is the digest a tag names signed by a key, and does its SBOM attestation verify
-  with that key and match the image's own SBOM (its io.imagebuilder.sbom.digest label, in the
+  with that key and match the image's own SBOM (its sbom.digest label, labels.SBOM_DIGEST, in the
   config the signature covers)? Read from the registry only: no container starts. A failure
   says in one line which it is: not signed, re-tagged (the tag names an unsigned build while
   a signed build of the same inputs is in the repository), signed by another key, no SBOM
@@ -35,16 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .build import HASH as INPUTS_HASH
-from .build import SBOM_DIGEST
 from .errors import BadRequest, ImageBuilderError
-from .registry import (
-    INDEXES,
-    RegistryError,
-    is_insecure_by_default,
-    parse_reference,
-    pick_manifest,
-)
+from .labels import INPUTS_HASH, SBOM_DIGEST
+from .reference import parse_reference
+from .registry import INDEXES, RegistryError, is_insecure_by_default, pick_manifest
 
 COSIGN_TIMEOUT = 300.0
 """Seconds one cosign command may take (a KMS round trip, a slow registry)."""
@@ -105,7 +99,7 @@ def key_reference(text: str, option: str) -> str:
 
 def sbom_bytes(document: Any) -> bytes:
     """The SBOM as the image's sbom.py writes it (sorted keys, indent 1, a final newline), so
-    that an attested document hashes to the image's io.imagebuilder.sbom.digest label."""
+    that an attested document hashes to the image's sbom.digest label (labels.SBOM_DIGEST)."""
     return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -123,7 +117,7 @@ def torch_of(document: Mapping[str, Any]) -> str | None:
 
 def repository_of(ref: str) -> str:
     r = parse_reference(ref)
-    return f"{r.host}/{r.name}"
+    return f"{r.host}/{r.repository}"
 
 
 def pinned(ref: str, digest: str) -> str:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from datetime import date
 
+from . import labels as L
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .variants import variant
-
-LABEL_PREFIX = "io.imagebuilder"
 
 
 def qualified_tag(spec: BuildSpec) -> str:
@@ -60,31 +59,30 @@ def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str,
                base_digest: str | None = None) -> dict[str, str]:
     """Labels that depend only on the rendered inputs (created and revision are added at
     build time so that rendering stays byte-for-byte deterministic)."""
-    p = LABEL_PREFIX
     labels = {
-        "org.opencontainers.image.title": f"PyTorch {spec.torch.version} ({spec.variant})",
-        "org.opencontainers.image.description": (
+        L.TITLE: f"PyTorch {spec.torch.version} ({spec.variant})",
+        L.DESCRIPTION: (
             f"PyTorch {spec.torch.version} with {spec.wheel.name} wheels on CUDA {spec.cuda.version}, "
             f"Python {spec.python}, {spec.os.name}"
         ),
-        "org.opencontainers.image.version": str(spec.torch.version),
-        "org.opencontainers.image.source": source,
-        "org.opencontainers.image.base.name": base_image,
-        f"{p}.torch": str(spec.torch.version),
-        f"{p}.torch.cuda": str(spec.wheel.cuda),
-        f"{p}.wheel": spec.wheel.name,
-        f"{p}.cuda": str(spec.cuda.version),
-        f"{p}.cudnn": str(spec.wheel.cudnn),
-        f"{p}.nccl": str(spec.wheel.nccl),
-        f"{p}.python": str(spec.python),
-        f"{p}.variant": spec.variant,
-        f"{p}.os": spec.os.name,
-        f"{p}.min-driver": str(spec.min_driver),
+        L.VERSION: str(spec.torch.version),
+        L.SOURCE: source,
+        L.BASE_NAME: base_image,
+        L.TORCH: str(spec.torch.version),
+        L.TORCH_CUDA: str(spec.wheel.cuda),
+        L.WHEEL: spec.wheel.name,
+        L.CUDA: str(spec.cuda.version),
+        L.CUDNN: str(spec.wheel.cudnn),
+        L.NCCL: str(spec.wheel.nccl),
+        L.PYTHON: str(spec.python),
+        L.VARIANT: spec.variant,
+        L.OS: spec.os.name,
+        L.MIN_DRIVER: str(spec.min_driver),
         # The floor through CUDA minor-version compatibility: verify passes drivers between it
         # and min-driver, with a note (no PTX JIT there).
-        f"{p}.min-driver-compat": str(spec.cuda.min_driver_compat),
-        f"{p}.inputs-hash": inputs_hash,
+        L.MIN_DRIVER_COMPAT: str(spec.cuda.min_driver_compat),
+        L.INPUTS_HASH: inputs_hash,
     }
     if base_digest:
-        labels["org.opencontainers.image.base.digest"] = base_digest
+        labels[L.BASE_DIGEST] = base_digest
     return labels

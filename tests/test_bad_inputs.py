@@ -23,6 +23,7 @@ from imagebuilder.cli import cli
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 RENDER = ("render", "--torch", "2.6", "--cuda", "12.4")
+BUILD = ("build", "--torch", "2.6", "--cuda", "12.1")  # cu124 wheels on the CUDA 12.1 image
 LOCK = ("lock", "--torch", "2.6", "--cuda", "12.4", "--os", "debian12", "--variant", "runtime")
 NO_DAEMON = "unix:///nonexistent/docker.sock"  # any daemon call would end in "could not reach"
 
@@ -158,8 +159,34 @@ ROWS = {
     "publish --registry-ca without a certificate": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--dry-run",
                                                         "--registry-ca", "ca.pem"), 2,
                                                        "--registry-ca ca.pem holds no PEM certificate", (("ca.pem", b"junk\n"),)),
+    # issue 29, item 6: a wrong request to build is refused before any daemon is asked (the
+    # rows run with DOCKER_HOST at no daemon: asking one first would be exit 1)
+    "build --with nvidia-cudnn, no daemon": Row((*BUILD, "--with", "nvidia-cudnn-cu12==1.0"), 2,
+                                                "contradicts the image's nvidia-cudnn-cu12==9.1.0.70"),
+    "build --with torch, no daemon": Row((*BUILD, "--with", "torch==2.5.1"), 2,
+                                         "--with 'torch==2.5.1' contradicts the image's torch==2.6.0"),
+    "build --with nvidia_nccl underscores, no daemon": Row((*BUILD, "--with", "NVIDIA_NCCL_CU12<2"), 2,
+                                                           "contradicts the image's nvidia-nccl-cu12=="),
+    "build --with torch @ URL, no daemon": Row((*BUILD, "--with", "torch @ https://example.com/torch-2.6.0-cp311-none.whl"),
+                                               2, "contradicts the image's torch==2.6.0"),
+    "build --with not a requirement, no daemon": Row((*BUILD, "--with", "pandas=="), 2,
+                                                     "--with 'pandas==' is not a requirement"),
+    "build --with, every variant, no daemon": Row((*BUILD, "--variant", "all", "--with", "torchvision<0.20"), 2,
+                                                  "contradicts the image's torchvision==0.21.0"),
+    "build --with, --base-image without --os, no daemon": Row((*BUILD, "--base-image", "mirror.local/cuda:12.1.1",
+                                                               "--with", "triton==3.1.0"), 2,
+                                                              "contradicts the image's triton==3.2.0"),
+    "build unknown torch, no daemon": Row(("build", "--torch", "9.9", "--cuda", "12.1"), 2, "torch 9.9 is not in matrix.yaml"),
+    "build --python, no daemon": Row((*BUILD, "--python", "3.99"), 2, "ships no wheels for Python 3.99"),
+    "build credentials, classic, no daemon": Row((*BUILD, "--builder", "classic", "--index-url",
+                                                  "https://alice:s3cr3t@mirror.example.com/simple"), 2,
+                                                 "the classic builder would write into the image's history"),
     # 5. the world's failure
     "no daemon": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 1, "could not reach the Docker daemon"),
+    # a good request with a --with, or a --base-image whose OS only the daemon can tell, is asked of it
+    "no daemon, a good --with": Row((*BUILD, "--with", "pandas==2.2.3"), 1, "could not reach the Docker daemon"),
+    "no daemon, --base-image without --os": Row((*BUILD, "--base-image", "mirror.local/cuda:12.1.1"), 1,
+                                                "could not reach the Docker daemon"),
 }
 
 

@@ -534,7 +534,8 @@ class RecordingEngine:
 
 
 def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_takes_the_tags(tmp_path) -> None:
-    from imagebuilder.build import SBOM_DIGEST, SbomMissing, build_image
+    from imagebuilder.build import SbomMissing, build_image
+    from imagebuilder.labels import SBOM_DIGEST
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
     engine = RecordingEngine(b'{"bomFormat": "CycloneDX"}\n')

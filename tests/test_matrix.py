@@ -110,13 +110,17 @@ def test_the_cu118_builds_of_2_4_and_2_5_are_in_the_matrix(torch, cudnn, nccl):
 
 
 def test_cuda_13_floors_are_nvidias():
-    """13.x runs on any R580 driver (minor-version compatibility: ">= 580"); 13.2's own floor is
-    that of 13.2 Update 2, the update PyTorch's cu132 wheels are built with."""
+    """13.x runs on any R580 driver (minor-version compatibility: ">= 580"); the 13.2 block's own
+    floor is that of the update it names (13.2.1), and torch 2.15's cu132 wheels, which pin
+    cuda-toolkit 13.2.2, carry 13.2 Update 2's (issue 29, item 8)."""
     from smoke_tests.driver import PASS, judge_driver
 
-    cudas = load_matrix(default_matrix_path()).cudas
+    matrix = load_matrix(default_matrix_path())
+    cudas = matrix.cudas
     assert cudas[Version("13.0")].min_driver_compat == cudas[Version("13.2")].min_driver_compat == "580"
-    assert cudas[Version("13.2")].min_driver == "595.71.05"
+    assert cudas[Version("13.2")].version == Version("13.2.1") and cudas[Version("13.2")].min_driver == "595.58.03"
+    cu132 = matrix.torches["2.15"].variant("cu132")
+    assert "cuda-toolkit[" in cu132.source and "==13.2.2" in cu132.source and cu132.min_driver == "595.71.05"
     verdict = judge_driver("580.10.02", "595.71.05", "580", cuda="13.2")  # an R580 driver older than 13.0 GA's
     assert verdict.status == PASS and verdict.minor_version_compat
     assert judge_driver("575.57.08", "595.71.05", "580").status != PASS
@@ -132,3 +136,14 @@ def test_a_driver_branch_is_a_floor_only_through_compatibility(key, ok):
         parse_matrix(text, Path("m.yaml"))
     else:
         assert any(f"cuda.12.1.{key}: not a driver version" in line for line in problems_of(text))
+
+
+def test_a_variant_driver_is_for_a_later_update_than_its_block():
+    """A wheel variant's min_driver names the driver of a later toolkit update than its CUDA
+    block's; one at or below the block's says nothing the block does not."""
+    text = SMALL_TEXT.replace('index: "https://download.pytorch.org/whl/cu124", ',
+                              'index: "https://download.pytorch.org/whl/cu124", min_driver: "550.54.15", ', 1)
+    assert text != SMALL_TEXT
+    assert any("min_driver: is not above CUDA 12.4's min_driver 550.54.15" in line for line in problems_of(text))
+    later = text.replace('min_driver: "550.54.15", ', 'min_driver: "550.90.07", ', 1)
+    parse_matrix(later, Path("m.yaml"))

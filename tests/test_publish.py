@@ -34,19 +34,19 @@ from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bun
                       require_module)
 
 from imagebuilder import publish
-from imagebuilder.build import HASH
+from imagebuilder.labels import INPUTS_HASH as HASH
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.lock import load_locks, locks_dir
 from imagebuilder.matrix import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
+from imagebuilder.reference import parse_reference
 from imagebuilder.registry import (
     OCI_MANIFEST,
     HttpRegistry,
     RegistryUnavailable,
     credentials_for,
     parse_challenge,
-    parse_reference,
     parse_registry,
     pick_manifest,
     is_insecure_by_default,
@@ -174,13 +174,14 @@ def test_a_plan_without_push_plans_no_push() -> None:
 @pytest.mark.parametrize("ref, expected", [
     ("127.0.0.1:5000/ml/pytorch:2.6-runtime", ("127.0.0.1:5000", "ml/pytorch", "2.6-runtime")),
     ("ghcr.io/acme/pytorch", ("ghcr.io", "acme/pytorch", "latest")),
-    ("localhost/pytorch@sha256:abc", ("localhost", "pytorch", "sha256:abc")),
+    ("localhost/pytorch@sha256:" + "a" * 64, ("localhost", "pytorch", "sha256:" + "a" * 64)),
+    ("localhost/pytorch:1@sha256:" + "a" * 64, ("localhost", "pytorch", "sha256:" + "a" * 64)),
     ("pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", ("docker.io", "pytorch/pytorch", "2.6.0-cuda12.4-cudnn9-runtime")),
     ("ubuntu:22.04", ("docker.io", "library/ubuntu", "22.04")),
 ])
 def test_parse_reference(ref: str, expected: tuple[str, str, str]) -> None:
     r = parse_reference(ref)
-    assert (r.host, r.name, r.reference) == expected
+    assert (r.host, r.repository, r.reference) == expected
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -497,11 +498,11 @@ def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
         r = parse_reference(ref)
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **upload(r.host, r.name, config)},
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **upload(r.host, r.repository, config)},
             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                        **upload(r.host, r.name, layer)}],
+                        **upload(r.host, r.repository, layer)}],
         }).encode()
-        put = urllib.request.Request(f"http://{r.host}/v2/{r.name}/manifests/{r.reference}", data=manifest,
+        put = urllib.request.Request(f"http://{r.host}/v2/{r.repository}/manifests/{r.reference}", data=manifest,
                                      method="PUT", headers={"Content-Type": OCI_MANIFEST})
         with urllib.request.urlopen(put, timeout=30) as answer:
             digests.add(answer.headers["Docker-Content-Digest"])
@@ -560,7 +561,7 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     assert [s.action for s in steps] == [BUILD]
     options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=2, push_backoff=0.2)
 
-    def recorded(engine: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+    def recorded(engine: Any, registry: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
         # The same image the first run smoke-tested (same rendered inputs, same layers): its verdict.
         checks = tuple(Result.from_dict(c) for c in verified["verify"]["checks"])
         return VerifyReport(ref, "docker", (), checks, require_gpu=False)
@@ -729,7 +730,7 @@ def _storage(reg: LocalRegistry) -> dict[str, str]:
 def _api(reg: LocalRegistry, ref: str) -> tuple[str, str]:
     """(the repository's API url, the tag) of a ref in `reg`."""
     r = parse_reference(ref)
-    return f"http://{reg.address}/v2/{r.name}", r.reference
+    return f"http://{reg.address}/v2/{r.repository}", r.reference
 
 
 def _push_stand_in(reg: LocalRegistry, ref: str, platform: str) -> str:

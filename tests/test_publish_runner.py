@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from imagebuilder import publish
-from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, PushFailed, RunResult
+from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, Pushed, PushFailed, RunResult
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix import load_matrix
 from imagebuilder.pipeline import Selection, render_selected, with_parents
@@ -90,6 +90,12 @@ class CannedEngine:
         self.pushed.append(ref)
         return self.digests.setdefault(ref, f"sha256:{abs(hash(ref)) % 10**12:012d}")
 
+    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
+        return Pushed(self.push(ref, retries=retries, backoff=backoff), frozenset())
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        return {}
+
     def pull(self, ref: str) -> None:
         self.pulled.append(ref)
 
@@ -118,9 +124,24 @@ class CannedRegistry:
     def put_index(self, ref: str, body: bytes) -> str:
         raise AssertionError("these runs publish one platform: no index")
 
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        return None
 
-def verdict(ok: bool) -> Callable[[Any, str, publish.RunOptions], VerifyReport]:
-    def verifier(engine: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        return {}
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        return None
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        return False
+
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        return None
+
+
+def verdict(ok: bool) -> Callable[[Any, Any, str, publish.RunOptions], VerifyReport]:
+    def verifier(engine: Any, registry: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
         check = Result("compile", PASS) if ok else Result("compile", FAIL, "no C++ compiler on PATH")
         return VerifyReport(ref, "docker", (PreflightItem("daemon", PASS, "answers"),), (check,))
 
@@ -212,7 +233,6 @@ def test_no_push_verifies_and_leaves_the_registry_alone():
 
 # --- the containerd image store: what is pushed is the image verify ran --------------------
 
-from imagebuilder.engine import Pushed  # noqa: E402
 from imagebuilder.engine.export import Compression, Export  # noqa: E402
 
 ZSTD_EXPORT = Export(Compression("zstd"), provenance=True)

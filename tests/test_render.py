@@ -56,10 +56,12 @@ def test_rendering_is_deterministic_and_the_hash_follows_the_inputs():
     manifest = json.loads(a.files["imagebuilder/manifest.json"])
     assert manifest["inputs_hash"] == a.inputs_hash
     assert (manifest["torch"], manifest["torch_cuda"], manifest["cudnn"], manifest["nccl"]) == ("2.6.0", "12.4", "9.1.0.70", "2.21.5")
-    # cu124 wheels on a CUDA 12.1 image run through minor-version compatibility: that floor,
-    # the one the resolver's notice names, is the image's floor (label and manifest alike).
-    assert manifest["image_cuda"] == "12.1" and manifest["min_driver"] == "525.60.13"
-    assert a.labels["io.imagebuilder.min-driver"] == "525.60.13"
+    # cu124 wheels on a CUDA 12.1 image carry CUDA 12.4's libraries: min-driver is 12.4's driver
+    # (label and manifest alike), min-driver-compat the 12.x floor the resolver's notice names,
+    # so verify notes "no PTX JIT" for a driver between the two (issue 29, item 8).
+    assert manifest["image_cuda"] == "12.1" and manifest["min_driver"] == "550.54.15"
+    assert a.labels["io.imagebuilder.min-driver"] == "550.54.15"
+    assert manifest["min_driver_compat"] == a.labels["io.imagebuilder.min-driver-compat"] == "525.60.13"
     assert "525.60.13" in " ".join(spec.notices)
 
 

@@ -10,7 +10,9 @@ from packaging.version import Version
 from imagebuilder.errors import BadRequest
 from imagebuilder.matrix import load_matrix
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
-from imagebuilder.tags import tags_for
+from imagebuilder.resources import default_matrix_path
+from imagebuilder.tags import labels_for, tags_for
+from smoke_tests.driver import PASS, judge_driver
 
 M = load_matrix(Path(__file__).parent / "data" / "matrix-small.yaml")
 
@@ -131,3 +133,32 @@ def test_default_python_is_one_torch_ships(os_python, shipped, expected):
     torch = replace(M.torches["2.6"], pythons=tuple(Version(p) for p in shipped))
     os = replace(M.oses["ubuntu22.04"], python=Version(os_python))
     assert default_python(torch, os, torch.variants[0]) == Version(expected)
+
+
+# issue 29, item 8: an image's min-driver is the driver of the newest CUDA toolkit whose
+# libraries it carries (the base image's, or the wheels'), min-driver-compat its major's floor.
+# (torch, image CUDA) -> (wheel, min-driver, min-driver-compat), over the packaged matrix
+DRIVER_CASES = [
+    ("2.4", "12.1", "cu121", "530.30.02", "525.60.13"),  # wheels of the image's own toolkit
+    ("2.6", "12.1", "cu124", "550.54.15", "525.60.13"),  # cu124 wheels carry 12.4 Update 1's libraries
+    ("2.6", "12.4", "cu124", "550.54.15", "525.60.13"),
+    ("2.6", "12.8", "cu126", "570.124.06", "525.60.13"),  # an older wheel: the image's toolkit
+    ("2.7", "12.1", "cu126", "560.35.05", "525.60.13"),
+    ("2.11", "13.2", "cu130", "595.58.03", "580"),  # the 13.2.1 image's own
+    ("2.15", "13.2", "cu132", "595.71.05", "580"),  # cuda-toolkit 13.2.2 on the 13.2.1 image
+    ("2.15", "13.0", "cu132", "595.71.05", "580"),
+]
+
+
+@pytest.mark.parametrize("torch,cuda,wheel,min_driver,compat", DRIVER_CASES)
+def test_min_driver_is_the_newest_toolkit_the_image_carries(torch, cuda, wheel, min_driver, compat):
+    matrix = load_matrix(default_matrix_path())
+    spec = resolve(matrix, Request(torch, cuda))
+    assert spec.wheel.name == wheel
+    labels = labels_for(spec, spec.base_image, "0" * 64, "imagebuilder")
+    assert (labels["io.imagebuilder.min-driver"], labels["io.imagebuilder.min-driver-compat"]) == (min_driver, compat)
+    if min_driver != spec.cuda.min_driver:
+        # a driver of the image's own toolkit runs it only through minor-version compatibility:
+        # verify says so (no PTX JIT of the newer code) instead of a plain pass
+        verdict = judge_driver(spec.cuda.min_driver, min_driver, compat, str(spec.cuda.key))
+        assert verdict.status == PASS and verdict.minor_version_compat

@@ -30,7 +30,7 @@ from test_publish_runner import CannedEngine, CannedRegistry, verdict
 from test_publish_runner import images as canned_images
 
 from imagebuilder import publish, signing
-from imagebuilder.build import SBOM_DIGEST
+from imagebuilder.labels import SBOM_DIGEST
 from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.registry import HttpRegistry
 from imagebuilder.render import SBOM_PATH, RenderedImage
@@ -312,7 +312,7 @@ def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
     if not ok:
         checks += (Result("compile", FAIL, "no C++ compiler on PATH"),)
 
-    def verifier(engine: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+    def verifier(engine: Any, registry: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
         # The same layers the first run smoke-tested: its verdict (or a failing one).
         return VerifyReport(ref, "docker", (), checks, require_gpu=False)
 

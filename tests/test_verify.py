@@ -23,10 +23,9 @@ from conftest import host_verify, start_host_verify
 
 from imagebuilder.engine import BuildRequest, ContainerFailed, GpuUnavailable, RunResult
 from imagebuilder.engine.classic import ClassicBuilder
+from imagebuilder.registry import HttpRegistry, RegistryUnavailable
 from imagebuilder.verify import (
-    LENT_MANIFEST,
     NOT_RUN,
-    PROBE_PREFIX,
     Gpu,
     HostFacts,
     VerificationFailed,
@@ -41,6 +40,7 @@ from imagebuilder.verify import (
     verify_image,
     verify_local,
 )
+from imagebuilder.verify.lend import LENT_MANIFEST, PROBE_PREFIX
 from smoke_tests.result import Result
 
 if TYPE_CHECKING:
@@ -49,6 +49,19 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 H100 = Gpu("NVIDIA H100 80GB HBM3", "550.54.15")
 HOST_HAS_GPU = shutil.which("nvidia-smi") is not None
+
+
+class OfflineRegistry:
+    """A registry this test machine cannot reach: what verify's reads of it meet offline."""
+
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
+
+OFFLINE = OfflineRegistry()
 
 
 def gpus(driver: str, count: int = 1) -> tuple[Gpu, ...]:
@@ -354,7 +367,7 @@ class FakeEngine:
 @pytest.fixture
 def cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """For --local: this machine's nvidia-smi finds nothing."""
-    monkeypatch.setattr("imagebuilder.verify.host_gpus", lambda: ((), "nvidia-smi not found"))
+    monkeypatch.setattr("imagebuilder.verify.facts.host_gpus", lambda: ((), "nvidia-smi not found"))
 
 
 def cpu_daemon() -> FakeEngine:
@@ -372,13 +385,13 @@ def no_client_reads(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequ
     def client_nvidia_smi() -> None:
         raise AssertionError("verify of an image ran nvidia-smi on the client")
 
-    monkeypatch.setattr("imagebuilder.verify.host_gpus", client_nvidia_smi)
+    monkeypatch.setattr("imagebuilder.verify.facts.host_gpus", client_nvidia_smi)
 
 
 def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "530.30.02",
                                 "io.imagebuilder.cuda": "12.4.1"})
-    report = verify_image(engine, "img:1", timeout=60)
+    report = verify_image(engine, "img:1", registry=OFFLINE, timeout=60)
     assert report.ok, report.format()
     probe, run = engine.runs
     assert probe["command"] == ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
@@ -395,7 +408,7 @@ def test_gpus_and_runtime_come_from_the_daemons_host(tmp_path: Path) -> None:
     """A CDI spec on this client says nothing about the daemon's host (DOCKER_HOST=ssh://...)."""
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
     engine = FakeEngine(info_doc={"Runtimes": {"runc": {}}, "CDISpecDirs": [str(tmp_path)]})
-    report = verify_image(engine, "img:1")
+    report = verify_image(engine, "img:1", registry=OFFLINE)
     items = {item.name: item for item in report.preflight}
     assert items["runtime"].detail == "the daemon accepted a GPU device request"
     assert str(tmp_path) not in report.format()
@@ -403,10 +416,10 @@ def test_gpus_and_runtime_come_from_the_daemons_host(tmp_path: Path) -> None:
 
 def test_a_daemon_without_gpu_support_is_a_host_without_gpus() -> None:
     engine = cpu_daemon()
-    refused = verify_image(engine, "img:1")
+    refused = verify_image(engine, "img:1", registry=OFFLINE)
     assert [name for name, _ in refused.failures] == ["gpu"]
     assert "the Docker daemon's host" in refused.failures[0][1] and NO_DEVICE_DRIVER in refused.failures[0][1]
-    allowed = verify_image(cpu_daemon(), "img:1", allow_no_gpu=True)
+    allowed = verify_image(cpu_daemon(), "img:1", registry=OFFLINE, allow_no_gpu=True)
     assert allowed.ok and not allowed.require_gpu
     statuses = {item.name: item.status for item in allowed.preflight}
     assert statuses == {"daemon": "pass", "image": "pass", "gpu": "skip", "runtime": "skip", "driver": "skip"}
@@ -422,7 +435,7 @@ def test_a_foreign_image_is_lent_the_smoke_tests_and_judged_by_its_own_torch() -
     """pytorch/pytorch, or a venv with `pip install torch`: no labels, no smoke_tests, no manifest."""
     engine = cpu_daemon()
     engine.labels = {"maintainer": "someone"}
-    report = verify_image(engine, "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", allow_no_gpu=True)
+    report = verify_image(engine, "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", registry=OFFLINE, allow_no_gpu=True)
     assert report.ok, report.format()
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3", "python3"]
     run = engine.smoke_run
@@ -447,7 +460,7 @@ def test_a_foreign_image_without_torch_is_still_judged() -> None:
     engine = cpu_daemon()
     engine.labels = {}
     engine.probe = RunResult(0, PROBE_PREFIX + json.dumps({"python": "3.11.2", "error": "no torch"}), False, 1.0)
-    report = verify_image(engine, "python:3.11", allow_no_gpu=True)
+    report = verify_image(engine, "python:3.11", registry=OFFLINE, allow_no_gpu=True)
     run = engine.smoke_run
     assert "--manifest" not in run["command"] and LENT_MANIFEST.lstrip("/") not in unpacked(run["archives"]["/"])
     assert report.notices[0].endswith("its torch could not be read, so there are no expectations")
@@ -456,7 +469,7 @@ def test_a_foreign_image_without_torch_is_still_judged() -> None:
 def test_mount_smoke_tests_lends_them_to_an_imagebuilder_image_too() -> None:
     """The explicit way, kept: for an image whose own copy is older. Its manifest still counts."""
     engine = cpu_daemon()
-    report = verify_image(engine, "img:1", allow_no_gpu=True, mount_smoke_tests=True)
+    report = verify_image(engine, "img:1", registry=OFFLINE, allow_no_gpu=True, mount_smoke_tests=True)
     assert report.ok and not report.require_gpu
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "python3"]  # no torch probe
     run = engine.smoke_run
@@ -471,7 +484,7 @@ def test_verify_image_reads_the_compat_floor_label() -> None:
     """A cu128 image on a 550 driver: the min-driver label alone would refuse it."""
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "570.124.06",
                                 "io.imagebuilder.min-driver-compat": "525.60.13", "io.imagebuilder.cuda": "12.8.1"})
-    report = verify_image(engine, "img:1")
+    report = verify_image(engine, "img:1", registry=OFFLINE)
     assert report.ok, report.format()
     (driver,) = [item for item in report.preflight if item.name == "driver"]
     assert "through minor-version compatibility (>= 525.60.13)" in driver.detail
@@ -479,7 +492,7 @@ def test_verify_image_reads_the_compat_floor_label() -> None:
 
 def test_verify_image_stops_at_a_failed_preflight() -> None:
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "999.0"})
-    report = verify_image(engine, "img:1")
+    report = verify_image(engine, "img:1", registry=OFFLINE)
     assert not report.ok and report.error == NOT_RUN
     assert [run["command"][0] for run in engine.runs] == ["nvidia-smi"]
     assert [name for name, _ in report.failures] == ["driver"]
@@ -487,7 +500,7 @@ def test_verify_image_stops_at_a_failed_preflight() -> None:
 
 def test_verify_image_names_an_image_it_cannot_pull() -> None:
     engine = FakeEngine(present=False)
-    report = verify_image(engine, "registry.example/ml/pytorch:nope")
+    report = verify_image(engine, "registry.example/ml/pytorch:nope", registry=OFFLINE)
     assert engine.pulled == ["registry.example/ml/pytorch:nope"] and engine.runs == []
     ((name, reason),) = report.failures
     assert name == "image" and "registry.example/ml/pytorch:nope" in reason and "manifest unknown" in reason
@@ -495,21 +508,21 @@ def test_verify_image_names_an_image_it_cannot_pull() -> None:
 
 def test_verify_image_rejected_device_request_is_a_runtime_problem() -> None:
     engine = FakeEngine(run_error=GpuUnavailable(image="img:1", detail=NO_DEVICE_DRIVER))
-    report = verify_image(engine, "img:1")
+    report = verify_image(engine, "img:1", registry=OFFLINE)
     assert [name for name, _ in report.failures] == ["runtime"]
     assert "could not select device driver" in report.failures[0][1]
 
 
 def test_verify_image_container_that_cannot_start() -> None:
     engine = FakeEngine(run_error=ContainerFailed(image="img:1", detail='exec: "python3": executable file not found in $PATH'))
-    report = verify_image(engine, "img:1")
+    report = verify_image(engine, "img:1", registry=OFFLINE)
     assert report.failures == (("smoke tests", 'could not run a container from img:1: exec: "python3": '
                                                "executable file not found in $PATH"),)
 
 
 def test_verify_image_timeout_keeps_the_output_tail() -> None:
     engine = FakeEngine(result=RunResult(137, "compiling...\n" * 100, True, 30.0))
-    report = verify_image(engine, "img:1", timeout=30)
+    report = verify_image(engine, "img:1", registry=OFFLINE, timeout=30)
     assert report.failures == (("smoke tests", "the smoke tests did not finish within 30s and were killed; "
                                                "raise --timeout or look at the output below"),)
     assert len(report.output_tail) == 40 and report.output_tail[-1] == "compiling..."
@@ -697,7 +710,7 @@ def test_docker_lends_the_smoke_tests_to_an_image_without_them(docker_engine: Do
     """No --mount-smoke-tests: the smoke tests are copied in through the API and run, and say
     what they find (here: no torch). The GPU probe ran in the image and was refused by this
     daemon; every container is gone."""
-    report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120)
+    report = verify_image(docker_engine, python_image, registry=HttpRegistry(), allow_no_gpu=True, timeout=120)
     assert [name for name, _ in report.failures] == ["smoke tests"]
     # The probe of the image's own torch finds none: said before any smoke test is lent (exit 2).
     assert "not a PyTorch image: its python3 cannot import torch" in (report.error or "")
@@ -709,7 +722,7 @@ def test_docker_lends_the_smoke_tests_to_an_image_without_them(docker_engine: Do
 
 @docker
 def test_docker_mount_smoke_tests_still_works(docker_engine: DockerEngine, python_image: str) -> None:
-    report = verify_image(docker_engine, python_image, allow_no_gpu=True, timeout=120, mount_smoke_tests=True)
+    report = verify_image(docker_engine, python_image, registry=HttpRegistry(), allow_no_gpu=True, timeout=120, mount_smoke_tests=True)
     # Without torch there is nothing to lend the smoke tests to: the image's own probe says so first.
     assert report.error is not None and "not a PyTorch image: its python3 cannot import torch" in report.error
     assert report.bad_request
@@ -746,7 +759,7 @@ def test_docker_timeout_kills_and_removes_the_container(docker_engine: DockerEng
         COPY python3 /usr/local/bin/python3
         """, {"python3": "#!/bin/sh\necho 'warming up'\nexec sleep 600\n"})
     started = time.monotonic()
-    report = verify_image(docker_engine, ref, allow_no_gpu=True, timeout=5)
+    report = verify_image(docker_engine, ref, registry=HttpRegistry(), allow_no_gpu=True, timeout=5)
     assert time.monotonic() - started < 60
     assert report.error == "the smoke tests did not finish within 5s and were killed; raise --timeout or " \
                            "look at the output below"
@@ -815,7 +828,7 @@ def test_the_smoke_tests_deadline_holds_over_ssh(docker_engine: DockerEngine, ba
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     started = time.monotonic()
-    report = verify_image(Engine(), ref, allow_no_gpu=True, timeout=5)
+    report = verify_image(Engine(), ref, registry=HttpRegistry(), allow_no_gpu=True, timeout=5)
     assert time.monotonic() - started < 60
     assert report.error is not None and "did not finish within 5s" in report.error
     assert report.output_tail == ("warming up",)
@@ -870,7 +883,7 @@ def test_verify_shows_its_head_at_once_and_a_line_per_check_as_it_ends() -> None
 
     output = "".join(progress_line(r) + "\n" for r in PROGRESS) + json.dumps(document("pass", "skip"))
     live = Live(shown.append)
-    report = verify_image(Watching(result=RunResult(0, output, False, 1.0)), "img:1", timeout=60, live=live)
+    report = verify_image(Watching(result=RunResult(0, output, False, 1.0)), "img:1", registry=OFFLINE, timeout=60, live=live)
     assert before_run[0].startswith("verify img:1 (docker") and any(line.startswith("PREFLIGHT") for line in before_run)
     assert not any(line.startswith("c0") for line in before_run), "a check line before the smoke tests ran"
     assert [line for line in shown if line.startswith("c")] == [check_line(r, CHECK_WIDTH) for r in PROGRESS]
@@ -885,7 +898,7 @@ def test_an_image_whose_smoke_tests_print_no_progress_gets_its_table_at_the_end(
 
     shown: list[str] = []
     live = Live(shown.append)
-    report = verify_image(FakeEngine(), "img:1", timeout=60, live=live)
+    report = verify_image(FakeEngine(), "img:1", registry=OFFLINE, timeout=60, live=live)
     rest = report.format(live)
     assert any(line.startswith("PREFLIGHT") for line in shown) and "PREFLIGHT" not in rest
     assert "CHECK" in rest and "checks: 1 passed" in rest

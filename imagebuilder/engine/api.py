@@ -2,7 +2,8 @@
 
 Each protocol is sized to its callers: a `Builder` turns a context into an image (build.py,
 publish.py), an `ImageStore` answers about local images (build.py, lock.py, verify.py), a
-`Runner` runs a container (verify.py), a `Pusher` pushes (publish.py). `DockerEngine`
+`Runner` runs a container (verify.py), a `Pusher` pushes (publish.py), an `ImageInspector`
+reads an image's config (buildkit.py, publish.py). `DockerEngine`
 (docker.py) is all of the last three; the builders are classic.py and buildkit.py, and
 select.py is the one place that decides which builder a command uses.
 """
@@ -183,6 +184,11 @@ class Pusher(Protocol):
         """Push `ref`; the manifest digest the registry stored."""
         ...
 
+    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
+        """push(), also saying which blobs this push uploaded (publish reports the bytes)."""
+        ...
 
-class Engine(ImageStore, Runner, Pusher, Protocol):
-    """The whole engine, as publish uses it: builds' images, smoke tests' containers, pushes."""
+
+class Engine(ImageStore, ImageInspector, Runner, Pusher, Protocol):
+    """The whole engine, as publish uses it: builds' images, smoke tests' containers, pushes,
+    and an image's config (publish compares it with the registry's before pushing)."""

@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import BadRequest
+from ..labels import PROBE
 from .api import Builder, BuilderKind
 from .buildkit import BuildKitBuilder, BuildKitCli
 from .classic import ClassicBuilder
@@ -29,7 +30,7 @@ from .docker import DockerEngine
 CHOICES = ("auto", "buildkit", "classic")
 _PROBE_TIMEOUT = 60.0
 # The smallest build there is: no base image, nothing written anywhere but /dev/null.
-_PROBE_DOCKERFILE = "FROM scratch\nLABEL io.imagebuilder.probe=1\n"
+_PROBE_DOCKERFILE = f"FROM scratch\nLABEL {PROBE}=1\n"
 
 
 class NoBuildKit(BadRequest):
@@ -134,6 +135,12 @@ def decide(choice: str, buildx_builder: str | None = None) -> Decision:
                  else _asked("--buildx-builder", "BUILDX_BUILDER", buildx_builder or ""))
         raise NoBuildKit(asked=asked, tried="; ".join(tried) or "no docker CLI on PATH")
     return CLASSIC
+
+
+def kind_before_probing(choice: str) -> BuilderKind:
+    """The builder `decide` picks, as far as it is known before probing for a CLI (which may ask
+    a daemon): classic only when asked for; else BuildKit, which refuses nothing classic takes."""
+    return CLASSIC.kind if choice == "classic" else "buildkit"
 
 
 def decide_for_render(choice: str | None, foreign_platform: bool) -> Decision:

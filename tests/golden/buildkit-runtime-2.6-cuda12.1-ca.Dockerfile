@@ -71,9 +71,9 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="686b9949cf1e6d3b37d3fb8d971d3392ac94045e5014a9fd739e27c82bdaba32"
+    io.imagebuilder.inputs-hash="c8b9ce453b52cbbb88c13d600c71f72759473c6fe589367b3954bfc686e6d626"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -63,9 +63,9 @@ LABEL \
     io.imagebuilder.python="3.10" \
     io.imagebuilder.variant="runtime" \
     io.imagebuilder.os="ubuntu22.04" \
-    io.imagebuilder.min-driver="525.60.13" \
+    io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="228d5e47618ce4add4b5ba2bd2775f6197207c9baa7eac7dd1cba2cfbacc53fc"
+    io.imagebuilder.inputs-hash="557ab4248e36071b6233da76b16efaead0c557547b17af19ad388e4baaf71f74"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

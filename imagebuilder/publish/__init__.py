@@ -1,0 +1,35 @@
+"""Plan -> build -> verify -> push for many images.
+
+- plan.py (pure): the vocabulary (Step, Remote, RunOptions, Outcome) and plan(): rendered
+  images + what the registry holds -> one Step per image, in build order;
+- lookup.py: what the registry holds under each image's tags (digests, the inputs-hash label);
+- run.py: publish() runs the steps over an Engine and a Registry, per image build -> verify ->
+  push -> sign, yielding one Outcome per image; publish_all() runs every platform's plan;
+- push.py: one image's push, mount, confirmation and signing, through the declared protocols;
+- indexes.py: the image indexes over each tag's platform images, planned (reads) then written;
+- report.py: the lines, the summary, the --report document and the failure that ends a run.
+
+The modules' own docstrings say the rules (when an image is skipped or re-pointed, the dated
+tags, what counts as pushed, signing).
+"""
+
+from __future__ import annotations
+
+from .indexes import (UNCHANGED, WRITE, WRITTEN, IndexChild, IndexOutcome, IndexRegistry, IndexStep, MergeIncomplete,
+                      plan_indexes, write_indexes)
+from .lookup import lookup
+from .plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, Remote,
+                   RunOptions, Step, dated_ref, plan)
+from .push import PushedOtherContent, PushNotConfirmed, export_for
+from .report import (EventPrinter, PublishFailed, format_indexes, format_plan, format_summary, raise_if_failed,
+                     report_document, report_indexes, run_and_report)
+from .run import Event, Verifier, publish, publish_all, smoke_test
+
+__all__ = [
+    "BUILD", "FAILED", "NOT_RUN", "PUSHED", "RETAG", "RETAGGED", "SKIP", "SKIPPED", "UNCHANGED", "VERIFIED", "WRITE",
+    "WRITTEN", "Event", "EventPrinter", "IndexChild", "IndexOutcome", "IndexRegistry", "IndexStep",
+    "MergeIncomplete", "Outcome", "PublishFailed", "PushNotConfirmed", "PushedOtherContent", "Remote", "RunOptions",
+    "Step", "Verifier", "dated_ref", "export_for", "format_indexes", "format_plan", "format_summary", "lookup",
+    "plan", "plan_indexes", "publish", "publish_all", "raise_if_failed", "report_document", "report_indexes",
+    "run_and_report", "smoke_test", "write_indexes",
+]

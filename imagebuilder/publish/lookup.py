@@ -1,0 +1,36 @@
+"""What the registry holds under each image's tags: the reads plan() decides from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import date
+
+from ..labels import INPUTS_HASH
+from ..registry import Registry
+from ..render import RenderedImage
+from ..signing import pinned, signature_tag
+from .plan import Remote, dated_ref
+
+# --------------------------------------------------------------------------- lookup (I/O)
+
+
+def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None = None,
+           signing: bool = False) -> dict[str, Remote]:
+    """Ask the registry about every tag of every image, the day's dated one included (HEADs,
+    and one config blob each); `signing`: also whether the primary tag's image is signed."""
+    remotes: dict[str, Remote] = {}
+    for image in images:
+        refs = image.refs + ((dated_ref(image, day),) if day is not None else ())
+        digests = {ref: registry.digest(ref) for ref in refs}
+        primary = digests[image.ref]
+        labels = signed = None
+        if primary is not None:
+            # By digest: the labels of exactly the image whose digest we compare.
+            labels = registry.labels(pinned(image.ref, primary))
+            if signing:
+                signed = registry.digest(signature_tag(pinned(image.ref, primary))) is not None
+        remotes[image.ref] = Remote(digests, (labels or {}).get(INPUTS_HASH), signed)
+    return remotes
+
+

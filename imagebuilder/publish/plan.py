@@ -1,0 +1,214 @@
+"""Pure: publish's vocabulary and its plan.
+
+plan(): rendered images + what the registry holds under their tags (lookup.py) -> one Step
+per image, in build order. An image is skipped when the registry's image under its primary tag
+was built from the same rendered inputs (its inputs-hash label, labels.INPUTS_HASH) and every
+one of its tags names that image. When the image is there but some alias is missing or names
+another image, the alias is pointed at it in the registry (a manifest PUT, no build, no
+download): the inputs prove it is the image that alias should name, and it was verified when
+it was first pushed.
+
+Beside the moving tags, each image gets an immutable dated tag, `{fully qualified}-{YYYYMMDD}`
+of the publishing day: a dated tag is added (to a new image, or pointed at an unchanged one)
+when that day has none, and never overwritten.
+
+RunOptions and Outcome are what a run (run.py) is told and what it says of each image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from ..build import Built, build_order
+from ..engine.export import Export
+from ..reference import parse_reference
+from ..render import RenderedImage
+from ..signing import Signed, Signer
+from ..tags import dated_tag, image_ref
+from ..verify import DEFAULT_TIMEOUT, VerifyReport
+
+BUILD, RETAG, SKIP = "build", "retag", "skip"
+
+# Outcome statuses.
+PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
+    "pushed", "retagged", "skipped", "verified", "failed", "not run")
+
+
+# --------------------------------------------------------------------------- plan (pure)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """What the registry holds for one image."""
+
+    digests: Mapping[str, str | None]
+    """Each of the image's refs -> the manifest digest that tag names; None: no such tag."""
+    inputs_hash: str | None
+    """The inputs-hash label of the image under the primary tag; None: absent or unlabelled."""
+    signed: bool | None = None
+    """The image under the primary tag has a cosign signature; None: not asked (not signing)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    image: RenderedImage
+    action: str
+    """BUILD, RETAG or SKIP."""
+    reason: str
+    digest: str | None = None
+    """The published image (RETAG, SKIP)."""
+    retag: tuple[str, ...] = ()
+    """RETAG: the refs to point at `digest`."""
+    dated: str | None = None
+    """BUILD: the dated ref to push besides the image's tags; None when that day already has one."""
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        """Every ref the run pushes (BUILD) or re-points (RETAG) for this step, the dated one included."""
+        if self.action == BUILD:
+            return (*self.image.refs, *((self.dated,) if self.dated else ()))
+        return self.retag
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image.spec.key, "ref": self.image.ref, "action": self.action, "reason": self.reason,
+                "push": list(self.writes), "digest": self.digest}
+
+
+def dated_ref(image: RenderedImage, day: date) -> str:
+    # The qualified tag as the image carries it: a platform image's has its -arm64 suffix.
+    qualified = next((t for t in image.tags if t.startswith(image.spec.key)), image.spec.key)
+    return image_ref(image.repository, dated_tag(qualified, day))
+
+
+def plan(images: Iterable[RenderedImage], remotes: Mapping[str, Remote], *,
+         force: bool = False, day: date | None = None) -> tuple[Step, ...]:
+    """One Step per image, runtime images before the jupyter images built FROM them.
+    `remotes` is keyed by each image's primary ref; a missing entry means nothing is there.
+    `day` (None: no dated tags) names the dated tag each image gets."""
+    steps: list[Step] = []
+    rebuilt: set[str] = set()
+    for image in build_order(images):
+        step = _decide(image, remotes.get(image.ref), force, rebuilt)
+        if day is not None:
+            step = _with_dated(step, dated_ref(image, day), remotes.get(image.ref))
+        if step.action == BUILD:
+            rebuilt.add(image.ref)
+        steps.append(step)
+    return tuple(steps)
+
+
+def _decide(image: RenderedImage, remote: Remote | None, force: bool, rebuilt: set[str]) -> Step:
+    if force:
+        return Step(image, BUILD, "--force")
+    if image.depends_on in rebuilt:
+        # Its Dockerfile names the runtime by tag: same inputs, yet a different image under it.
+        return Step(image, BUILD, f"its base image {image.depends_on} is rebuilt")
+    digest = remote.digests.get(image.ref) if remote else None
+    if remote is None or digest is None:
+        return Step(image, BUILD, "not in the registry")
+    if remote.inputs_hash is None:
+        return Step(image, BUILD, "the registry's image has no inputs-hash label")
+    if remote.inputs_hash != image.inputs_hash:
+        return Step(image, BUILD, f"inputs changed (registry {short(remote.inputs_hash)}, "
+                                  f"rendered {short(image.inputs_hash)})")
+    if remote.signed is False:
+        return Step(image, BUILD, "unchanged, but the registry's image is not signed")
+    stale = tuple(ref for ref in image.refs if remote.digests.get(ref) != digest)
+    if stale:
+        names = ", ".join(parse_reference(ref).reference for ref in stale)
+        return Step(image, RETAG, f"unchanged; tags missing or naming another image: {names}", digest, stale)
+    return Step(image, SKIP, f"unchanged, published as {short(digest)}", digest)
+
+
+def _with_dated(step: Step, dated: str, remote: Remote | None) -> Step:
+    """Add the day's dated tag where that day has none; an existing one is never moved."""
+    if remote is not None and remote.digests.get(dated) is not None:
+        return step
+    if step.action == BUILD:
+        return replace(step, dated=dated)
+    tag = parse_reference(dated).reference
+    if step.action == SKIP:
+        return Step(step.image, RETAG, f"unchanged; adding the dated tag {tag}", step.digest, (dated,))
+    return replace(step, retag=(*step.retag, dated), reason=f"{step.reason}; dated tag {tag}")
+
+
+def short(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:12]
+
+
+# --------------------------------------------------------------------------- a run's vocabulary
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    matrix_path: Path
+    push: bool = True
+    keep_going: bool = False
+    allow_no_gpu: bool = False
+    verify_timeout: float = DEFAULT_TIMEOUT
+    nocache: bool = False
+    pull: bool = False
+    push_retries: int = 3
+    push_backoff: float = 2.0
+    platform: str | None = None
+    """The platform to build for; None: the daemon's."""
+    verify: bool = True
+    """False for a platform this host only emulates: its smoke tests are left to a native host."""
+    export: Export | None = None
+    """BuildKit: the image's compression, provenance and registry caches (export.Export).
+    With a compression the image store keeps the exported blobs, the pushed digest must be
+    the image id verify ran, and the image's registry cache is exported beside it."""
+    cache_base: str | None = None
+    """HOST[:PORT]/NAMESPACE whose imagebuilder-cache repository holds the build caches."""
+    signer: Signer | None = None
+    """Signs every pushed digest (signing.KeySigner); None: nothing is signed."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    step: Step
+    status: str
+    reason: str
+    built: Built | None = None
+    verify: VerifyReport | None = None
+    pushed: Mapping[str, str] = field(default_factory=dict)
+    """Refs the registry confirmed, with their digests."""
+    signed: tuple[Signed, ...] = ()
+    """The pushed digests signed, with their SBOM attestations."""
+    seconds: float = 0.0
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of each phase that ran: build_s, verify_s, push_s, sign_s."""
+    pushed_bytes: int | None = None
+    """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in (FAILED, NOT_RUN)
+
+    def to_json(self) -> dict[str, Any]:
+        image = self.step.image
+        return {
+            "image": image.spec.key,
+            "ref": image.ref,
+            "tags": list(image.refs),
+            "inputs_hash": image.inputs_hash,
+            "action": self.step.action,
+            "plan_reason": self.step.reason,
+            "status": self.status,
+            "reason": self.reason,
+            "built": self.built is not None,
+            "verified": None if self.verify is None else self.verify.ok,
+            "pushed": dict(self.pushed),
+            "signed": [s.to_json() for s in self.signed],
+            "digest": next(iter(self.pushed.values()), self.step.digest),
+            "seconds": round(self.seconds, 2),
+            **{phase: round(self.timings[phase], 2) if phase in self.timings else None
+               for phase in ("build_s", "verify_s", "push_s", "sign_s")},
+            "pushed_bytes": self.pushed_bytes,
+            "build": self.built.to_json() if self.built else None,
+            "verify": self.verify.to_json() if self.verify else None,
+        }

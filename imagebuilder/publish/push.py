@@ -1,0 +1,159 @@
+"""One image to the registry, through the declared Engine and Registry protocols: push each
+tag and confirm it, mount the layers its build cache holds, keep a registry image that is this
+very image, point tags, sign the pushed digests.
+
+A tag counts as pushed only once the registry itself answers with the digest the push
+reported: a registry that goes away mid-run never leaves an image reported as published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..build import Built
+from ..engine.api import Engine
+from ..engine.export import Export, cache_ref
+from ..errors import ImageBuilderError
+from ..labels import SBOM_DIGEST
+from ..registry import Registry
+from ..render import SBOM_PATH, RenderedImage
+from ..signing import SbomNotTheImages, Signed, Signer, pinned
+from .plan import RunOptions, Step
+
+class PushNotConfirmed(ImageBuilderError):
+    template = ("the push of {ref} reported {pushed} but the registry answers {registry_has}; "
+                "another job may push the same tag, or the registry lost the upload: rerun")
+
+
+class PushedOtherContent(ImageBuilderError):
+    template = ("the push of {ref} stored {pushed}, but the image verify ran is {verified}: the engine "
+                "changed the image after the check (recompressed it?); nothing pushed counts as published: "
+                "rerun on an engine with the containerd image store, or with --compression gzip")
+
+
+
+def put_tag(registry: Registry, ref: str, digest: str) -> str:
+    """Point tag `ref` at `digest` (a manifest PUT) and confirm the registry took it."""
+    now = registry.put_tag(ref, digest)
+    if now != digest:
+        raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=now or "no such tag")
+    return now
+
+
+def export_for(image: RenderedImage, options: RunOptions, registry: Registry) -> Export | None:
+    """The image's export: options.export with this image's registry cache, imported where
+    the registry has it (BuildKit fails a build whose cache is not there) and exported."""
+    export = options.export
+    if export is None or options.cache_base is None:
+        return export
+    ref = cache_ref(options.cache_base, image.spec.key)
+    found = (ref,) if registry.digest(ref) is not None else ()
+    return replace(export, cache_from=(*export.cache_from, *found), cache_to=ref)
+
+
+
+def _mount_from_cache(ref: str, engine: Engine, registry: Registry, cache: str) -> None:
+    """Mount the image's layers from its build cache `cache` into its repository before the push.
+    The build's cache export (mode=min) uploaded the image's own blobs there, and `docker push`
+    asks to mount a blob only from repositories it pulled or pushed it to itself, so without
+    this the push uploads every layer a second time. Only the cache's layers this image has (by
+    uncompressed digest) are mounted; one the registry will not mount is left to the push, and a
+    registry that cannot say fails nothing here (the push says what fails)."""
+    try:
+        found = registry.manifest(cache)
+        ours = set((engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or ())
+        for layer in (found[0].get("layers") or []) if found else []:
+            if (layer.get("annotations") or {}).get("containerd.io/uncompressed") in ours:
+                registry.mount(ref, str(layer["digest"]), cache)
+    except ImageBuilderError:
+        pass
+
+
+# What makes two images the same image to a container: their layers' content and these settings.
+_RUNTIME_CONFIG = ("Env", "Cmd", "Entrypoint", "User", "WorkingDir", "Labels", "ExposedPorts", "Volumes")
+
+
+def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry, options: RunOptions) -> str | None:
+    """The digest `image.ref` names in the registry where that is the image just built and
+    verified: the same layers (uncompressed digests), compressed as asked, and the same
+    runtime settings and labels. None where it is not, or where the registry cannot tell."""
+    compression = options.export.compression if options.export is not None else None
+    if compression is None:
+        return None
+    found = registry.image_config(image.ref, options.platform)
+    if found is None or not all(m.endswith(f"+{compression.kind}") for m in found[1]):
+        return None
+    theirs, local = found[0], engine.inspect_image(image.ref)
+
+    def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {key: (config or {}).get(key) or None for key in _RUNTIME_CONFIG}
+
+    if ((theirs.get("rootfs") or {}).get("diff_ids") != (local.get("RootFS") or {}).get("Layers")
+            or settings(theirs.get("config")) != settings(local.get("Config"))):
+        return None
+    digest = registry.digest(image.ref)
+    return str(digest) if digest else None
+
+
+def sign_pushed(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer) -> tuple[Signed, ...]:
+    """Sign each digest the registry confirmed (one, unless a tag's push went astray), with the
+    SBOM the pushed image carries attested; that SBOM must be the one its label names."""
+    sbom = engine.read_file(image.ref, SBOM_PATH) or b""
+    found, labelled = "sha256:" + hashlib.sha256(sbom).hexdigest(), engine.image_labels(image.ref).get(SBOM_DIGEST)
+    if found != labelled:
+        raise SbomNotTheImages(target=image.ref, path=SBOM_PATH, found=found if sbom else "missing",
+                               label=SBOM_DIGEST, labelled=labelled or "missing")
+    return tuple(signer.sign(pinned(image.ref, digest), sbom) for digest in dict.fromkeys(pushed.values()))
+
+
+@dataclass
+class Pushing:
+    """What a push got done so far, also when it fails part way."""
+
+    pushed: dict[str, str] = field(default_factory=dict)
+    """Refs the registry confirmed, with their digests."""
+    uploaded: int = 0
+    """Blob bytes the pushes uploaded."""
+    published: str | None = None
+    """The digest the registry already had for this very image (nothing was uploaded); None: pushed."""
+
+
+def push_image(step: Step, built: Built, export: Export | None, engine: Engine, registry: Registry,
+               options: RunOptions, done: Pushing) -> None:
+    """Push every tag of the image just built and verified, each confirmed by the registry and
+    recorded in `done` as it is, then the dated tag; ImageBuilderError when one fails."""
+    image = step.image
+    done.published = _published_as_built(image, engine, registry, options)
+    if done.published is not None:
+        # The registry has this very image (BuildKit's new index would differ only in its
+        # provenance's timestamps): nothing goes up, and a tag that names another is moved.
+        for ref in image.refs:
+            done.pushed[ref] = (done.published if registry.digest(ref) == done.published
+                                else put_tag(registry, ref, done.published))
+    else:
+        if export is not None and export.cache_to is not None:
+            _mount_from_cache(image.ref, engine, registry, export.cache_to)
+        for ref in image.refs:
+            done.pushed[ref] = _push_tag(ref, built, engine, registry, options, done)
+    if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
+        # A manifest PUT of the image just pushed: the dated tag needs no local tag.
+        done.pushed[step.dated] = put_tag(registry, step.dated, done.pushed[image.ref])
+
+
+def _push_tag(ref: str, built: Built, engine: Engine, registry: Registry, options: RunOptions, done: Pushing) -> str:
+    """`docker push` one tag; the digest, once the registry answers with it."""
+    result = engine.push_counted(ref, retries=options.push_retries, backoff=options.push_backoff)
+    digest = result.digest
+    done.uploaded += result.uploaded_bytes(registry.blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
+    # With the containerd image store the image id is the digest of the index BuildKit
+    # exported: the push must store exactly that, or it is not the image verify ran.
+    same_bytes = options.export is not None and options.export.compression is not None
+    if same_bytes and digest != built.result.image_id:
+        raise PushedOtherContent(ref=ref, pushed=digest, verified=built.result.image_id)
+    confirmed = registry.digest(ref)
+    if confirmed != digest:
+        raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")
+    return digest

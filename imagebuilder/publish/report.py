@@ -1,0 +1,177 @@
+"""For people and for --report: the plan, a line per phase and outcome, the summary, the
+report document, and the one failure that names every image (or index) that did not make it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..atomic import write_json
+from ..build import ProgressPrinter
+from ..engine.api import Builder, Engine, Progress
+from ..errors import ImageBuilderError
+from ..reference import parse_reference
+from ..registry import Registry
+from ..table import format_table
+from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
+from .plan import BUILD, FAILED, RETAG, SKIP, SKIPPED, Outcome, RunOptions, Step, short
+from .run import publish_all
+
+class PublishFailed(ImageBuilderError):
+    def describe(self) -> str:
+        failures = self.fields["failures"]
+        what = "; ".join(f"{ref}: {reason}" for ref, reason in failures)
+        return (f"{len(failures)} of {self.fields['total']} images failed: {what}; the images the summary "
+                "shows as pushed are in the registry, rerun after fixing the rest (published images are skipped)")
+
+
+
+def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
+                   registry: Registry, options: RunOptions, multi: bool, merge: bool,
+                   index_platforms: Mapping[str, Sequence[str]], base: str, report: Path | None,
+                   events: EventPrinter, echo: Callable[[str], None]) -> None:
+    """`publish`: publish_all() with a line per outcome and index on `events`, the summary on
+    `echo` and the --report written however the run ends; raises when any image failed, or
+    any tag could not be made an index."""
+    outcomes: list[Outcome] = []
+    indexes: list[IndexOutcome] = []
+    try:
+        for done in publish_all(plans, engine=engine, builder=builder, registry=registry, options=options,
+                                multi=multi, merge=merge, index_platforms=index_platforms,
+                                on_event=events.on_event, on_progress=events.on_progress):
+            if isinstance(done, IndexOutcome):
+                indexes.append(done)
+                events.line(format_indexes([done]))
+            else:
+                outcomes.append(done)
+                events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
+    finally:
+        events.close()
+        if outcomes:
+            echo(format_summary(outcomes, signing=options.signer is not None))
+        if report is not None:
+            planned = [step for _, steps in plans for step in steps]
+            write_json(report, report_document(base, options.push, False, planned, outcomes, indexes))
+    raise_if_failed(outcomes, indexes)
+
+
+def report_indexes(indexes: Sequence[IndexStep | IndexOutcome], planned: Sequence[Step], *, base: str, push: bool,
+                   dry_run: bool, report: Path | None, echo: Callable[[str], None]) -> None:
+    """A publish that builds nothing (the dry run, --merge-only): the indexes it planned or
+    wrote on `echo`, the --report, then a failure naming each tag left without an index."""
+    if indexes:
+        echo(format_indexes(indexes))
+    if report is not None:
+        write_json(report, report_document(base, push, dry_run, planned, (), indexes))
+    raise_if_failed((), indexes)
+
+
+# --------------------------------------------------------------------------- presenting
+
+
+class EventPrinter:
+    """A line per phase of each image on `stream`, and a build's progress while it builds."""
+
+    def __init__(self, stream: Any, quiet: bool = False) -> None:
+        self.stream, self.quiet = stream, quiet
+        self._printer: ProgressPrinter | None = None
+
+    def on_event(self, phase: str, step: Step) -> None:
+        self.close()
+        self.line(f"{phase} {step.image.ref}")
+        if phase == BUILD and not self.quiet:
+            self._printer = ProgressPrinter(step.image.spec.variant, stream=self.stream)
+
+    def on_progress(self, progress: Progress) -> None:
+        if self._printer is not None:
+            self._printer(progress)
+
+    def line(self, text: str) -> None:
+        self.close()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._printer is not None:
+            self._printer.close()
+            self._printer = None
+
+
+
+def format_plan(steps: Sequence[Step], push: bool = True) -> str:
+    """The plan, under it every tag each step pushes or re-points (the dated one too), or with
+    --no-push what stays local, and the count of each action."""
+    rows = [(str(n), step.action, step.image.ref, step.reason) for n, step in enumerate(steps, 1)]
+    lines = [format_table(("#", "ACTION", "IMAGE", "WHY"), rows)]
+    for step in steps:
+        tags = ", ".join(parse_reference(ref).reference for ref in step.writes)
+        if step.action == BUILD:
+            lines.append(f"  {step.image.tags[0]}: " + (f"push {tags}" if push else "build and verify; push nothing (--no-push)"))
+        elif step.action == RETAG:
+            lines.append(f"  {step.image.tags[0]}: " + (f"point {tags} at {short(step.digest or '')}" if push
+                                                         else "point nothing (--no-push)"))
+    counts = {action: sum(step.action == action for step in steps) for action in (BUILD, RETAG, SKIP)}
+    lines.append(f"plan: {counts[BUILD]} to build, {counts[RETAG]} to re-point, {counts[SKIP]} to skip")
+    return "\n".join(lines)
+
+
+def format_indexes(indexes: Sequence[IndexStep | IndexOutcome]) -> str:
+    """One line per tag: the index written or planned (its digest where the children are
+    known), the one the registry already has, or why the tag is skipped."""
+    lines = []
+    for item in indexes:
+        if isinstance(item, IndexOutcome):
+            step, status, reason, digest = item.step, item.status, item.reason, item.digest
+        else:
+            step, reason, digest = item, item.reason, item.digest
+            status = {WRITE: "would write", SKIP: "would skip"}.get(item.action, item.action)
+        if status in (SKIPPED, FAILED, "would skip"):
+            lines.append(f"index {step.ref}: {status}: {reason}")
+        else:
+            over = f"over {', '.join(c.platform for c in step.children)}"
+            details = (reason,) if isinstance(item, IndexStep) and item.action == WRITE else ()
+            lines.append(f"index {step.ref}: " + " ".join(part for part in (status, digest, over, *details) if part))
+    return "\n".join(lines)
+
+
+def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
+    def mark(value: bool | None) -> str:
+        return "-" if value is None else ("yes" if value else "no")
+
+    rows = []
+    for o in outcomes:
+        verified = None if o.verify is None else o.verify.ok
+        refs = o.step.image.refs  # (the dated tag is not counted: it is not one of the image's tags)
+        pushed = f"{len(set(o.pushed) & set(refs))}/{len(refs)}" if o.pushed or o.status == FAILED else "-"
+        row = (o.step.image.tags[0], mark(o.built is not None if o.step.action == BUILD else None),
+               mark(verified), pushed, o.status, o.reason)
+        rows.append(row[:4] + ((mark(bool(o.signed) if o.pushed else None),) if signing else ()) + row[4:])
+    headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
+    return format_table(headers, rows)
+
+
+def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],
+                    outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome]) -> dict[str, Any]:
+    """`publish --report`: what was planned, and what became of each image and index; of a dry
+    run, the plan (`images` empty, `indexes` as planned, `ok` true)."""
+    unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
+    ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
+    return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
+            "images": [o.to_json() for o in outcomes],
+            "indexes": [i.to_json() for i in indexes],
+            "planned": [step.to_json() for step in planned]}
+
+
+def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:
+    """Fail naming the images that failed, else the tags left without an index (a dry run's
+    planned skips are no failure)."""
+    failures = [(o.step.image.ref, o.reason) for o in outcomes if o.failed]
+    if failures:
+        raise PublishFailed(failures=tuple(failures), total=len(outcomes))
+    written = [i for i in indexes if isinstance(i, IndexOutcome)]
+    unmerged = tuple((i.step.ref, i.reason) for i in written if i.status in (SKIPPED, FAILED))
+    if unmerged:
+        raise MergeIncomplete(unmerged=unmerged, total=len(written))
+

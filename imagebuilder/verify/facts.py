@@ -1,0 +1,135 @@
+"""The I/O half of preflight: the host's facts, read through the daemon (from the daemon's
+host, never this client: DOCKER_HOST may be another machine) and the registry it is handed.
+
+The runtimes come from the daemon's info, the GPUs and driver from nvidia-smi in a short
+container of the image itself; a registry image's layer compression and provenance from the
+registry the caller passes in (its signature says every registry call it makes).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from smoke_tests.expected import ManifestError, load_expected
+
+from ..engine.api import Runner
+from ..engine.errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, PullFailed, names_nothing
+from ..engine.export import cannot_pull, compression_of
+from ..errors import BadRequest
+from ..provenance import BuiltFrom, built_from
+from ..reference import InvalidReference, names_domain, parse_reference
+from ..registry import RegistryError
+from .preflight import (BUILT_LABEL, CUDA_LABEL, MIN_DRIVER_COMPAT_LABEL, MIN_DRIVER_LABEL, NVIDIA_SMI,
+                        NVIDIA_SMI_TIMEOUT, Gpu, GpuProbe, HostFacts, daemon_runtime, parse_nvidia_smi,
+                        read_gpu_probe)
+
+
+class RegistryReader(Protocol):
+    """What verify reads from a registry (registry.HttpRegistry is one)."""
+
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]: ...
+
+    def provenance(self, ref: str) -> dict[str, Any] | None: ...
+
+# --------------------------------------------------------------------------- host facts (I/O)
+
+
+
+def host_gpus() -> tuple[tuple[Gpu, ...], str | None]:
+    """The GPUs nvidia-smi lists on this host, or why there are none."""
+    command = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT,
+                              check=False)
+    except FileNotFoundError:
+        return (), "nvidia-smi not found: no NVIDIA driver installed"
+    except subprocess.TimeoutExpired:
+        return (), f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT:g}s: the driver is stuck"
+    if done.returncode != 0:
+        said = " ".join((done.stdout + done.stderr).split())[:200]
+        return (), f"nvidia-smi failed with exit code {done.returncode}: {said}"
+    gpus = parse_nvidia_smi(done.stdout)
+    return gpus, None if gpus else "nvidia-smi lists none"
+
+
+
+def probe_gpus(engine: Runner, ref: str) -> GpuProbe:
+    """nvidia-smi in a container of `ref` with every GPU: the NVIDIA runtime mounts it in, so
+    this sees the GPUs and driver of the daemon's host, whatever image and client."""
+    try:
+        run = engine.run(ref, list(NVIDIA_SMI), timeout=NVIDIA_SMI_TIMEOUT, gpus=True)
+    except (GpuUnavailable, ContainerFailed) as e:
+        return read_gpu_probe(e.detail)
+    return read_gpu_probe(run)
+
+
+def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFacts:
+    """The I/O half of preflight for an image: ask the daemon, pull if needed (asking `registry`
+    first whether the daemon can pull the image's compression), probe the GPUs."""
+    try:
+        engine.ping()
+    except DaemonUnavailable as e:
+        return HostFacts(daemon_error=str(e))
+    pulled = False
+    if not engine.image_exists(ref):
+        # Before the pull: a daemon that cannot pull zstd fails it with an obscure error.
+        compression = registry_compression(registry, ref)
+        version = str(engine.info().get("ServerVersion") or "") or None
+        why = cannot_pull(compression, version)
+        if why is not None:
+            return HostFacts(compression=compression, compression_error=why)
+        try:
+            engine.pull(ref)
+            pulled = True
+        except PullFailed as e:
+            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
+                                         "build it or check the reference and `docker login`",
+                             image_not_found=names_nothing(e.detail))
+    labels = engine.image_labels(ref)
+    info: Mapping[str, Any] = engine.info()
+    probe = probe_gpus(engine, ref)
+    runtime = daemon_runtime(info)
+    if runtime is None and probe.accepted:
+        runtime = "the daemon accepted a GPU device request"
+    return HostFacts(
+        gpus=probe.gpus, gpu_error=probe.error,
+        min_driver=labels.get(MIN_DRIVER_LABEL), min_driver_compat=labels.get(MIN_DRIVER_COMPAT_LABEL),
+        cuda=labels.get(CUDA_LABEL),
+        pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
+    )
+
+
+def registry_compression(registry: RegistryReader, ref: str) -> str | None:
+    """The layer compression of `ref` in its registry; None: not a registry image, or unknown."""
+    try:
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
+            return None
+        return compression_of(media for _, media in registry.blobs(ref).values())
+    except (RegistryError, InvalidReference, ValueError, OSError):
+        return None
+
+
+def registry_built_from(registry: RegistryReader, ref: str) -> BuiltFrom | None:
+    """Where the registry image `ref` was built from, per its provenance; None: none readable."""
+    try:
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
+            return None
+        predicate = registry.provenance(ref)
+    except (RegistryError, InvalidReference, ValueError, OSError):
+        return None
+    return built_from(predicate) if predicate else None
+
+
+def collect_local_facts(manifest: str | None) -> HostFacts:
+    try:
+        expected = load_expected(manifest)
+    except ManifestError as e:
+        raise BadRequest(f"{e}; pass --manifest with the image's manifest.json, or none") from e
+    gpus, gpu_error = host_gpus()
+    return HostFacts(gpus=gpus, gpu_error=gpu_error, min_driver=expected.min_driver,
+                     min_driver_compat=expected.min_driver_compat, cuda=expected.image_cuda,
+                     in_container=False)
+
+
