@@ -384,26 +384,31 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from . import publish
     from .engine.docker import DockerEngine
     from .engine.export import choose
-    from .engine.select import CLASSIC, decide, make_builder
+    from .engine.select import CLASSIC, decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
     from .registry import HttpRegistry, parse_registry
     from .signing import key_signer
 
     host, namespace = parse_registry(registry_name)
     base = "/".join(part for part in (host, namespace) if part)
-    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
+    repository = f"{base}/{rendering.repository or ctx.matrix.defaults.repository}"
+    wanted = parse_platforms(platforms)
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
+    # A wrong request is refused before any daemon or registry is asked (deciding the builder may probe one).
+    known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
+    pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
+                           wanted, multi=multi, kind=known, merge_only=merge_only)
+    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
     engine = None if dry_run or merge_only else DockerEngine()
     if engine is not None:
         engine.ping()
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind,
-                                   f"{base}/{rendering.repository or ctx.matrix.defaults.repository}")
+    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository)
     registry = HttpRegistry(ca_file=registry_ca)
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
-    plan = pipeline.plan_publish(ctx.matrix, selection, opts, parse_platforms(platforms), multi=multi,
+    plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
                                  kind=decision.kind, read_os_release=engine.os_release if engine else None,
                                  registry=registry, force=force, day=today, merge_only=merge_only, note=note,
                                  signing=signer is not None)

@@ -388,16 +388,22 @@ def check_build(matrix: Matrix, selection: Selection, rendering: Rendering, plat
     a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
     also where no daemon answers. `kind`: the builder as far as it is known before probing
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
-    one refuses waits for the decided builder. A --base-image's OS is read from the image
-    later, so without --os any OS of the matrix that takes the request will do here."""
+    one refuses waits for the decided builder."""
     options = render_options(matrix, rendering, kind)
+    _check_for_any_os(matrix, selection, lambda chosen: plan_build(
+        matrix, chosen, options, platforms, kind, None, lambda ref: False, lambda text: None))
+
+
+def _check_for_any_os(matrix: Matrix, selection: Selection, check: Callable[[Selection], object]) -> None:
+    """`check` the selection as its command would, with no daemon to ask (the notes are the
+    run's own plan's to print). A --base-image's OS is read from the image later, so without
+    --os any OS of the matrix that the request passes for will do here; else its refusal."""
     base_given = selection.base_image is not None or bool(selection.platform_bases)
     oses = list(matrix.oses) if base_given and selection.os is None else [selection.os]
     refusal: BadRequest | None = None
     for os_name in oses:
         try:
-            plan_build(matrix, replace(selection, os=os_name), options, platforms, kind, None,
-                       lambda ref: False, lambda text: None)  # the run's own plan prints the notes
+            check(replace(selection, os=os_name))
             return
         except BadRequest as e:
             refusal = refusal or e
@@ -440,12 +446,27 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     unsigned one is rebuilt)."""
     from . import publish
 
-    selection.check_platform_bases(platforms)
-    plans: list[tuple[str, tuple[publish.Step, ...]]] = []
-    index_platforms: dict[str, list[str]] = {}
     # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
     # the run reads it, when a daemon answers: the plan is the run's.
-    read_os_release = read_os_release or base_os_reader(selection)
+    per_platform, index_platforms = publish_images(matrix, selection, options, platforms, multi=multi, kind=kind,
+                                                   read_os_release=read_os_release or base_os_reader(selection),
+                                                   merge_only=merge_only, note=note)
+    plans: list[tuple[str, tuple[publish.Step, ...]]] = []
+    for platform, images in [] if merge_only else per_platform:  # --merge-only builds nothing
+        remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
+        plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
+    return PublishPlan(tuple(plans), index_platforms, multi)
+
+
+def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
+                   multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, merge_only: bool,
+                   note: Note) -> tuple[list[tuple[str, list[RenderedImage]]], dict[str, list[str]]]:
+    """The images `publish` selects per platform, each checked for its platform (not with
+    --merge-only: it builds nothing), and each plain ref -> the platforms its index joins.
+    Asks no registry, and no daemon but through `read_os_release`."""
+    selection.check_platform_bases(platforms)
+    per_platform: list[tuple[str, list[RenderedImage]]] = []
+    index_platforms: dict[str, list[str]] = {}
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
         own = _for_platform(options, platform)
@@ -461,13 +482,21 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
         for image in images:
             for ref in image.refs:
                 index_platforms.setdefault(ref, []).append(platform)
-        if merge_only:
-            continue  # builds nothing: the indexes join what is pushed
-        checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
-        images = [platform_image(image, platform) for image in images] if multi else checked
-        remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
-        plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
-    return PublishPlan(tuple(plans), index_platforms, multi)
+        if not merge_only:
+            checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
+            images = [platform_image(image, platform) for image in images] if multi else checked
+        per_platform.append((platform, images))
+    return per_platform, index_platforms
+
+
+def check_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
+                  multi: bool, kind: BuilderKind, merge_only: bool) -> None:
+    """What `plan_publish` refuses without asking a daemon or a registry, checked before either
+    is asked (issue 29), as `check_build` does for `build`: `options` rendered for the builder
+    as far as it is known before probing for one."""
+    _check_for_any_os(matrix, selection, lambda chosen: publish_images(
+        matrix, chosen, options, platforms, multi=multi, kind=kind, read_os_release=None, merge_only=merge_only,
+        note=lambda text: None))
 
 
 def _for_platform(options: RenderOptions, platform: str) -> RenderOptions:

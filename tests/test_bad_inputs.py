@@ -24,6 +24,7 @@ from imagebuilder.cli import cli
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 RENDER = ("render", "--torch", "2.6", "--cuda", "12.4")
 BUILD = ("build", "--torch", "2.6", "--cuda", "12.1")  # cu124 wheels on the CUDA 12.1 image
+PUBLISH = ("publish", "--registry", "127.0.0.1:5999/ns", "--torch", "2.6", "--cuda", "12.1")  # no registry there
 LOCK = ("lock", "--torch", "2.6", "--cuda", "12.4", "--os", "debian12", "--variant", "runtime")
 NO_DAEMON = "unix:///nonexistent/docker.sock"  # any daemon call would end in "could not reach"
 
@@ -181,12 +182,34 @@ ROWS = {
     "build credentials, classic, no daemon": Row((*BUILD, "--builder", "classic", "--index-url",
                                                   "https://alice:s3cr3t@mirror.example.com/simple"), 2,
                                                  "the classic builder would write into the image's history"),
+    # the same for publish: its filters' images, every platform's, before any daemon or registry
+    "publish --with nvidia-cudnn, no daemon": Row((*PUBLISH, "--with", "nvidia-cudnn-cu12==1.0"), 2,
+                                                  "contradicts the image's nvidia-cudnn-cu12==9.1.0.70"),
+    "publish --with not a requirement, no daemon": Row((*PUBLISH, "--with", "pandas=="), 2,
+                                                       "--with 'pandas==' is not a requirement"),
+    "publish unknown torch, no daemon": Row(("publish", "--registry", "127.0.0.1:5999/ns", "--torch", "9.9"), 2,
+                                            "torch 9.9 is not in matrix.yaml"),
+    "publish --with, two platforms, no daemon": Row((*PUBLISH, "--cuda", "12.4", "--platform", "linux/amd64,linux/arm64",
+                                                     "--with", "torchvision<0.20"), 2,
+                                                    "contradicts the image's torchvision==0.21.0"),
+    "publish --with, --base-image without --os, no daemon": Row((*PUBLISH, "--base-image", "mirror.local/cuda:12.1.1",
+                                                                 "--with", "triton==3.1.0"), 2,
+                                                                "contradicts the image's triton==3.2.0"),
+    "publish credentials, classic, no daemon": Row((*PUBLISH, "--builder", "classic", "--index-url",
+                                                    "https://alice:s3cr3t@mirror.example.com/simple"), 2,
+                                                   "the classic builder would write into the image's history"),
+    "publish --merge-only --with, no daemon": Row((*PUBLISH, "--platform", "linux/amd64,linux/arm64", "--merge-only",
+                                                   "--with", "nvidia-cudnn-cu12==1.0"), 2,
+                                                  "contradicts the image's nvidia-cudnn-cu12==9.1.0.70"),
     # 5. the world's failure
     "no daemon": Row(("build", "--torch", "2.6", "--cuda", "12.4"), 1, "could not reach the Docker daemon"),
     # a good request with a --with, or a --base-image whose OS only the daemon can tell, is asked of it
     "no daemon, a good --with": Row((*BUILD, "--with", "pandas==2.2.3"), 1, "could not reach the Docker daemon"),
     "no daemon, --base-image without --os": Row((*BUILD, "--base-image", "mirror.local/cuda:12.1.1"), 1,
                                                 "could not reach the Docker daemon"),
+    "publish, no daemon, a good --with": Row((*PUBLISH, "--with", "pandas==2.2.3"), 1, "could not reach the Docker daemon"),
+    "publish --dry-run, no registry, a good --with": Row((*PUBLISH, "--dry-run", "--with", "pandas==2.2.3"), 1,
+                                                         "the registry at http://127.0.0.1:5999/v2/ did not answer"),
 }
 
 
