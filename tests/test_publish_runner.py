@@ -6,6 +6,8 @@ decides when a build, a verification, a push or a confirmation goes wrong.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,3 +412,104 @@ def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_
     (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, Down(engine=engine), export=ZSTD_EXPORT)
     assert outcome.status == publish.FAILED and outcome.reason.startswith("push failed: the registry at")
     assert engine.pushed == [] and outcome.pushed == {}
+
+
+# --------------------------------------------------------------------------- indexes over platforms
+
+
+@dataclass
+class IndexingRegistry(CannedRegistry):
+    """A canned registry that writes image indexes (an index's digest: the sha256 of its document),
+    whose images are of the platform they are asked for unless `platforms` (digest -> OS/ARCH of
+    its image config) says otherwise."""
+
+    platforms: dict[str, str] = field(default_factory=dict)
+    configs_read: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        return json.dumps([ref, *children]).encode()
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        self.answers[ref] = digest
+        self.put.append((ref, digest))
+        return digest
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        self.configs_read.append((ref, platform))
+        digest = ref.partition("@")[2]
+        if digest not in self.answers.values():
+            return None
+        os_name, _, architecture = self.platforms.get(digest, platform or "linux/amd64").partition("/")
+        return {"os": os_name, "architecture": architecture, "config": {}}, ()
+
+
+INDEXED = "127.0.0.1:5999/ml/pytorch:2.11-runtime"
+AMD64, ARM64 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def _two_platforms(*refs: str, **platforms: str) -> IndexingRegistry:
+    """Each ref's TAG-amd64 and TAG-arm64 pushed; `platforms`: what an image's config says instead."""
+    answers: dict[str, str | None] = {}
+    for n, ref in enumerate(refs):
+        answers |= {f"{ref}-amd64": AMD64[:-1] + str(n), f"{ref}-arm64": ARM64[:-1] + str(n)}
+    return IndexingRegistry(answers=answers, platforms={answers[f"{refs[0]}-{arch}"] or "": platform
+                                                        for arch, platform in platforms.items()})
+
+
+def test_an_index_is_written_over_the_images_whose_configs_say_their_platforms() -> None:
+    registry = _two_platforms(INDEXED)
+    wanted = {INDEXED: ["linux/amd64", "linux/arm64"]}
+    (outcome,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted))
+    assert outcome.status == publish.WRITTEN and registry.put == [(INDEXED, outcome.digest)]
+    # Each child's config is read by its digest (what the index lists), for its platform.
+    assert registry.configs_read == [(f"127.0.0.1:5999/ml/pytorch@{AMD64[:-1]}0", "linux/amd64"),
+                                     (f"127.0.0.1:5999/ml/pytorch@{ARM64[:-1]}0", "linux/arm64")]
+
+
+def test_an_amd64_image_under_the_arm64_tag_fails_its_index_and_nothing_is_written_for_it() -> None:
+    """A runner that pushed its amd64 build as TAG-arm64: listed as linux/arm64, it would be what
+    every arm64 node pulls, and fails there with `exec format error`."""
+    other = "127.0.0.1:5999/ml/pytorch:2.11-devel"
+    registry = _two_platforms(INDEXED, other, arm64="linux/amd64")
+    wanted = {INDEXED: ["linux/amd64", "linux/arm64"], other: ["linux/amd64", "linux/arm64"]}
+    steps = publish.plan_indexes(registry, wanted)
+    expected = ("2.11-runtime-arm64 is a linux/amd64 image, not linux/arm64 (its image config says so); "
+                "push each platform's own image under its tag")
+    # The dry run says so, and writes nothing ...
+    assert publish.format_indexes(steps).splitlines()[0] == f"index {INDEXED}: would fail: {expected}"
+    failed, written = publish.write_indexes(registry, steps)
+    # ... the run fails that index, writes the other, and exits 1 naming the tag.
+    assert (failed.status, failed.reason, failed.digest) == (publish.FAILED, expected, None)
+    assert written.status == publish.WRITTEN and registry.put == [(other, written.digest)]
+    assert INDEXED not in registry.answers
+    with pytest.raises(publish.MergeIncomplete) as caught:
+        publish.raise_if_failed((), (failed, written))
+    assert "1 of 2 tags could not be made indexes" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`publish --merge-only` end to end over the canned registry: exit 1, one error line, the
+    failed index named with why, and nothing PUT for it."""
+    from click.testing import CliRunner
+
+    import imagebuilder.registry
+    from imagebuilder.cli import cli
+    from imagebuilder.render import render
+    from imagebuilder.resolve import Request, resolve
+    from imagebuilder.resources import default_matrix_path
+
+    matrix = load_matrix(default_matrix_path())  # (the small matrix has no arm64 wheels)
+    request = Request("2.11", "13.0", python="3.11", os="debian12", variant="runtime")
+    refs = render(resolve(matrix, request), matrix, RenderOptions(repository="127.0.0.1:5999/ml/pytorch")).refs
+    registry = _two_platforms(*refs, arm64="linux/amd64")
+    monkeypatch.setattr(imagebuilder.registry, "HttpRegistry", lambda **kwargs: registry)
+    result = CliRunner().invoke(cli, ["publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os",
+                                      "debian12", "--variant", "runtime", "--registry", "127.0.0.1:5999/ml",
+                                      "--platform", "linux/amd64,linux/arm64", "--merge-only"])
+    assert result.exit_code == 1, result.output
+    tag = refs[0].rpartition(":")[2]
+    assert f"index {refs[0]}: failed: {tag}-arm64 is a linux/amd64 image, not linux/arm64" in result.stdout
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert f"1 of {len(refs)} tags could not be made indexes" in error and tag in error
+    assert refs[0] not in dict(registry.put) and all(ref in dict(registry.put) for ref in refs[1:])

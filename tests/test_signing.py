@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, cosign_key_pair, imagebuilder
-from test_publish_runner import CannedEngine, CannedRegistry, verdict
+from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
 from test_publish_runner import images as canned_images
 
 from imagebuilder import publish, signing
@@ -156,18 +156,6 @@ def test_a_failed_verification_signs_nothing_canned() -> None:
     signer = RecordingSigner()
     outcome, engine = _run(signer, ok=False)
     assert outcome.status == publish.FAILED and signer.asked == [] and engine.pushed == []
-
-
-@dataclass
-class IndexingRegistry(CannedRegistry):
-    """A canned registry that writes image indexes (an index's digest: the sha256 of its document)."""
-
-    def index_for(self, ref: str, children: Any) -> bytes:
-        return json.dumps([ref, *children]).encode()
-
-    def put_index(self, ref: str, body: bytes) -> str:
-        self.answers[ref] = "sha256:" + hashlib.sha256(body).hexdigest()
-        return self.answers[ref]
 
 
 def test_the_indexes_written_are_signed_by_their_digest() -> None:

@@ -48,7 +48,8 @@ class IndexStep:
     ref: str
     children: tuple[IndexChild, ...]
     action: str
-    """WRITE, UNCHANGED (the registry has this very index) or SKIP (a platform's image is missing)."""
+    """WRITE, UNCHANGED (the registry has this very index), SKIP (a platform's image is missing)
+    or FAILED (a platform's tag names an image of another platform)."""
     reason: str = ""
     digest: str | None = None
     """The index's digest; None when skipped, or while a child is still to be pushed."""
@@ -83,13 +84,17 @@ class IndexRegistry(Protocol):
 
     def put_index(self, ref: str, body: bytes) -> str: ...
 
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None: ...
+
 
 def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
                  pending: Collection[str] = frozenset()) -> tuple[IndexStep, ...]:
     """One IndexStep per tag in `wanted` (tag -> the platforms its index joins), asking the
     registry (reads only) what each platform's tag names; `pending`: the platform tags this
     run pushes before merging (a dry run's plan). A tag missing a platform's image is skipped,
-    not an error here: every other tag is still merged."""
+    not an error here: every other tag is still merged. A platform's tag whose image config
+    says another platform (an amd64 image pushed as TAG-arm64) fails its tag's index: listed
+    as that platform's image it would run on no machine of it."""
     steps = []
     for ref, platforms in wanted.items():
         children = []
@@ -97,8 +102,15 @@ def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
             child = platform_tags((ref,), platform)[0]
             waiting = child in pending
             children.append(IndexChild(child, platform, None if waiting else registry.digest(child), waiting))
-        absent = [c for c in children if c.digest is None and not c.pending]
-        if absent:
+        found = {c.ref: _platform_of(registry, c.ref, c.digest, c.platform) for c in children if c.digest}
+        absent = [c for c in children if not c.pending and found.get(c.ref) is None]
+        wrong = [c for c in children if found.get(c.ref) not in (None, c.platform)]
+        if wrong:
+            reason = "; ".join(f"{parse_reference(c.ref).reference} is a {found[c.ref]} image, not {c.platform}"
+                               for c in wrong)
+            steps.append(IndexStep(ref, tuple(children), FAILED, f"{reason} (its image config says so); "
+                                   "push each platform's own image under its tag"))
+        elif absent:
             verb = "is" if len(absent) == 1 else "are"
             reason = (f"{', '.join(parse_reference(c.ref).reference for c in absent)} {verb} not in the registry; publish "
                       f"--platform {','.join(c.platform for c in absent)} first")
@@ -116,6 +128,16 @@ def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
     return tuple(steps)
 
 
+def _platform_of(registry: IndexRegistry, ref: str, digest: str, platform: str) -> str | None:
+    """OS/ARCH as the image config of `digest` (of `ref`'s repository) says; of an index, its
+    image for `platform` (whose entry the index over platforms takes); None: it is gone."""
+    found = registry.image_config(pinned(ref, digest), platform)
+    if found is None:
+        return None
+    config = found[0]
+    return f"{config.get('os') or '?'}/{config.get('architecture') or '?'}"
+
+
 def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
                   signer: Signer | None = None) -> tuple[IndexOutcome, ...]:
     """Write every planned index (planned with nothing pending); a tag that cannot be written
@@ -124,8 +146,8 @@ def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
     signing failed before); the platform images carry their own SBOM attestations."""
     outcomes = []
     for step in steps:
-        if step.action == SKIP:
-            outcomes.append(IndexOutcome(step, SKIPPED, step.reason))
+        if step.action in (SKIP, FAILED):
+            outcomes.append(IndexOutcome(step, SKIPPED if step.action == SKIP else FAILED, step.reason))
             continue
         status, digest = UNCHANGED, step.digest or ""
         if step.action == WRITE:

@@ -126,8 +126,8 @@ def format_indexes(indexes: Sequence[IndexStep | IndexOutcome]) -> str:
             step, status, reason, digest = item.step, item.status, item.reason, item.digest
         else:
             step, reason, digest = item, item.reason, item.digest
-            status = {WRITE: "would write", SKIP: "would skip"}.get(item.action, item.action)
-        if status in (SKIPPED, FAILED, "would skip"):
+            status = {WRITE: "would write", SKIP: "would skip", FAILED: "would fail"}.get(item.action, item.action)
+        if status in (SKIPPED, FAILED, "would skip", "would fail"):
             lines.append(f"index {step.ref}: {status}: {reason}")
         else:
             over = f"over {', '.join(c.platform for c in step.children)}"
