@@ -846,6 +846,55 @@ def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_
     assert _storage(fresh_registry) == before
 
 
+def _push_index_stand_in(reg: LocalRegistry, ref: str, platforms: tuple[str, ...]) -> dict[str, str]:
+    """Put an OCI index under `ref` over a tiny image of each of `platforms`, as the containerd store
+    pushes a multi-platform image; platform -> its image's digest."""
+    from imagebuilder.registry import ACCEPT, OCI_INDEX
+
+    url, tag = _api(reg, ref)
+    entries, digests = [], {}
+    for platform in platforms:
+        image = f"{ref}-stand-in-{platform.rpartition('/')[2]}"
+        digests[platform] = _push_stand_in(reg, image, platform)
+        request = urllib.request.Request(f"{url}/manifests/{digests[platform]}", headers={"Accept": ACCEPT})
+        with urllib.request.urlopen(request) as r:
+            media_type, size = r.headers["Content-Type"], len(r.read())
+        os_name, _, architecture = platform.partition("/")
+        entries.append({"mediaType": media_type, "size": size, "digest": digests[platform],
+                        "platform": {"os": os_name, "architecture": architecture}})
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"{url}/manifests/{tag}", data=body, method="PUT",
+                                                  headers={"Content-Type": OCI_INDEX})).close()
+    return digests
+
+
+@pytest.mark.registry
+def test_merge_only_refuses_a_platform_tag_whose_image_is_of_another_platform(
+        fresh_registry: LocalRegistry) -> None:
+    """Through the registry API: an amd64 image under TAG-arm64 (plain, or the only image of an
+    index) fails its tag's index and nothing is written for it; an index with both platforms'
+    images (the multi-platform base of test_buildkit) joins by its arm64 image."""
+    registry = f"{fresh_registry.address}/ns"
+    refs = [ref for image in _merge_images(registry) for ref in image.refs]
+    _stand_ins(fresh_registry, refs)
+    plain, indexed, both = refs[:3]
+    _push_stand_in(fresh_registry, _platform_ref(plain, "linux/arm64"), "linux/amd64")
+    _push_index_stand_in(fresh_registry, _platform_ref(indexed, "linux/arm64"), ("linux/amd64",))
+    arm64 = _push_index_stand_in(fresh_registry, _platform_ref(both, "linux/arm64"), BOTH)["linux/arm64"]
+    done = _merge(registry)
+    assert done.returncode == 1, done.stderr
+    for ref in (plain, indexed):
+        assert (f"index {ref}: failed: {_tag(ref, 'linux/arm64')} is a linux/amd64 image, not linux/arm64 "
+                "(its image config says so)") in done.stdout
+        assert _get_manifest(fresh_registry, ref) is None
+    got = _get_manifest(fresh_registry, both)
+    assert got is not None, done.stdout
+    assert {m["digest"] for m in got[1]["manifests"] if m["platform"]["architecture"] == "arm64"} == {arm64}
+    assert all(f"index {ref}: written sha256:" in done.stdout for ref in refs[2:])
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"2 of {len(refs)} tags could not be made indexes" in error
+
+
 @pytest.mark.registry
 def test_merge_only_dry_run_lists_the_plan_and_leaves_the_registry_byte_identical(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
