@@ -395,9 +395,9 @@ def check_build(matrix: Matrix, selection: Selection, rendering: Rendering, plat
 
 
 def _check_for_any_os(matrix: Matrix, selection: Selection, check: Callable[[Selection], object]) -> None:
-    """`check` the selection as its command would, with no daemon to ask (the notes are the
-    run's own plan's to print). A --base-image's OS is read from the image later, so without
-    --os any OS of the matrix that the request passes for will do here; else its refusal."""
+    """`check` (a command's plan, made with no daemon to ask and printing no notes: the run's
+    own plan prints them) the selection. A --base-image's OS is read from the image later, so
+    without --os any OS of the matrix that the request passes for will do here; else its refusal."""
     base_given = selection.base_image is not None or bool(selection.platform_bases)
     oses = list(matrix.oses) if base_given and selection.os is None else [selection.os]
     refusal: BadRequest | None = None
