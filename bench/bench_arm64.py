@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench.bench_build import ca_bundle, log_steps, remove, say  # noqa: E402
+from bench.bench_build import ca_bundle, log_steps, remove, say, uv_cache_warm  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 
 BASES = {"linux/amd64": "imagebuilder-base:bookworm", "linux/arm64": "imagebuilder-base:bookworm-arm64"}
@@ -54,15 +54,6 @@ def build(platform: str) -> tuple[float, dict[str, Any]]:
                 say(line)
         image: dict[str, Any] = json.loads(report.read_text())["images"][0]
     return seconds, image
-
-
-def uv_cache_warm() -> bool:
-    """Whether imagebuilder's uv cache mount is there from before this run (pruning it is not
-    this run's to do): then the wheels it holds are not downloaded, on either platform."""
-    done = subprocess.run(["docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
-                          capture_output=True, text=True, timeout=120)
-    records = json.loads(done.stdout or "null") or []
-    return any("/var/cache/imagebuilder/uv" in str(r.get("Description", "")) for r in records)
 
 
 def main() -> None:

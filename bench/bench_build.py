@@ -9,7 +9,9 @@ run added; the floors download every wheel with `uv --no-cache`):
      python3-dev, tini), what a runtime image that runs `torch.compile` cannot do without;
   3. the plain `docker buildx build --load` of floor 1 (what a user's own Dockerfile costs);
   4. the main job, cold (the README's command);
-  5. the devel image of the same release after it;
+  5. the jupyter image of the same release after it (the issue asks for devel, but a CUDA 12.1
+     devel image needs nvidia/cuda's nvcc in its base, and no registry serving it is reachable
+     here: JupyterLab's layer on the runtime image is the second image this host can build);
   6. a no-change rebuild of 4.
 Each row's step times come from the build's own log. Targets: 4 <= 1.10x floor 2 and <= 0.5x
 build 3. Removes what it built and the build records it added. Needs a running daemon,
@@ -118,6 +120,15 @@ def log_steps(image: dict[str, Any]) -> list[tuple[str, float]]:
                                         (steps_of(sbom.read_text()) if sbom.is_file() else [])]
 
 
+def uv_cache_warm() -> bool:
+    """Whether imagebuilder's uv cache mount is there from before this run (pruning it is not
+    this run's to do): then the wheels it holds are not downloaded, on either platform."""
+    done = subprocess.run(["docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
+                          capture_output=True, text=True, timeout=120)
+    records = json.loads(done.stdout or "null") or []
+    return any("/var/cache/imagebuilder/uv" in str(r.get("Description", "")) for r in records)
+
+
 def remove(*refs: str) -> None:
     for ref in refs:
         subprocess.run(["docker", "image", "rm", ref], capture_output=True)
@@ -125,6 +136,8 @@ def remove(*refs: str) -> None:
 
 def main() -> None:
     before = build_cache_records("docker")
+    say("uv's cache mount is " + ("WARM (from before this run: the main job downloads none of its wheels)"
+                                  if uv_cache_warm() else "cold: every build downloads every wheel"))
     rows: list[tuple[str, float, str]] = []
     details: list[tuple[str, list[tuple[str, float]]]] = []
     made: list[str] = []
@@ -152,13 +165,13 @@ def main() -> None:
         rows.append(("main job cold (imagebuilder build --torch 2.6 --cuda 12.1)", main_s,
                      f"export {runtime['export_seconds'] or 0:.1f}s"))
         details.append(("main job cold", log_steps(runtime)))
-        say("building: devel after it")
-        devel_s, devel = imagebuilder("--variant", "devel")
-        made += devel["tags"]
-        shared = set(layers(runtime["tags"][0])) & set(layers(devel["tags"][0]))
-        rows.append(("devel after it", devel_s, f"export {devel['export_seconds'] or 0:.1f}s; "
+        say("building: jupyter after it")
+        second_s, second = imagebuilder("--variant", "jupyter")
+        made += second["tags"]
+        shared = set(layers(runtime["tags"][0])) & set(layers(second["tags"][0]))
+        rows.append(("jupyter after it", second_s, f"export {second['export_seconds'] or 0:.1f}s; "
                      f"{len(shared)} layers shared with runtime"))
-        details.append(("devel after it", log_steps(devel)))
+        details.append(("jupyter after it", log_steps(second)))
         say("building: no-change rebuild")
         again_s, again = imagebuilder()
         rows.append(("no-change rebuild of the main job", again_s,
@@ -167,13 +180,24 @@ def main() -> None:
     finally:
         remove(*made)
         prune_records("docker", before, keep_cache_mounts=False)
+        report(rows, details)
+
+
+def report(rows: list[tuple[str, float, str]], details: list[tuple[str, list[tuple[str, float]]]]) -> None:
+    """The table (what was measured, also when a later build failed) and each build's steps."""
+    if len(rows) < 3:
+        for name, seconds, note in rows:
+            print(f"{name:62} {seconds:8.1f}  {note}")
+        return
     floor_zstd, floor_compile, plain = rows[0][1], rows[1][1], rows[2][1]
     print(f"\n{'build':62} {'seconds':>8} {'/floor1':>8} {'/floor2':>8} {'/load':>7}  notes")
     for name, seconds, note in rows:
         print(f"{name:62} {seconds:8.1f} {seconds / floor_zstd:8.2f} {seconds / floor_compile:8.2f} "
               f"{seconds / plain:7.2f}  {note}")
-    print(f"\ntargets: main job <= 1.10x the compile-capable floor ({main_s / floor_compile:.2f}x) and <= 0.5x "
-          f"the plain --load build ({main_s / plain:.2f}x)")
+    if len(rows) > 3:
+        main_s = rows[3][1]
+        print(f"\ntargets: main job <= 1.10x the compile-capable floor ({main_s / floor_compile:.2f}x) and <= 0.5x "
+              f"the plain --load build ({main_s / plain:.2f}x)")
     for name, steps in details:
         print(f"\n{name}: steps over 1 s, from its build log")
         for step, seconds in steps:
