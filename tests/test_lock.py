@@ -319,20 +319,27 @@ def _uv() -> str:
     return str(uv) if uv.exists() else "uv"
 
 
+# What the index offered when the committed locks were last refreshed (2026-12-02): uv resolves as
+# of then (UV_EXCLUDE_NEWER), so these checks prove the locks are what `lock` makes of the index,
+# and that --check names a drift, without failing on the day a dependency releases (httpx 0.29.0
+# did, for the jupyter sets). Refresh it with the locks.
+AS_OF_THE_LOCKS = {"UV_EXCLUDE_NEWER": "2026-12-02T14:00:00Z"}
+
+
 @pytest.mark.network
 def test_lock_check_passes_on_the_committed_lock_and_names_what_drifted(tmp_path: Path) -> None:
     _uv()
     matrix = _copy_matrix(tmp_path)
     args = ["--matrix", str(matrix), "lock", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--variant",
             "runtime", "--check"]
-    done = imagebuilder(*args, timeout=300)
+    done = imagebuilder(*args, timeout=300, env_extra=AS_OF_THE_LOCKS)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"[1/1] {E2E_LOCK}: ok" in done.stderr  # a line per set, with its result
     path = tmp_path / "locks" / f"{E2E_LOCK}.txt"
     lock = parse_lock(E2E_LOCK, path.read_text())
     older = replace(lock, pins=tuple(replace(p, version=Version("1.26.0")) if p.name == "numpy" else p for p in lock.pins))
     path.write_text(older.text())
-    done = imagebuilder(*args, timeout=300)
+    done = imagebuilder(*args, timeout=300, env_extra=AS_OF_THE_LOCKS)
     assert done.returncode == 1
     numpy = lock.version_of("numpy")
     assert f"drift: {E2E_LOCK}.txt: numpy 1.26.0 -> {numpy}" in done.stdout
@@ -346,7 +353,7 @@ def test_lock_check_of_the_default_os_jupyter_images_is_green(tmp_path: Path) ->
     _uv()
     matrix = _copy_matrix(tmp_path)
     done = imagebuilder("--matrix", str(matrix), "lock", "--torch", "2.14", "--os", "ubuntu22.04", "--python", "3.10",
-                        "--check", timeout=600)
+                        "--check", timeout=600, env_extra=AS_OF_THE_LOCKS)
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("torch2.14.1-cu130-py3.10-jupyter", "torch2.14.1-cu130-py3.10-devel-jupyter"):
         for platform in ("", "-aarch64"):
