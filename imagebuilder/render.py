@@ -190,11 +190,18 @@ def _uv_env(options: RenderOptions, single_stage: bool) -> str:
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
 
 
+def _apt_mount(machine: str | None = None) -> str:
+    """BuildKit's `RUN --mount=...` prefix of an apt RUN: the host's apt cache, or `machine`'s
+    (an emulated apt holds its own, so that it does not lock the host's for minutes)."""
+    cache_id = "imagebuilder-apt" + (f"-{machine}" if machine else "")
+    return f"--mount=type=cache,id={cache_id},target={APT_CACHE},sharing=locked \\\n    "
+
+
 def _mounts(options: RenderOptions) -> tuple[str, str]:
     """BuildKit's `RUN --mount=...` prefixes of the image's apt RUN and of the install RUN."""
     if not options.buildkit:
         return "", ""
-    apt = f"--mount=type=cache,id=imagebuilder-apt,target={APT_CACHE},sharing=locked \\\n    "
+    apt = _apt_mount()
     install = [f"--mount=type=cache,id=imagebuilder-uv,target={UV_CACHE},uid={USER_ID},gid={USER_ID}"]
     if options.ca_bundle is not None:
         install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
@@ -595,7 +602,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     if native is not None:
         # apt's cache mount is locked while one apt runs: the image's apt, emulated, takes one of
         # its own machine type's, so that the native stage's apt does not wait minutes for it.
-        apt_mounts = apt_mounts.replace("id=imagebuilder-apt,", f"id=imagebuilder-apt-{native.platform.rpartition('/')[2]},")
+        apt_mounts = _apt_mount(native.platform.rpartition("/")[2])
         notices.append(f"{native.platform} on a host of another platform: its wheels install natively "
                        f"(uv --python-platform {native.uv_platform}); apt, the SBOM and what runs the image's "
                        "own programs run under emulation")
