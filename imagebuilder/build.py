@@ -165,6 +165,10 @@ def build_image(
         for secret_id, data in image.secrets.items():
             secrets[secret_id] = Path(tmp) / f"secret-{secret_id}"
             secrets[secret_id].write_bytes(data)
+        contexts = {name: context / name for name in image.contexts}  # written there by image.write
+        for path in contexts.values():
+            for file in path.rglob("*"):
+                file.chmod(0o644 if file.is_file() else 0o755)  # what the build's user (uid 1000) reads
         labels = build_labels(engine, image, matrix_path)
         # The image's own tags go on the SBOM-labelled image only (below): had the unlabelled
         # image taken them, a rebuild would untag (and the engine remove) the labelled image
@@ -182,6 +186,7 @@ def build_image(
                     timeout=timeout,
                     platform=platform,
                     secrets=secrets,
+                    contexts=contexts,
                     # The layers compressed once, as the final image keeps them; caches imported.
                     export=None if export is None else Export(export.compression, cache_from=export.cache_from),
                 ),
@@ -203,7 +208,8 @@ def build_image(
                 # provenance then describes the real build (its base, its steps), not a FROM
                 # of an intermediate image; and its export writes the registry cache.
                 request = BuildRequest(context=context, dockerfile=SBOM_DOCKERFILE, tags=image.refs, labels=labels,
-                                       timeout=timeout, platform=platform, secrets=secrets, log_path=sbom_log,
+                                       timeout=timeout, platform=platform, secrets=secrets, contexts=contexts,
+                                       log_path=sbom_log,
                                        export=export)
             else:
                 request = BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,

@@ -230,9 +230,10 @@ def source_label() -> str:
 
 
 def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
-                   repository: str | None = None) -> RenderOptions:
+                   repository: str | None = None, *, buildx: bool = True) -> RenderOptions:
     """The options every image of a command renders with, for the builder `kind` that
-    engine.select decided (the same for a dry run as for the run)."""
+    engine.select decided (the same for a dry run as for the run); `buildx`: BuildKit through
+    buildx, which takes named build contexts (the CA bundle's), not an old CLI's built-in one."""
 
     return RenderOptions(
         extras=rendering.extras,
@@ -244,6 +245,7 @@ def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
         python_mirror=rendering.python_mirror,
         source=source_label(),
         buildkit=kind == "buildkit",
+        ca_context=kind == "buildkit" and buildx,
     )
 
 
@@ -341,6 +343,7 @@ def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> l
         platform, image = plan[0]
         image.write(output)
         secrets = "".join(f" --secret id={name},src={SECRET_SOURCES.get(name, name.upper())}" for name in sorted(image.secrets))
+        secrets += "".join(f" --build-context {name}={shlex.quote(str(output / name))}" for name in image.contexts)
         target = f" --platform {platform}" if platform != host_platform() else ""
         return [f"wrote {output}/Dockerfile for {image.ref}",
                 f"build it: docker build{target} -t {image.ref}{secrets} {shlex.quote(str(output))}"]

@@ -324,10 +324,35 @@ def registry(docker_engine: DockerEngine) -> Iterator[str]:
 E2E_TORCH, E2E_CUDA, E2E_OS = "2.6", "12.1", "debian12"
 
 
+_SESSION_CA: list[tuple[Path, bytes]] = []
+
+
+def session_ca() -> tuple[Path, bytes]:
+    """The CA bundle every build of the session trusts, and its marker: the proxy's bundle
+    ($SSL_CERT_FILE, else the system's) with a unique comment line appended (PEM readers skip
+    text between certificates), so that a test can look for it in an image. One file for the
+    whole session: through buildx the bundle is bind-mounted from a named context, so its bytes
+    are in every install step's cache key, and the families' images share layers only when
+    their builds trust the same bundle."""
+    if not _SESSION_CA:
+        import atexit
+        import shutil
+        import tempfile
+
+        source = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+        marker = f"# imagebuilder-ca-marker-{uuid.uuid4().hex}".encode()
+        folder = Path(tempfile.mkdtemp(prefix="imagebuilder-test-ca-"))
+        atexit.register(shutil.rmtree, folder, True)
+        (folder / "ca.pem").write_bytes(source.read_bytes() + b"\n" + marker + b"\n")
+        _SESSION_CA.append((folder / "ca.pem", marker))
+    return _SESSION_CA[0]
+
+
 def ca_bundle_args() -> list[str]:
-    """Behind a TLS-intercepting proxy (these machines) pip inside the build needs the host's CA."""
+    """Behind a TLS-intercepting proxy (these machines) pip inside the build needs the host's
+    CA: the session's marked copy of it (session_ca)."""
     ca = os.environ.get("SSL_CERT_FILE")
-    return ["--ca-bundle", ca] if ca and Path(ca).is_file() else []
+    return ["--ca-bundle", str(session_ca()[0])] if ca and Path(ca).is_file() else []
 
 
 def imagebuilder(*args: str, timeout: float = 3600,

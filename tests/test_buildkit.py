@@ -20,12 +20,13 @@ from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli, PlainProg
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
-from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, Progress
+from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, EngineError, Progress
 from imagebuilder.matrix import load_matrix
-from imagebuilder.render import CA_SECRET_PATH, RenderOptions, render
+from imagebuilder.render import CA_CONTEXT, CA_SECRET_PATH, RenderOptions, render
 from imagebuilder.resolve import Request, resolve
 
 from conftest import (REPO_ROOT, TEST_REPOSITORY_PREFIX, family_build, imagebuilder, released_after_last_use,
+                      session_ca,
                       remove_local_tags)
 
 HERE = Path(__file__).parent
@@ -342,7 +343,41 @@ def test_buildkit_golden_dockerfiles(name, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["runtime", "devel", "jupyter"])
-def test_buildkit_mounts_the_ca_as_a_secret_in_one_stage(tmp_path, variant):
+def test_buildx_bind_mounts_the_ca_from_a_named_context_in_one_stage(tmp_path, variant):
+    """Through buildx the CA bundle is a named build context, bind-mounted read-only by each RUN
+    that downloads (a secret mount delays each such RUN by seconds: docs/benchmarks.md): in the
+    context's own folder, which no COPY takes, and outside the inputs hash."""
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(FAKE_CA)
+    spec = resolve(M, Request("2.6", "12.4", variant=variant))
+    image = render(spec, M, RenderOptions(buildkit=True, ca_bundle=ca, ca_context=True))
+    text = image.dockerfile
+    assert text.count("\nFROM ") == 1 and "type=secret" not in text
+    mount = f"--mount=type=bind,from={CA_CONTEXT},source=ca.pem,target={CA_SECRET_PATH}"
+    assert text.count(mount) == text.count("--mount=type=cache,id=imagebuilder-uv") >= 1
+    assert image.contexts == (CA_CONTEXT,) and image.secrets == {}
+    assert image.files[f"{CA_CONTEXT}/ca.pem"] == FAKE_CA and "ca-bundle.pem" not in image.files
+    copied = [line.split()[-2] for line in text.splitlines() if line.startswith("COPY") and "--from" not in line]
+    assert copied and not [c for c in copied if c.startswith((CA_CONTEXT, ".", "/"))], copied
+    assert not any(line.startswith(("ENV", "COPY")) and CA_SECRET_PATH in line for line in text.splitlines())
+    other = tmp_path / "other.pem"
+    other.write_bytes(FAKE_CA + b"# another\n")
+    again = render(spec, M, RenderOptions(buildkit=True, ca_bundle=other, ca_context=True))
+    assert again.inputs_hash == image.inputs_hash and again.dockerfile == text
+
+
+def test_the_builder_passes_named_contexts_and_an_old_cli_refuses_them(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    req = BuildRequest(context=tmp_path, tags=("r:a",), contexts={"imagebuilder-ca": tmp_path / "ca"})
+    buildx = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build")), DockerEngine())
+    assert f"--build-context imagebuilder-ca={tmp_path}/ca" in " ".join(buildx.command(req, tmp_path / "iid"))
+    old = BuildKitBuilder(BuildKitCli(("docker", "build"), buildkit_env=True), DockerEngine())
+    with pytest.raises(EngineError, match="named build contexts; install the buildx plugin"):
+        old.command(req, tmp_path / "iid")
+
+
+@pytest.mark.parametrize("variant", ["runtime", "devel", "jupyter"])
+def test_buildkit_without_buildx_mounts_the_ca_as_a_secret_in_one_stage(tmp_path, variant):
     ca = tmp_path / "ca.pem"
     ca.write_bytes(FAKE_CA)
     image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(buildkit=True, ca_bundle=ca))
@@ -380,14 +415,10 @@ def buildkit_cli(docker_engine):
 
 
 @pytest.fixture(scope="module")
-def marked_ca(tmp_path_factory) -> tuple[Path, bytes]:
-    """A CA bundle pip can use (the proxy's where there is one) with a unique line appended:
-    PEM readers skip text between certificates, and the line can be looked for in the image."""
-    source = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
-    marker = f"# imagebuilder-ca-marker-{uuid.uuid4().hex}".encode()
-    path = tmp_path_factory.mktemp("ca") / "ca.pem"
-    path.write_bytes(source.read_bytes() + b"\n" + marker + b"\n")
-    return path, marker
+def marked_ca() -> tuple[Path, bytes]:
+    """The session's CA bundle with its marker line (conftest.session_ca): what every build
+    of the session trusts, so the family's other users are served from these builds' layers."""
+    return session_ca()
 
 
 def _build(base_image: str, repository: str, report: Path, ca: Path, *extra: str) -> dict:
@@ -406,7 +437,7 @@ def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path
     The family's real builds (conftest's IMAGE_FAMILIES): its other users (the session's devel
     image, test_publish_buildkit's publishes) run after this module and are served from these
     layers. --no-cache, both: every step runs here with the marked CA (BuildKit keeps secrets out
-    of the cache key, so a cached step would never have seen it), and the devel install step
+    of the cache key; through buildx its bytes are in it, and --no-cache makes sure), and the devel install step
     runs even though the runtime's layers are there: its wheels can then only come from the
     shared cache mount (BuildKit keeps cache mounts)."""
     repository = f"{TEST_REPOSITORY_PREFIX}/buildkit-{uuid.uuid4().hex[:8]}"
@@ -525,8 +556,8 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
     image = buildkit_images["runtime"]
     ref = image["tags"][0]
     _, marker = marked_ca
-    # The install step ran in this build (BuildKit keeps secrets out of the cache key: a step
-    # served from the cache never saw the marked CA, and its absence would prove nothing).
+    # The install step ran in this build with the marked CA (a step served from the cache would
+    # prove nothing about where this build put the bundle).
     assert re.search(r"\+ torch==2\.13\.", Path(image["log"]).read_text()), "the install step did not run"
     # docker save holds every layer (uncompressed tars) and the config with its history. The
     # positive control, in the same stream: a line of the lock the build installed from, which

@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import certifi
 import pytest
 from click.testing import CliRunner
 
@@ -116,13 +117,18 @@ def test_render_all_says_which_contexts_of_an_earlier_render_it_removed(tmp_path
     ((), ""),
     (("--builder", "buildkit", "--index-url", "https://alice:s3cr3t@mirror.example.com/simple"),
      " --secret id=index-netrc,src=$HOME/.netrc"),
+    (("--builder", "buildkit", "--ca-bundle", "{ca}"), " --build-context imagebuilder-ca='{out}/imagebuilder-ca'"),
 ])
 def test_render_o_says_how_to_build_what_it_wrote(tmp_path: Path, extra: tuple[str, ...], secret: str) -> None:
     out = tmp_path / "my ctx"
-    result = CliRunner().invoke(cli, [*RENDER, *extra, "-o", str(out)])
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(Path(certifi.where()).read_bytes())
+    result = CliRunner().invoke(cli, [*RENDER, *(a.format(ca=ca) for a in extra), "-o", str(out)])
     assert result.exit_code == 0, result.stderr
     ref = "pytorch:2.6.0-cuda12.4-cudnn9-debian12-runtime"
-    assert result.stdout.splitlines()[-1] == f"build it: docker build -t {ref}{secret} '{out}'"
+    assert result.stdout.splitlines()[-1] == f"build it: docker build -t {ref}{secret.format(out=out)} '{out}'"
+    if "--ca-bundle" in extra:  # the named context it names is there, holding the bundle
+        assert (out / "imagebuilder-ca" / "ca.pem").read_bytes() == ca.read_bytes()
     assert "s3cr3t" not in result.stdout
 
 

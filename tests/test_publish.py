@@ -465,7 +465,7 @@ def _rendered(registry: str, base_image: str, buildkit: bool = False) -> Rendere
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
     opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(),
                          ca_bundle=Path(ca) if ca and Path(ca).is_file() else None,
-                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit)
+                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
     return render(spec, matrix, opts)
 
 

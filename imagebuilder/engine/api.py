@@ -41,6 +41,8 @@ class BuildRequest:
     """os/arch to build for (linux/arm64); None: the daemon's own."""
     secrets: Mapping[str, Path] = field(default_factory=dict)
     """Build secrets by id (BuildKit's `RUN --mount=type=secret,id=...`); in no layer."""
+    contexts: Mapping[str, Path] = field(default_factory=dict)
+    """Named build contexts (buildx's `--build-context NAME=DIR`, `RUN --mount=...,from=NAME`)."""
     export: Export | None = None
     """BuildKit only: compression, provenance and registry caches; None: `--load`."""
 

@@ -285,6 +285,11 @@ class BuildKitBuilder:
             args += ["--build-arg", f"{key}={value}"]
         for secret_id, path in sorted(req.secrets.items()):
             args += ["--secret", f"id={secret_id},src={path}"]
+        if req.contexts and not self.cli.buildx:
+            raise EngineError(f"{self.describe()} cannot take named build contexts; install the buildx plugin "
+                              "(docker-buildx)")
+        for name, path in sorted(req.contexts.items()):
+            args += ["--build-context", f"{name}={path}"]
         if req.platform:
             args += ["--platform", req.platform]
         if req.nocache:

@@ -177,8 +177,8 @@ class ClassicBuilder:
         if req.export is not None and req.export != Export():
             raise EngineError("the classic builder cannot choose compression, attach provenance or use a "
                               "registry cache; build with --builder buildkit (buildx)")
-        if req.secrets:
-            raise EngineError("the classic builder cannot take build secrets; build with "
+        if req.secrets or req.contexts:
+            raise EngineError("the classic builder cannot take build secrets or named contexts; build with "
                               "--builder buildkit (a docker CLI with BuildKit or buildx)")
         self.engine.ping()
         started = time.monotonic()
