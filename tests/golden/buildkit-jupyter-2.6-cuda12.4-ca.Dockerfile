@@ -12,9 +12,10 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 USER 1000
 # BuildKit: uv's cache is a cache mount every image built on this host shares, so the next
 # image that needs the same wheels downloads none.
-# The CA bundle is a secret mounted for this RUN only: in no layer, no history entry, no ENV.
+# The CA bundle is bind-mounted from the build context imagebuilder-ca (`--build-context
+# imagebuilder-ca=DIR`) for each RUN that downloads: in no layer, no history entry, no ENV.
 RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=1000,gid=1000 \
-    --mount=type=secret,id=ca,target=/run/secrets/ca,uid=1000,required=true \
+    --mount=type=bind,from=imagebuilder-ca,source=ca.pem,target=/run/secrets/ca \
     export UV_CACHE_DIR=/var/cache/imagebuilder/uv UV_PYTHON_CACHE_DIR=/var/cache/imagebuilder/uv/python UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \
  && /opt/venv/bin/python -m pip install --no-cache-dir --target /tmp/uv uv==0.13.9 \
  && /tmp/uv/bin/uv pip freeze --python /opt/venv/bin/python > /tmp/constraints.txt \
@@ -47,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="21cf92221d34e725f39391bc695458230d558688ce80e4387ed05f822c2f0088"
+    io.imagebuilder.inputs-hash="7523265f35fcdfe73aac60f8d9964a2562d2d5dfb34ed89225e67dcefcd9b4ea"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

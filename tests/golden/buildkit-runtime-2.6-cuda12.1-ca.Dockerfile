@@ -29,9 +29,10 @@ USER 1000
 # One RUN: uv bootstraps, builds /opt/venv and leaves, so no layer keeps it or any cache.
 # BuildKit: uv's cache is a cache mount every image built on this host shares, so the next
 # image that needs the same wheels downloads none.
-# The CA bundle is a secret mounted for this RUN only: in no layer, no history entry, no ENV.
+# The CA bundle is bind-mounted from the build context imagebuilder-ca (`--build-context
+# imagebuilder-ca=DIR`) for each RUN that downloads: in no layer, no history entry, no ENV.
 RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=1000,gid=1000 \
-    --mount=type=secret,id=ca,target=/run/secrets/ca,uid=1000,required=true \
+    --mount=type=bind,from=imagebuilder-ca,source=ca.pem,target=/run/secrets/ca \
     export UV_CACHE_DIR=/var/cache/imagebuilder/uv UV_PYTHON_CACHE_DIR=/var/cache/imagebuilder/uv/python UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1 SSL_CERT_FILE=/run/secrets/ca PIP_CERT=/run/secrets/ca \
  && python3 -m venv /tmp/uv \
  && /tmp/uv/bin/pip install --no-cache-dir uv==0.13.9 \
@@ -73,7 +74,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="c8b9ce453b52cbbb88c13d600c71f72759473c6fe589367b3954bfc686e6d626"
+    io.imagebuilder.inputs-hash="171219e31f792f06b6cc03374bd70329cfe3fec9d0bd38efa9d4c7b670bf7e70"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
