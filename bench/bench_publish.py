@@ -68,8 +68,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
 def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, **kw)  # type: ignore[call-overload]
+    """Run argv; a line every 15 s while it runs (no silence longer than that)."""
+    import threading
+
+    stop = threading.Event()
+    started = time.perf_counter()
+    name = " ".join(argv[:4])
+
+    def tick() -> None:
+        while not stop.wait(15):
+            say(f"  ... {name} still running ({time.perf_counter() - started:.0f}s)")
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, **kw)  # type: ignore[call-overload]
+    finally:
+        stop.set()
     if done.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     return done
@@ -163,12 +183,14 @@ def main() -> None:
     zstd_ns, gzip_ns = f"{address}/bench-{RUN}", f"{address}/bench-gzip-{RUN}"
     rows: list[tuple[str, str]] = []
     try:
+        say("the floor")
         floor_s = floor(f"imagebuilder-bench/floor-{RUN}:x")
         # The floor's image and records share nothing the publishes use: gone now, the disk
         # must hold a runtime and a devel image, twice compressed, with their records.
         remove_ours()
         prune_records("docker", before, keep_cache_mounts=False)
         rows.append(("floor: runtime lock, uv --no-cache, BuildKit --no-cache, zstd into the store", f"{floor_s:.1f}s"))
+        say("a cold publish of the runtime image (zstd)")
         wall, cold = publish(zstd_ns, "--variant", "runtime", "--no-cache")
         build_s, verify_s, push_s = cold["build_s"], cold["verify_s"], cold["push_s"]
         print(f"cold publish downloaded {downloads(cold['build']['log'])} torch/nvidia wheels "
@@ -186,21 +208,25 @@ def main() -> None:
                   f"{stored_bytes([cache_ref(zstd_ns, cold['image'])]):,}"),
                  ("  the cache export (that upload), inside build_s", f"{cache_export_s(cold['build']['log']):.1f}s")]
         alone = stored_bytes([cold["ref"]])
+        say("the runtime image with gzip")
         _, gz = publish(gzip_ns, "--variant", "runtime", "--compression", "gzip")
         gzip_bytes = stored_bytes([gz["ref"]])
         rows += [("gzip publish: build_s (gzip export of the layers)", f"{gz['build_s']:.1f}s"),
                  ("  push_s", f"{gz['push_s']:.1f}s"),
                  ("  registry bytes of the image", f"{gzip_bytes:,} ({gzip_bytes / alone:.2f}x zstd's)")]
+        say("the devel image beside it")
         _, devel = publish(zstd_ns, "--variant", "devel")
         both = stored_bytes([cold["ref"], devel["ref"]])
         rows += [("registry bytes, runtime alone", f"{alone:,}"),
                  ("registry bytes, runtime + devel", f"{both:,} ({both / alone:.2f}x; target <= 1.3x)"),
                  ("  devel pushed_bytes", f"{devel['pushed_bytes']:,}")]
+        say("a republish of identical content")
         _, again = publish(zstd_ns, "--variant", "runtime", "--force")
         rows.append(("republish of identical content: pushed_bytes", f"{again['pushed_bytes']:,} (target 0)"))
         # Each pull on a new empty engine; this one's images and records go first (disk).
         remove_ours()
         prune_records("docker", before, keep_cache_mounts=False)
+        say("cold pulls by an empty engine (zstd, then gzip)")
         zstd_pull, gzip_pull = cold_pull(cold["ref"], port), cold_pull(gz["ref"], port)
         rows += [("cold pull on an empty engine, zstd", f"{zstd_pull:.1f}s"),
                  ("cold pull on an empty engine, gzip", f"{gzip_pull:.1f}s (zstd/gzip {zstd_pull / gzip_pull:.2f}x; "
