@@ -251,7 +251,7 @@ def test_verify_judges_the_jupyter_server(jupyter_image):
     done = imagebuilder("verify", jupyter_image["images"][-1]["tags"][0], "--allow-no-gpu", "--json", timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
-    assert list(checks) == ["environment", "cuda", "nccl", "compile", "cuda_graph", "jupyter"]
+    assert list(checks) == ["environment", "cuda", "nccl", "cache", "compile", "cuda_graph", "jupyter"]
     jupyter = checks["jupyter"]
     assert jupyter["status"] == "pass", jupyter
     assert (jupyter["measurements"]["without_token"], jupyter["measurements"]["with_token"]) == (403, 200)
@@ -268,7 +268,8 @@ def test_verify_over_ssh_passes_the_built_image_in_cpu_mode(docker_engine, runti
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     doc = json.loads(done.stdout)
     status = {c["name"]: c["status"] for c in doc["checks"]}
-    assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "compile": "pass", "cuda_graph": "skip"}
+    assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "cache": "pass", "compile": "pass",
+                      "cuda_graph": "skip"}
     assert ssh_docker_host.logins() > logins  # through our sshd, not the local socket
     leftover = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={runtime_image['tags'][0]}"],
                               capture_output=True, text=True, timeout=60)
