@@ -796,15 +796,18 @@ def _cache_env(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
     monkeypatch.delenv("CUDA_CACHE_PATH", raising=False)
 
 
-@pytest.mark.parametrize(("mounted_at", "fstype", "status", "phrase"), [
-    (None, None, "pass", "writable; not a volume (overlay at /: lost with the container; mount one to keep "
-                         "compiled kernels across containers: docker run -v torch-cache:{folder})"),
-    ("{folder}", "ext4", "pass", "writable; a volume (ext4 at {folder}): compiled kernels outlive the container"),
-    ("{folder}", "tmpfs", "pass", "writable; not a volume (tmpfs at {folder}: lost with the container;"),
+@pytest.mark.parametrize(("root", "mounted", "in_container", "phrase", "kept"), [
+    ("overlay", None, True, "not a volume (overlay at /: lost with the container; mount one to keep "
+                            "compiled kernels across containers: docker run -v torch-cache:{folder})", False),
+    # Docker's btrfs, zfs or vfs storage driver: / looks like a disk, yet it is the container's layer.
+    ("btrfs", None, True, "not a volume (btrfs at /: lost with the container;", False),
+    ("ext4", None, False, "on this machine's disk (ext4 at /): compiled kernels stay", True),  # verify --local
+    ("overlay", "ext4", True, "a volume (ext4 at {folder}): compiled kernels outlive the container", True),
+    ("overlay", "tmpfs", True, "not a volume (tmpfs at {folder}: lost with the container;", False),
 ])
 def test_the_cache_check_says_whether_a_volume_keeps_the_folder(
-    torch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mounted_at: Optional[str], fstype: Optional[str],
-    status: str, phrase: str,
+    torch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: str, mounted: Optional[str],
+    in_container: bool, phrase: str, kept: bool,
 ) -> None:
     from smoke_tests.checks import cache
 
@@ -812,14 +815,17 @@ def test_the_cache_check_says_whether_a_volume_keeps_the_folder(
     folder.mkdir()
     _cache_env(monkeypatch, folder)
     mountinfo = tmp_path / "mountinfo"
-    lines = "612 540 0:52 / / rw,relatime - overlay overlay rw\n"
-    if mounted_at is not None:
-        lines += f"640 612 8:1 /v {mounted_at.format(folder=folder)} rw - {fstype} /dev/sda1 rw\n"
+    lines = f"612 540 0:52 / / rw,relatime - {root} {root} rw\n"
+    if mounted is not None:
+        lines += f"640 612 8:1 /v {folder} rw - {mounted} /dev/sda1 rw\n"
     mountinfo.write_text(lines)
-    result = cache.check(Context(), mountinfo=str(mountinfo))
-    assert result.status == status
-    assert result.reason.startswith(f"{folder} {phrase.format(folder=folder)}"), result.reason
-    assert result.measurements["kept"] is (fstype == "ext4")
+    marker = tmp_path / ".dockerenv"
+    if in_container:
+        marker.touch()
+    result = cache.check(Context(), mountinfo=str(mountinfo), container_markers=[str(marker)])
+    assert result.status == "pass"
+    assert result.reason.startswith(f"{folder} writable; {phrase.format(folder=folder)}"), result.reason
+    assert result.measurements["kept"] is kept
 
 
 def test_the_cache_check_fails_a_cache_another_uid_filled(

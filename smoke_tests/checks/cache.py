@@ -21,6 +21,9 @@ CACHE_ENVS = (INDUCTOR_ENV, "TRITON_CACHE_DIR", "CUDA_CACHE_PATH")
 MOUNTINFO = "/proc/self/mountinfo"
 # File systems whose files go with the container (its writable layer) or with the machine's memory.
 EPHEMERAL = frozenset({"overlay", "aufs", "fuse-overlayfs", "tmpfs", "ramfs"})
+# Files Docker and Podman put in every container: its / is its own layer, whatever the storage
+# driver's file system (btrfs, zfs, vfs look like any disk).
+CONTAINER_MARKERS = ("/.dockerenv", "/run/.containerenv")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,15 @@ def _owner(path: str) -> Optional[int]:
         return None
 
 
-def check(ctx: Context, mountinfo: str = MOUNTINFO) -> Result:
+def kept(mount: Mount, in_container: bool) -> bool:
+    """Whether what is written on `mount` outlives the container: a volume or a host folder, not
+    the container's own layer nor memory. Outside a container (verify --local) / is the disk."""
+    if mount.point == "/" and in_container:
+        return False
+    return mount.fstype not in EPHEMERAL
+
+
+def check(ctx: Context, mountinfo: str = MOUNTINFO, container_markers: Sequence[str] = CONTAINER_MARKERS) -> Result:
     setting = os.environ.get(INDUCTOR_ENV)
     if not setting:
         # An image imagebuilder did not build: nothing it promised, so nothing to fail.
@@ -127,7 +138,8 @@ def check(ctx: Context, mountinfo: str = MOUNTINFO) -> Result:
     mount = mount_of(os.path.realpath(folder), mounts) if mounts is not None else None
     measurements["mount_point"] = mount.point if mount else None
     measurements["fstype"] = mount.fstype if mount else None
-    measurements["kept"] = None if mount is None else mount.fstype not in EPHEMERAL
+    in_container = any(os.path.exists(marker) for marker in container_markers)
+    measurements["kept"] = None if mount is None else kept(mount, in_container)
     state = "writable" if exists else f"does not exist yet (torch makes it; {writable_at} writable)"
     if mount is None:
         return passed(NAME, f"{folder} {state}; whether a volume keeps it is unknown (no {mountinfo})",
