@@ -108,8 +108,8 @@ def check(ctx: Context, mountinfo: str = MOUNTINFO, container_markers: Sequence[
     setting = os.environ.get(INDUCTOR_ENV)
     if not setting:
         # An image imagebuilder did not build: nothing it promised, so nothing to fail.
-        return skipped(NAME, f"{INDUCTOR_ENV} is not set (not an imagebuilder image): torch.compile caches in "
-                             "/tmp/torchinductor_<user>, which goes with the container")
+        return skipped(NAME, f"{INDUCTOR_ENV} is not set (an image imagebuilder did not build, or a Python outside "
+                             "one): torch.compile caches in /tmp/torchinductor_<user>, which goes with a container")
     folder = os.path.dirname(os.path.abspath(setting))
     uid = os.getuid()
     exists = os.path.isdir(folder)
