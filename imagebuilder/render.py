@@ -34,6 +34,13 @@ from .variants import variant
 USER_NAME, USER_ID = "torch", 1000
 VENV = "/opt/venv"
 WORKSPACE = "/workspace"  # every variant's working directory and Jupyter's root
+HOME = f"/home/{USER_NAME}"
+# torch.compile's caches (Inductor's FX graphs and kernels, Triton's), CUDA's PTX JIT cache and
+# torch.hub's checkpoints, in one folder that one volume keeps across containers (`docker run -v
+# torch-cache:COMPILE_CACHE`; Docker seeds a new named volume from it, mode 1777 included). The
+# user's cache home, torch's own default TORCH_HOME for that user, rather than WORKSPACE: people
+# bind-mount their project over /workspace, and compiled kernels do not belong among its files.
+COMPILE_CACHE = f"{HOME}/.cache/torch"
 ENTRYPOINT = ("/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint")
 SESSION_ENV = "/etc/profile.d/00-container-env.sh"  # the container's environment, for SSH sessions
 # Files the image carries at these paths (context folder rootfs/), rendered from templates/.
@@ -462,6 +469,12 @@ def _env(spec: BuildSpec) -> list[tuple[str, str]]:
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
         ("NVIDIA_REQUIRE_CUDA", require_cuda(spec)),
         ("PYTHONUNBUFFERED", "1"),
+        # Not under /tmp/torchinductor_<user> and ~/.triton of a container that dies: COMPILE_CACHE.
+        ("TORCH_HOME", COMPILE_CACHE),
+        ("TORCHINDUCTOR_CACHE_DIR", f"{COMPILE_CACHE}/inductor"),
+        ("TRITON_CACHE_DIR", f"{COMPILE_CACHE}/triton"),
+        # CUDA's PTX JIT cache: a GPU newer than the wheels' cubins JIT-compiles at every start without it.
+        ("CUDA_CACHE_PATH", f"{COMPILE_CACHE}/nv"),
         # pip and uv read these: a later install that wants another torch fails with the
         # resolver's conflict instead of replacing the image's CUDA build (README: opting out).
         ("PIP_CONSTRAINT", CONSTRAINTS_PATH),
@@ -667,6 +680,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "user": USER_NAME,
             "uid": USER_ID,
             "workspace": WORKSPACE,
+            "home": HOME,
+            "compile_cache": COMPILE_CACHE,
             "entrypoint": json.dumps(list(ENTRYPOINT)),
             "ssh": _has_ssh(spec),
             "run_as_root": variant(spec.variant).root,

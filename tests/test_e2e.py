@@ -126,6 +126,80 @@ def test_smoke_tests_travel_with_the_image(docker_engine, runtime_image):
     assert parsed.torch and parsed.torch.startswith("2.6.0")
 
 
+# A tiny torch.compile on the CPU; prints Inductor's cache counters for the test to read.
+COMPILE_PROBE = """
+import json, os, torch
+from torch._dynamo.utils import counters
+def f(x):
+    return torch.nn.functional.gelu(x @ x.T + 1).sum(dim=-1)
+torch.compile(f)(torch.randn(32, 32))
+print("PROBE " + json.dumps({"cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                             "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+                             "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+                             "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"]}))
+"""
+
+
+def _docker_run(ref: str, *command: str, volume: str | None = None, user: str | None = None) -> str:
+    """`docker run --rm` of `command` in `ref`, with `volume` at the compile-cache folder: its
+    output. Killed and removed at its time limit (a named volume needs the CLI: the engine's
+    run() mounts host folders only)."""
+    from imagebuilder.render import COMPILE_CACHE
+
+    name = f"{TEST_REPOSITORY_PREFIX}-cache-{uuid.uuid4().hex[:8]}"
+    argv = ["docker", "run", "--rm", "--name", name, *(["-v", f"{volume}:{COMPILE_CACHE}"] if volume else []),
+            *(["--user", user] if user else []), ref, *command]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
+        raise
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _tagged(output: str, prefix: str) -> dict:
+    (line,) = [line for line in output.splitlines() if line.startswith(prefix)]
+    found: dict = json.loads(line[len(prefix):])
+    return found
+
+
+def test_compiled_kernels_outlive_the_container_in_a_volume(runtime_image):
+    """Issue 32: a fresh named volume at the compile-cache folder; a container compiles, and a
+    second fresh container with the volume takes the graph from Inductor's FX graph cache. The
+    image's cache check says whether a volume is there, and any uid can write the folder."""
+    from imagebuilder.render import COMPILE_CACHE
+
+    ref = runtime_image["tags"][0]
+    volume = f"{TEST_REPOSITORY_PREFIX}-cache-{uuid.uuid4().hex[:8]}"
+    created = subprocess.run(["docker", "volume", "create", volume], capture_output=True, text=True, timeout=120)
+    assert created.returncode == 0, created.stderr
+    try:
+        first = _tagged(_docker_run(ref, "python", "-c", COMPILE_PROBE, volume=volume), "PROBE ")
+        assert first["cache_dir"] == f"{COMPILE_CACHE}/inductor"
+        assert first["fxgraph_cache_hit"] == 0 and first["fxgraph_cache_miss"] >= 1, first
+        # Docker seeded the new volume from the image's folder (mode 1777); the first container filled it.
+        listing = _docker_run(ref, "sh", "-c", f"stat -c %a {COMPILE_CACHE} && find {COMPILE_CACHE}/inductor -type f",
+                              volume=volume).split()
+        assert listing[0] == "1777", listing[:5]
+        assert any("/fxgraph/" in path for path in listing[1:]), listing[:20]
+        second = _tagged(_docker_run(ref, "python", "-c", COMPILE_PROBE, volume=volume), "PROBE ")
+        assert second["fxgraph_cache_hit"] >= 1 and second["fxgraph_cache_miss"] == 0, (first, second)
+
+        cache_check = ["python", "-m", "smoke_tests", "--checks", "cache", "--json", "--allow-no-gpu"]
+        kept = json.loads(_docker_run(ref, *cache_check, volume=volume))["checks"][0]
+        assert kept["status"] == "pass" and kept["reason"].startswith(f"{COMPILE_CACHE} writable; a volume ("), kept
+        lost = json.loads(_docker_run(ref, *cache_check))["checks"][0]
+        assert lost["status"] == "pass", lost
+        assert lost["reason"].startswith(f"{COMPILE_CACHE} writable; not a volume ("), lost
+        assert "lost with the container" in lost["reason"] and f"-v torch-cache:{COMPILE_CACHE}" in lost["reason"]
+        # OpenShift's arbitrary uid (gid 0) in a fresh container: the folder takes its files too.
+        other = json.loads(_docker_run(ref, *cache_check, user="12345:0"))["checks"][0]
+        assert other["status"] == "pass" and other["measurements"]["uid"] == 12345, other
+    finally:
+        subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True, timeout=120)
+
+
 def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, runtime_image, tmp_path):
     """The same lock, built again: the same image. On the classic builder with --ca-bundle the
     first build removed its 5.8 GB wheels stage (nobody asked for it), so that stage runs again
@@ -251,7 +325,7 @@ def test_verify_judges_the_jupyter_server(jupyter_image):
     done = imagebuilder("verify", jupyter_image["images"][-1]["tags"][0], "--allow-no-gpu", "--json", timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
-    assert list(checks) == ["environment", "cuda", "nccl", "compile", "cuda_graph", "jupyter"]
+    assert list(checks) == ["environment", "cuda", "nccl", "cache", "compile", "cuda_graph", "jupyter"]
     jupyter = checks["jupyter"]
     assert jupyter["status"] == "pass", jupyter
     assert (jupyter["measurements"]["without_token"], jupyter["measurements"]["with_token"]) == (403, 200)
@@ -268,7 +342,8 @@ def test_verify_over_ssh_passes_the_built_image_in_cpu_mode(docker_engine, runti
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     doc = json.loads(done.stdout)
     status = {c["name"]: c["status"] for c in doc["checks"]}
-    assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "compile": "pass", "cuda_graph": "skip"}
+    assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "cache": "pass", "compile": "pass",
+                      "cuda_graph": "skip"}
     assert ssh_docker_host.logins() > logins  # through our sshd, not the local socket
     leftover = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={runtime_image['tags'][0]}"],
                               capture_output=True, text=True, timeout=60)

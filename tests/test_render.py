@@ -245,3 +245,50 @@ def test_the_classic_builder_and_jupyter_keep_their_own_install():
     assert "# The torch layers:" not in classic.dockerfile and "touch -h -d" not in classic.dockerfile
     jupyter = _buildkit_render("2.12", "13.0", "jupyter")
     assert "# The torch layers:" not in jupyter.dockerfile
+
+
+def _final_stage(dockerfile: str) -> str:
+    return dockerfile.rsplit("\nFROM ${BASE_IMAGE}\n", 1)[1]
+
+
+def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_path):
+    """Issue 32: Inductor's, Triton's and CUDA's caches and torch.hub's checkpoints in
+    COMPILE_CACHE, which one volume keeps: made by the RUN that adds the user (mode 1777, a fixed
+    time), named by the final stage's ENV (which makes no layer), in every way an image is built:
+    classic, classic with a CA (two stages), BuildKit's shared venv, arm64's native wheels."""
+    from imagebuilder.lock import load_locks
+    from imagebuilder.render import COMPILE_CACHE
+
+    assert COMPILE_CACHE == "/home/torch/.cache/torch"
+    ca = tmp_path / "ca.pem"
+    bundle = Path(certifi.where()).read_text()
+    ca.write_text(bundle[bundle.index("-----BEGIN CERTIFICATE-----"):bundle.index("-----END CERTIFICATE-----")]
+                  + "-----END CERTIFICATE-----\n")
+    matrix = load_matrix(default_matrix_path())
+    locks = load_locks(default_matrix_path().parent / "locks")
+    arm64 = locks.for_platform("linux/arm64")
+    renders = {
+        **{f"classic {v}": render(resolve(M, Request("2.6", "12.4", variant=v)), M) for v in ("runtime", "devel")},
+        "classic with a CA": render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(ca_bundle=ca)),
+        **{f"buildkit {v}": _buildkit_render("2.12", "13.0", v) for v in ("runtime", "devel")},
+        "arm64 native wheels": render(resolve(matrix, Request("2.11", "13.0", os="debian12")), matrix,
+                                      RenderOptions(buildkit=True, locks=arm64, foreign_platform="linux/arm64")),
+    }
+    env = {"TORCH_HOME": COMPILE_CACHE, "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor",
+           "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "CUDA_CACHE_PATH": f"{COMPILE_CACHE}/nv"}
+    for name, image in renders.items():
+        final = _final_stage(image.dockerfile)
+        assert "COPY --link --from=native-wheels" in final or name != "arm64 native wheels"
+        (user_run,) = [run for run in final.split("\nRUN ")[1:] if "useradd " in run]
+        assert (f"install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \\\n"
+                f" && install -d -o 1000 -g 1000 -m 1777 {COMPILE_CACHE} \\\n"
+                f" && touch -d @315532800 /home/torch/.cache {COMPILE_CACHE}") in user_run, name
+        env_block = final.split("\nENV ", 1)[1].split("\nLABEL", 1)[0]
+        assert "\nRUN " not in final.split("\nENV ", 1)[1], name  # the ENV after the last RUN
+        for key, value in env.items():
+            assert f"    {key}={value} \\\n" in env_block, (name, key)
+        assert image.dockerfile.count("TORCHINDUCTOR_CACHE_DIR=") == 1, name
+    # The jupyter images inherit their parent's ENV and folder: nothing of their own.
+    for variant in ("jupyter", "devel-jupyter"):
+        jupyter = render(resolve(M, Request("2.12", "13.0", variant=variant, os="debian12")), M).dockerfile
+        assert ".cache/torch" not in jupyter and "TORCHINDUCTOR_CACHE_DIR" not in jupyter

@@ -302,7 +302,7 @@ def test_a_stuck_check_is_abandoned_at_its_deadline(torch: Any, monkeypatch: pyt
 def test_unknown_check_names_are_refused(torch: Any) -> None:
     from smoke_tests.runner import UnknownCheck
 
-    with pytest.raises(UnknownCheck, match="known: environment, cuda, nccl, compile, cuda_graph"):
+    with pytest.raises(UnknownCheck, match="known: environment, cuda, nccl, cache, compile, cuda_graph"):
         smoke_tests.run_checks(["environment", "gpu_burn"])
 
 
@@ -338,7 +338,9 @@ def test_cli_json_passes_on_this_host(torch: Any, full_run: subprocess.Completed
     assert document["ok"] is True and document["torch"] == torch.__version__ and document["gpu_count"] == 0
     assert [check["name"] for check in document["checks"]] == list(checks_for("runtime"))
     statuses = {name: check["status"] for name, check in by_name(document).items()}
-    assert statuses == {"environment": "pass", "cuda": "skip", "nccl": "pass", "compile": "pass", "cuda_graph": "skip"}
+    # No TORCHINDUCTOR_CACHE_DIR on this host: the cache check skips, as in an image imagebuilder did not build.
+    assert statuses == {"environment": "pass", "cuda": "skip", "nccl": "pass", "cache": "skip", "compile": "pass",
+                        "cuda_graph": "skip"}
 
 
 @pytest.mark.slow
@@ -751,6 +753,118 @@ def test_compile_skips_with_dynamos_reason(torch: Any, monkeypatch: pytest.Monke
     result = compile_check.check(Context(require_gpu=True))
     assert result.status == "skip"
     assert result.reason == "torch.compile is not supported here: Python 3.13+ not yet supported for torch.compile"
+
+
+# ---------------------------------------------------------------- the compile caches' folder
+
+# /proc/self/mountinfo of a container: its layer at /, a named volume, a tmpfs, a path with a space.
+MOUNTINFO = """\
+612 540 0:52 / / rw,relatime master:301 - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+613 612 0:55 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+640 612 8:1 /var/lib/docker/volumes/torch-cache/_data /home/torch/.cache/torch rw,relatime - ext4 /dev/sda1 rw
+641 612 0:60 / /scratch rw,nosuid,nodev - tmpfs tmpfs rw,size=65536k
+642 612 8:1 /home/me/my\\040project /work\\040space rw,relatime shared:1 master:2 - xfs /dev/sda2 rw
+643 641 8:1 /srv /scratch/kept rw,relatime - ext4 /dev/sda1 rw
+"""
+
+
+@pytest.mark.parametrize(("path", "point", "fstype"), [
+    ("/home/torch/.cache/torch", "/home/torch/.cache/torch", "ext4"),  # the volume itself
+    ("/home/torch/.cache/torch/inductor", "/home/torch/.cache/torch", "ext4"),
+    ("/home/torch/.cache/torchvision", "/", "overlay"),  # a name that only starts like the mount point
+    ("/home/torch/.cache", "/", "overlay"),
+    ("/scratch/cache", "/scratch", "tmpfs"),
+    ("/scratch/kept/cache", "/scratch/kept", "ext4"),  # the deepest mount wins
+    ("/work space/cache", "/work space", "xfs"),  # \040 is a space; optional fields skipped
+])
+def test_the_mount_that_holds_a_folder(torch: Any, path: str, point: str, fstype: str) -> None:
+    from smoke_tests.checks.cache import Mount, mount_of, parse_mountinfo
+
+    assert mount_of(path, parse_mountinfo(MOUNTINFO)) == Mount(point, fstype)
+
+
+def test_a_later_mount_at_the_same_point_covers_the_earlier(torch: Any) -> None:
+    from smoke_tests.checks.cache import Mount, mount_of, parse_mountinfo
+
+    stacked = MOUNTINFO + "650 612 0:70 / /home/torch/.cache/torch rw - tmpfs tmpfs rw\n"
+    assert mount_of("/home/torch/.cache/torch/x", parse_mountinfo(stacked)) == Mount("/home/torch/.cache/torch", "tmpfs")
+
+
+def _cache_env(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(folder / "triton"))
+    monkeypatch.delenv("CUDA_CACHE_PATH", raising=False)
+
+
+@pytest.mark.parametrize(("root", "mounted", "in_container", "phrase", "kept"), [
+    ("overlay", None, True, "not a volume (overlay at /: lost with the container; mount one to keep "
+                            "compiled kernels across containers: docker run -v torch-cache:{folder})", False),
+    # Docker's btrfs, zfs or vfs storage driver: / looks like a disk, yet it is the container's layer.
+    ("btrfs", None, True, "not a volume (btrfs at /: lost with the container;", False),
+    ("ext4", None, False, "on this machine's disk (ext4 at /): compiled kernels stay", True),  # verify --local
+    ("overlay", "ext4", True, "a volume (ext4 at {folder}): compiled kernels outlive the container", True),
+    ("overlay", "tmpfs", True, "not a volume (tmpfs at {folder}: lost with the container;", False),
+])
+def test_the_cache_check_says_whether_a_volume_keeps_the_folder(
+    torch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: str, mounted: Optional[str],
+    in_container: bool, phrase: str, kept: bool,
+) -> None:
+    from smoke_tests.checks import cache
+
+    folder = tmp_path / "torch"
+    folder.mkdir()
+    _cache_env(monkeypatch, folder)
+    mountinfo = tmp_path / "mountinfo"
+    lines = f"612 540 0:52 / / rw,relatime - {root} {root} rw\n"
+    if mounted is not None:
+        lines += f"640 612 8:1 /v {folder} rw - {mounted} /dev/sda1 rw\n"
+    mountinfo.write_text(lines)
+    marker = tmp_path / ".dockerenv"
+    if in_container:
+        marker.touch()
+    result = cache.check(Context(), mountinfo=str(mountinfo), container_markers=[str(marker)])
+    assert result.status == "pass"
+    assert result.reason.startswith(f"{folder} writable; {phrase.format(folder=folder)}"), result.reason
+    assert result.measurements["kept"] is kept
+
+
+def test_the_cache_check_fails_a_cache_another_uid_filled(
+    torch: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder is open to every uid, what one uid made in it is not: Triton's folder here is
+    one no uid can write (sysfs), as a volume filled by root is to uid 1000."""
+    from smoke_tests.checks import cache
+
+    _cache_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/sys")
+    result = cache.check(Context())
+    assert result.status == "fail"
+    owner = os.stat("/sys").st_uid
+    assert result.reason.startswith(f"not writable by uid {os.getuid()}: /sys (TRITON_CACHE_DIR, owned by uid {owner}): "
+                                    "another uid filled this cache;"), result.reason
+
+
+@pytest.mark.parametrize(("cache_dir", "code", "status", "phrase"), [
+    ("{tmp}/torch/inductor", 0, "pass", "{tmp}/torch writable; "),
+    ("{tmp}/new/torch/inductor", 0, "pass", "{tmp}/new/torch does not exist yet (torch makes it; {tmp} writable); "),
+    # A folder no uid writes, root included (which ignores modes): sysfs.
+    ("/sys/inductor", 1, "fail", "/sys is not writable by uid {uid} (/sys: "),
+    ("", 0, "skip", "TORCHINDUCTOR_CACHE_DIR is not set (an image imagebuilder did not build, or a Python outside "
+                    "one): torch.compile caches in /tmp/torchinductor_<user>"),
+])
+def test_the_cache_check_through_the_cli(torch: Any, tmp_path: Path, cache_dir: str, code: int, status: str,
+                                         phrase: str) -> None:
+    (tmp_path / "torch").mkdir()
+    done = run_cli("--checks", "cache", "--json", "--allow-no-gpu",
+                   env={"TORCHINDUCTOR_CACHE_DIR": cache_dir.format(tmp=tmp_path)})
+    assert done.returncode == code, done.stdout + done.stderr
+    (check,) = json.loads(done.stdout)["checks"]
+    assert check["status"] == status
+    assert check["reason"].startswith(phrase.format(tmp=tmp_path, uid=os.getuid())), check["reason"]
+    if status == "fail":
+        assert "mount a volume there (docker run -v torch-cache:/sys: " in check["reason"]
+    else:
+        assert not list((tmp_path / "torch").iterdir())  # the probe left nothing behind
 
 
 # ---------------------------------------------------------------- bench/gpu_verify.sh

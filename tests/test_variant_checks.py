@@ -17,7 +17,7 @@ from smoke_tests.checks import CHECK_NAMES, checks_for  # noqa: E402
 from smoke_tests.checks import devel, jupyter  # noqa: E402
 from smoke_tests.context import Context  # noqa: E402
 
-BASE = ("environment", "cuda", "nccl", "compile", "cuda_graph")
+BASE = ("environment", "cuda", "nccl", "cache", "compile", "cuda_graph")
 
 
 @pytest.mark.parametrize(("variant", "expected"), [

@@ -634,7 +634,7 @@ def test_cli_local_json_parses(local_runs: dict[str, tuple[int, str, str]]) -> N
     assert code == 0, stdout + stderr
     data = json.loads(stdout)
     assert data["ok"] is True and data["mode"] == "local" and data["error"] is None
-    assert [c["name"] for c in data["checks"]] == ["environment", "cuda", "nccl", "compile", "cuda_graph"]
+    assert [c["name"] for c in data["checks"]] == ["environment", "cuda", "nccl", "cache", "compile", "cuda_graph"]
     assert data["torch"].startswith("2.")
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from ..context import Context
 from ..result import Result
-from . import compile, cuda, cuda_graph, devel, environment, jupyter, nccl
+from . import cache, compile, cuda, cuda_graph, devel, environment, jupyter, nccl
 
 Check = Callable[[Context], Result]
 
@@ -20,6 +20,7 @@ CHECKS: Tuple[Tuple[str, Check], ...] = (
     ("environment", environment.check),
     ("cuda", cuda.check),
     ("nccl", nccl.check),
+    ("cache", cache.check),
     ("compile", compile.check),
     ("cuda_graph", cuda_graph.check),
     ("devel", devel.check),

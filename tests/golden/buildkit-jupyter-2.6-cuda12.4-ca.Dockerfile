@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="7523265f35fcdfe73aac60f8d9964a2562d2d5dfb34ed89225e67dcefcd9b4ea"
+    io.imagebuilder.inputs-hash="e1624c3a0f78659c44c0865bd99afd653c6b5ce039bbbe84d1f290b6f12954de"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -12,6 +12,8 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# /home/torch/.cache/torch holds the compile caches (the ENV below names them): mode 1777, so any uid
+# compiles there, and /home/torch open to every uid on the way to it (Ubuntu's useradd makes it 750).
 # apt's downloads stay in a cache mount shared by every image built on this host (so no
 # `apt-get clean`, which would empty it; only apt's package index caches go).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
@@ -23,6 +25,9 @@ RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sh
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
  && install -d -o 1000 -g 0 -m 775 /workspace \
+ && install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \
+ && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch \
+ && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch \
  && install -d -o 1000 -g 1000 /opt/venv
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -55,6 +60,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
+    TORCH_HOME=/home/torch/.cache/torch \
+    TORCHINDUCTOR_CACHE_DIR=/home/torch/.cache/torch/inductor \
+    TRITON_CACHE_DIR=/home/torch/.cache/torch/triton \
+    CUDA_CACHE_PATH=/home/torch/.cache/torch/nv \
     PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
 LABEL \
@@ -74,7 +83,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="171219e31f792f06b6cc03374bd70329cfe3fec9d0bd38efa9d4c7b670bf7e70"
+    io.imagebuilder.inputs-hash="3dd807ad5ff5dd164d7f8985952e66091e8376edddf2990429d924f9525bb3fc"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -11,6 +11,8 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# /home/torch/.cache/torch holds the compile caches (the ENV below names them): mode 1777, so any uid
+# compiles there, and /home/torch open to every uid on the way to it (Ubuntu's useradd makes it 750).
 # SSH: host keys are made at each container's first start, never kept in the image; the
 # password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
@@ -21,6 +23,9 @@ RUN apt-get update \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
  && install -d -o 1000 -g 0 -m 775 /workspace \
+ && install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \
+ && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch \
+ && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch \
  && rm -f /etc/ssh/ssh_host_* \
  && usermod --password '*' torch \
  && sed -i '1i [ -n "${SSH_CONNECTION:-}" ] && [ -r /etc/profile.d/00-container-env.sh ] && . /etc/profile.d/00-container-env.sh' /etc/bash.bashrc \
@@ -51,6 +56,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
+    TORCH_HOME=/home/torch/.cache/torch \
+    TORCHINDUCTOR_CACHE_DIR=/home/torch/.cache/torch/inductor \
+    TRITON_CACHE_DIR=/home/torch/.cache/torch/triton \
+    CUDA_CACHE_PATH=/home/torch/.cache/torch/nv \
     PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     UV_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     CUDA_HOME=/usr/local/cuda
@@ -71,7 +80,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="c8da295ddb1a070b7d417618bc5703ecc7b4aa7be3fe220670ca77df63e57999"
+    io.imagebuilder.inputs-hash="f7286fb5e87e8d10d4a06a62cbf2020053afe04f8c1c68936a152d97ed9346f2"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

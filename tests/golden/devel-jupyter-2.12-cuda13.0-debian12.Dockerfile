@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="3bf68c3f4f466c1d8d7f7d65743938b1bfb7b7d372edc7a8f66bfed3085d9571"
+    io.imagebuilder.inputs-hash="1cfc839072ca4a0851408c20bc1bfeb5b55cd8902e8cc4a3c28baab9b7362955"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -42,7 +42,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="0a617f675e1b955df529c6f7e8d075cec384729b34000b5269f21cb35e958084"
+    io.imagebuilder.inputs-hash="8d88a4923dab972512a2a75b558ec35eed6bed8700464c13244c3756e03f51c2"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

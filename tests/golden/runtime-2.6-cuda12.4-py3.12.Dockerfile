@@ -12,6 +12,8 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
+# /home/torch/.cache/torch holds the compile caches (the ENV below names them): mode 1777, so any uid
+# compiles there, and /home/torch open to every uid on the way to it (Ubuntu's useradd makes it 750).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv tini \
  && apt-get clean \
@@ -20,6 +22,9 @@ RUN apt-get update \
  && groupadd --gid 1000 torch \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
  && install -d -o 1000 -g 0 -m 775 /workspace \
+ && install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \
+ && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch \
+ && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch \
  && install -d -o 1000 -g 1000 /opt/venv /opt/python
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -47,6 +52,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
+    TORCH_HOME=/home/torch/.cache/torch \
+    TORCHINDUCTOR_CACHE_DIR=/home/torch/.cache/torch/inductor \
+    TRITON_CACHE_DIR=/home/torch/.cache/torch/triton \
+    CUDA_CACHE_PATH=/home/torch/.cache/torch/nv \
     PIP_CONSTRAINT=/opt/imagebuilder/constraints.txt \
     UV_CONSTRAINT=/opt/imagebuilder/constraints.txt
 LABEL \
@@ -66,7 +75,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="c6767f6efd22422e35abf64e6add072197906cdedabc7f342441ca2cdb1dcbc6"
+    io.imagebuilder.inputs-hash="d0b648a59fcda7c5210899291a4e6ac058654496ee03310ae03bed1804bb405d"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
