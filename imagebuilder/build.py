@@ -165,10 +165,8 @@ def build_image(
         for secret_id, data in image.secrets.items():
             secrets[secret_id] = Path(tmp) / f"secret-{secret_id}"
             secrets[secret_id].write_bytes(data)
-        contexts = {name: context / name for name in image.contexts}  # written there by image.write
-        for path in contexts.values():
-            for file in path.rglob("*"):
-                file.chmod(0o644 if file.is_file() else 0o755)  # what the build's user (uid 1000) reads
+        # Written there by image.write, each file 0644 (write_tree's mode): the build's user (uid 1000) reads it.
+        contexts = {name: context / name for name in image.contexts}
         labels = build_labels(engine, image, matrix_path)
         # The image's own tags go on the SBOM-labelled image only (below): had the unlabelled
         # image taken them, a rebuild would untag (and the engine remove) the labelled image

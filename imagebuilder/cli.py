@@ -303,7 +303,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
                                engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.cli is None or decision.cli.buildx)
+    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
@@ -405,8 +405,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     engine = None if dry_run or merge_only else DockerEngine()
     if engine is not None:
         engine.ping()
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository,
-                                   buildx=decision.cli is None or decision.cli.buildx)
+    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
     registry = HttpRegistry(ca_file=registry_ca)
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
     plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,

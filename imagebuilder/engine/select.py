@@ -108,6 +108,11 @@ class Decision:
     kind: BuilderKind
     cli: BuildKitCli | None = None
 
+    @property
+    def buildx(self) -> bool:
+        """BuildKit through buildx, which takes named build contexts (an old CLI's built-in one does not)."""
+        return self.cli is not None and self.cli.buildx
+
     def describe(self) -> str:
         if self.cli is not None:
             return f"BuildKit ({self.cli.description or ' '.join(self.cli.command)})"
