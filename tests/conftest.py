@@ -135,10 +135,12 @@ IMAGE_FAMILIES: dict[str, tuple[str, ...]] = {
     # session's devel image (test_workspace's, test_torchcodec's) and test_publish_buildkit's
     # publishes are served from their layers.
     "torch 2.13 / CUDA 13.0 runtime and devel (debian12)": ("buildkit_images", "devel_image", "bk_published"),
-    # conftest's runtime image (the README's main job) and the jupyter image built FROM it.
-    "torch 2.6 / CUDA 12.1 runtime and jupyter (debian12)": ("runtime_image", "jupyter_image"),
-    # One signed publish (BuildKit) serving test_publish and test_signing.
-    "torch 2.6 / CUDA 12.4 runtime, published and signed (debian12)": ("signed_publish",),
+    # conftest's runtime image (the README's main job, CUDA 12.1: torch 2.6's cu124 wheels), the
+    # jupyter image built FROM it, and the one signed publish (BuildKit) serving test_publish and
+    # test_signing: CUDA 12.4, the same cu124 lock, so the same steps up to the labels (every
+    # install step served from the main job's layers).
+    "torch 2.6 (cu124 wheels) runtime: CUDA 12.1 and jupyter, CUDA 12.4 published and signed (debian12)":
+        ("runtime_image", "jupyter_image", "signed_publish"),
 }
 FAMILY_OF = {fixture: family for family, fixtures in IMAGE_FAMILIES.items() for fixture in fixtures}
 
@@ -149,9 +151,9 @@ FAMILY_OF = {fixture: family for family, fixtures in IMAGE_FAMILIES.items() for 
 OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     # The families' builds (IMAGE_FAMILIES), and their users that build again from the cache.
     ("conftest.py", "build_cli"): "the runtime_image family's build, with a variant",
-    ("conftest.py", "runtime_image"): "family: torch 2.6 / CUDA 12.1 runtime",
+    ("conftest.py", "runtime_image"): "family: torch 2.6 (cu124 wheels) / CUDA 12.1 runtime",
     ("conftest.py", "devel_image"): "family: torch 2.13 / CUDA 13.0 devel (served from test_buildkit's layers)",
-    ("conftest.py", "signed_publish"): "family: torch 2.6 / CUDA 12.4 runtime, published and signed",
+    ("conftest.py", "signed_publish"): "family: torch 2.6 / CUDA 12.4 runtime, published and signed (from the main job's layers)",
     ("test_buildkit.py", "_build"): "buildkit_images' build through the CLI",
     ("test_buildkit.py", "buildkit_images"): "family: torch 2.13 / CUDA 13.0 runtime and devel, the real builds",
     ("test_e2e.py", "jupyter_image"): "family: torch 2.6 / CUDA 12.1 (JupyterLab's layer on runtime_image)",
@@ -547,33 +549,28 @@ def _session_build_cache(request: pytest.FixtureRequest) -> Iterator[tuple[str, 
 def buildkit_cache_cleanup(_session_build_cache: tuple[str, dict[str, tuple[str, str]]] | None) -> Iterator[None]:
     """BuildKit keeps every layer of the tests' builds in its cache, outside the image store that
     image cleanup reaches: with the containerd store a whole run's layers fill a CI disk (tens of
-    GB). So the layers this session added are pruned after each module, but for the records of
-    a family that has users left (IMAGE_FAMILIES); its cache mounts (the wheels and apt packages
-    later builds reuse) at the session's end. Only this session's records are pruned: the
+    GB). So the layers this session added are pruned after each module, unless a family has
+    users left (IMAGE_FAMILIES, prune_session_build_cache); its cache mounts (the wheels and
+    apt packages later builds reuse) at the session's end. Only this session's records are pruned: the
     daemon and its cache are shared."""
     yield
     prune_session_build_cache()
 
 
-# family -> the BuildKit records its fixtures' builds added, while the family has users left
-_FAMILY_RECORDS: dict[str, set[str]] = {}
+# The families whose fixtures have built and whose last user has not run yet.
+_OPEN_FAMILIES: set[str] = set()
 # family -> the node id of the last collected test that uses one of its fixtures
 _FAMILY_LAST_USERS: dict[str, str] = {}
 
 
 @contextlib.contextmanager
 def family_build(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Around a family fixture's builds (IMAGE_FAMILIES): the BuildKit records they add are the
-    family's, kept by every prune until the last test that uses the family has run."""
+    """Around a family fixture's builds (IMAGE_FAMILIES): from here until the family's last
+    user has run, no prune runs (prune_session_build_cache), so its users build from its layers."""
     family = FAMILY_OF.get(request.fixturename or "")
     assert family is not None, f"{request.fixturename} is in no IMAGE_FAMILIES entry"
-    before = set(build_cache_records(_SESSION_CACHE[0][0])) if _SESSION_CACHE else set()
-    try:
-        yield
-    finally:
-        if _SESSION_CACHE:
-            added = set(build_cache_records(_SESSION_CACHE[0][0])) - before
-            _FAMILY_RECORDS.setdefault(family, set()).update(added)
+    _OPEN_FAMILIES.add(family)
+    yield
 
 
 # --- a real image is removed after the last test that uses it -----------------------------
@@ -613,16 +610,19 @@ def released_after_last_use(request: pytest.FixtureRequest, cleanup: Callable[[]
 
 
 def prune_session_build_cache(*, families_too: bool = False) -> None:
-    """Prune the BuildKit records this session added (its layers; the cache mounts stay), but
-    for those of a family with users left (all of them with families_too: test_publish_buildkit's
-    second engine, whose copy of torch must not share the disk with the first's)."""
-    if not _SESSION_CACHE:
+    """Prune the BuildKit records this session added (its layers; the cache mounts stay), unless
+    a family has users left (all the same with families_too: test_publish_buildkit's second
+    engine, whose copy of torch must not share the disk with the first's).
+
+    Not "all but the family's records": on Docker 26 (containerd store, BuildKit 0.13) any
+    prune that removes a record makes the daemon forget the cache keys of every record it
+    keeps; the next build of the same steps runs them all again (measured: two RUNs built,
+    an unrelated record pruned by id, the same Dockerfile again: no step CACHED). The
+    families' layers are GBs the disk holds until their last user (IMAGE_FAMILIES)."""
+    if not _SESSION_CACHE or (_OPEN_FAMILIES and not families_too):
         return
     cli, before = _SESSION_CACHE[0]
-    kept = dict(before)
-    if not families_too:
-        kept.update({record: ("", "") for records in _FAMILY_RECORDS.values() for record in records})
-    prune_records(cli, kept, keep_cache_mounts=True)
+    prune_records(cli, before, keep_cache_mounts=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -636,9 +636,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
                     _FAMILY_LAST_USERS[FAMILY_OF[name]] = collected.nodeid
     for name in [name for name in _RELEASES if _LAST_USERS.get(name) == item.nodeid]:
         _RELEASES.pop(name)()
-    closed = [family for family in _FAMILY_RECORDS if _FAMILY_LAST_USERS.get(family) == item.nodeid]
-    for family in closed:
-        del _FAMILY_RECORDS[family]
+    closed = {family for family in _OPEN_FAMILIES if _FAMILY_LAST_USERS.get(family) == item.nodeid}
+    _OPEN_FAMILIES.difference_update(closed)
     if closed:
         prune_session_build_cache()
 

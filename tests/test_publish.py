@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -378,6 +379,10 @@ def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any
         assert _head(ref) == digest
     labels = HttpRegistry(config={}).labels(image["ref"])
     assert labels is not None and labels[HASH] == image["inputs_hash"]
+    # Its family's (conftest's IMAGE_FAMILIES): the main job's layers (CUDA 12.1, the same cu124
+    # lock) served every install step; only what follows the image's own files ran.
+    log = Path(image["build"]["log"]).read_text()
+    assert "imagebuilder-uv" in log and not re.search(r"\+ torch==", log), "the install steps ran again"
     summary = first_run["stdout"]
     assert "RESULT" in summary and "pushed" in summary and f"{len(image['tags'])}/{len(image['tags'])}" in summary
 

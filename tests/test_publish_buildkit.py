@@ -86,6 +86,10 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(bk_published: dict[str, 
     for variant in ("runtime", "devel"):
         image = bk_published[variant]
         assert (image["status"], image["verified"]) == ("pushed", True), image["reason"]
+        # The family's publishes build from test_buildkit's layers (conftest's IMAGE_FAMILIES):
+        # every step but the FROM is CACHED, so no prune in between made BuildKit forget them.
+        build = image["build"]
+        assert build["cached_steps"] == build["steps"] - 1, (build["cached_steps"], build["steps"])
         assert "layers: zstd, exported by BuildKit and pushed as verified" in image["stderr"]
         # The containerd store's image id is the digest of the index BuildKit exported: the
         # digest the registry stores under every tag is that id, so nothing was recompressed.

@@ -111,6 +111,9 @@ def test_a_built_image_saves_and_loads_a_wav_and_decodes_a_jpeg(docker_engine, d
     assert (DEVEL_TORCH, DEVEL_CUDA) == (CODEC_TORCH, CODEC_CUDA)
     spec = resolve(M, Request(CODEC_TORCH, CODEC_CUDA, os="debian12", variant="devel"))
     assert any(r.startswith("torchcodec==") for r in requirements(spec, M))
+    # The session's devel image is its family's (conftest's IMAGE_FAMILIES): test_buildkit's
+    # layers served every step but the FROM, though modules ran and finished in between.
+    assert devel_image["cached_steps"] == devel_image["steps"] - 1, (devel_image["cached_steps"], devel_image["steps"])
     ref = devel_image["tags"][0]
     result = docker_engine.run(ref, ["python", "-c", MEDIA], timeout=300)
     assert not result.timed_out and result.exit_code == 0, result.output[-3000:]
