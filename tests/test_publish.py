@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags,
-                      require_module)
+                      require_module, session_ca)
 
 from imagebuilder import publish
 from imagebuilder.labels import INPUTS_HASH as HASH
@@ -462,14 +462,16 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
 
 
 def _rendered(registry: str, base_image: str, buildkit: bool = False) -> RenderedImage:
-    """The image `publish` renders for the test's options (the CA bundle is outside the hash)."""
+    """The image `publish` renders for the test's options (the CA bundle is outside the hash):
+    with the session's CA (ca_bundle_args), whose bytes are in the install steps' cache keys, so
+    a rebuild is served from signed_publish's layers."""
     from imagebuilder.pipeline import source_label
 
     matrix = load_matrix(default_matrix_path())
     ca = os.environ.get("SSL_CERT_FILE")
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
     opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(),
-                         ca_bundle=Path(ca) if ca and Path(ca).is_file() else None,
+                         ca_bundle=session_ca()[0] if ca and Path(ca).is_file() else None,
                          locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
     return render(spec, matrix, opts)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -327,6 +328,9 @@ def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: st
     image = _rebuild(signed_run, base_image, f"imagebuilder-test/failed-{uuid.uuid4().hex[:8]}")
     outcome = _publish(docker_engine, builder, image, signed_run, ok=False, signer=signing.key_signer(str(keys["key"])))
     assert outcome.status == publish.FAILED and "verification failed" in outcome.reason
+    # Built from signed_publish's layers (the same lock, the session's CA): torch was not installed again.
+    assert outcome.built is not None and outcome.built.result.log_path is not None
+    assert not re.search(r"\+ torch==", Path(outcome.built.result.log_path).read_text()), "the install steps ran again"
     assert outcome.pushed == {} and outcome.signed == ()
     assert HttpRegistry(config={}).tags(image.ref) == []  # no image, no .sig, no .att
 
