@@ -27,6 +27,8 @@ RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=
         pandas==2.3.3 \
         matplotlib==3.10.9 \
         tqdm==4.70.1 \
+        tensorboard==2.21.0 \
+        jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
 COPY imagebuilder /opt/imagebuilder
@@ -48,7 +50,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="e1624c3a0f78659c44c0865bd99afd653c6b5ce039bbbe84d1f290b6f12954de"
+    io.imagebuilder.inputs-hash="cfb2483c1020d260882c24932c8b4c1f97c67166a1ba6ae34967aa45af57fc6e"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

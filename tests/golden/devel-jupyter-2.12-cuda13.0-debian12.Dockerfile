@@ -21,6 +21,8 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         pandas==3.1.1 \
         matplotlib==3.11.2 \
         tqdm==4.70.1 \
+        tensorboard==2.21.0 \
+        jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
 COPY imagebuilder /opt/imagebuilder
@@ -42,7 +44,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="1cfc839072ca4a0851408c20bc1bfeb5b55cd8902e8cc4a3c28baab9b7362955"
+    io.imagebuilder.inputs-hash="ee8440181f13e496880a42577f4abe806650935281c7cca4f7a82f57bb3d7337"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

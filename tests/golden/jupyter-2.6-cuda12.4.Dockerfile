@@ -21,6 +21,8 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         pandas==2.3.3 \
         matplotlib==3.10.9 \
         tqdm==4.70.1 \
+        tensorboard==2.21.0 \
+        jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
 COPY imagebuilder /opt/imagebuilder
@@ -42,7 +44,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="8d88a4923dab972512a2a75b558ec35eed6bed8700464c13244c3756e03f51c2"
+    io.imagebuilder.inputs-hash="c6f7003048f89ed957f36571237a5eb565842cb18d122060341be5964b579220"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
