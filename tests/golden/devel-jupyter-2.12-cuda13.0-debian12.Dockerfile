@@ -25,7 +25,11 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
+# TensorBoard's logdir, owned and writable as /workspace is: a named volume mounted there starts so.
+RUN install -d -o 1000 -g 0 -m 775 /workspace/runs
 COPY imagebuilder /opt/imagebuilder
+# Jupyter's settings: TensorBoard at <base_url>/tensorboard/, behind the server's token.
+COPY rootfs/ /
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.12.0 (devel-jupyter)" \
@@ -44,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="ee8440181f13e496880a42577f4abe806650935281c7cca4f7a82f57bb3d7337"
+    io.imagebuilder.inputs-hash="1678da91668df734b6d82dd400e10245fde949ef085bb078dc2bf1d39a4a4021"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
