@@ -146,7 +146,10 @@ class NoNotebookPins(BadRequest):
                 "choose one of those with --python, or add an entry")
 
 
-NOTEBOOK = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm")
+NOTEBOOK = ("jupyterlab", "ipykernel", "ipywidgets", "pandas", "matplotlib", "tqdm", "tensorboard", "jupyter-server-proxy")
+# jupyter-server-proxy puts TensorBoard behind Jupyter's token; before 4.1.1 its websocket proxy
+# let anyone in without it (CVE-2024-28179).
+SERVER_PROXY_FLOOR = Version("4.1.1")
 
 
 @dataclass(frozen=True)
@@ -414,8 +417,13 @@ def _parse_notebook(c: _Checker, key: str, data: Any, path: KeyPath) -> Notebook
     python = c.version_value(key, path)
     if d is None or python is None:
         return None
-    return NotebookPins(python=python, versions={name: c.text(d, name, path) for name in NOTEBOOK},
-                        source=c.text(d, "source", path))
+    versions = {name: c.text(d, name, path) for name in NOTEBOOK}
+    proxy_path = path + ("jupyter-server-proxy",)
+    proxy = c.version_value(versions["jupyter-server-proxy"], proxy_path) if versions["jupyter-server-proxy"] else None
+    if proxy is not None and proxy < SERVER_PROXY_FLOOR:
+        c.problem(proxy_path, f"{proxy} is older than {SERVER_PROXY_FLOOR}, whose websocket proxy lets anyone in "
+                              "without Jupyter's token (CVE-2024-28179); pin a newer release")
+    return NotebookPins(python=python, versions=versions, source=c.text(d, "source", path))
 
 
 def _parse_variant(c: _Checker, name: str, data: Any, path: KeyPath) -> WheelVariant | None:

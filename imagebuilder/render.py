@@ -47,6 +47,17 @@ SESSION_ENV = "/etc/profile.d/00-container-env.sh"  # the container's environmen
 ROOTFS_TEMPLATES = {"usr/local/bin/imagebuilder-entrypoint": "entrypoint.sh.j2"}
 SSH_ROOTFS_TEMPLATES = {"usr/local/bin/ssh-server": "ssh-server.sh.j2",
                         "etc/ssh/sshd_config.d/imagebuilder.conf": "sshd.conf.j2"}
+# jupyter, devel-jupyter: Jupyter's settings, in its system-wide config folder (read before the
+# user's ~/.jupyter, so a user's own file still wins).
+JUPYTER_ROOTFS_TEMPLATES = {"etc/jupyter/jupyter_server_config.py": "jupyter_server_config.py.j2"}
+# TensorBoard behind Jupyter's auth, at <base_url>/TENSORBOARD_PATH/ (jupyter-server-proxy's server
+# name, and TensorBoard's --path_prefix). Its logdir is SummaryWriter's default `runs/` relative to
+# the WORKDIR, where a project mounted at WORKSPACE keeps it.
+TENSORBOARD_PATH = "tensorboard"
+TENSORBOARD_LOGDIR = f"{WORKSPACE}/runs"
+# How long the proxy waits for TensorBoard to answer at its start: its default, 5 s, is about what
+# TensorBoard took here on a busy 2-core machine, too tight for a cold one.
+TENSORBOARD_START_TIMEOUT_S = 60
 CA_PATH = "/etc/imagebuilder/ca-bundle.pem"
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -692,13 +703,18 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             # bash reads bash.bashrc for `ssh HOST CMD` too; its first line runs before the
             # file returns for non-interactive shells.
             "session_env": f'[ -n "${{SSH_CONNECTION:-}}" ] && [ -r {SESSION_ENV} ] && . {SESSION_ENV}',
+            "tensorboard_path": TENSORBOARD_PATH,
+            "tensorboard_logdir": TENSORBOARD_LOGDIR,
+            "tensorboard_start_timeout": TENSORBOARD_START_TIMEOUT_S,
         }
         template = env.get_template("jupyter.Dockerfile.j2" if spec.parent is not None else "Dockerfile.j2")
         out = dict(files)
-        if spec.parent is None:  # a jupyter image has its parent's
+        if spec.parent is None:
             rootfs = {**ROOTFS_TEMPLATES, **(SSH_ROOTFS_TEMPLATES if _has_ssh(spec) else {})}
-            out.update({f"rootfs/{path}": env.get_template(name).render(context).encode()
-                        for path, name in rootfs.items()})
+        else:  # a jupyter image has its parent's files, and adds Jupyter's settings
+            rootfs = JUPYTER_ROOTFS_TEMPLATES
+        out.update({f"rootfs/{path}": env.get_template(name).render(context).encode()
+                    for path, name in rootfs.items()})
         out["imagebuilder/manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
         return template.render(context), out
 

@@ -6,11 +6,13 @@ elsewhere when no daemon answers.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -331,6 +333,90 @@ def test_verify_judges_the_jupyter_server(jupyter_image):
     assert (jupyter["measurements"]["without_token"], jupyter["measurements"]["with_token"]) == (403, 200)
 
 
+# As a user writes them: SummaryWriter's default log_dir is runs/<date>_<host> under the working
+# directory, /workspace; TensorBoard's logdir in the image is /workspace/runs.
+WRITE_SCALARS = """
+from torch.utils.tensorboard import SummaryWriter
+writer = SummaryWriter()
+for step, loss in enumerate([1.0, 0.5, 0.25]):
+    writer.add_scalar("loss", loss, step)
+writer.close()
+print("log_dir:", writer.log_dir)
+"""
+# Every listening TCP socket of the container's network namespace: "address port" lines.
+LISTENING = """
+import os, socket
+for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+    if not os.path.exists("/proc/net/" + name):
+        continue
+    for line in open("/proc/net/" + name).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":  # LISTEN
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)  # 32-bit words in the host's (little-endian) order
+            print(socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))), int(port, 16))
+"""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # a redirect to the login page is the answer
+        return None
+
+
+# Straight to the container (no HTTP(S)_PROXY), a redirect reported as it came.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects)
+
+
+def test_tensorboard_answers_through_jupyter_with_its_token_only(jupyter_image):
+    """Issue 32: the running Jupyter server serves TensorBoard at /tensorboard/ (jupyter-server-proxy
+    starts it at the first request): scalars SummaryWriter wrote in the container read back over
+    HTTP with the token, the same URL refused without it, and nothing but Jupyter's port listening
+    beyond the container's loopback (no 0.0.0.0:6006)."""
+    import docker
+
+    token = uuid.uuid4().hex
+    client = docker.from_env()
+    container = client.containers.run(jupyter_image["images"][-1]["tags"][0], detach=True,
+                                      environment={"JUPYTER_TOKEN": token},
+                                      ports={"8888/tcp": ("127.0.0.1", None)})  # type: ignore[call-overload]
+    try:
+        exit_code, out = container.exec_run(["python", "-c", WRITE_SCALARS])
+        logged = re.search(r"^log_dir: runs/(.+)$", out.decode(), re.M)
+        assert exit_code == 0 and logged, out.decode()[-2000:]
+        run = logged.group(1)  # the run's name: its folder under TensorBoard's logdir
+        container.reload()
+        port = container.attrs["NetworkSettings"]["Ports"]["8888/tcp"][0]["HostPort"]
+        url = (f"http://127.0.0.1:{port}/tensorboard/data/plugin/scalars/scalars?"
+               + urllib.parse.urlencode({"run": run, "tag": "loss"}))
+        points, last = None, None
+        deadline = time.monotonic() + 120
+        while points is None and time.monotonic() < deadline:
+            try:
+                with _DIRECT.open(urllib.request.Request(url, headers={"Authorization": f"token {token}"}),
+                                  timeout=70) as answer:
+                    points = json.load(answer)
+            except (urllib.error.URLError, OSError) as e:  # Jupyter or TensorBoard still starting
+                last = e
+                time.sleep(1)
+        assert points is not None, f"{last}\n{container.logs().decode()[-3000:]}"
+        assert [(step, value) for _, step, value in points] == [(0, 1.0), (1, 0.5), (2, 0.25)]
+
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _DIRECT.open(url, timeout=10)
+        refused = denied.value.code == 403 or (denied.value.code == 302 and "/login" in denied.value.headers["Location"])
+        assert refused, (denied.value.code, denied.value.headers)
+
+        exit_code, out = container.exec_run(["python", "-c", LISTENING])
+        assert exit_code == 0, out.decode()
+        listening = {(ipaddress.ip_address(address), int(number))
+                     for address, number in (line.split() for line in out.decode().splitlines())}
+        assert (ipaddress.ip_address("0.0.0.0"), 6006) not in listening, listening
+        outside = {number for address, number in listening
+                   if not (getattr(address, "ipv4_mapped", None) or address).is_loopback}
+        assert outside == {8888}, listening  # Jupyter's own port, and nothing else
+        assert any(number != 8888 for _, number in listening)  # TensorBoard's, on the loopback
+    finally:
+        container.remove(force=True)
 
 
 def test_verify_over_ssh_passes_the_built_image_in_cpu_mode(docker_engine, runtime_image, ssh_docker_host):

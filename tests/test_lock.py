@@ -107,6 +107,24 @@ def test_every_jupyter_image_of_the_pypi_builds_is_locked_on_every_os() -> None:
     assert missing == []
 
 
+def test_every_jupyter_lock_pins_tensorboard_and_the_proxy_that_serves_it() -> None:
+    """Issue 32: every jupyter and devel-jupyter lock in locks/ (each OS's Python, each platform)
+    installs tensorboard and jupyter-server-proxy at its Python's pins in matrix.yaml; the proxy
+    4.1.1 or later (before, its websockets let anyone in without the token: CVE-2024-28179)."""
+    covered = set()
+    for spec in locking.pypi_builds(s for s in enumerate_matrix(MATRIX) if s.parent is not None):
+        pins = dict(r.split("==") for r in MATRIX.tools.notebook_for(spec.python))
+        for platform in spec.torch.platforms:
+            lock = LOCKS.for_platform(platform).lock_for(spec, MATRIX)
+            assert lock is not None, locking.lock_name(spec, (), platform)
+            for package in ("tensorboard", "jupyter-server-proxy"):
+                assert lock.version_of(package) == Version(pins[package]), (lock.name, package)
+            proxy = lock.version_of("jupyter-server-proxy")
+            assert proxy is not None and proxy >= Version("4.1.1")
+            covered.add(lock.name)
+    assert covered == {path.stem for path in (REPO_ROOT / "locks").glob("*-jupyter*.txt")}
+
+
 def test_the_notebook_pins_follow_the_python_and_a_python_without_them_is_refused() -> None:
     from imagebuilder.matrix import NoNotebookPins
 
@@ -319,11 +337,12 @@ def _uv() -> str:
     return str(uv) if uv.exists() else "uv"
 
 
-# What the index offered when the committed locks were last refreshed (2026-12-02): uv resolves as
+# What the index offered when the committed locks were last refreshed (2026-12-02, the jupyter sets
+# with TensorBoard; the runtime and devel sets resolved byte for byte as committed): uv resolves as
 # of then (UV_EXCLUDE_NEWER), so these checks prove the locks are what `lock` makes of the index,
 # and that --check names a drift, without failing on the day a dependency releases (httpx 0.29.0
 # did, for the jupyter sets). Refresh it with the locks.
-AS_OF_THE_LOCKS = {"UV_EXCLUDE_NEWER": "2026-12-02T14:00:00Z"}
+AS_OF_THE_LOCKS = {"UV_EXCLUDE_NEWER": "2026-12-02T21:09:10Z"}
 
 
 @pytest.mark.network

@@ -60,6 +60,10 @@ BAD_CASES = [
      ["cuda.11.8.images.rocky9: unknown OS"]),
     ("version of another release", lambda t: t.replace('version: "2.6.0"', 'version: "2.7.0"'),
      ["torch.2.6.version: 2.7.0 is not a 2.6 release"]),
+    ("jupyter-server-proxy without auth on websockets",
+     lambda t: t.replace('"3.12": {jupyterlab: "4.6.6", ipykernel: "7.4.0", ipywidgets: "8.1.9", pandas: "3.1.1", matplotlib: "3.11.2", tqdm: "4.70.1", tensorboard: "2.21.0", "jupyter-server-proxy": "4.6.0"',
+                         '"3.12": {jupyterlab: "4.6.6", ipykernel: "7.4.0", ipywidgets: "8.1.9", pandas: "3.1.1", matplotlib: "3.11.2", tqdm: "4.70.1", tensorboard: "2.21.0", "jupyter-server-proxy": "4.1.0"'),
+     ["tools.notebook.3.12.jupyter-server-proxy: 4.1.0 is older than 4.1.1", "CVE-2024-28179"]),
 ]
 
 

@@ -45,6 +45,59 @@ def test_golden_dockerfiles(name):
     assert text == path.read_text()
 
 
+JUPYTER_CONFIG = "rootfs/etc/jupyter/jupyter_server_config.py"
+
+
+def test_golden_jupyter_server_config():
+    """Jupyter's settings in both jupyter variants (the same file), and in no other image.
+    Set UPDATE_GOLDEN=1 to rewrite it after an intended template change; review the diff."""
+    jupyter, devel_jupyter, runtime, devel = (render(resolve(M, Request("2.6", "12.4", variant=v)), M)
+                                              for v in ("jupyter", "devel-jupyter", "runtime", "devel"))
+    text = jupyter.files[JUPYTER_CONFIG].decode()
+    path = GOLDEN / "jupyter_server_config.py.txt"  # not .py: ruff and mypy would read it as ours
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+    assert devel_jupyter.files[JUPYTER_CONFIG] == jupyter.files[JUPYTER_CONFIG]
+    assert "COPY rootfs/ /" in jupyter.dockerfile and "COPY rootfs/ /" in devel_jupyter.dockerfile
+    assert not any(name.startswith("rootfs/etc/jupyter/") for name in (*runtime.files, *devel.files))
+
+
+class _Section(dict):
+    """Stands in for traitlets' Config in a config file: `c.ServerProxy.servers = ...`."""
+
+    def __getattr__(self, name: str) -> _Section:
+        return self.setdefault(name, _Section())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        self[name] = value
+
+
+@pytest.mark.parametrize("variant", ["jupyter", "devel-jupyter"])
+def test_tensorboard_is_served_through_jupyter_on_the_loopback_only(variant):
+    """Issue 32: TensorBoard behind the Jupyter server's auth (jupyter-server-proxy), at
+    <base_url>/tensorboard/: it listens on 127.0.0.1 at the port the proxy picks, serves under the
+    proxy's path (the proxy passes the whole path on), and reads SummaryWriter's default runs/
+    under the WORKDIR. Both packages are installed (pinned per Python in matrix.yaml)."""
+    image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M)
+    c = _Section()
+    exec(compile(image.files[JUPYTER_CONFIG].decode(), JUPYTER_CONFIG, "exec"), {"c": c})
+    ((name, server),) = c["ServerProxy"]["servers"].items()
+    assert name == "tensorboard"
+    program, *args = server["command"]
+    assert program == "/opt/venv/bin/tensorboard"
+    assert dict(arg.split("=", 1) for arg in args) == {
+        "--logdir": "/workspace/runs", "--host": "127.0.0.1", "--port": "{port}", "--path_prefix": "{base_url}tensorboard"}
+    assert server["absolute_url"] is True
+    assert server["timeout"] >= 30  # the proxy's default, 5 s, is about what TensorBoard takes to answer
+    assert "WORKDIR /workspace" in image.dockerfile
+    assert "RUN install -d -o 1000 -g 0 -m 775 /workspace/runs\n" in image.dockerfile  # as /workspace: a volume there starts so
+    pins = dict(r.split("==") for r in M.tools.notebook_for(image.spec.python))
+    assert Version(pins["jupyter-server-proxy"]) >= Version("4.1.1")  # CVE-2024-28179: websockets without auth before
+    for package in ("tensorboard", "jupyter-server-proxy"):
+        assert f"        {package}=={pins[package]} \\\n" in image.dockerfile  # no lock in the small matrix: installed by name
+
+
 def test_rendering_is_deterministic_and_the_hash_follows_the_inputs():
     spec = resolve(M, Request("2.6", "12.1"))
     a, b = render(spec, M), render(spec, M)

@@ -27,9 +27,15 @@ RUN --mount=type=cache,id=imagebuilder-uv,target=/var/cache/imagebuilder/uv,uid=
         pandas==2.3.3 \
         matplotlib==3.10.9 \
         tqdm==4.70.1 \
+        tensorboard==2.21.0 \
+        jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
+# TensorBoard's logdir, owned and writable as /workspace is: a named volume mounted there starts so.
+RUN install -d -o 1000 -g 0 -m 775 /workspace/runs
 COPY imagebuilder /opt/imagebuilder
+# Jupyter's settings: TensorBoard at <base_url>/tensorboard/, behind the server's token.
+COPY rootfs/ /
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (jupyter)" \
@@ -48,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="e1624c3a0f78659c44c0865bd99afd653c6b5ce039bbbe84d1f290b6f12954de"
+    io.imagebuilder.inputs-hash="700565ae4f702eee83801e77a20af25d5b67133802c7b470b099b9ade4137f58"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -21,9 +21,15 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         pandas==3.1.1 \
         matplotlib==3.11.2 \
         tqdm==4.70.1 \
+        tensorboard==2.21.0 \
+        jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
+# TensorBoard's logdir, owned and writable as /workspace is: a named volume mounted there starts so.
+RUN install -d -o 1000 -g 0 -m 775 /workspace/runs
 COPY imagebuilder /opt/imagebuilder
+# Jupyter's settings: TensorBoard at <base_url>/tensorboard/, behind the server's token.
+COPY rootfs/ /
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.12.0 (devel-jupyter)" \
@@ -42,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="1cfc839072ca4a0851408c20bc1bfeb5b55cd8902e8cc4a3c28baab9b7362955"
+    io.imagebuilder.inputs-hash="1678da91668df734b6d82dd400e10245fde949ef085bb078dc2bf1d39a4a4021"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -21,9 +21,15 @@ RUN export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP
         pandas==2.3.3 \
         matplotlib==3.10.9 \
         tqdm==4.70.1 \
+        tensorboard==2.21.0 \
+        jupyter-server-proxy==4.6.0 \
  && rm -rf /tmp/uv /tmp/constraints.txt
 USER 0
+# TensorBoard's logdir, owned and writable as /workspace is: a named volume mounted there starts so.
+RUN install -d -o 1000 -g 0 -m 775 /workspace/runs
 COPY imagebuilder /opt/imagebuilder
+# Jupyter's settings: TensorBoard at <base_url>/tensorboard/, behind the server's token.
+COPY rootfs/ /
 RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/imagebuilder/sbom.cdx.json
 LABEL \
     org.opencontainers.image.title="PyTorch 2.6.0 (jupyter)" \
@@ -42,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="8d88a4923dab972512a2a75b558ec35eed6bed8700464c13244c3756e03f51c2"
+    io.imagebuilder.inputs-hash="857b2fc964fdca16c6727c1e735a07030c62c423fdf3e2caf868fa336f87dd71"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888
