@@ -243,6 +243,17 @@ def test_parse_output_finds_the_report_among_warnings() -> None:
     assert (parsed.torch, parsed.gpu_count) == ("2.6.0+cu124", 8)
 
 
+def test_parse_output_finds_a_report_split_by_lines_of_the_other_stream() -> None:
+    # Docker copies stdout and stderr line by line, each on its own: a progress line (stderr)
+    # can land between the report's lines (stdout).
+    lines = json.dumps(document("pass", "skip"), indent=2).splitlines()
+    progress = 'smoke_tests: done: {"name": "c1", "status": "skip"}'
+    output = "\n".join(lines[:5] + [progress, "UserWarning: late"] + lines[5:]) + "\n"
+    parsed = parse_output(output, 0)
+    assert parsed.error is None
+    assert [c.status for c in parsed.checks] == ["pass", "skip"]
+
+
 def test_parse_output_takes_the_last_report() -> None:
     output = json.dumps(document("fail")) + "\n" + json.dumps(document("pass"), indent=2) + "\n"
     assert [c.status for c in parse_output(output, 0).checks] == ["pass"]

@@ -80,6 +80,21 @@ def parse_output(output: str, exit_code: int | None, *, timed_out: bool = False,
 
 
 def _last_report(output: str) -> dict[str, Any] | None:
+    """The last report in `output`; else the last one once every line that cannot be part of
+    an indented JSON document is left out: Docker copies a container's stdout and stderr line by
+    line, each stream on its own, so a line of stderr (a check's progress line, a warning) can
+    land inside the report's lines (seen once over ssh://)."""
+    found = _last_document(output)
+    if found is None:
+        found = _last_document("\n".join(line for line in output.splitlines() if _JSON_LINE.match(line)))
+    return found
+
+
+# A line of `json.dumps(..., indent=2)`: indentation, then a brace, bracket, string, number or literal.
+_JSON_LINE = re.compile(r'^\s*(?:[{}\[\]"\d-]|true|false|null)')
+
+
+def _last_document(output: str) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     starts = [m.start(1) for m in re.finditer(r"(?m)^[ \t]*(\{)", output)]
     for start in reversed(starts):
