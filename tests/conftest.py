@@ -350,11 +350,22 @@ def session_ca() -> tuple[Path, bytes]:
     return _SESSION_CA[0]
 
 
-def ca_bundle_args() -> list[str]:
+def session_ca_bundle() -> Path | None:
     """Behind a TLS-intercepting proxy (these machines) pip inside the build needs the host's
-    CA: the session's marked copy of it (session_ca)."""
+    CA: the session's marked copy of it (session_ca); None where there is no proxy's CA."""
     ca = os.environ.get("SSL_CERT_FILE")
-    return ["--ca-bundle", str(session_ca()[0])] if ca and Path(ca).is_file() else []
+    return session_ca()[0] if ca and Path(ca).is_file() else None
+
+
+def ca_bundle_args() -> list[str]:
+    """The CLI's `--ca-bundle` for the session's CA (session_ca_bundle), if any."""
+    ca = session_ca_bundle()
+    return ["--ca-bundle", str(ca)] if ca is not None else []
+
+
+def installed_torch(log: Path | str) -> bool:
+    """Whether a build log shows uv installing torch: its install step ran, not served from the cache."""
+    return re.search(r"\+ torch==", Path(log).read_text()) is not None
 
 
 def imagebuilder(*args: str, timeout: float = 3600,
