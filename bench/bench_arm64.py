@@ -7,7 +7,7 @@ before each build, so both download every wheel and every apt package.
   2. the same for linux/arm64: the wheels installed natively by uv (--python-platform), apt and
      the SBOM under QEMU.
 Target: 2 <= 1.5x 1. Each row's step times come from the build's own log (which steps ran
-emulated shows there: the native-wheels stage's steps are the host's). Removes what it built.
+emulated shows there: the native-uv stage and uv in the wheel groups' RUNs are the host's). Removes what it built.
 Needs the daemon, imagebuilder-base:bookworm and the multi-platform
 imagebuilder-base:bookworm-arm64 (.ci/setup) and, behind a TLS-intercepting proxy,
 SSL_CERT_FILE. About 10 minutes on 2 cores.

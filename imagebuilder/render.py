@@ -325,7 +325,8 @@ ADDED_LOCK_PATH = "/opt/imagebuilder/added.lock"  # what a devel image adds on t
 # The time every file of the torch layer carries (1980-01-01, the earliest a zip entry can
 # hold): with it the layer's bytes depend on the lock alone, not on when it was built.
 LAYER_EPOCH = 315532800
-NATIVE_LAYERS = "/imagebuilder-layers"  # in the native-wheels stage: one tree per torch layer
+NATIVE_DIR = "/opt/imagebuilder-native"  # in the native-uv stage: the host's uv, its loader and libraries
+NATIVE_MOUNT = "/run/imagebuilder/native"  # where the image's torch RUNs mount NATIVE_DIR (in no layer)
 
 
 @dataclass(frozen=True)
@@ -369,11 +370,13 @@ class TorchLayer:
 
 @dataclass(frozen=True)
 class NativeInstall:
-    """A foreign platform's wheels installed on the build host (the Dockerfile's native-wheels
-    stage): uv targets the image's platform, and each group's files go to layers/NAME."""
+    """A foreign platform's wheels installed by the build host's own uv: the Dockerfile's
+    native-uv stage (the host's platform) holds uv with its loader and libraries, and the
+    image's torch RUNs run it from a mount, natively, targeting the image's platform."""
     platform: str  # the image's, e.g. linux/arm64
     uv_platform: str  # uv's --python-platform for it: the tag its lock was resolved for
-    layers: str = NATIVE_LAYERS
+    dir: str = NATIVE_DIR
+    mount: str = NATIVE_MOUNT
 
 
 def native_install(spec: BuildSpec, options: RenderOptions, venv: SharedVenv | None) -> NativeInstall | None:
@@ -385,23 +388,48 @@ def native_install(spec: BuildSpec, options: RenderOptions, venv: SharedVenv | N
     return NativeInstall(options.foreign_platform, LOCK_PLATFORMS[options.foreign_platform])
 
 
+def _uv_bootstrap(matrix: Matrix) -> str:
+    """Sets $uv: the host's uv from the cache mount, fetched into it once per machine type (the
+    cache mount is the host's, whatever platform the image is for)."""
+    uv = "$uv"
+    return (f"uv={UV_CACHE}/bin/uv-{matrix.tools.uv}-$(uname -m) && {{ [ -x {uv} ] || {{ python3 -m venv {UV} "
+            f"&& {UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv} && install -D {UV}/bin/uv {uv}.$$ "
+            f"&& mv -f {uv}.$$ {uv}; }}; }}")
+
+
+def native_uv_run(matrix: Matrix, options: RenderOptions, install_mounts: str, native: NativeInstall) -> TorchLayer:
+    """The native-uv stage's RUN: the host's uv, its dynamic loader and the libraries it links,
+    copied to native.dir, so that a RUN of the foreign image runs it as `ld.so --library-path
+    lib uv` (the image's root has no loader of the host's platform); checked to run."""
+    d = native.dir
+    commands = (_uv_env(options, True), _uv_bootstrap(matrix),
+                f"install -d {d}/lib && install -m 755 $uv {d}/uv",
+                f"cp -L \"$(ldd $uv | awk 'index($1, \"/\") == 1 {{print $1}}')\" {d}/ld.so",
+                f"ldd $uv | awk '$2 == \"=>\" && index($3, \"/\") == 1 {{print $3}}' | xargs cp -L -t {d}/lib",
+                f"{d}/ld.so --library-path {d}/lib {d}/uv --version")
+    return TorchLayer("native-uv", install_mounts + "--mount=type=tmpfs,target=/tmp \\\n    ", commands)
+
+
 def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: SharedVenv,
                   install_mounts: str, native: NativeInstall | None = None) -> list[TorchLayer]:
     """The runtime lock as its wheel groups' layers (layers.py), one RUN each. Each touches only
     the venv (the lock is bind-mounted, /tmp a tmpfs) and gives what it wrote a fixed time, so a
     layer's bytes depend on its pins, the OS's Python and nothing else. uv is fetched once per
-    host into its cache mount (a RUN finds it there, or bootstraps it), not once per layer."""
-    # The cache mount is the host's, whatever platform the image is for: one binary per machine type.
+    host into its cache mount (a RUN finds it there, or bootstraps it), not once per layer; for
+    a foreign platform the RUNs run the host's uv from the native-uv stage, natively."""
     uv = "$uv"
-    bootstrap = (f"uv={UV_CACHE}/bin/uv-{matrix.tools.uv}-$(uname -m) && {{ [ -x {uv} ] || {{ python3 -m venv {UV} "
-                 f"&& {UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv} && install -D {UV}/bin/uv {uv}.$$ "
-                 f"&& mv -f {uv}.$$ {uv}; }}; }}")
+    if native:
+        m = native.mount
+        find_uv = f'uv="{m}/ld.so --library-path {m}/lib {m}/uv"'
+        native_mount = f"--mount=type=bind,from=native-uv,source={native.dir},target={m} \\\n    "
+    else:
+        find_uv, native_mount = _uv_bootstrap(matrix), ""
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     trees = VENV + ("" if spec.python_from_os else " /opt/python")
     index = _index_args(spec, options)
     layers = []
     for n, group in enumerate(wheel_groups(venv.lock)):
-        commands = [_uv_env(options, True), "touch /tmp/.layer-start", bootstrap]
+        commands = [_uv_env(options, True), "touch /tmp/.layer-start", find_uv]
         if n == 0:
             if not spec.python_from_os:
                 mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
@@ -412,13 +440,7 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
             f" \\\n        {a}" for a in [*target, *index, "--require-hashes --no-deps",
                                             f"-r {LAYERS_MOUNT}/{group.filename}"]))
         commands.append(f"find {trees} -cnewer /tmp/.layer-start -exec touch -h -d @{LAYER_EPOCH} {{}} +")
-        if native:
-            # What this RUN wrote, with its owner, modes and times, as the image's layer will hold it.
-            out = f"{native.layers}/{group.name}"
-            commands.append(f"(cd / && find {VENV.lstrip('/')} -cnewer /tmp/.layer-start -print0 "
-                            f"| tar --null --no-recursion -T - -cf - | tar -xpf - -C {out}) \\\n"
-                            f"    && find {out}{VENV} -exec touch -h -d @{LAYER_EPOCH} {{}} +")
-        mounts = (install_mounts + f"--mount=type=bind,source={LAYERS_DIR}/{group.filename},"
+        mounts = (install_mounts + native_mount + f"--mount=type=bind,source={LAYERS_DIR}/{group.filename},"
                   f"target={LAYERS_MOUNT}/{group.filename} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
         layers.append(TorchLayer(group.name, mounts, tuple(commands)))
     return layers
@@ -667,6 +689,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "added": venv is not None and venv.added is not None,
             "torch_layers": [] if venv is None else _torch_layers(spec, matrix, options, venv, install_mounts, native),
             "native": native,
+            "native_uv": native_uv_run(matrix, options, install_mounts, native) if native else None,
             "native_apt_mounts": native_apt_mounts,
             "layer_epoch": LAYER_EPOCH,
             "added_commands": _added_commands(spec, matrix, options) if venv and venv.added else [],

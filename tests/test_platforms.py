@@ -107,23 +107,35 @@ def _arm64_runtime(**options: Any) -> RenderedImage:
 
 
 def test_a_foreign_platform_installs_its_wheels_on_the_build_host():
-    """Issue 31: linux/arm64 built on an amd64 host: uv installs the aarch64 wheels in a stage on
-    $BUILDPLATFORM, one tree per torch layer, and the image copies each in as its own layer;
-    the host's own platform (and a native arm64 host) keeps the image's RUNs."""
+    """Issue 31: linux/arm64 built on an amd64 host: a stage on $BUILDPLATFORM holds the host's
+    uv with its loader and libraries, and each torch layer's RUN of the image runs that uv from
+    a mount (`ld.so --library-path lib uv`, no QEMU) targeting aarch64, into the venv where the
+    wheels stay. The RUNs are the native image's but for how uv is found and its target; the
+    host's own platform (and a native arm64 host) keeps the bootstrapped uv."""
     native = _arm64_runtime()
-    assert "$BUILDPLATFORM" not in native.dockerfile and "COPY --link --from=native-wheels" not in native.dockerfile
+    assert "$BUILDPLATFORM" not in native.dockerfile and "native-uv" not in native.dockerfile
     cross = _arm64_runtime(foreign_platform="linux/arm64")
     text = cross.dockerfile
-    assert "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS native-wheels\n" in text
-    stage, image = text.split("\nFROM ${BASE_IMAGE}\n")
-    groups = [line.removeprefix("# ") for line in native.dockerfile.splitlines()
-              if line.startswith("# ") and line[2:] in {"cuda-libraries", "cublas", "torch", "rest"}]
-    assert groups and all(f"tar -xpf - -C /imagebuilder-layers/{g})" in stage for g in groups)
-    assert stage.count("\n        --python-platform aarch64-manylinux_2_28 ") == stage.count("pip install --python /opt/venv") == 8
-    assert "uv pip install" not in image and "--python-platform" not in image
-    copies = [line for line in image.splitlines() if line.startswith("COPY --link --from=native-wheels ")]
-    assert copies == [f"COPY --link --from=native-wheels /imagebuilder-layers/{name}/ /"
-                      for name in re.findall(r"^# (\S+)\nRUN ", native.dockerfile, re.M)]
+    assert "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS native-uv\n" in text
+    stage, image = text.split(" AS native-uv\n")[1].split("\nFROM ${BASE_IMAGE}\n")
+    assert "uv pip install" not in stage and "--python-platform" not in stage
+    assert "xargs cp -L -t /opt/imagebuilder-native/lib" in stage
+    assert stage.rstrip().endswith("/opt/imagebuilder-native/ld.so --library-path /opt/imagebuilder-native/lib "
+                                   "/opt/imagebuilder-native/uv --version")
+    uv = 'uv="/run/imagebuilder/native/ld.so --library-path /run/imagebuilder/native/lib /run/imagebuilder/native/uv"'
+    runs = re.findall(r"^# (\S+)\nRUN (.*?\{\} \+)\n", image, re.M | re.S)
+    native_runs = re.findall(r"^# (\S+)\nRUN (.*?\{\} \+)\n", native.dockerfile, re.M | re.S)
+    assert [name for name, _ in runs] == [name for name, _ in native_runs] and len(runs) == 8
+    bootstrap = re.compile(r"uv=/var/cache/imagebuilder/uv/bin/uv-[^&]+&& \{ .*?; \}; \}")
+    for (name, run), (_, plain) in zip(runs, native_runs):
+        assert run.count(uv) == 1 and "bootstrap" not in run, name
+        assert "--mount=type=bind,from=native-uv,source=/opt/imagebuilder-native,target=/run/imagebuilder/native" in run
+        # The same RUN as the host's own image, but for finding uv, the mount and the target.
+        same = (run.replace(uv, "UV").replace("        --python-platform aarch64-manylinux_2_28 \\\n", "")
+                .replace("--mount=type=bind,from=native-uv,source=/opt/imagebuilder-native,"
+                         "target=/run/imagebuilder/native \\\n    ", ""))
+        assert same == bootstrap.sub("UV", plain), name
+    assert "COPY --link" not in image
     assert any("its wheels install natively" in n for n in cross.notices)
     assert cross.inputs_hash != native.inputs_hash  # another Dockerfile: another build
 

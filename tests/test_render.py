@@ -331,7 +331,7 @@ def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_p
            "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "CUDA_CACHE_PATH": f"{COMPILE_CACHE}/nv"}
     for name, image in renders.items():
         final = _final_stage(image.dockerfile)
-        assert "COPY --link --from=native-wheels" in final or name != "arm64 native wheels"
+        assert ("--mount=type=bind,from=native-uv," in final) == (name == "arm64 native wheels"), name
         (user_run,) = [run for run in final.split("\nRUN ")[1:] if "useradd " in run]
         assert (f"install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \\\n"
                 f" && install -d -o 1000 -g 1000 -m 1777 {COMPILE_CACHE} \\\n"
