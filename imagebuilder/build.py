@@ -25,6 +25,7 @@ from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export
 from .labels import CREATED, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
 from .render import SBOM_PATH, RenderedImage
+from .sbom import DIGEST_LINE
 
 
 class BaseImageChanged(EngineError):
@@ -243,10 +244,12 @@ def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unla
     """Label the image with its SBOM's digest. The SBOM lists the OS packages the build
     installed, so its digest is known only after the build: a one-instruction build on top
     adds the label (no layer; served from the cache when nothing changed)."""
-    sbom = engine.read_file(result.image_id, SBOM_PATH)
-    if sbom is None:
-        raise SbomMissing(ref=image.ref, path=SBOM_PATH)
-    digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
+    digest = sbom_digest_in_log(result.log_path)
+    if digest is None:  # the step was cached: its output is not in this build's log
+        sbom = engine.read_file(result.image_id, SBOM_PATH)
+        if sbom is None:
+            raise SbomMissing(ref=image.ref, path=SBOM_PATH)
+        digest = "sha256:" + hashlib.sha256(sbom).hexdigest()
     label = f'LABEL {SBOM_DIGEST}="{digest}"\n'
     if request.dockerfile == SBOM_DOCKERFILE:
         dockerfile = (request.context / "Dockerfile").read_text()
@@ -259,6 +262,19 @@ def _label_sbom(engine: ImageStore, builder: Builder, image: RenderedImage, unla
     export = (result.export_seconds or 0.0) + (labelled.export_seconds or 0.0)
     return replace(result, image_id=labelled.image_id, size=labelled.size, tags=labelled.tags,
                    seconds=result.seconds + labelled.seconds, export_seconds=export or result.export_seconds)
+
+
+_SBOM_DIGEST_LINE = re.compile(rf"(?:^|\s){DIGEST_LINE} (sha256:[0-9a-f]{{64}})$", re.M)
+
+
+def sbom_digest_in_log(log_path: Path | None) -> str | None:
+    """The SBOM's digest as the step that wrote it printed it (sbom.py), or None when the
+    log holds no such line (the step was cached, or a build without a log): the last one,
+    if a log held several."""
+    if log_path is None or not log_path.is_file():
+        return None
+    found = _SBOM_DIGEST_LINE.findall(log_path.read_text(encoding="utf-8", errors="replace"))
+    return found[-1] if found else None
 
 
 def _activities_only(on_progress: OnProgress, offset: float) -> OnProgress:

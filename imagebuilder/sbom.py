@@ -24,6 +24,7 @@ LOCKS = ("/opt/imagebuilder/requirements.lock", "/opt/imagebuilder/jupyter.lock"
 DPKG_STATUS = "/var/lib/dpkg/status"
 OS_RELEASE = "/etc/os-release"
 MANIFEST = "/opt/imagebuilder/manifest.json"
+DIGEST_LINE = "imagebuilder-sbom-digest"  # what the build prints: DIGEST_LINE sha256:HEX
 
 
 def canonical(name: str) -> str:
@@ -114,7 +115,11 @@ def main(argv: list[str]) -> int:
         print("usage: sbom.py VENV OUT", file=sys.stderr)
         return 2
     document = sbom(Path(argv[1]))
-    Path(argv[2]).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    data = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
+    Path(argv[2]).write_bytes(data)
+    # In the build's log: the image's label is this digest, known without reading the image back
+    # (for a foreign platform that would unpack the whole image into the store first).
+    print(f"{DIGEST_LINE} sha256:{hashlib.sha256(data).hexdigest()}")
     return 0
 
 

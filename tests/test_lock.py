@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -574,6 +575,53 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
     assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
     with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
         build_image(RecordingEngine(None), image, builder=RecordingEngine(None), matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+
+
+class LoggingEngine(RecordingEngine):
+    """Its first build's log holds the SBOM step's output, as a BuildKit build that ran it does."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__(None)
+        self.log = log
+
+    def build(self, req, on_progress=None):
+        result = RecordingEngine.build(self, req, on_progress)  # type: ignore[no-untyped-call]
+        if len(self.builds) > 1:
+            return result
+        req.log_path.write_text(self.log)
+        return replace(result, log_path=req.log_path)
+
+    def read_file(self, image, path):
+        raise AssertionError("the digest is in the build's log: the image is not read back")
+
+
+def test_the_sboms_digest_comes_from_the_step_that_wrote_it_without_reading_the_image_back(tmp_path) -> None:
+    """A foreign platform's image is not unpacked in the store after its build: reading the
+    SBOM back would unpack GBs first. sbom.py prints the digest of what it wrote; the label is
+    that (and where the step was cached, the image is read, as the test above shows)."""
+    from imagebuilder.build import build_image
+    from imagebuilder.labels import SBOM_DIGEST
+    from imagebuilder.sbom import DIGEST_LINE
+
+    image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
+    digest = "sha256:" + "ab" * 32
+    log = ("#26 [stage-1 15/16] RUN /opt/venv/bin/python /opt/imagebuilder/sbom.py /opt/venv /opt/x\n"
+           f"#26 0.912 {DIGEST_LINE} {digest}\n#26 DONE 0.9s\n")
+    engine = LoggingEngine(log)
+    build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    assert engine.builds[1][1] == f'FROM {image.ref}-unlabelled\nLABEL {SBOM_DIGEST}="{digest}"\n'
+
+
+def test_sbom_py_prints_the_digest_of_the_file_it_wrote(tmp_path) -> None:
+    from imagebuilder.sbom import DIGEST_LINE
+
+    venv = tmp_path / "venv"
+    (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    out = tmp_path / "sbom.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "imagebuilder" / "sbom.py"), str(venv), str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{DIGEST_LINE} sha256:{hashlib.sha256(out.read_bytes()).hexdigest()}\n"
 
 
 # uv's answer when the index has no torch at all (a mirror without PyTorch's wheels).

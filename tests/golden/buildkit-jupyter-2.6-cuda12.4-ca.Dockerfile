@@ -54,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="700565ae4f702eee83801e77a20af25d5b67133802c7b470b099b9ade4137f58"
+    io.imagebuilder.inputs-hash="455c6b07de9e2fdcc1ecef958f1e7be6433fdb725d45ce945befd56ba544c259"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -83,7 +83,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="3dd807ad5ff5dd164d7f8985952e66091e8376edddf2990429d924f9525bb3fc"
+    io.imagebuilder.inputs-hash="adaca01e7d4d450824db0f4159860d74836905dc7d803e1a7787e8ee5ade8382"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

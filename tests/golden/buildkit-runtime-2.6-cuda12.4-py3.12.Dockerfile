@@ -81,7 +81,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="b882032f6af3fdc055fb147858f4b720a0f6a7c03a0b8b6010607828c2a46bf4"
+    io.imagebuilder.inputs-hash="264dc37655f22e34bf63704c6a9194947d4a5bfbfd32d3f0e9a3402b167056e9"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

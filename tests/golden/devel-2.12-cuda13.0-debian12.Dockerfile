@@ -84,7 +84,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="7d076b599160ba88168b8ad796bf2b92b4ab4ced5ce6a4700c240b9a0567e9b2"
+    io.imagebuilder.inputs-hash="afef9b869353b9387293ae2c50c9b8c4a5498d73ab902ded0d67ccbc6f7657c1"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -80,7 +80,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="f7286fb5e87e8d10d4a06a62cbf2020053afe04f8c1c68936a152d97ed9346f2"
+    io.imagebuilder.inputs-hash="c1ca3007368b3d1cdb08523fdca26bfbcd48946f5ce4ca220f7b8864fa01f099"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

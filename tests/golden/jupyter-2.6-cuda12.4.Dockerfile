@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="857b2fc964fdca16c6727c1e735a07030c62c423fdf3e2caf868fa336f87dd71"
+    io.imagebuilder.inputs-hash="ea8d4c23c7b81e7ef9753d01a8d89f8f02db17f8c778b5bbf9f33cea35021b51"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -74,7 +74,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="896dbace3c921c5019faba46378b789add3dcc8f0cade81ba0780c4f87df0936"
+    io.imagebuilder.inputs-hash="6b4799293ffd33453722deca34a3f9f9176860ea4bdeea74a710cfa1d26d15c1"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

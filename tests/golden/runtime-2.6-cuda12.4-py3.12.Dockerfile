@@ -75,7 +75,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="d0b648a59fcda7c5210899291a4e6ac058654496ee03310ae03bed1804bb405d"
+    io.imagebuilder.inputs-hash="bc47a02ca331d9b0c616b6e2fe6de74e4b35728a85ef0d2d10496eab49890fa2"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
