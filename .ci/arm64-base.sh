@@ -57,7 +57,13 @@ DOCKERFILE
 fi
 platforms=linux/arm64
 if [ -n "$native" ]; then
-    docker image inspect "$native" >/dev/null 2>&1 || { say "$native (NATIVE) does not exist" >&2; exit 1; }
+    # ARM64_BASE_WAIT_S: how long to wait for NATIVE, made beside this by .ci/setup.
+    waited=0
+    until docker image inspect "$native" >/dev/null 2>&1; do
+        [ "$waited" -lt "${ARM64_BASE_WAIT_S:-0}" ] || { say "$native (NATIVE) does not exist" >&2; exit 1; }
+        [ $((waited % 15)) -ne 0 ] || say "waiting for $native (${waited}s)"
+        sleep 3; waited=$((waited + 3))
+    done
     printf 'FROM %s AS base-amd64\nFROM base-${TARGETARCH}\n' "$native" >>"$work/Dockerfile"
     platforms=linux/amd64,linux/arm64
 fi
