@@ -650,9 +650,12 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
 
         registry = HttpRegistry(config={})
         cache = f"{reg.address}/ml/imagebuilder-cache:k"
+        image = f"{reg.address}/ml/pytorch:2.6-runtime"
         assert not has("pytorch", digest)
-        assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", digest, cache) is True
-        assert has("pytorch", digest)
+        # has_blob (what the report's layers ask before a push) answers for one repository.
+        assert (registry.has_blob(image, digest), registry.has_blob(cache, digest)) == (False, True)
+        assert registry.mount(image, digest, cache) is True
+        assert has("pytorch", digest) and registry.has_blob(image, digest)
         other = "sha256:" + "0" * 64
         assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", other, cache) is False
         assert not has("pytorch", other)
@@ -662,6 +665,45 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
         assert sessions == [], sessions
     finally:
         reg.stop()
+
+
+def test_a_blob_head_that_the_registry_redirects_stays_a_head() -> None:
+    """A registry may answer a blob's HEAD with a redirect to its storage (S3, a CDN); urllib
+    follows a redirected HEAD with a GET, so has_blob would download the blob (GBs of a torch
+    layer) to learn that it exists."""
+    import http.server
+    import threading
+
+    asked: list[tuple[str, str]] = []
+
+    class Storage(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            asked.append(("HEAD", self.path))
+            if self.path.startswith("/v2/"):
+                self.send_response(307)
+                self.send_header("Location", "/storage/blob")
+            else:
+                self.send_response(200)
+                self.send_header("Content-Length", "1000000")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            asked.append(("GET", self.path))
+            self.send_response(404 if self.path.startswith("/v2/") else 200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Storage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        digest = "sha256:" + "a" * 64
+        assert HttpRegistry(config={}).has_blob(f"127.0.0.1:{server.server_port}/ml/pytorch:x", digest) is True
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == [("HEAD", f"/v2/ml/pytorch/blobs/{digest}"), ("HEAD", "/storage/blob")]
 
 
 def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:

@@ -78,7 +78,7 @@ class CannedEngine:
             raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
                               tail=("boom",), log_path=None)
         self.built.append(ref)
-        return BuildResult(f"sha256:{len(self.built)}", req.tags, 1, 1.0, 9, 0, 9, None)
+        return BuildResult(f"sha256:{len(self.built):064x}", req.tags, 1, 1.0, 9, 0, 9, None)
 
     def read_file(self, image: str, path: str) -> bytes | None:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
@@ -90,7 +90,7 @@ class CannedEngine:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
         self.pushed.append(ref)
-        return self.digests.setdefault(ref, f"sha256:{abs(hash(ref)) % 10**12:012d}")
+        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(ref.encode()).hexdigest())
 
     def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
         return Pushed(self.push(ref, retries=retries, backoff=backoff), frozenset())
@@ -134,6 +134,9 @@ class CannedRegistry:
 
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
         return None
+
+    def has_blob(self, ref: str, digest: str) -> bool:
+        return False
 
     def mount(self, ref: str, digest: str, source: str) -> bool:
         return False
