@@ -779,27 +779,35 @@ def _api(reg: LocalRegistry, ref: str) -> tuple[str, str]:
     return f"http://{reg.address}/v2/{r.repository}", r.reference
 
 
-def _push_stand_in(reg: LocalRegistry, ref: str, platform: str) -> str:
-    """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have; its digest."""
+def _push_stand_in(reg: LocalRegistry, ref: str, platform: str, layer: bytes | None = None) -> str:
+    """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have (with
+    `layer`: that one layer, as it is); its digest."""
     from imagebuilder.registry import DOCKER_MANIFEST
 
     url, tag = _api(reg, ref)
     os_name, _, architecture = platform.partition("/")
     config = json.dumps({"architecture": architecture, "os": os_name, "config": {},
                          "rootfs": {"type": "layers", "diff_ids": []}}).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/blobs/uploads/", data=b"", method="POST")) as r:
-        location = r.headers["Location"]
-    location += ("&" if "?" in location else "?") + f"digest={config_digest}"
-    urllib.request.urlopen(urllib.request.Request(location, data=config, method="PUT",
-                                                  headers={"Content-Type": "application/octet-stream"})).close()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "layers": [],
+    layers = [] if layer is None else [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                                        "size": len(layer), "digest": _upload_blob(url, layer)}]
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "layers": layers,
                            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                                      "size": len(config), "digest": config_digest}}).encode()
+                                      "size": len(config), "digest": _upload_blob(url, config)}}).encode()
     request = urllib.request.Request(f"{url}/manifests/{tag}", data=manifest, method="PUT",
                                      headers={"Content-Type": DOCKER_MANIFEST})
     with urllib.request.urlopen(request) as r:
         return str(r.headers["Docker-Content-Digest"])
+
+
+def _upload_blob(url: str, data: bytes) -> str:
+    """Upload `data` into the repository at `url` (its API url, _api's); its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/blobs/uploads/", data=b"", method="POST")) as r:
+        location = r.headers["Location"]
+    location += ("&" if "?" in location else "?") + f"digest={digest}"
+    urllib.request.urlopen(urllib.request.Request(location, data=data, method="PUT",
+                                                  headers={"Content-Type": "application/octet-stream"})).close()
+    return digest
 
 
 def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | None:
@@ -939,6 +947,31 @@ def test_merge_only_refuses_a_platform_tag_whose_image_is_of_another_platform(
     assert all(f"index {ref}: written sha256:" in done.stdout for ref in refs[2:])
     (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert f"2 of {len(refs)} tags could not be made indexes" in error
+
+
+@pytest.mark.registry
+def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a_real_registry(
+        fresh_registry: LocalRegistry) -> None:
+    """What --report lists of an image published for two platforms, read through the registry
+    API: each platform manifest's layer with its digest and size; and what a push would have
+    asked first, a HEAD of each in the image's repository (another repository has none)."""
+    from imagebuilder.signing import pinned
+
+    ref = f"{fresh_registry.address}/ns/pytorch:2.11-runtime"
+    layers = {platform: os.urandom(1000 + n) for n, platform in enumerate(BOTH)}
+    manifests = {platform: _push_stand_in(fresh_registry, _platform_ref(ref, platform), platform, layers[platform])
+                 for platform in BOTH}
+    registry = HttpRegistry(config={})
+    index = registry.put_index(ref, registry.index_for(ref, [(manifests[p], p) for p in BOTH]))
+    found = publish.published_layers(registry, pinned(ref, index))
+    digests = {platform: "sha256:" + hashlib.sha256(layer).hexdigest() for platform, layer in layers.items()}
+    assert found.reason is None
+    assert [(layer.platform, layer.manifest, layer.digest, layer.size, layer.in_registry_before)
+            for layer in found.layers or ()] == [
+        (platform, manifests[platform], digests[platform], len(layers[platform]), True) for platform in BOTH]
+    assert publish.check_before(registry, ref, (ref,)).had == dict.fromkeys(digests.values(), True)
+    other = f"{fresh_registry.address}/ns/other:x"
+    assert publish.check_before(registry, other, (ref,)).had == dict.fromkeys(digests.values(), False)
 
 
 @pytest.mark.registry
