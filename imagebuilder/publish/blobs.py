@@ -24,10 +24,7 @@ from typing import Any, Protocol
 from ..build import human_size
 from ..errors import ImageBuilderError
 from ..registry import INDEXES
-from ..signing import pinned
-
-ATTESTATION = "attestation-manifest"
-"""An index entry's vnd.docker.reference.type when it is BuildKit's provenance, not an image."""
+from ..signing import ATTESTATION_MANIFEST, pinned
 
 
 class LayerRegistry(Protocol):
@@ -176,7 +173,7 @@ def _image_manifests(registry: LayerRegistry, ref: str) -> Manifests:
         if media_type in INDEXES or document.get("mediaType") in INDEXES:
             pending += [(pinned(ref, str(entry["digest"])), str(entry["digest"]), entry.get("platform"))
                         for entry in document.get("manifests") or []
-                        if (entry.get("annotations") or {}).get("vnd.docker.reference.type") != ATTESTATION]
+                        if (entry.get("annotations") or {}).get("vnd.docker.reference.type") != ATTESTATION_MANIFEST]
         else:
             found.append((digest, platform, document))
     return found
