@@ -222,6 +222,9 @@ class Registry(Protocol):
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
         """(the manifest `ref` names, its media type); None when there is none."""
 
+    def has_blob(self, ref: str, digest: str) -> bool:
+        """Whether `ref`'s repository has blob `digest` now (a HEAD: nothing is downloaded)."""
+
     def mount(self, ref: str, digest: str, source: str) -> bool:
         """Mount blob `digest` from repository `source` into `ref`'s; whether the registry did."""
 
@@ -238,11 +241,14 @@ def docker_config() -> dict[str, Any]:
 
 
 class _NoAuthOnRedirect(urllib.request.HTTPRedirectHandler):
-    """Blob downloads redirect to storage (S3, a CDN) that rejects the registry's token."""
+    """Blob downloads redirect to storage (S3, a CDN) that rejects the registry's token. A HEAD
+    stays a HEAD (urllib follows a redirected HEAD with a GET: has_blob would download the blob)."""
 
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
                          headers: Any, newurl: str) -> urllib.request.Request | None:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and req.get_method() == "HEAD":
+            new.method = "HEAD"
         if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
             new.headers.pop("Authorization", None)
             new.unredirected_hdrs.pop("Authorization", None)
@@ -388,6 +394,10 @@ class HttpRegistry:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"),
                                         detail=f"the index PUT as {expected} reads back as {now}")
         return now
+
+    def has_blob(self, ref: str, digest: str) -> bool:
+        r = parse_reference(ref)
+        return self._request("HEAD", r, f"blobs/{digest}", {}) is not None
 
     def mount(self, ref: str, digest: str, source: str) -> bool:
         """Link blob `digest` of repository `source` (a ref on the same registry) into `ref`'s

@@ -650,9 +650,12 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
 
         registry = HttpRegistry(config={})
         cache = f"{reg.address}/ml/imagebuilder-cache:k"
+        image = f"{reg.address}/ml/pytorch:2.6-runtime"
         assert not has("pytorch", digest)
-        assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", digest, cache) is True
-        assert has("pytorch", digest)
+        # has_blob (what the report's layers ask before a push) answers for one repository.
+        assert (registry.has_blob(image, digest), registry.has_blob(cache, digest)) == (False, True)
+        assert registry.mount(image, digest, cache) is True
+        assert has("pytorch", digest) and registry.has_blob(image, digest)
         other = "sha256:" + "0" * 64
         assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", other, cache) is False
         assert not has("pytorch", other)
@@ -662,6 +665,45 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
         assert sessions == [], sessions
     finally:
         reg.stop()
+
+
+def test_a_blob_head_that_the_registry_redirects_stays_a_head() -> None:
+    """A registry may answer a blob's HEAD with a redirect to its storage (S3, a CDN); urllib
+    follows a redirected HEAD with a GET, so has_blob would download the blob (GBs of a torch
+    layer) to learn that it exists."""
+    import http.server
+    import threading
+
+    asked: list[tuple[str, str]] = []
+
+    class Storage(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            asked.append(("HEAD", self.path))
+            if self.path.startswith("/v2/"):
+                self.send_response(307)
+                self.send_header("Location", "/storage/blob")
+            else:
+                self.send_response(200)
+                self.send_header("Content-Length", "1000000")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            asked.append(("GET", self.path))
+            self.send_response(404 if self.path.startswith("/v2/") else 200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Storage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        digest = "sha256:" + "a" * 64
+        assert HttpRegistry(config={}).has_blob(f"127.0.0.1:{server.server_port}/ml/pytorch:x", digest) is True
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == [("HEAD", f"/v2/ml/pytorch/blobs/{digest}"), ("HEAD", "/storage/blob")]
 
 
 def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:
@@ -737,27 +779,35 @@ def _api(reg: LocalRegistry, ref: str) -> tuple[str, str]:
     return f"http://{reg.address}/v2/{r.repository}", r.reference
 
 
-def _push_stand_in(reg: LocalRegistry, ref: str, platform: str) -> str:
-    """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have; its digest."""
+def _push_stand_in(reg: LocalRegistry, ref: str, platform: str, layer: bytes | None = None) -> str:
+    """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have (with
+    `layer`: that one layer, as it is); its digest."""
     from imagebuilder.registry import DOCKER_MANIFEST
 
     url, tag = _api(reg, ref)
     os_name, _, architecture = platform.partition("/")
     config = json.dumps({"architecture": architecture, "os": os_name, "config": {},
                          "rootfs": {"type": "layers", "diff_ids": []}}).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/blobs/uploads/", data=b"", method="POST")) as r:
-        location = r.headers["Location"]
-    location += ("&" if "?" in location else "?") + f"digest={config_digest}"
-    urllib.request.urlopen(urllib.request.Request(location, data=config, method="PUT",
-                                                  headers={"Content-Type": "application/octet-stream"})).close()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "layers": [],
+    layers = [] if layer is None else [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                                        "size": len(layer), "digest": _upload_blob(url, layer)}]
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "layers": layers,
                            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                                      "size": len(config), "digest": config_digest}}).encode()
+                                      "size": len(config), "digest": _upload_blob(url, config)}}).encode()
     request = urllib.request.Request(f"{url}/manifests/{tag}", data=manifest, method="PUT",
                                      headers={"Content-Type": DOCKER_MANIFEST})
     with urllib.request.urlopen(request) as r:
         return str(r.headers["Docker-Content-Digest"])
+
+
+def _upload_blob(url: str, data: bytes) -> str:
+    """Upload `data` into the repository at `url` (its API url, _api's); its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/blobs/uploads/", data=b"", method="POST")) as r:
+        location = r.headers["Location"]
+    location += ("&" if "?" in location else "?") + f"digest={digest}"
+    urllib.request.urlopen(urllib.request.Request(location, data=data, method="PUT",
+                                                  headers={"Content-Type": "application/octet-stream"})).close()
+    return digest
 
 
 def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | None:
@@ -897,6 +947,31 @@ def test_merge_only_refuses_a_platform_tag_whose_image_is_of_another_platform(
     assert all(f"index {ref}: written sha256:" in done.stdout for ref in refs[2:])
     (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert f"2 of {len(refs)} tags could not be made indexes" in error
+
+
+@pytest.mark.registry
+def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a_real_registry(
+        fresh_registry: LocalRegistry) -> None:
+    """What --report lists of an image published for two platforms, read through the registry
+    API: each platform manifest's layer with its digest and size; and what a push would have
+    asked first, a HEAD of each in the image's repository (another repository has none)."""
+    from imagebuilder.signing import pinned
+
+    ref = f"{fresh_registry.address}/ns/pytorch:2.11-runtime"
+    layers = {platform: os.urandom(1000 + n) for n, platform in enumerate(BOTH)}
+    manifests = {platform: _push_stand_in(fresh_registry, _platform_ref(ref, platform), platform, layers[platform])
+                 for platform in BOTH}
+    registry = HttpRegistry(config={})
+    index = registry.put_index(ref, registry.index_for(ref, [(manifests[p], p) for p in BOTH]))
+    found = publish.published_layers(registry, pinned(ref, index))
+    digests = {platform: "sha256:" + hashlib.sha256(layer).hexdigest() for platform, layer in layers.items()}
+    assert found.reason is None
+    assert [(layer.platform, layer.manifest, layer.digest, layer.size, layer.in_registry_before)
+            for layer in found.layers or ()] == [
+        (platform, manifests[platform], digests[platform], len(layers[platform]), True) for platform in BOTH]
+    assert publish.check_before(registry, ref, (ref,)).had == dict.fromkeys(digests.values(), True)
+    other = f"{fresh_registry.address}/ns/other:x"
+    assert publish.check_before(registry, other, (ref,)).had == dict.fromkeys(digests.values(), False)
 
 
 @pytest.mark.registry

@@ -25,7 +25,8 @@ import pytest
 from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, family_build, imagebuilder,
                       prune_session_build_cache, remove_local_tags)
 from imagebuilder.engine.export import cache_ref
-from imagebuilder.registry import HttpRegistry
+from imagebuilder.registry import INDEXES, HttpRegistry, pick_manifest
+from imagebuilder.signing import pinned
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 
@@ -125,6 +126,49 @@ def test_runtime_and_devel_carry_the_same_wheel_layers(bk_published: dict[str, A
     assert bk_published["devel"]["pushed_bytes"] < sum(shared.values()) / 2
 
 
+def _registry_layers(ref: str) -> tuple[str, list[tuple[str, int, str]]]:
+    """(the linux/amd64 image manifest's digest, its layers: digest, size, media type) of the
+    image `ref` names, as the registry lists them."""
+    registry = HttpRegistry(config={})
+    found = registry.manifest(ref)
+    assert found is not None, ref
+    manifest = ref.partition("@")[2]
+    if found[1] in INDEXES:
+        manifest = pick_manifest(found[0], "linux/amd64")
+        found = registry.manifest(pinned(ref, manifest))
+        assert found is not None, manifest
+    return manifest, [(layer["digest"], layer["size"], layer["mediaType"]) for layer in found[0]["layers"]]
+
+
+def _reported_layers(image: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The report's layers of a publish, by digest, checked against the registry's manifest of
+    the pushed digest: every layer, in order, with its size and media type."""
+    assert image["layers"], image["layers_reason"]
+    manifest, expected = _registry_layers(pinned(image["ref"], image["digest"]))
+    listed = [(layer["digest"], layer["size"], layer["media_type"]) for layer in image["layers"]]
+    assert listed == expected
+    assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", digest) and size > 0 for digest, size, _ in listed)
+    assert {(layer["platform"], layer["manifest"]) for layer in image["layers"]} == {("linux/amd64", manifest)}
+    return {layer["digest"]: layer for layer in image["layers"]}
+
+
+def test_the_report_lists_each_layer_and_whether_the_registry_had_it(bk_published: dict[str, Any]) -> None:
+    """--report's layers are the registry's manifest's. runtime went first into a fresh
+    repository: no layer of it is reported as there before, and its wheel layers went up with
+    the build cache and were mounted from there; devel found the wheel-group layers it shares
+    with runtime already in the repository."""
+    runtime = _reported_layers(bk_published["runtime"])
+    assert not any(layer["in_registry_before"] for layer in runtime.values())
+    wheels = _wheel_layers(_blobs(bk_published["runtime"]["ref"]))
+    cache = cache_ref(bk_published["registry"], bk_published["runtime"]["image"]).rsplit(":", 1)[0]
+    assert wheels and all((runtime[digest]["in_registry_before"], runtime[digest]["mounted_from"]) == (False, cache)
+                          for digest in wheels)
+    devel = _reported_layers(bk_published["devel"])
+    shared = set(wheels) & set(devel)
+    assert len(shared) >= 5, (wheels, devel)
+    assert all(devel[digest]["in_registry_before"] is True for digest in shared)
+
+
 def test_the_published_image_carries_provenance_of_where_it_was_built_from(bk_published: dict[str, Any]) -> None:
     from imagebuilder.provenance import built_from
 
@@ -145,6 +189,10 @@ def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(bk_pu
                      "--variant", "runtime", "--force")
     assert again["status"] == "pushed" and "kept, nothing uploaded" in again["reason"]
     assert again["pushed_bytes"] == 0
+    # The report lists the kept image's layers, each one the registry had already.
+    layers = _reported_layers(again)
+    assert list(layers) == [layer["digest"] for layer in bk_published["runtime"]["layers"]]
+    assert all(layer["in_registry_before"] is True for layer in layers.values()) and again["layers_reason"] is None
     before = bk_published["runtime"]["pushed"]
     # Its tags name what they named; today's dated tag was there already, so it is not in the
     # report, and it names the same image too.

@@ -78,7 +78,7 @@ class CannedEngine:
             raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
                               tail=("boom",), log_path=None)
         self.built.append(ref)
-        return BuildResult(f"sha256:{len(self.built)}", req.tags, 1, 1.0, 9, 0, 9, None)
+        return BuildResult(f"sha256:{len(self.built):064x}", req.tags, 1, 1.0, 9, 0, 9, None)
 
     def read_file(self, image: str, path: str) -> bytes | None:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
@@ -90,7 +90,7 @@ class CannedEngine:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
         self.pushed.append(ref)
-        return self.digests.setdefault(ref, f"sha256:{abs(hash(ref)) % 10**12:012d}")
+        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(ref.encode()).hexdigest())
 
     def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
         return Pushed(self.push(ref, retries=retries, backoff=backoff), frozenset())
@@ -134,6 +134,9 @@ class CannedRegistry:
 
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
         return None
+
+    def has_blob(self, ref: str, digest: str) -> bool:
+        return False
 
     def mount(self, ref: str, digest: str, source: str) -> bool:
         return False
@@ -412,6 +415,160 @@ def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_
     (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, Down(engine=engine), export=ZSTD_EXPORT)
     assert outcome.status == publish.FAILED and outcome.reason.startswith("push failed: the registry at")
     assert engine.pushed == [] and outcome.pushed == {}
+
+
+# --------------------------------------------------------------------------- the report's layers
+
+from imagebuilder.registry import OCI_INDEX, OCI_MANIFEST, RegistryUnavailable  # noqa: E402
+
+ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
+CACHED, SHARED, UNCACHED = ("sha256:" + n * 64 for n in ("f", "e", "7"))  # CannedCache lists e and f
+PLATFORM_MANIFEST, ATTESTATION = "sha256:" + "c1" * 32, "sha256:" + "a7" * 32
+INDEX = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+    {"mediaType": OCI_MANIFEST, "digest": PLATFORM_MANIFEST, "size": 900,
+     "platform": {"os": "linux", "architecture": "amd64"}},
+    {"mediaType": OCI_MANIFEST, "digest": ATTESTATION, "size": 500,
+     "platform": {"os": "unknown", "architecture": "unknown"},
+     "annotations": {"vnd.docker.reference.type": "attestation-manifest",
+                     "vnd.docker.reference.digest": PLATFORM_MANIFEST}}]}
+
+
+@dataclass
+class LayeredRegistry(CannedCache):
+    """CannedCache whose image repository holds blobs (`held`; a mount adds one, as a registry
+    does) and whose images are what BuildKit pushes: an index over a linux/amd64 manifest that
+    lists `image_layers`, and that manifest's attestation (which is never asked for)."""
+
+    held: set[str] = field(default_factory=set)
+    image_layers: tuple[tuple[str, int], ...] = ((SHARED, 4000), (CACHED, 3000), (UNCACHED, 2000))
+    indexes: set[str] = field(default_factory=set)
+    """Digests naming that index besides what the engine pushed (a published image)."""
+    heads: list[tuple[str, str, int]] = field(default_factory=list)
+    """(ref, digest, pushes so far) of each has_blob."""
+    down: bool = False
+    """has_blob and the image repository's manifests answer RegistryUnavailable."""
+
+    def has_blob(self, ref: str, digest: str) -> bool:
+        if self.down:
+            raise RegistryUnavailable(url="http://127.0.0.1:5999/v2/", detail="connection refused")
+        self.heads.append((ref, digest, len(self.engine.pushed) if self.engine else 0))
+        return digest in self.held
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        self.held.add(digest)
+        return super().mount(ref, digest, source)
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        if "imagebuilder-cache" in ref:
+            return super().manifest(ref)
+        if self.down:
+            raise RegistryUnavailable(url="http://127.0.0.1:5999/v2/", detail="connection refused")
+        digest = ref.partition("@")[2]
+        if digest in self.indexes or digest in (self.engine.digests.values() if self.engine else ()):
+            return INDEX, OCI_INDEX
+        if digest == PLATFORM_MANIFEST:
+            layers = [{"mediaType": ZSTD_LAYER, "digest": d, "size": size} for d, size in self.image_layers]
+            config = {"digest": "sha256:" + "b" * 64}
+            return {"mediaType": OCI_MANIFEST, "config": config, "layers": layers}, OCI_MANIFEST
+        return None
+
+
+def _layers(outcome: publish.Outcome) -> list[tuple[str, int, bool | None, str | None]]:
+    listed = outcome.to_json()["layers"]
+    assert {(layer["platform"], layer["manifest"], layer["media_type"]) for layer in listed} == {
+        ("linux/amd64", PLATFORM_MANIFEST, ZSTD_LAYER)}
+    return [(layer["digest"], layer["size"], layer["in_registry_before"], layer["mounted_from"]) for layer in listed]
+
+
+def test_the_report_lists_each_pushed_layer_and_whether_the_repository_had_it_before_the_push() -> None:
+    """Its repository had one layer (the runtime image's, say): that one is not mounted and is
+    reported there before; the one mounted from the build cache was not; one that no manifest
+    asked before the push listed (the cache exported another compression) is not checked,
+    and the report says so rather than guess."""
+    engine = CannedStore()
+    (image,) = images()
+    cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
+    registry = LayeredRegistry(answers={cache: "sha256:" + "c" * 64}, engine=engine, held={SHARED})
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    assert outcome.status == publish.PUSHED
+    # Every layer the cache lists was asked about in the image's repository, before any push.
+    assert sorted(registry.heads) == sorted((image.ref, d, 0) for d in (SHARED, CACHED, "sha256:" + "9" * 64))
+    assert registry.mounted == [(image.ref, CACHED, cache, 0)]
+    assert _layers(outcome) == [(SHARED, 4000, True, None),
+                                (CACHED, 3000, False, "127.0.0.1:5999/ml/imagebuilder-cache"),
+                                (UNCACHED, 2000, None, None)]
+    assert outcome.to_json()["layers_reason"].startswith("1 of 3 layers not checked: no manifest asked before the push")
+    summary = publish.format_summary([outcome]).splitlines()[-1]
+    assert summary == (f"{image.tags[0]} layers: 1 new (3.0 KB; 1 mounted from the build cache), "
+                       "1 already in the registry (4.0 KB), 1 not checked (2.0 KB)")
+    document = publish.report_document("127.0.0.1:5999/ml", True, False, [outcome.step], [outcome], ())
+    assert [layer["digest"] for layer in document["images"][0]["layers"]] == [SHARED, CACHED, UNCACHED]
+
+
+def test_a_skipped_image_lists_its_layers_from_the_registry_all_there_before() -> None:
+    (image,) = images()
+    published = "sha256:" + "d" * 64
+    registry = LayeredRegistry(indexes={published})
+    remote = publish.Remote({ref: published for ref in image.refs}, image.inputs_hash)
+    steps = publish.plan([image], {image.ref: remote})
+    (outcome,) = run(steps, CannedEngine(), registry)
+    assert outcome.status == publish.SKIPPED and registry.heads == []  # its manifest says they are there
+    assert _layers(outcome) == [(SHARED, 4000, True, None), (CACHED, 3000, True, None), (UNCACHED, 2000, True, None)]
+    assert outcome.to_json()["layers_reason"] is None
+    assert publish.format_summary([outcome]).splitlines()[-1] == (
+        f"{image.tags[0]} layers: 0 new (0 B), 3 already in the registry (9.0 KB)")
+
+
+@dataclass
+class KeptRegistry(LayeredRegistry, CannedPublished):
+    """The registry has this very image (CannedPublished) under PUBLISHED, listing LayeredRegistry's layers."""
+
+
+def test_a_republish_the_registry_keeps_lists_every_layer_as_there_before() -> None:
+    engine = CannedStore()
+    (image,) = images()
+    registry = KeptRegistry(answers={image.ref: PUBLISHED}, engine=engine, indexes={PUBLISHED})
+    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == publish.PUSHED and "kept, nothing uploaded" in outcome.reason
+    assert [had for _, _, had, _ in _layers(outcome)] == [True, True, True]
+
+
+def test_a_registry_that_cannot_list_the_layers_fails_no_publish_and_the_report_says_why() -> None:
+    """Down before the push (the HEADs) and after it (the manifest): the image is pushed, and no
+    layer is reported as there or as new."""
+    engine = CannedStore()
+    (image,) = images()
+    registry = LayeredRegistry(engine=engine, down=True)
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == publish.PUSHED, outcome.reason
+    report = outcome.to_json()
+    assert report["layers"] is None
+    assert report["layers_reason"].startswith(f"could not read {image.repository}@")
+    assert "did not answer" in report["layers_reason"]
+    summary = publish.format_summary([outcome]).splitlines()[-1]
+    assert summary.startswith(f"{image.tags[0]} layers: not listed: could not read")
+
+    # Up again after the push: every layer listed, none claimed, and why.
+    class DownBeforeThePush(LayeredRegistry):
+        def has_blob(self, ref: str, digest: str) -> bool:
+            raise RegistryUnavailable(url="http://127.0.0.1:5999/v2/", detail="connection refused")
+
+    engine = CannedStore()
+    (outcome,) = run(publish.plan([image], {}), engine, DownBeforeThePush(engine=engine), export=ZSTD_EXPORT,
+                     cache_base="127.0.0.1:5999/ml")
+    assert outcome.status == publish.PUSHED
+    assert [had for _, _, had, _ in _layers(outcome)] == [None, None, None]
+    reason = outcome.to_json()["layers_reason"]
+    assert reason.startswith("the registry could not be asked before the push: the registry at")
+
+
+def test_an_image_not_published_lists_no_layers() -> None:
+    engine = CannedEngine()
+    (outcome,) = run(publish.plan(images(), {}), engine, LayeredRegistry(engine=engine), push=False)
+    assert outcome.status == publish.VERIFIED
+    assert (outcome.to_json()["layers"], outcome.to_json()["layers_reason"]) == (
+        None, "not read: the image is verified, not published")
+    assert "layers:" not in publish.format_summary([outcome])
 
 
 # --------------------------------------------------------------------------- indexes over platforms

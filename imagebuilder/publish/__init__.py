@@ -6,6 +6,7 @@
 - run.py: publish() runs the steps over an Engine and a Registry, per image build -> verify ->
   push -> sign, yielding one Outcome per image; publish_all() runs every platform's plan;
 - push.py: one image's push, mount, confirmation and signing, through the declared protocols;
+- blobs.py: each published image's layers for the report, and which the registry had before;
 - indexes.py: the image indexes over each tag's platform images, planned (reads) then written;
 - report.py: the lines, the summary, the --report document and the failure that ends a run.
 
@@ -15,6 +16,7 @@ tags, what counts as pushed, signing).
 
 from __future__ import annotations
 
+from .blobs import Before, Layer, Layers, check_before, published_layers, pushed_layers
 from .indexes import (UNCHANGED, WRITE, WRITTEN, IndexChild, IndexOutcome, IndexRegistry, IndexStep, MergeIncomplete,
                       plan_indexes, write_indexes)
 from .lookup import lookup
@@ -27,9 +29,9 @@ from .run import Event, Verifier, publish, publish_all, smoke_test
 
 __all__ = [
     "BUILD", "FAILED", "NOT_RUN", "PUSHED", "RETAG", "RETAGGED", "SKIP", "SKIPPED", "UNCHANGED", "VERIFIED", "WRITE",
-    "WRITTEN", "Event", "EventPrinter", "IndexChild", "IndexOutcome", "IndexRegistry", "IndexStep",
-    "MergeIncomplete", "Outcome", "PublishFailed", "PushNotConfirmed", "PushedOtherContent", "Remote", "RunOptions",
-    "Step", "Verifier", "dated_ref", "export_for", "format_indexes", "format_plan", "format_summary", "lookup",
-    "plan", "plan_indexes", "publish", "publish_all", "raise_if_failed", "report_document", "report_indexes",
-    "run_and_report", "smoke_test", "write_indexes",
+    "WRITTEN", "Before", "Event", "EventPrinter", "IndexChild", "IndexOutcome", "IndexRegistry", "IndexStep", "Layer",
+    "Layers", "MergeIncomplete", "Outcome", "PublishFailed", "PushNotConfirmed", "PushedOtherContent", "Remote",
+    "RunOptions", "Step", "Verifier", "check_before", "dated_ref", "export_for", "format_indexes", "format_plan",
+    "format_summary", "lookup", "plan", "plan_indexes", "publish", "publish_all", "published_layers", "pushed_layers",
+    "raise_if_failed", "report_document", "report_indexes", "run_and_report", "smoke_test", "write_indexes",
 ]

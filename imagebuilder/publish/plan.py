@@ -30,6 +30,7 @@ from ..render import RenderedImage
 from ..signing import Signed, Signer
 from ..tags import dated_tag, image_ref
 from ..verify import DEFAULT_TIMEOUT, VerifyReport
+from .blobs import Layers
 
 BUILD, RETAG, SKIP = "build", "retag", "skip"
 
@@ -184,6 +185,9 @@ class Outcome:
     """Seconds of each phase that ran: build_s, verify_s, push_s, sign_s."""
     pushed_bytes: int | None = None
     """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
+    layers: Layers | None = None
+    """The image's layers as published (pushed, kept, re-pointed or skipped) and which of them the
+    registry had before; None: it was not published (failed, not run, --no-push)."""
 
     @property
     def failed(self) -> bool:
@@ -209,6 +213,7 @@ class Outcome:
             **{phase: round(self.timings[phase], 2) if phase in self.timings else None
                for phase in ("build_s", "verify_s", "push_s", "sign_s")},
             "pushed_bytes": self.pushed_bytes,
+            **(self.layers or Layers(None, f"not read: the image is {self.status}, not published")).to_json(),
             "build": self.built.to_json() if self.built else None,
             "verify": self.verify.to_json() if self.verify else None,
         }

@@ -1,6 +1,7 @@
-"""One image to the registry, through the declared Engine and Registry protocols: push each
-tag and confirm it, mount the layers its build cache holds, keep a registry image that is this
-very image, point tags, sign the pushed digests.
+"""One image to the registry, through the declared Engine and Registry protocols: ask which of
+its layer blobs the repository has (for the report: blobs.py), mount the layers its build cache
+holds, push each tag and confirm it, keep a registry image that is this very image, point tags,
+sign the pushed digests.
 
 A tag counts as pushed only once the registry itself answers with the digest the push
 reported: a registry that goes away mid-run never leaves an image reported as published.
@@ -20,7 +21,8 @@ from ..errors import ImageBuilderError
 from ..labels import SBOM_DIGEST
 from ..registry import Registry
 from ..render import SBOM_PATH, RenderedImage
-from ..signing import SbomNotTheImages, Signed, Signer, pinned
+from ..signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
+from .blobs import Before, Layers, check_before, published_layers, pushed_layers
 from .plan import RunOptions, Step
 
 class PushNotConfirmed(ImageBuilderError):
@@ -55,21 +57,27 @@ def export_for(image: RenderedImage, options: RunOptions, registry: Registry) ->
 
 
 
-def _mount_from_cache(ref: str, engine: Engine, registry: Registry, cache: str) -> None:
-    """Mount the image's layers from its build cache `cache` into its repository before the push.
-    The build's cache export (mode=min) uploaded the image's own blobs there, and `docker push`
-    asks to mount a blob only from repositories it pulled or pushed it to itself, so without
-    this the push uploads every layer a second time. Only the cache's layers this image has (by
-    uncompressed digest) are mounted; one the registry will not mount is left to the push, and a
-    registry that cannot say fails nothing here (the push says what fails)."""
+def _mount_from_cache(ref: str, engine: Engine, registry: Registry, cache: str,
+                      had: Mapping[str, bool]) -> dict[str, str]:
+    """Mount the image's layers from its build cache `cache` into its repository before the push;
+    the blobs mounted, each with the repository it came from. The build's cache export (mode=min)
+    uploaded the image's own blobs there, and `docker push` asks to mount a blob only from
+    repositories it pulled or pushed it to itself, so without this the push uploads every layer a
+    second time. Only the cache's layers this image has (by uncompressed digest) and its
+    repository did not (`had`) are mounted; one the registry will not mount is left to the push,
+    and a registry that cannot say fails nothing here (the push says what fails)."""
+    mounted: dict[str, str] = {}
     try:
         found = registry.manifest(cache)
         ours = set((engine.inspect_image(ref).get("RootFS") or {}).get("Layers") or ())
         for layer in (found[0].get("layers") or []) if found else []:
-            if (layer.get("annotations") or {}).get("containerd.io/uncompressed") in ours:
-                registry.mount(ref, str(layer["digest"]), cache)
+            digest = str(layer["digest"])
+            if ((layer.get("annotations") or {}).get("containerd.io/uncompressed") in ours and not had.get(digest)
+                    and registry.mount(ref, digest, cache)):
+                mounted[digest] = repository_of(cache)
     except ImageBuilderError:
         pass
+    return mounted
 
 
 # What makes two images the same image to a container: their layers' content and these settings.
@@ -119,6 +127,10 @@ class Pushing:
     """Blob bytes the pushes uploaded."""
     published: str | None = None
     """The digest the registry already had for this very image (nothing was uploaded); None: pushed."""
+    before: Before = field(default_factory=Before)
+    """What the image's repository held before anything was mounted or pushed into it."""
+    mounted: dict[str, str] = field(default_factory=dict)
+    """Blob digest -> the repository it was mounted from (the build cache's) before the push."""
 
 
 def push_image(step: Step, built: Built, export: Export | None, engine: Engine, registry: Registry,
@@ -134,13 +146,23 @@ def push_image(step: Step, built: Built, export: Export | None, engine: Engine, 
             done.pushed[ref] = (done.published if registry.digest(ref) == done.published
                                 else put_tag(registry, ref, done.published))
     else:
-        if export is not None and export.cache_to is not None:
-            _mount_from_cache(image.ref, engine, registry, export.cache_to)
+        cache = export.cache_to if export is not None else None
+        # Asked before the mount and the push write to the repository, for the report's layers.
+        done.before = check_before(registry, image.ref, (cache, image.ref, image.depends_on))
+        if cache is not None:
+            done.mounted = _mount_from_cache(image.ref, engine, registry, cache, done.before.had)
         for ref in image.refs:
             done.pushed[ref] = _push_tag(ref, built, engine, registry, options, done)
     if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
         # A manifest PUT of the image just pushed: the dated tag needs no local tag.
         done.pushed[step.dated] = put_tag(registry, step.dated, done.pushed[image.ref])
+
+
+def layers_of(image: RenderedImage, registry: Registry, done: Pushing) -> Layers:
+    """The layers of the image push_image() published, with what its repository had before."""
+    if done.published is not None:
+        return published_layers(registry, pinned(image.ref, done.published))
+    return pushed_layers(registry, pinned(image.ref, done.pushed[image.ref]), done.before, done.mounted)
 
 
 def _push_tag(ref: str, built: Built, engine: Engine, registry: Registry, options: RunOptions, done: Pushing) -> str:

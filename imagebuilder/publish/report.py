@@ -137,6 +137,8 @@ def format_indexes(indexes: Sequence[IndexStep | IndexOutcome]) -> str:
 
 
 def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
+    """A row per image, then a line per published image: its layers new to the registry and
+    those the registry had already (blobs.Layers.summary)."""
     def mark(value: bool | None) -> str:
         return "-" if value is None else ("yes" if value else "no")
 
@@ -149,7 +151,8 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
                mark(verified), pushed, o.status, o.reason)
         rows.append(row[:4] + ((mark(bool(o.signed) if o.pushed else None),) if signing else ()) + row[4:])
     headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
-    return format_table(headers, rows)
+    layers = [f"{o.step.image.tags[0]} layers: {o.layers.summary()}" for o in outcomes if o.layers is not None]
+    return "\n".join((format_table(headers, rows), *layers))
 
 
 def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],

@@ -22,12 +22,13 @@ from ..errors import ImageBuilderError
 from ..platforms import host_platform
 from ..registry import Registry
 from ..render import RenderedImage
-from ..signing import Signed
+from ..signing import Signed, pinned
 from ..verify import VerifyReport, verify_image
+from .blobs import published_layers
 from .indexes import IndexOutcome, plan_indexes, write_indexes
 from .plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, RunOptions,
                    Step, short)
-from .push import Pushing, export_for, push_image, put_tag, sign_pushed
+from .push import Pushing, export_for, layers_of, push_image, put_tag, sign_pushed
 
 Event = Callable[[str, Step], None]
 """Called with "build", "verify", "push" or "retag" before that phase of a step starts."""
@@ -78,7 +79,9 @@ def _quiet(phase: str, step: Step) -> None:
 def _run(step: Step, engine: Engine, builder: Builder, registry: Registry, options: RunOptions, local: set[str],
          on_event: Event, on_progress: OnProgress | None, verifier: Verifier) -> Outcome:
     if step.action == SKIP:
-        return Outcome(step, SKIPPED, step.reason)
+        assert step.digest is not None
+        layers = published_layers(registry, pinned(step.image.ref, step.digest))
+        return Outcome(step, SKIPPED, step.reason, layers=layers)
     if step.action == RETAG:
         return _retag(step, registry, options, on_event)
     return _build_verify_push(step, engine, builder, registry, options, local, on_event, on_progress, verifier)
@@ -86,8 +89,9 @@ def _run(step: Step, engine: Engine, builder: Builder, registry: Registry, optio
 
 def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event) -> Outcome:
     assert step.digest is not None
+    layers = published_layers(registry, pinned(step.image.ref, step.digest))
     if not options.push:
-        return Outcome(step, SKIPPED, f"{step.reason} (--no-push: left as they are)")
+        return Outcome(step, SKIPPED, f"{step.reason} (--no-push: left as they are)", layers=layers)
     on_event(RETAG, step)
     pushed = {ref: step.digest for ref in step.image.refs if ref not in step.retag}
     try:
@@ -95,7 +99,7 @@ def _retag(step: Step, registry: Registry, options: RunOptions, on_event: Event)
             pushed[ref] = put_tag(registry, ref, step.digest)
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"retag failed: {e}", pushed=pushed)
-    return Outcome(step, RETAGGED, step.reason, pushed=pushed)
+    return Outcome(step, RETAGGED, step.reason, pushed=pushed, layers=layers)
 
 
 
@@ -149,6 +153,7 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
         return Outcome(step, FAILED, f"push failed: {e}", built=built, verify=report, pushed=done.pushed,
                        timings=timings)
     timings["push_s"] = time.monotonic() - started
+    layers = layers_of(step.image, registry, done)
     signed: tuple[Signed, ...] = ()
     if options.signer is not None:
         on_event("sign", step)
@@ -158,14 +163,14 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
         except ImageBuilderError as e:
             return Outcome(step, FAILED, f"pushed, but not signed (the next run rebuilds and signs it): {e}",
                            built=built, verify=report, pushed=done.pushed, timings=timings,
-                           pushed_bytes=done.uploaded)
+                           pushed_bytes=done.uploaded, layers=layers)
         finally:
             timings["sign_s"] = time.monotonic() - started
     reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
     if done.published is not None:
         reason += f"; the registry had this image ({short(done.published)}): kept, nothing uploaded"
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=done.pushed, timings=timings,
-                   pushed_bytes=done.uploaded, signed=signed)
+                   pushed_bytes=done.uploaded, signed=signed, layers=layers)
 
 
 def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
