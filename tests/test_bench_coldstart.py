@@ -7,6 +7,7 @@ with their build args and without their mounts, as `docker history` shows them."
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from bench.bench_coldstart import link_bytes_per_s, parse_rates
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer, wheel_group_layers
 from imagebuilder.layers import GROUPS
 from imagebuilder.lock import load_locks
@@ -148,3 +150,23 @@ def test_the_bytes_an_image_adds_are_those_of_the_blobs_the_other_lacks() -> Non
     first, second = image({"c1": 10, "a": 100, "b": 200}), image({"c2": 11, "a": 100, "d": 300})
     assert (first.bytes, second.bytes) == (310, 411)
     assert added_bytes(second, first) == 311 and added_bytes(first, first) == 0
+
+
+@pytest.mark.parametrize("text, rates", [
+    ("1gbit,200mbit", ("1gbit", "200mbit")),
+    (" 500mbit , none ", ("500mbit", "none")),
+    ("1.5gbit", ("1.5gbit",)),
+])
+def test_rates_are_tc_rates_or_none(text: str, rates: tuple[str, ...]) -> None:
+    assert parse_rates(text) == rates
+
+
+@pytest.mark.parametrize("text", ["", ",", "fast", "1gbps", "200MB", "100mbit,1GB"])
+def test_a_rate_tc_would_read_otherwise_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="1gbit,200mbit"):
+        parse_rates(text)
+
+
+@pytest.mark.parametrize("rate, per_s", [("1gbit", 125e6), ("200mbit", 25e6), ("800kbit", 1e5), ("none", None)])
+def test_the_link_passes_the_rate_in_bytes(rate: str, per_s: float | None) -> None:
+    assert link_bytes_per_s(rate) == per_s
