@@ -8,6 +8,8 @@ namespace it makes its own docker0, which no other daemon sees.
 A registry on this host's loopback (127.0.0.1:PORT, insecure by default for every engine) is
 made reachable inside the namespace at the same address by two small TCP forwarders over
 the namespace's veth pair, so image and cache refs are the same strings on both engines.
+Whatever the engine downloads crosses that pair from the host's end, whose egress limit_rate
+shapes (a GPU node's link, for the cold-start benchmark).
 """
 
 from __future__ import annotations
@@ -60,11 +62,24 @@ class RemoteEngine:
     """tcp://ADDRESS:2376, TLS."""
     cert_path: Path
     docker_config: Path
+    link: str
+    """The host's end of the veth pair: its egress is what the engine downloads (tx_bytes in
+    /sys/class/net/LINK/statistics counts it; limit_rate shapes it)."""
 
     def env(self) -> dict[str, str]:
         """The environment in which docker, buildx and imagebuilder talk to this engine."""
         return {**os.environ, "DOCKER_HOST": self.host, "DOCKER_TLS_VERIFY": "1",
                 "DOCKER_CERT_PATH": str(self.cert_path), "DOCKER_CONFIG": str(self.docker_config)}
+
+
+def limit_rate(link: str, rate: str | None) -> None:
+    """Shape `link`'s egress to `rate` (tc's units: 1gbit, 200mbit) with a token bucket, replacing
+    any limit it had; None: unshaped. A token bucket because netem is not built into every kernel
+    (this host's lacks it); tbf is, and gave 23.9 MB/s at 200mbit here."""
+    if rate is None:
+        subprocess.run(["tc", "qdisc", "del", "dev", link, "root"], capture_output=True, check=False)
+    else:
+        _run("tc", "qdisc", "replace", "dev", link, "root", "tbf", "rate", rate, "burst", "1mb", "latency", "50ms")
 
 
 def _run(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -151,7 +166,7 @@ def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
         docker_config = root / "config"
         docker_config.mkdir()
         engine = RemoteEngine(name=f"ib-remote-{tag}", host=f"tcp://{ns_ip}:2376", cert_path=client,
-                              docker_config=docker_config)
+                              docker_config=docker_config, link=host_if)
         _wait_for(engine.env(), daemon, log)
         # The builder instance: buildx's docker driver on a context that reaches the engine.
         _run("docker", "context", "create", engine.name, "--docker",
