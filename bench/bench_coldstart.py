@@ -67,7 +67,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -81,6 +80,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # remote_engine (the empty engine behind the link), build_records
 
+from bench.bench_publish import say, sh  # noqa: E402
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer  # noqa: E402
 from imagebuilder.reference import parse_reference  # noqa: E402
 from imagebuilder.registry import INDEXES, OCI_MANIFEST, HttpRegistry, pick_manifest  # noqa: E402
@@ -126,31 +126,6 @@ def link_bytes_per_s(rate: str) -> float | None:
 
 
 # --------------------------------------------------------------------------- this host
-
-
-def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
-def sh(*argv: str, env: Mapping[str, str] | None = None, timeout: float | None = None,
-       progress: Callable[[], str] = lambda: "") -> subprocess.CompletedProcess[str]:
-    """Run argv, ending the run if it fails; a line every 15 s while it runs (`progress` adds to it)."""
-    stop = threading.Event()
-    started = time.perf_counter()
-    name = " ".join(argv[:4])
-
-    def tick() -> None:
-        while not stop.wait(15):
-            say(f"  ... {name} still running ({time.perf_counter() - started:.0f}s{progress()})")
-
-    threading.Thread(target=tick, daemon=True).start()
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
-    finally:
-        stop.set()
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    return done
 
 
 def free_port() -> int:

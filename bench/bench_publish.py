@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +73,10 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    """Run argv; a line every 15 s while it runs (no silence longer than that)."""
+def sh(*argv: str, env: Mapping[str, str] | None = None, timeout: float | None = None,
+       progress: Callable[[], str] = lambda: "") -> subprocess.CompletedProcess[str]:
+    """Run argv, ending the run if it fails; a line every 15 s while it runs (no silence longer
+    than that; `progress` adds to it)."""
     import threading
 
     stop = threading.Event()
@@ -82,12 +85,11 @@ def sh(*argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
 
     def tick() -> None:
         while not stop.wait(15):
-            say(f"  ... {name} still running ({time.perf_counter() - started:.0f}s)")
+            say(f"  ... {name} still running ({time.perf_counter() - started:.0f}s{progress()})")
 
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
+    threading.Thread(target=tick, daemon=True).start()
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, **kw)  # type: ignore[call-overload]
+        done = subprocess.run(list(argv), capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
     finally:
         stop.set()
     if done.returncode != 0:
