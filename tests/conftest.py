@@ -166,6 +166,8 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
         "the family's runtime on a second engine, from the registry's cache",
     ("test_publish.py", "test_second_run_skips_and_pushes_nothing"): "signed_publish's rerun: skips",
     ("test_publish.py", "test_the_next_day_adds_only_the_dated_tag"): "signed_publish's rerun: retags",
+    ("test_publish.py", "test_a_release_with_common_pins_shares_their_layers_and_uploads_none_of_them"):
+        "torch 2.5 (cu124) runtime published after signed_publish: the groups below cuSPARSELt from its layers",
     ("test_signing.py", "test_nothing_is_signed_when_verify_failed"): "signed_publish's image again: from the cache",
     ("test_signing.py", "test_a_failed_signing_fails_the_publish_and_the_next_run_signs"):
         "signed_publish's image again: from the cache",

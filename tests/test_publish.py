@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,11 +38,13 @@ from imagebuilder import publish
 from imagebuilder.labels import INPUTS_HASH as HASH
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.errors import BadRequest, ImageBuilderError
+from imagebuilder.layers import wheel_groups
 from imagebuilder.lock import load_locks, locks_dir
 from imagebuilder.matrix import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.reference import parse_reference
 from imagebuilder.registry import (
+    INDEXES,
     OCI_MANIFEST,
     HttpRegistry,
     RegistryUnavailable,
@@ -438,6 +441,106 @@ def test_the_next_day_adds_only_the_dated_tag(base_image: str, first_run: dict[s
     assert _head(dated) == digest
     for ref, was in before["pushed"].items():
         assert _head(ref) == was  # nothing else moved, yesterday's dated tag included
+
+
+# Issue 30: another release with common pins. 2.5 after 2.6 (cu124 wheels, Python 3.11, the same
+# base): their locks pin the same nvidia wheels but for cuSPARSELt (2.5 has none).
+OTHER_TORCH = "2.5"
+_GROUP_LOCK = re.compile(r"/run/imagebuilder/layers/([a-z-]+)\.lock")
+_UPLOADED = re.compile(r'"PUT /v2/\S+/blobs/uploads/\S*[?&]digest=(sha256(?::|%3A)[0-9a-f]{64})\S* HTTP/[\d.]+" 201 ')
+
+
+def _group_layers(ref: str) -> dict[str, str]:
+    """The image's wheel-group layers as the registry holds them: group name -> layer digest.
+    Each layer of the linux/amd64 manifest is paired, in order, with the config's history entry
+    that made it; a group's RUN names its lock file (/run/imagebuilder/layers/GROUP.lock)."""
+    registry = HttpRegistry(config={})
+    found = registry.manifest(ref)
+    assert found is not None, ref
+    document, media_type = found
+    if media_type in INDEXES or document.get("mediaType") in INDEXES:
+        child = registry.manifest(f"{ref.rsplit(':', 1)[0]}@{pick_manifest(document, 'linux/amd64')}")
+        assert child is not None, ref
+        document = child[0]
+    config = registry.image_config(ref, "linux/amd64")
+    assert config is not None, ref
+    made = [entry.get("created_by", "") for entry in config[0]["history"] if not entry.get("empty_layer")]
+    layers = [layer["digest"] for layer in document["layers"]]
+    assert len(made) == len(layers), (len(made), len(layers))
+    groups = {m[1]: digest for by, digest in zip(made, layers) if (m := _GROUP_LOCK.search(by))}
+    assert groups, f"no wheel-group layer in {ref}'s history"
+    return groups
+
+
+def _uploaded_digests(log: str) -> set[str]:
+    """The blobs a docker-registry access log shows uploaded (a completed upload's PUT); a
+    cross-repository mount or a HEAD is not an upload."""
+    return {m[1].replace("%3A", ":") for m in _UPLOADED.finditer(log)}
+
+
+def test_uploaded_digests_reads_completed_uploads_only() -> None:
+    hexa, hexb = "a" * 64, "b" * 64
+    log = (f'127.0.0.1 - - [x] "PUT /v2/ns/t/blobs/uploads/u1?_state=S%3D&digest=sha256:{hexa} HTTP/1.1" 201 0 "" "b"\n'
+           f'127.0.0.1 - - [x] "PUT /v2/ns/t/blobs/uploads/u2?digest=sha256%3A{hexb} HTTP/1.1" 201 0 "" "b"\n'
+           f'127.0.0.1 - - [x] "POST /v2/ns/t/blobs/uploads/?mount=sha256:{"c" * 64}&from=ns/c HTTP/1.1" 201 0 "" "b"\n'
+           f'127.0.0.1 - - [x] "HEAD /v2/ns/t/blobs/sha256:{"d" * 64} HTTP/1.1" 200 0 "" "b"\n'
+           f'127.0.0.1 - - [x] "PUT /v2/ns/t/blobs/uploads/u3?digest=sha256:{"e" * 64} HTTP/1.1" 400 0 "" "b"\n')
+    assert _uploaded_digests(log) == {f"sha256:{hexa}", f"sha256:{hexb}"}
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_release_with_common_pins_shares_their_layers_and_uploads_none_of_them(
+        docker_engine: Any, base_image: str, first_run: dict[str, Any], tmp_path: Path) -> None:
+    """2.5 published into the namespace 2.6 went to. Every wheel group whose pins the two locks
+    share is one layer, the same digest in both images: the groups below the first that differs
+    come from 2.6's BuildKit layers, and a shared group above it (NCCL) is installed again and
+    comes out byte-identical. The registry's log shows the publish uploaded none of them (the
+    report says the registry had them), and did upload the groups that differ."""
+    matrix = load_matrix(default_matrix_path())
+    locks = load_locks(locks_dir(matrix))
+    pins = {}
+    for torch in (TORCH, OTHER_TORCH):
+        spec = resolve(matrix, Request(torch, CUDA, None, "runtime", OS, base_image=base_image))
+        lock = locks.lock_for(spec, matrix)
+        assert lock is not None, spec.key
+        pins[torch] = {group.name: group.lock.pins for group in wheel_groups(lock)}
+    order = list(pins[TORCH])
+    shared = [name for name in order if pins[TORCH][name] == pins[OTHER_TORCH].get(name)]
+    differ = [name for name in order if name not in shared]
+    # What the test stands on (facts of the committed locks): shared groups on both sides of one that differs.
+    assert differ and any(order.index(name) > order.index(differ[0]) for name in shared), (shared, differ)
+    assert {"cuda-libraries", "cublas", "cudnn", "nccl"} <= set(shared), shared
+
+    address = first_run["address"]
+    log = Path(os.environ.get("TMPDIR") or "/tmp") / f"imagebuilder-registry-{address.rsplit(':', 1)[1]}" / "registry.log"
+    offset = log.stat().st_size
+    report = tmp_path / "other.json"
+    done = imagebuilder("publish", "--torch", OTHER_TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",
+                        "--builder", "buildkit", "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu",
+                        "--registry", first_run["registry"], "--report", str(report))
+    (image,) = json.loads(report.read_text())["images"] if report.exists() else [{}]
+    try:
+        assert done.returncode == 0, f"publish failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+        assert (image["status"], image["verified"]) == (PUSHED, True)
+        with log.open("rb") as f:
+            f.seek(offset)
+            uploaded = _uploaded_digests(f.read().decode(errors="replace"))
+    finally:
+        if image.get("ref"):  # every local tag of 2.5 (REPOSITORY:2.5.1-...), none of 2.6's
+            repository, tag = image["ref"].rsplit(":", 1)
+            remove_local_tags(docker_engine, f"{repository}:{tag.split('-', 1)[0]}-")
+    ours, theirs = _group_layers(image["ref"]), _group_layers(first_run["image"]["ref"])
+    assert set(ours) == set(pins[OTHER_TORCH]) and set(theirs) == set(pins[TORCH])
+    for name in shared:
+        assert ours[name] == theirs[name], f"{name}: the same pins, another layer"
+    for name in set(differ) & set(ours):
+        assert ours[name] != theirs[name], name
+    assert not uploaded & {ours[name] for name in shared}, "a shared group's layer was uploaded again"
+    assert ours["torch"] in uploaded  # the log is read right: what differs did go up
+    reported = {layer["digest"]: layer for layer in image["layers"]}
+    assert all(reported[ours[name]]["in_registry_before"] is True for name in shared)
 
 
 @pytest.mark.slow
