@@ -181,8 +181,9 @@ def _has_ssh(spec: BuildSpec) -> bool:
 UV = "/tmp/uv"
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 # BuildKit: the CA bundle is mounted for one RUN only (in no layer, no history, no ENV), and
-# the package caches live in cache mounts every image built on the host shares, so the second
-# image that needs torch's wheels downloads none. The ids are the same for every image.
+# the package caches (apt's downloads, uv itself, the additions' wheels) live in cache mounts
+# every image built on the host shares; the ids are the same for every image. The wheel
+# groups' RUNs keep uv's cache in their layer instead (GROUP_UV_CACHE).
 CA_SECRET_ID = "ca"
 CA_SECRET_PATH = f"/run/secrets/{CA_SECRET_ID}"  # where a RUN reads the CA bundle, secret or bind mount
 CA_CONTEXT = "imagebuilder-ca"  # the named build context holding it as CA_CONTEXT_FILE (ca_context)
@@ -215,6 +216,19 @@ def _uv_env(options: RenderOptions, single_stage: bool) -> str:
     cert = _cert_file(options, single_stage)
     netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options) else ""
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
+
+
+# A group's RUN unpacks its wheels into a cache on the layer's own filesystem and hard-links them
+# into the venv, then removes that cache: each file is written once (a cache mount is another
+# mount, so from there uv can only copy: 6 GB written twice). The cost: a second image with the
+# same wheels on another parent downloads them again (BuildKit's layer cache serves the same parent).
+GROUP_UV_CACHE = f"{VENV}/.uv-cache"
+
+
+def _group_uv_env(options: RenderOptions) -> str:
+    """Environment of a wheel group's RUN: _uv_env's, with uv's cache in the layer (GROUP_UV_CACHE)."""
+    return (_uv_env(options, True).replace(f"UV_CACHE_DIR={UV_CACHE} ", f"UV_CACHE_DIR={GROUP_UV_CACHE} ")
+            .replace("UV_LINK_MODE=copy", "UV_LINK_MODE=hardlink"))
 
 
 def _apt_mount(machine: str | None = None) -> str:
@@ -429,7 +443,8 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
     index = _index_args(spec, options)
     layers = []
     for n, group in enumerate(wheel_groups(venv.lock)):
-        commands = [_uv_env(options, True), "touch /tmp/.layer-start", find_uv]
+        commands = [_group_uv_env(options) if options.buildkit else _uv_env(options, True),
+                    "touch /tmp/.layer-start", find_uv]
         if n == 0:
             if not spec.python_from_os:
                 mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
@@ -439,6 +454,8 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
         commands.append(f"{uv} pip install --python {VENV}/bin/python" + "".join(
             f" \\\n        {a}" for a in [*target, *index, "--require-hashes --no-deps",
                                             f"-r {LAYERS_MOUNT}/{group.filename}"]))
+        if options.buildkit:
+            commands.append(f"rm -rf {GROUP_UV_CACHE}")
         commands.append(f"find {trees} -cnewer /tmp/.layer-start -exec touch -h -d @{LAYER_EPOCH} {{}} +")
         mounts = (install_mounts + native_mount + f"--mount=type=bind,source={LAYERS_DIR}/{group.filename},"
                   f"target={LAYERS_MOUNT}/{group.filename} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
