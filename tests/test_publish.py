@@ -3,7 +3,7 @@ real local registry (Debian's docker-registry).
 
 The integration tests publish one real torch image with BuildKit (what `--builder auto` picks on
 Docker 26): torch 2.6 for CUDA 12.4 on debian12, on the local Debian base, with the host's CA
-bundle; its wheels come from the uv cache mount when an earlier module installed the same lock.
+bundle; its install steps are served from the main job's layers (conftest's IMAGE_FAMILIES).
 The smoke tests run on it once per module (CPU mode); the later runs that need a verdict reuse
 that recorded one. The classic builder's runner is tested on small images (its torch build took
 8 minutes).

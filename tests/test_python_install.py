@@ -129,8 +129,8 @@ def test_a_debian13_image_runs_on_the_os_python(docker_engine, tmp_path):
     repository = f"{TEST_REPOSITORY_PREFIX}/trixie-{uuid.uuid4().hex[:8]}"
     report = tmp_path / "report.json"
     # No --os and no --python: debian13 is read from the base image, and 3.13 is its own.
-    # BuildKit: its uv cache mount holds the CUDA 12.4 wheels (py3-none) the 2.6 publish
-    # downloaded, so only torch's cp313 wheel comes down (.ci/setup makes the base).
+    # BuildKit, its own parent (Debian 13's apt layer): every wheel of its lock comes down
+    # (.ci/setup makes the base).
     done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.4", "--base-image", TRIXIE_BASE, "--builder", "buildkit",
                         "--repository", repository, "--report", str(report),
                         "--python-mirror", "http://127.0.0.1:9", *ca_bundle_args())
