@@ -206,29 +206,25 @@ def _cert_file(options: RenderOptions, single_stage: bool) -> str | None:
     return SYSTEM_CA if single_stage else None
 
 
-def _uv_env(options: RenderOptions, single_stage: bool) -> str:
-    """Environment of the install RUN."""
+# A wheel group's RUN passes cache=GROUP_UV_CACHE, link="hardlink": uv unpacks its wheels into a
+# cache on the layer's own filesystem, hard-links them into the venv, and the RUN removes that
+# cache, so each file is written once (a cache mount is another mount, so from there uv can only
+# copy: 6 GB written twice). The cost: a second image with the same wheels on another parent
+# downloads them again (BuildKit's layer cache serves the same parent).
+GROUP_UV_CACHE = f"{VENV}/.uv-cache"
+
+
+def _uv_env(options: RenderOptions, single_stage: bool, cache: str = UV_CACHE, link: str = "copy") -> str:
+    """Environment of the install RUN; BuildKit: uv's cache at `cache` (the shared cache mount by
+    default), files put into place by `link` (uv's link mode)."""
     if options.buildkit:
-        env = (f"export UV_CACHE_DIR={UV_CACHE} UV_PYTHON_CACHE_DIR={UV_CACHE}/python "
-               "UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1")
+        env = (f"export UV_CACHE_DIR={cache} UV_PYTHON_CACHE_DIR={UV_CACHE}/python "
+               f"UV_LINK_MODE={link} UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1")
     else:
         env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
     cert = _cert_file(options, single_stage)
     netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options) else ""
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
-
-
-# A group's RUN unpacks its wheels into a cache on the layer's own filesystem and hard-links them
-# into the venv, then removes that cache: each file is written once (a cache mount is another
-# mount, so from there uv can only copy: 6 GB written twice). The cost: a second image with the
-# same wheels on another parent downloads them again (BuildKit's layer cache serves the same parent).
-GROUP_UV_CACHE = f"{VENV}/.uv-cache"
-
-
-def _group_uv_env(options: RenderOptions) -> str:
-    """Environment of a wheel group's RUN: _uv_env's, with uv's cache in the layer (GROUP_UV_CACHE)."""
-    return (_uv_env(options, True).replace(f"UV_CACHE_DIR={UV_CACHE} ", f"UV_CACHE_DIR={GROUP_UV_CACHE} ")
-            .replace("UV_LINK_MODE=copy", "UV_LINK_MODE=hardlink"))
 
 
 def _apt_mount(machine: str | None = None) -> str:
@@ -443,8 +439,7 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
     index = _index_args(spec, options)
     layers = []
     for n, group in enumerate(wheel_groups(venv.lock)):
-        commands = [_group_uv_env(options) if options.buildkit else _uv_env(options, True),
-                    "touch /tmp/.layer-start", find_uv]
+        commands = [_uv_env(options, True, cache=GROUP_UV_CACHE, link="hardlink"), "touch /tmp/.layer-start", find_uv]
         if n == 0:
             if not spec.python_from_os:
                 mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
@@ -454,8 +449,7 @@ def _torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv:
         commands.append(f"{uv} pip install --python {VENV}/bin/python" + "".join(
             f" \\\n        {a}" for a in [*target, *index, "--require-hashes --no-deps",
                                             f"-r {LAYERS_MOUNT}/{group.filename}"]))
-        if options.buildkit:
-            commands.append(f"rm -rf {GROUP_UV_CACHE}")
+        commands.append(f"rm -rf {GROUP_UV_CACHE}")
         commands.append(f"find {trees} -cnewer /tmp/.layer-start -exec touch -h -d @{LAYER_EPOCH} {{}} +")
         mounts = (install_mounts + native_mount + f"--mount=type=bind,source={LAYERS_DIR}/{group.filename},"
                   f"target={LAYERS_MOUNT}/{group.filename} \\\n    --mount=type=tmpfs,target=/tmp \\\n    ")
