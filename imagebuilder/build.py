@@ -9,18 +9,20 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .atomic import write_json
-from .engine.api import Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
+from .cache_export import CacheExport, can_start, start_cache_export
+from .engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export
 from .labels import CREATED, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
@@ -61,6 +63,8 @@ class Built:
     image: RenderedImage
     result: BuildResult
     refs: tuple[str, ...]
+    cache_export: CacheExport | None = field(default=None, compare=False)
+    """The registry cache's export, still running (build_image's background_cache)."""
 
     def to_json(self) -> dict[str, Any]:
         spec = self.image.spec
@@ -150,15 +154,25 @@ def build_image(
     timeout: float = 3 * 3600,
     platform: str | None = None,
     export: Export | None = None,
+    background_cache: bool = False,
 ) -> Built:
     """Build one image with `builder`; `engine` holds the images it builds on and makes.
 
-    `export` (BuildKit): the final image's compression, provenance and registry caches."""
+    `export` (BuildKit): the final image's compression, provenance and registry caches.
+    `background_cache`: the registry cache (export.cache_to) is exported by a build that is
+    still running when this returns (Built.cache_export), where the builder can; the caller
+    waits for it or stops it."""
     check_base(engine, image)
     logs = logs or log_dir()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log_path = logs / f"{image.spec.key}-{stamp}.log"
-    with tempfile.TemporaryDirectory(prefix="imagebuilder-context-") as tmp:
+    # The registry cache goes up beside verify where the builder can (cache_export.py): the
+    # image's builds export the image alone, and the context stays for the cache's own build.
+    later = background_cache and export is not None and export.cache_to is not None and can_start(builder)
+    image_export = replace(export, cache_to=None) if later and export is not None else export
+    tmp = tempfile.mkdtemp(prefix="imagebuilder-context-")
+    exporting: CacheExport | None = None
+    try:
         context = Path(tmp) / "context"
         image.write(context)
         # Secrets (BuildKit's CA bundle) live beside the context, never in it.
@@ -205,19 +219,28 @@ def build_image(
             if builder.kind == "buildkit":
                 # The same Dockerfile plus the label, every step cached: the final image's
                 # provenance then describes the real build (its base, its steps), not a FROM
-                # of an intermediate image; and its export writes the registry cache.
+                # of an intermediate image; and its export writes the registry cache, unless a
+                # build of the same in the background does (`later`).
                 request = BuildRequest(context=context, dockerfile=SBOM_DOCKERFILE, tags=image.refs, labels=labels,
                                        timeout=timeout, platform=platform, secrets=secrets, contexts=contexts,
                                        log_path=sbom_log,
-                                       export=export)
+                                       export=image_export)
             else:
                 request = BuildRequest(context=Path(tmp) / "sbom", tags=image.refs, labels=labels,
                                        nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log,
-                                       export=export)
+                                       export=image_export)
             result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
-    return Built(image, result, image.refs)
+        if later and export is not None and isinstance(builder, BackgroundBuilder):
+            # The labelled build again, every step cached: only its cache goes out.
+            exporting = start_cache_export(builder, replace(
+                request, export=replace(export, image=False, provenance=False), timeout=3600,
+                log_path=log_path.with_name(log_path.stem + "-cache.log")), lambda: shutil.rmtree(tmp, ignore_errors=True))
+    finally:
+        if exporting is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Built(image, result, image.refs, exporting)
 
 
 _UV_PYTHON_FAILED = "Failed to install cpython-"  # `uv python install`'s error line

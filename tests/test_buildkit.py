@@ -17,6 +17,7 @@ import certifi
 import pytest
 
 from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
+from imagebuilder.engine.export import Compression, Export
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
@@ -240,6 +241,53 @@ def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
                  "--platform linux/arm64", "--no-cache", f"--iidfile {tmp_path}/iid"):
         assert part in joined
     assert argv[-1] == str(tmp_path)
+
+
+def test_a_cache_only_build_names_no_image_and_reads_no_image_id(tmp_path):
+    builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build")), DockerEngine())
+    export = Export(Compression("zstd"), cache_to="127.0.0.1:5000/ml/imagebuilder-cache:k", image=False)
+    argv = builder.command(BuildRequest(context=tmp_path, tags=("r:a",), export=export), None)
+    assert "--tag" not in argv and "--iidfile" not in argv
+    assert argv[argv.index("--output") + 1] == "type=cacheonly"
+
+
+def _background(tmp_path, script: str, timeout: float = 60):
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    builder = BuildKitBuilder(BuildKitCli(("sh", "-c", script, "sh")), DockerEngine())
+    log = tmp_path / "logs" / "k-cache.log"
+    req = BuildRequest(context=tmp_path, tags=("r:a",), log_path=log, timeout=timeout,
+                       export=Export(Compression("zstd"), cache_to="127.0.0.1:5000/ml/imagebuilder-cache:k",
+                                     image=False))
+    return builder, req, log
+
+
+def test_a_background_build_runs_beside_its_caller_into_its_log(tmp_path):
+    builder, req, log = _background(tmp_path, 'echo "exporting cache to registry"; sleep 0.5; exit 3')
+    assert builder.can_start()
+    running = builder.start(req)
+    assert running.wait(0.01) is None  # still running: the caller goes on
+    assert running.wait() == 3
+    time.sleep(0.1)  # (its watcher stamps the end as the process ends)
+    assert running.ended_at is not None and running.ended_at <= time.monotonic()
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("$ sh -c") and "--output type=cacheonly" in lines[0]
+    assert "exporting cache to registry" in lines
+
+
+def test_a_background_build_is_stopped_when_asked_and_past_its_timeout(tmp_path):
+    builder, req, _ = _background(tmp_path, "exec sleep 30")
+    running = builder.start(req)
+    started = time.monotonic()
+    running.stop()
+    assert running.wait(5) not in (None, 0) and time.monotonic() - started < 5
+    builder, req, _ = _background(tmp_path, "exec sleep 30", timeout=0.3)
+    running = builder.start(req)
+    assert running.wait() not in (None, 0) and time.monotonic() - started < 10
+
+
+def test_the_builtin_buildkit_of_an_old_cli_starts_nothing_in_the_background(tmp_path):
+    old = BuildKitBuilder(BuildKitCli(("docker", "build"), buildkit_env=True), DockerEngine())
+    assert not old.can_start()
 
 
 # --- choosing a builder -----------------------------------------------------------------

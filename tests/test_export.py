@@ -36,6 +36,12 @@ CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-run
       "--provenance=false",
       "--cache-to", f"type=registry,ref={CACHE},mode=min,oci-mediatypes=true,image-manifest=true,compression=gzip,"
                     "force-compression=true,ignore-error=true,registry.insecure=true"]),
+    # publish's cache export beside verify: no image, and a failed export fails that build.
+    (Export(Compression("zstd"), cache_from=(CACHE,), cache_to=CACHE, image=False),
+     ["--output", "type=cacheonly", "--provenance=false",
+      "--cache-from", f"type=registry,ref={CACHE},registry.insecure=true",
+      "--cache-to", f"type=registry,ref={CACHE},mode=min,oci-mediatypes=true,image-manifest=true,compression=zstd,"
+                    "force-compression=true,registry.insecure=true"]),
     (Export(cache_from=("ghcr.io/acme/imagebuilder-cache:k",)),
      ["--load", "--provenance=false", "--cache-from", "type=registry,ref=ghcr.io/acme/imagebuilder-cache:k"]),
 ])
@@ -215,3 +221,4 @@ def test_the_pushed_digest_and_uploaded_blobs_read_from_either_engines_stream(en
     docker_engine._client_obj = Client()  # type: ignore[assignment]
     pushed = docker_engine.push_counted("127.0.0.1:5000/ml/x:1")
     assert pushed.digest == DIGEST and pushed.uploaded == frozenset({"63681898ca21"})
+

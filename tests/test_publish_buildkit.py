@@ -107,6 +107,16 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(bk_published: dict[str, 
             assert set(big) <= set(_blobs(cache_ref(bk_published["registry"], image["image"])))
             assert image["pushed_bytes"] < sum(big.values()) / 2
         assert all(image[k] > 0 for k in ("build_s", "verify_s", "push_s"))
+        # The cache went up beside verify, by a cache-only build of its own; the image's builds
+        # exported the image alone.
+        log = Path(build["log"])
+        exported = re.compile(r"^#(\d+) exporting cache to registry$", re.M)
+        cache_log = log.with_name(log.stem + "-cache.log").read_text()
+        assert "--output type=cacheonly" in cache_log.splitlines()[0]
+        step = exported.search(cache_log)
+        assert step and re.search(rf"^#{step[1]} DONE [\d.]+s$", cache_log, re.M), cache_log[-3000:]
+        assert not exported.search(log.read_text() + log.with_name(log.stem + "-sbom.log").read_text())
+        assert 0 < image["cache_export_s"] < image["verify_s"] + image["push_s"] + 5
 
 
 def _wheel_layers(blobs: dict[str, tuple[int, str]]) -> dict[str, int]:

@@ -359,6 +359,128 @@ def test_without_a_registry_cache_nothing_is_mounted() -> None:
 
 
 @dataclass
+class CannedRunning:
+    """A background build that runs for `busy` waits, then ends with `rc`."""
+
+    timeline: list[str]
+    busy: int
+    rc: int
+    stopped: bool = False
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.stopped:
+            return -2
+        if self.busy > 0:
+            self.busy -= 1
+            return None
+        self.timeline.append("cache exported")
+        return self.rc
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    ended_at = None
+
+
+@dataclass
+class CannedBackground(CannedStore):
+    """BuildKit through buildx: the registry cache's export starts as a background build."""
+
+    kind: BuilderKind = "buildkit"
+    busy: int = 2
+    rc: int = 0
+    timeline: list[str] = field(default_factory=list)
+    started: list[BuildRequest] = field(default_factory=list)
+    running: list[CannedRunning] = field(default_factory=list)
+    contexts_then: list[bool] = field(default_factory=list)
+
+    def can_start(self) -> bool:
+        return True
+
+    def start(self, req: BuildRequest) -> CannedRunning:
+        self.started.append(req)
+        self.contexts_then.append((req.context / req.dockerfile).is_file())
+        self.timeline.append("cache export started")
+        self.running.append(CannedRunning(self.timeline, self.busy, self.rc))
+        return self.running[-1]
+
+
+@dataclass
+class CannedCacheTimeline(CannedCache):
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        assert isinstance(self.engine, CannedBackground)
+        self.engine.timeline.append("mount")
+        return super().mount(ref, digest, source)
+
+
+def _publish_beside(engine: CannedBackground, ok: bool = True) -> tuple[publish.Outcome, list[str], str]:
+    (image,) = images()
+    cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
+    registry = CannedCacheTimeline(answers={cache: "sha256:" + "c" * 64}, engine=engine)
+    events: list[str] = []
+
+    def verifier(*args: Any) -> VerifyReport:
+        engine.timeline.append("verify")
+        return verdict(ok)(*args)
+
+    from dataclasses import replace
+    (outcome,) = publish.publish(publish.plan([image], {}), engine=engine, builder=engine, registry=registry,
+                                 options=replace(OPTIONS, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml"),
+                                 verifier=verifier, on_event=lambda phase, step: events.append(phase))
+    return outcome, events, cache
+
+
+def test_the_registry_cache_goes_up_beside_verify_and_the_push_mounts_after_it() -> None:
+    """The image's builds export the image alone; the cache-only build of the same labelled
+    Dockerfile starts after them, runs while verify does, and the push waits for it (a line every
+    15 s) before mounting the image's layers from it."""
+    engine = CannedBackground()
+    outcome, events, cache = _publish_beside(engine)
+    assert outcome.status == publish.PUSHED and "failed" not in outcome.reason
+    first, final = engine.requests
+    assert first.export == Export(Compression("zstd"), cache_from=(cache,))
+    assert final.export == Export(Compression("zstd"), provenance=True, cache_from=(cache,))  # no cache_to
+    (started,) = engine.started
+    assert started.export == Export(Compression("zstd"), cache_from=(cache,), cache_to=cache, image=False)
+    assert started.dockerfile == final.dockerfile and started.log_path is not None
+    assert started.log_path.name.endswith("-cache.log")
+    assert engine.timeline == ["cache export started", "verify", "cache exported", "mount", "mount"]
+    assert events == ["build", "verify", "push", "cache", "cache"]  # two waits of 15 s, each said
+    assert isinstance(outcome.to_json()["cache_export_s"], float)
+    # The context it built from was there while it ran, and is gone now it has ended.
+    assert engine.contexts_then == [True] and not started.context.exists()
+
+
+def test_a_failed_cache_export_leaves_the_layers_to_the_push_and_says_so() -> None:
+    engine = CannedBackground(busy=0, rc=1)
+    outcome, _, _ = _publish_beside(engine)
+    assert outcome.status == publish.PUSHED
+    assert "registry cache" in outcome.reason and "failed (exit 1" in outcome.reason
+    assert "the push uploaded the layers itself" in outcome.reason
+
+
+def test_a_failed_verification_stops_the_cache_export() -> None:
+    engine = CannedBackground(busy=5)
+    outcome, _, _ = _publish_beside(engine, ok=False)
+    assert outcome.status == publish.FAILED and engine.pushed == []
+    (running,) = engine.running
+    assert running.stopped and not engine.started[0].context.exists()
+    assert "cache exported" not in engine.timeline
+
+
+def test_a_no_push_run_waits_for_the_cache_export() -> None:
+    engine = CannedBackground(busy=1)
+    (image,) = images()
+    from dataclasses import replace
+    (outcome,) = publish.publish(publish.plan([image], {}), engine=engine, builder=engine,
+                                 registry=CannedBlobs(engine=engine), verifier=verdict(True),
+                                 options=replace(OPTIONS, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml",
+                                                 push=False))
+    assert outcome.status == publish.VERIFIED and engine.timeline[-1] == "cache exported"
+    assert not engine.running[0].stopped
+
+
+@dataclass
 class CannedPublished(CannedBlobs):
     """A registry whose tag names a published image: its config and layers' media type."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .errors import EngineError
 from .export import Export
@@ -126,6 +126,34 @@ class Builder(Protocol):
     def describe(self) -> str: ...
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult: ...
+
+
+class Running(Protocol):
+    """A build started in the background (BackgroundBuilder.start)."""
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code once it has ended; None while it still runs after `timeout` seconds."""
+        ...
+
+    def stop(self) -> None:
+        """End it now if it still runs (nothing of it outlives its caller)."""
+        ...
+
+    @property
+    def ended_at(self) -> float | None:
+        """When it ended (time.monotonic()), seen as it happened; None while it runs."""
+        ...
+
+
+@runtime_checkable
+class BackgroundBuilder(Protocol):
+    """A builder that can run a build beside other work, its output to its log only."""
+
+    def can_start(self) -> bool:
+        """Whether this one can (BuildKit's builtin `docker build` cannot: no cache-only output)."""
+        ...
+
+    def start(self, req: BuildRequest) -> Running: ...
 
 
 class ImageStore(Protocol):

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
 from .dockerfile import is_from, parse_from
@@ -269,16 +269,19 @@ class BuildKitBuilder:
     def describe(self) -> str:
         return f"BuildKit ({self.cli.description or ' '.join(self.cli.command)})"
 
-    def command(self, req: BuildRequest, iidfile: Path) -> list[str]:
+    def command(self, req: BuildRequest, iidfile: Path | None) -> list[str]:
         args = [*self.cli.command]
         if self.cli.buildx:
             args += output_args(req.export)
         elif req.export is not None and req.export != Export():
             raise EngineError(f"{self.describe()} cannot choose compression, attach provenance or use a "
                               "registry cache; install the buildx plugin (docker-buildx)")
-        args += ["--progress=plain", "--file", str(req.context / req.dockerfile), "--iidfile", str(iidfile)]
-        for tag in req.tags:
-            args += ["--tag", tag]
+        args += ["--progress=plain", "--file", str(req.context / req.dockerfile)]
+        if iidfile is not None:
+            args += ["--iidfile", str(iidfile)]
+        if req.export is None or req.export.image:  # a cache-only build names no image
+            for tag in req.tags:
+                args += ["--tag", tag]
         for key, value in sorted(req.labels.items()):
             args += ["--label", f"{key}={value}"]
         for key, value in sorted(req.buildargs.items()):
@@ -339,6 +342,29 @@ class BuildKitBuilder:
             export_seconds=state.export_seconds,
         )
 
+    def can_start(self) -> bool:
+        return self.cli.buildx
+
+    def start(self, req: BuildRequest) -> BackgroundBuild:
+        """Start the build and return at once: its output goes to req.log_path only, no image id
+        is read back (a cache-only build makes none), and it is stopped after req.timeout."""
+        check_request(req)
+        if not self.cli.buildx:
+            raise EngineError(f"{self.describe()} cannot run a build in the background; install the buildx "
+                              "plugin (docker-buildx)")
+        argv = self.command(req, None)
+        log_path = req.log_path or Path(os.devnull)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("w", encoding="utf-8") as log:
+            log.write("$ " + " ".join(argv) + "\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            except OSError as e:
+                raise EngineError(f"could not run {argv[0]}: {e.strerror}; install the docker CLI") from e
+        return BackgroundBuild(proc, time.monotonic() + req.timeout)
+
     def _run(self, argv: Sequence[str], env: dict[str, str] | None, state: PlainProgress,
              log: IO[str] | None, req: BuildRequest) -> int:
         """Run the CLI, feeding its output to `state` and the log; its exit code."""
@@ -396,7 +422,37 @@ class BuildKitBuilder:
         return rc
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+class BackgroundBuild:
+    """A build BuildKitBuilder.start() started: waited for, or stopped as a Ctrl-C stops one."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        self._proc, self._deadline = proc, deadline
+        self._ended: float | None = None
+        threading.Thread(target=self._watch, name="imagebuilder-background-build", daemon=True).start()
+
+    def _watch(self) -> None:
+        self._proc.wait()
+        self._ended = time.monotonic()
+
+    @property
+    def ended_at(self) -> float | None:
+        return self._ended
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        left = self._deadline - time.monotonic()
+        try:
+            return self._proc.wait(timeout=left if timeout is None else max(0.0, min(timeout, left)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < self._deadline:
+                return None
+        self.stop()  # past its deadline
+        return self._proc.returncode
+
+    def stop(self) -> None:
+        _stop(self._proc)
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
     """SIGINT first: the CLI then cancels the solve in the daemon, as on a terminal."""
     if proc.poll() is not None:
         return

@@ -58,6 +58,9 @@ class Export:
     """Registry cache refs (HOST/NS/imagebuilder-cache:KEY) to import."""
     cache_to: str | None = None
     """The registry cache ref to export the image's layers and every step's cache key to (mode=min)."""
+    image: bool = True
+    """False: no image, only the registry cache (`--output type=cacheonly`): publish's export of
+    the cache, run beside verify once the image is in the store (its blobs compressed already)."""
 
     def describe(self) -> str:
         c = self.compression
@@ -83,7 +86,9 @@ def output_args(export: Export | None) -> list[str]:
     if export is None:
         return ["--load"]
     args: list[str] = []
-    if export.compression is None:
+    if not export.image:
+        args += ["--output", "type=cacheonly"]
+    elif export.compression is None:
         args.append("--load")
     else:
         c = export.compression
@@ -102,9 +107,11 @@ def output_args(export: Export | None) -> list[str]:
         # included, go too, so an empty builder matches `COPY --link --from=venv` without that stage's
         # layer. mode=max would compress and upload the venv stage's own multi-GB layer as well.
         # force-compression: the base's layers too (without it the cache keeps their gzip blobs).
+        # ignore-error: an image build does not fail for its cache; a cache-only build is its cache.
         compression = export.compression.kind if export.compression is not None else "zstd"
         args += ["--cache-to", f"type=registry,ref={ref},mode=min,oci-mediatypes=true,image-manifest=true,"
-                 f"compression={compression},force-compression=true,ignore-error=true" + (",registry.insecure=true" if _insecure(ref) else "")]
+                 f"compression={compression},force-compression=true"
+                 + (",ignore-error=true" if export.image else "") + (",registry.insecure=true" if _insecure(ref) else "")]
     return args
 
 

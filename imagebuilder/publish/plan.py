@@ -33,6 +33,8 @@ from ..verify import DEFAULT_TIMEOUT, VerifyReport
 from .blobs import Layers
 
 BUILD, RETAG, SKIP = "build", "retag", "skip"
+CACHE = "cache"
+"""The event, every 15 s, of a push (or the end of a --no-push step) waiting for the image's registry cache export."""
 
 # Outcome statuses.
 PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
@@ -182,7 +184,8 @@ class Outcome:
     """The pushed digests signed, with their SBOM attestations."""
     seconds: float = 0.0
     timings: Mapping[str, float] = field(default_factory=dict)
-    """Seconds of each phase that ran: build_s, verify_s, push_s, sign_s."""
+    """Seconds of each phase that ran: build_s, verify_s, push_s, sign_s; cache_export_s: the
+    registry cache's export, which ran beside verify (push_s includes any wait for it)."""
     pushed_bytes: int | None = None
     """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
     layers: Layers | None = None
@@ -211,7 +214,7 @@ class Outcome:
             "digest": next(iter(self.pushed.values()), self.step.digest),
             "seconds": round(self.seconds, 2),
             **{phase: round(self.timings[phase], 2) if phase in self.timings else None
-               for phase in ("build_s", "verify_s", "push_s", "sign_s")},
+               for phase in ("build_s", "verify_s", "push_s", "sign_s", "cache_export_s")},
             "pushed_bytes": self.pushed_bytes,
             **(self.layers or Layers(None, f"not read: the image is {self.status}, not published")).to_json(),
             "build": self.built.to_json() if self.built else None,

@@ -16,7 +16,7 @@ from ..reference import parse_reference
 from ..registry import Registry
 from ..table import format_table
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
-from .plan import BUILD, FAILED, RETAG, SKIP, SKIPPED, Outcome, RunOptions, Step, short
+from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, RunOptions, Step, short
 from .run import publish_all
 
 class PublishFailed(ImageBuilderError):
@@ -80,6 +80,9 @@ class EventPrinter:
 
     def on_event(self, phase: str, step: Step) -> None:
         self.close()
+        if phase == CACHE:
+            self.line(f"  {step.image.ref}: waiting for its registry cache's export (the push mounts its layers from there)")
+            return
         self.line(f"{phase} {step.image.ref}")
         if phase == BUILD and not self.quiet:
             self._printer = ProgressPrinter(step.image.spec.variant, stream=self.stream)

@@ -26,7 +26,7 @@ from ..signing import Signed, pinned
 from ..verify import VerifyReport, verify_image
 from .blobs import published_layers
 from .indexes import IndexOutcome, plan_indexes, write_indexes
-from .plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, RunOptions,
+from .plan import (BUILD, CACHE, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, RunOptions,
                    Step, short)
 from .push import Pushing, export_for, layers_of, push_image, put_tag, sign_pushed
 
@@ -115,6 +115,15 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     except ImageBuilderError as e:
         return Outcome(step, FAILED, f"build failed: {e}")
     timings["build_s"] = time.monotonic() - started
+    try:
+        return _verify_push(step, built, export, engine, registry, options, on_event, verifier, timings)
+    finally:
+        if built.cache_export is not None:  # ended by now, unless something failed on the way
+            built.cache_export.stop()
+
+
+def _verify_push(step: Step, built: Built, export: Export | None, engine: Engine, registry: Registry,
+                 options: RunOptions, on_event: Event, verifier: Verifier, timings: dict[str, float]) -> Outcome:
     report = None
     if options.verify:
         on_event("verify", step)
@@ -125,8 +134,22 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
         why = "; ".join(f"{name}: {reason}" for name, reason in report.failures)
         return Outcome(step, FAILED, f"verification failed: {why}", built=built, verify=report, timings=timings)
     if not options.push:
-        return Outcome(step, VERIFIED, "--no-push", built=built, verify=report, timings=timings)
+        cache_failed = _cache_exported(step, built, on_event, timings)
+        return Outcome(step, VERIFIED, "--no-push" + (f"; {cache_failed}" if cache_failed else ""), built=built,
+                       verify=report, timings=timings)
     return _push_and_sign(step, built, report, export, engine, registry, options, on_event, timings)
+
+
+def _cache_exported(step: Step, built: Built, on_event: Event, timings: dict[str, float]) -> str | None:
+    """Wait for the image's registry cache export running since its build (cache_export.py),
+    saying so every 15 s; why it failed, or None."""
+    exporting = built.cache_export
+    if exporting is None:
+        return None
+    failed = exporting.wait(lambda elapsed: on_event(CACHE, step))
+    if exporting.seconds is not None:
+        timings["cache_export_s"] = exporting.seconds
+    return failed
 
 
 def _build(image: RenderedImage, engine: Engine, builder: Builder, registry: Registry, options: RunOptions,
@@ -137,7 +160,7 @@ def _build(image: RenderedImage, engine: Engine, builder: Builder, registry: Reg
     export = export_for(image, options, registry)
     built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
                         pull=options.pull, on_progress=on_progress, builder=builder,
-                        platform=options.platform, export=export)
+                        platform=options.platform, export=export, background_cache=True)
     return built, export
 
 
@@ -145,6 +168,9 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
                    registry: Registry, options: RunOptions, on_event: Event, timings: dict[str, float]) -> Outcome:
     on_event("push", step)
     started = time.monotonic()
+    # Its layers are mounted from the cache: the push waits for the cache's export (with this
+    # image's blobs) to end; where it failed, the push uploads them.
+    cache_failed = _cache_exported(step, built, on_event, timings)
     done = Pushing()
     try:
         push_image(step, built, export, engine, registry, options, done)
@@ -169,6 +195,8 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
     reason = step.reason if options.verify else f"{step.reason}; not verified: {options.platform} is emulated here"
     if done.published is not None:
         reason += f"; the registry had this image ({short(done.published)}): kept, nothing uploaded"
+    if cache_failed:
+        reason += f"; {cache_failed}: the push uploaded the layers itself"
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=done.pushed, timings=timings,
                    pushed_bytes=done.uploaded, signed=signed, layers=layers)
 

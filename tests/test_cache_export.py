@@ -1,0 +1,68 @@
+"""The registry cache's export beside verify (cache_export.py): waited for with a line every
+15 s, its directory removed once it has ended, stopped when asked. The real export, on the
+real engine and registry, is checked in test_publish_buildkit.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from imagebuilder import cache_export
+from imagebuilder.cache_export import CacheExport
+
+
+@dataclass
+class Ticking:
+    """Runs for `busy` waits, then ends with `rc`; stopping ends it with -2."""
+
+    busy: int
+    rc: int
+    stopped: bool = False
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.stopped:
+            return -2
+        if self.busy:
+            self.busy -= 1
+            return None
+        return self.rc
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    ended_at = None
+
+
+def _export(busy: int, rc: int) -> tuple[CacheExport, Ticking, list[int]]:
+    running, cleaned = Ticking(busy, rc), []
+    return CacheExport(running, "r/imagebuilder-cache:k", None, lambda: cleaned.append(1)), running, cleaned
+
+
+def test_the_wait_says_so_each_interval_and_cleans_up_once() -> None:
+    exporting, _, cleaned = _export(busy=3, rc=0)
+    said: list[float] = []
+    assert exporting.wait(said.append) is None
+    assert len(said) == 3 and all(s >= 0 for s in said)
+    assert exporting.seconds is not None and cleaned == [1]
+    assert exporting.wait() is None and cleaned == [1]  # ended: asked again, nothing more
+    exporting.stop()
+    assert cleaned == [1]
+
+
+def test_a_failed_export_says_which_cache_and_where_its_log_is() -> None:
+    exporting, _, cleaned = _export(busy=0, rc=1)
+    failed = exporting.wait()
+    assert failed is not None and "r/imagebuilder-cache:k" in failed and "exit 1" in failed
+    assert cleaned == [1]
+
+
+def test_stop_ends_a_running_export_and_cleans_up() -> None:
+    exporting, running, cleaned = _export(busy=100, rc=0)
+    exporting.stop()
+    assert running.stopped and cleaned == [1] and exporting.seconds is not None
+    assert exporting.wait() is not None  # it did not finish: the push uploads the layers
+
+
+def test_the_interval_is_fifteen_seconds() -> None:
+    assert cache_export.PROGRESS_EVERY == pytest.approx(15.0)
