@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from .engine.api import BackgroundBuilder, BuildRequest, Running
@@ -29,11 +30,15 @@ PROGRESS_EVERY = 15.0
 
 class CacheExport:
     """A registry cache export running in the background; the directory it builds from goes
-    when it ends."""
+    when it ends. One that fails is run once more (`again`: its blobs in the registry already
+    are not uploaded twice): on a shared daemon another job's prune can pull a record from under
+    a build, which then ends "failed to solve: not found" (seen once in seven exports here, with a
+    prune running beside it)."""
 
-    def __init__(self, running: Running, ref: str, log_path: Path | None, cleanup: Callable[[], None]) -> None:
+    def __init__(self, running: Running, ref: str, log_path: Path | None, cleanup: Callable[[], None],
+                 again: Callable[[], tuple[Running, Path | None]] | None = None) -> None:
         self.ref, self.log_path = ref, log_path
-        self._running, self._cleanup = running, cleanup
+        self._running, self._cleanup, self._again = running, cleanup, again
         self._started = time.monotonic()
         self._rc: int | None = None
         self.seconds: float | None = None
@@ -41,6 +46,10 @@ class CacheExport:
 
     def _ended(self, rc: int | None) -> bool:
         if rc is None:
+            return False
+        if rc != 0 and self._again is not None and self.seconds is None:
+            self._running, self.log_path = self._again()
+            self._again = None
             return False
         if self.seconds is None:
             # When it ended, not when it was seen to: the push may ask long after.
@@ -60,6 +69,7 @@ class CacheExport:
     def stop(self) -> None:
         """End it now if it still runs (a failed or interrupted publish)."""
         if self.seconds is None:
+            self._again = None  # stopped, not failed: no second run
             self._running.stop()
             rc = self._running.wait(0)
             self._ended(-1 if rc is None else rc)
@@ -72,7 +82,12 @@ def can_start(builder: object) -> bool:
 
 
 def start_cache_export(builder: BackgroundBuilder, request: BuildRequest, cleanup: Callable[[], None]) -> CacheExport:
-    """Start the cache-only build of `request`, whose export names the cache ref; `cleanup` runs
-    once it has ended."""
+    """Start the cache-only build of `request`, whose export names the cache ref (and, if it
+    fails, once more, logging beside the first: -2.log); `cleanup` runs once it has ended."""
     assert request.export is not None and request.export.cache_to is not None and not request.export.image
-    return CacheExport(builder.start(request), request.export.cache_to, request.log_path, cleanup)
+
+    def again() -> tuple[Running, Path | None]:
+        log = request.log_path.with_name(request.log_path.stem + "-2.log") if request.log_path else None
+        return builder.start(replace(request, log_path=log)), log
+
+    return CacheExport(builder.start(request), request.export.cache_to, request.log_path, cleanup, again)

@@ -66,3 +66,24 @@ def test_stop_ends_a_running_export_and_cleans_up() -> None:
 
 def test_the_interval_is_fifteen_seconds() -> None:
     assert cache_export.PROGRESS_EVERY == pytest.approx(15.0)
+
+
+def test_a_failed_export_runs_once_more_and_counts_if_that_one_ends_well() -> None:
+    first, second, cleaned = Ticking(busy=1, rc=1), Ticking(busy=1, rc=0), []
+    again_logs = []
+
+    def again():
+        again_logs.append(1)
+        return second, None
+
+    exporting = CacheExport(first, "r/imagebuilder-cache:k", None, lambda: cleaned.append(1), again)
+    said: list[float] = []
+    assert exporting.wait(said.append) is None
+    assert again_logs == [1] and cleaned == [1] and len(said) == 3  # a wait each, the restart's too
+
+
+def test_a_second_failure_is_the_answer() -> None:
+    exporting = CacheExport(Ticking(busy=0, rc=1), "r/imagebuilder-cache:k", None, lambda: None,
+                            lambda: (Ticking(busy=0, rc=7), None))
+    failed = exporting.wait()
+    assert failed is not None and "exit 7" in failed

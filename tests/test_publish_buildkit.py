@@ -117,6 +117,7 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(bk_published: dict[str, 
         assert step and re.search(rf"^#{step[1]} DONE [\d.]+s$", cache_log, re.M), cache_log[-3000:]
         assert not exported.search(log.read_text() + log.with_name(log.stem + "-sbom.log").read_text())
         assert 0 < image["cache_export_s"] < image["verify_s"] + image["push_s"] + 5
+        assert "registry cache" not in image["reason"], image["reason"]
 
 
 def _wheel_layers(blobs: dict[str, tuple[int, str]]) -> dict[str, int]:

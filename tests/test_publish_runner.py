@@ -457,6 +457,8 @@ def test_a_failed_cache_export_leaves_the_layers_to_the_push_and_says_so() -> No
     assert outcome.status == publish.PUSHED
     assert "registry cache" in outcome.reason and "failed (exit 1" in outcome.reason
     assert "the push uploaded the layers itself" in outcome.reason
+    assert len(engine.started) == 2  # run once more before giving up, logged beside the first
+    assert engine.started[1].log_path.name.endswith("-cache-2.log")  # type: ignore[union-attr]
 
 
 def test_a_failed_verification_stops_the_cache_export() -> None:
