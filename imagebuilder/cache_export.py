@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .engine.api import BackgroundBuilder, BuildRequest, Running
+from .errors import ImageBuilderError
 
 PROGRESS_EVERY = 15.0
 """Seconds between the lines that say the push still waits for the export."""
@@ -48,9 +49,12 @@ class CacheExport:
         if rc is None:
             return False
         if rc != 0 and self._again is not None and self.seconds is None:
-            self._running, self.log_path = self._again()
-            self._again = None
-            return False
+            again, self._again = self._again, None
+            try:
+                self._running, self.log_path = again()
+                return False
+            except ImageBuilderError:  # (the CLI gone since the first run): the first run's failure stands
+                pass
         if self.seconds is None:
             # When it ended, not when it was seen to: the push may ask long after.
             self._rc, self.seconds = rc, (self._running.ended_at or time.monotonic()) - self._started

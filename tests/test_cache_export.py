@@ -87,3 +87,14 @@ def test_a_second_failure_is_the_answer() -> None:
                             lambda: (Ticking(busy=0, rc=7), None))
     failed = exporting.wait()
     assert failed is not None and "exit 7" in failed
+
+
+def test_a_second_run_that_cannot_start_leaves_the_first_failure() -> None:
+    from imagebuilder.engine.errors import EngineError
+
+    def again():
+        raise EngineError("could not run docker")
+
+    exporting = CacheExport(Ticking(busy=0, rc=3), "r/imagebuilder-cache:k", None, lambda: None, again)
+    failed = exporting.wait()
+    assert failed is not None and "exit 3" in failed and exporting.seconds is not None
