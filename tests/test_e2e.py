@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from conftest import (REPO_ROOT, TEST_REPOSITORY_PREFIX, _free_port, _unavailable, build_cli, ca_bundle_args,
-                      family_build, imagebuilder, released_after_last_use, remove_images, remove_local_tags)
+from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, family_build, imagebuilder,
+                      released_after_last_use, remove_images, remove_local_tags)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -494,17 +494,12 @@ def _foreign_image(runtime: str, address: str, tmp_path) -> str:
     return ref
 
 
-def test_verify_fails_a_foreign_image_for_want_of_a_compiler(docker_engine, runtime_image, tmp_path):
+@pytest.mark.registry
+def test_verify_fails_a_foreign_image_for_want_of_a_compiler(docker_engine, runtime_image, registry, tmp_path):
     """A user's own torch image, no labels, no compiler: verify lends it the smoke tests, judges it
     against what its own torch says it is, and fails the compile check naming what is missing."""
-    port = str(_free_port())
-    script = REPO_ROOT / ".ci" / "registry.sh"
-    started = subprocess.run([str(script), "start", port], capture_output=True, text=True, timeout=90)
-    if started.returncode != 0:
-        _unavailable(f"could not start a local registry: {started.stderr.strip()}")
-    address = started.stdout.strip().splitlines()[-1]
     try:
-        ref = _foreign_image(runtime_image["tags"][0], address, tmp_path)
+        ref = _foreign_image(runtime_image["tags"][0], registry, tmp_path)
         attrs = docker_engine.inspect_image(ref)
         assert not (attrs.get("Config", {}).get("Labels") or {}), attrs.get("Config")
         assert attrs["Config"].get("User", "") == "" and attrs["Config"]["Env"] == [FOREIGN_PATH]
@@ -526,8 +521,7 @@ def test_verify_fails_a_foreign_image_for_want_of_a_compiler(docker_engine, runt
         assert doc["notices"] == [notice]
         assert "error:" in done.stderr and "compile" in done.stderr
     finally:
-        remove_local_tags(docker_engine, address)
-        subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
+        remove_local_tags(docker_engine, registry)
 
 
 def test_a_cuda_image_without_a_gpu_is_not_green(docker_engine, runtime_image):
