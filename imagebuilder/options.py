@@ -393,20 +393,22 @@ class Compressing:
 def _compressing(compression: str | None, compression_level: int | None) -> Compressing:
     if compression_level is not None and compression is None:
         raise BadRequest(f"--compression-level {compression_level} sets the level of --compression: "
-                         "give --compression zstd or gzip with it")
+                         "give --compression zstd, gzip or estargz with it")
     return Compressing(compression, compression_level)
 
 
 def compression(f: F) -> F:
     """Handed to the command as `compressing: Compressing`."""
     return _stack(
-        click.option("--compression", type=click.Choice(["zstd", "gzip"]), default=None,
+        click.option("--compression", type=click.Choice(["zstd", "gzip", "estargz"]), default=None,
                      help="Export the layers with this compression into Docker's containerd image store "
                           "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
-                          "current Kubernetes nodes. Default: publish, zstd where BuildKit exports into the "
+                          "current Kubernetes nodes. estargz: gzip that nodes running containerd's stargz "
+                          "snapshotter pull lazily (a container starts before its image has arrived; slower "
+                          "to export: gzip speed). Default: publish, zstd where BuildKit exports into the "
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
-                     help="zstd 0-22 or gzip 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
+                     help="zstd 0-22, gzip or estargz 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
         _collect("compressing", _compressing, ("compression", "compression_level")),
     )(f)

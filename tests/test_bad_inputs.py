@@ -122,7 +122,7 @@ ROWS = {
     "publish --merge-only --no-merge": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--platform", "linux/amd64,linux/arm64",
                                             "--merge-only", "--no-merge"), 2, "--merge-only writes the indexes that --no-merge leaves out"),
     "build --compression-level alone": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--compression-level", "3"), 2,
-                                           "give --compression zstd or gzip with it"),
+                                           "give --compression zstd, gzip or estargz with it"),
     "render --dry-run -o": Row((*RENDER, "--dry-run", "-o", "out"), 2, "or --dry-run to print the Dockerfile (not both)"),
     # issue 29, item 5: a line, not a traceback, and before any work
     "verify --timeout nan": Row(("verify", "--local", "--timeout", "nan"), 2, "--timeout nan is not a number of seconds from 1 to 604800"),

@@ -658,6 +658,34 @@ def test_a_failed_buildkit_step_is_named_with_its_last_lines(docker_engine, base
 
 
 @pytest.mark.docker
+@pytest.mark.registry
+def test_an_estargz_export_is_gzip_with_a_table_of_contents_in_each_layer(docker_engine, base_image, buildkit_cli,
+                                                                           registry, tmp_path):
+    """--compression estargz for real, on a small image: BuildKit exports eStargz into the
+    containerd store, `docker push` sends those blobs as they are (the image id is the pushed
+    digest), every layer is gzip to any puller and carries the table of contents a stargz
+    snapshotter mounts lazily, and the image runs."""
+    from imagebuilder.registry import HttpRegistry
+
+    marker = uuid.uuid4().hex
+    ref = f"{registry}/estargz-{marker[:8]}:x"
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo {marker} > /marker\n")
+    try:
+        built = BuildKitBuilder(buildkit_cli, DockerEngine()).build(BuildRequest(
+            context=tmp_path, tags=(ref,), export=Export(Compression("estargz"))))
+        pushed = docker_engine.push(ref)
+        assert pushed == built.image_id
+        found = HttpRegistry(config={}).manifest(ref)
+        assert found is not None
+        layers = found[0]["layers"]
+        assert len(layers) == 2 and all(layer["mediaType"].endswith("+gzip") for layer in layers), layers
+        assert all("containerd.io/snapshot/stargz/toc.digest" in (layer.get("annotations") or {}) for layer in layers)
+        assert docker_engine.run(ref, ["cat", "/marker"], timeout=60).output.strip() == marker
+    finally:
+        remove_local_tags(docker_engine, registry)
+
+
+@pytest.mark.docker
 def test_ctrl_c_stops_a_buildkit_build_and_leaves_nothing(docker_engine, base_image, buildkit_cli, tmp_path):
     import signal
     import sys

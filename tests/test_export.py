@@ -36,6 +36,11 @@ CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-run
       "--provenance=false",
       "--cache-to", f"type=registry,ref={CACHE},mode=min,oci-mediatypes=true,image-manifest=true,compression=gzip,"
                     "force-compression=true,ignore-error=true,registry.insecure=true"]),
+    # eStargz: gzip that a stargz snapshotter mounts lazily; its cache's blobs are the image's too.
+    (Export(Compression("estargz"), cache_to=CACHE),
+     ["--output", "type=image,compression=estargz,force-compression=true,oci-mediatypes=true", "--provenance=false",
+      "--cache-to", f"type=registry,ref={CACHE},mode=min,oci-mediatypes=true,image-manifest=true,compression=estargz,"
+                    "force-compression=true,ignore-error=true,registry.insecure=true"]),
     # publish's cache export beside verify: no image, and a failed export fails that build.
     (Export(Compression("zstd"), cache_from=(CACHE,), cache_to=CACHE, image=False),
      ["--output", "type=cacheonly", "--provenance=false",
@@ -222,3 +227,16 @@ def test_the_pushed_digest_and_uploaded_blobs_read_from_either_engines_stream(en
     pushed = docker_engine.push_counted("127.0.0.1:5000/ml/x:1")
     assert pushed.digest == DIGEST and pushed.uploaded == frozenset({"63681898ca21"})
 
+
+@pytest.mark.parametrize("kind, suffix", [("zstd", "+zstd"), ("gzip", "+gzip"), ("estargz", "+gzip")])
+def test_estargz_layers_are_gzip_ones_to_every_puller(kind: str, suffix: str) -> None:
+    assert Compression(kind).media_suffix == suffix
+    assert compression_of([f"application/vnd.oci.image.layer.v1.tar{suffix}"]) == suffix[1:]
+
+
+def test_estargz_needs_the_containerd_store_and_takes_gzip_levels() -> None:
+    with pytest.raises(CompressionUnavailable, match="--compression estargz needs BuildKit"):
+        choose("estargz", None, buildkit=True, image_store=False, provenance=True)
+    assert Compression("estargz", 9).level == 9
+    with pytest.raises(BadRequest, match="estargz takes 0..9"):
+        Compression("estargz", 10)

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from ..errors import BadRequest
 
-COMPRESSIONS = ("zstd", "gzip")
+COMPRESSIONS = ("zstd", "gzip", "estargz")
 # BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
-LEVELS = {"zstd": range(0, 23), "gzip": range(0, 10)}
+# eStargz is gzip, each file's chunks a gzip member of their own, with a table of contents at
+# the end: a node whose containerd runs the stargz snapshotter mounts it and fetches what is
+# read, when it is read (lazy pulling); any other puller pulls it as gzip.
+LEVELS = {"zstd": range(0, 23), "gzip": range(0, 10), "estargz": range(0, 10)}
 CACHE_REPOSITORY = "imagebuilder-cache"
 
 
@@ -30,7 +33,7 @@ class BadCompression(BadRequest):
 @dataclass(frozen=True)
 class Compression:
     kind: str
-    """"zstd" or "gzip"."""
+    """"zstd", "gzip" or "estargz"."""
     level: int | None = None
     """None: BuildKit's default for `kind`."""
 
@@ -43,7 +46,8 @@ class Compression:
 
     @property
     def media_suffix(self) -> str:
-        return f"+{self.kind}"
+        """How its layers' media types end: eStargz layers are gzip ones."""
+        return "+gzip" if self.kind == "estargz" else f"+{self.kind}"
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     if compression is None:
         return None
     found = registry.image_config(image.ref, options.platform)
-    if found is None or not all(m.endswith(f"+{compression.kind}") for m in found[1]):
+    if found is None or not all(m.endswith(compression.media_suffix) for m in found[1]):
         return None
     theirs, local = found[0], engine.inspect_image(image.ref)
 
