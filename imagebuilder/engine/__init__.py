@@ -5,6 +5,8 @@
 - docker.py: DockerEngine, the Docker SDK adapter behind ImageStore, Runner and Pusher;
 - classic.py: the Engine API's classic builder and the parser of its stream;
 - buildkit.py: BuildKit through the docker CLI, and the parser of its plain progress;
+- background.py: the docker CLI as a process of its own: stopped as a Ctrl-C stops it, and a build
+  run in the background (the registry cache's export) waited for against its deadline;
 - select.py: which builder a command uses, decided once without building (dry runs too);
 - errors.py: what can go wrong, and what to do about each.
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import threading
@@ -25,8 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from .background import BackgroundBuild, stop
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
 from .dockerfile import is_from, parse_from
 from .errors import BuildFailed, BuildTimedOut, EngineError, base_image_missing, classify_failure
@@ -39,7 +39,6 @@ _STEP = re.compile(r"^\[(?P<label>[^\]]*?)\s*(?P<i>\d+)/(?P<m>\d+)\] (?P<instruc
 _OUTPUT = re.compile(r"^\d+\.\d+ (.*)$")
 _MOUNT = re.compile(r"--mount=\S+\s+")
 _METADATA = re.compile(r"^\[internal\] load metadata for (\S+)")
-_STOP_GRACE = 10.0  # seconds the CLI gets to cancel the build before it is killed
 # An internal vertex's timed status line: "exporting layers 35.2s done", "unpacking to NAME 12.3s done".
 _STATUS_DONE = re.compile(r"^(?P<what>.*?) (?P<seconds>\d+\.\d+)s done$")
 _EXPORT_WORK = ("exporting layers", "unpacking to", "exporting cache", "writing layer")
@@ -382,7 +381,7 @@ class BuildKitBuilder:
 
         def stop_for_timeout() -> None:
             timed_out.set()
-            _stop(proc)
+            stop(proc)
 
         timer = threading.Timer(req.timeout, stop_for_timeout)
         timer.daemon = True
@@ -404,7 +403,7 @@ class BuildKitBuilder:
                 state.feed(line)
             rc = proc.wait()
         except KeyboardInterrupt:
-            _stop(proc)
+            stop(proc)
             if log:
                 log.write("\n[imagebuilder] build interrupted; the docker CLI was stopped\n")
             raise
@@ -420,45 +419,3 @@ class BuildKitBuilder:
                                 instruction=current.instruction if current else None,
                                 log_path=req.log_path)
         return rc
-
-
-class BackgroundBuild:
-    """A build BuildKitBuilder.start() started: waited for, or stopped as a Ctrl-C stops one."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        self._proc, self._deadline = proc, deadline
-        self._ended: float | None = None
-        threading.Thread(target=self._watch, name="imagebuilder-background-build", daemon=True).start()
-
-    def _watch(self) -> None:
-        self._proc.wait()
-        self._ended = time.monotonic()
-
-    @property
-    def ended_at(self) -> float | None:
-        return self._ended
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        left = self._deadline - time.monotonic()
-        try:
-            return self._proc.wait(timeout=left if timeout is None else max(0.0, min(timeout, left)))
-        except subprocess.TimeoutExpired:
-            if time.monotonic() < self._deadline:
-                return None
-        self.stop()  # past its deadline
-        return self._proc.returncode
-
-    def stop(self) -> None:
-        _stop(self._proc)
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    """SIGINT first: the CLI then cancels the solve in the daemon, as on a terminal."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=_STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
