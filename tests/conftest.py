@@ -316,6 +316,34 @@ def throwaway_registry() -> Iterator[str]:
         subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
 
 
+def put_blob(host: str, repository: str, blob: bytes) -> dict[str, object]:
+    """Upload `blob` into REPOSITORY of the registry at HOST (loopback http, no auth) in one
+    monolithic PUT; its descriptor's digest and size."""
+    import hashlib
+    import urllib.parse
+    import urllib.request
+
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    start = urllib.request.Request(f"http://{host}/v2/{repository}/blobs/uploads/", method="POST")
+    with urllib.request.urlopen(start, timeout=30) as answer:
+        location = urllib.parse.urljoin(f"http://{host}/", answer.headers["Location"])
+    sep = "&" if "?" in location else "?"
+    put = urllib.request.Request(f"{location}{sep}digest={digest}", data=blob, method="PUT",
+                                 headers={"Content-Type": "application/octet-stream"})
+    urllib.request.urlopen(put, timeout=30).close()
+    return {"digest": digest, "size": len(blob)}
+
+
+def put_manifest(host: str, repository: str, reference: str, manifest: bytes, media_type: str) -> str:
+    """PUT `manifest` as REPOSITORY:REFERENCE on the registry at HOST; the digest it answers."""
+    import urllib.request
+
+    put = urllib.request.Request(f"http://{host}/v2/{repository}/manifests/{reference}", data=manifest,
+                                 method="PUT", headers={"Content-Type": media_type})
+    with urllib.request.urlopen(put, timeout=30) as answer:
+        return str(answer.headers["Docker-Content-Digest"])
+
+
 @pytest.fixture
 def registry(docker_engine: DockerEngine) -> Iterator[str]:
     """A throwaway registry on 127.0.0.1:PORT for one test; yields that address."""

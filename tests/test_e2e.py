@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, family_build, imagebuilder,
-                      released_after_last_use, remove_images, remove_local_tags)
+from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, family_build, imagebuilder, put_blob,
+                      put_manifest, released_after_last_use, remove_images, remove_local_tags)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -453,17 +453,14 @@ RUN rm -rf /opt/imagebuilder \\
 FOREIGN_PATH = "PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def _registry_call(url: str, method: str = "GET", body: bytes | None = None,
-                   headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str]]:
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+def _registry_get(url: str, accept: str | None = None) -> bytes:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     with urllib.request.urlopen(request, timeout=60) as answer:
-        return answer.read(), dict(answer.headers)
+        return bytes(answer.read())
 
 
 def _foreign_image(runtime: str, address: str, tmp_path) -> str:
     """The foreign image under ADDRESS/foreign-X:2.6.0, pulled into the engine; its ref."""
-    import hashlib
-
     repository = f"foreign-{uuid.uuid4().hex[:8]}"
     built = f"{address}/{repository}:built"
     (tmp_path / "Dockerfile").write_text(FOREIGN_DOCKERFILE.format(runtime=runtime))
@@ -473,21 +470,16 @@ def _foreign_image(runtime: str, address: str, tmp_path) -> str:
     assert done.returncode == 0, done.stderr[-3000:]
     api = f"http://{address}/v2/{repository}"
     oci = "application/vnd.oci.image.manifest.v1+json"
-    manifest = json.loads(_registry_call(f"{api}/manifests/built", headers={"Accept": oci})[0])
+    manifest = json.loads(_registry_get(f"{api}/manifests/built", accept=oci))
     assert manifest.get("mediaType", oci) == oci, manifest
-    config = json.loads(_registry_call(f"{api}/blobs/{manifest['config']['digest']}")[0])
+    config = json.loads(_registry_get(f"{api}/blobs/{manifest['config']['digest']}"))
     ours = json.dumps({
         "architecture": config["architecture"], "os": config["os"], "rootfs": config["rootfs"],
         "config": {"Env": [FOREIGN_PATH]},
         "history": [{"created_by": "a user's own build"} for _ in config["rootfs"]["diff_ids"]],
     }, sort_keys=True).encode()
-    digest = "sha256:" + hashlib.sha256(ours).hexdigest()
-    location = _registry_call(f"{api}/blobs/uploads/", "POST", b"")[1]["Location"]
-    location = urllib.parse.urljoin(f"http://{address}/", location)
-    _registry_call(f"{location}{'&' if '?' in location else '?'}digest={digest}", "PUT", ours,
-                   {"Content-Type": "application/octet-stream"})
-    manifest["config"] = {**manifest["config"], "digest": digest, "size": len(ours)}
-    _registry_call(f"{api}/manifests/2.6.0", "PUT", json.dumps(manifest).encode(), {"Content-Type": oci})
+    manifest["config"] = {**manifest["config"], **put_blob(address, repository, ours)}
+    put_manifest(address, repository, "2.6.0", json.dumps(manifest).encode(), oci)
     ref = f"{address}/{repository}:2.6.0"
     pulled = subprocess.run(["docker", "pull", "-q", ref], capture_output=True, text=True, timeout=600)
     assert pulled.returncode == 0, pulled.stderr[-2000:]

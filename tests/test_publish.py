@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags,
-                      installed_torch, require_module, session_ca_bundle)
+                      installed_torch, put_blob, put_manifest, require_module, session_ca_bundle)
 
 from imagebuilder import publish
 from imagebuilder.labels import INPUTS_HASH as HASH
@@ -583,17 +583,6 @@ def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
     import io
     import tarfile
 
-    def upload(host: str, name: str, blob: bytes) -> dict[str, Any]:
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        start = urllib.request.Request(f"http://{host}/v2/{name}/blobs/uploads/", method="POST")
-        with urllib.request.urlopen(start, timeout=30) as answer:
-            location = urllib.parse.urljoin(f"http://{host}/", answer.headers["Location"])
-        sep = "&" if "?" in location else "?"
-        put = urllib.request.Request(f"{location}{sep}digest={digest}", data=blob, method="PUT",
-                                     headers={"Content-Type": "application/octet-stream"})
-        urllib.request.urlopen(put, timeout=30).close()
-        return {"digest": digest, "size": len(blob)}
-
     tar = io.BytesIO()
     tarfile.open(fileobj=tar, mode="w").close()
     layer = gzip.compress(tar.getvalue(), mtime=0)
@@ -605,14 +594,11 @@ def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
         r = parse_reference(ref)
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **upload(r.host, r.repository, config)},
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **put_blob(r.host, r.repository, config)},
             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                        **upload(r.host, r.repository, layer)}],
+                        **put_blob(r.host, r.repository, layer)}],
         }).encode()
-        put = urllib.request.Request(f"http://{r.host}/v2/{r.repository}/manifests/{r.reference}", data=manifest,
-                                     method="PUT", headers={"Content-Type": OCI_MANIFEST})
-        with urllib.request.urlopen(put, timeout=30) as answer:
-            digests.add(answer.headers["Docker-Content-Digest"])
+        digests.add(put_manifest(r.host, r.repository, r.reference, manifest, OCI_MANIFEST))
     (digest,) = digests
     return str(digest)
 
