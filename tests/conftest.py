@@ -7,6 +7,7 @@ fails the run instead of skipping it: CI can never pass by skipping the real tes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -314,6 +315,31 @@ def throwaway_registry() -> Iterator[str]:
         yield started.stdout.strip().splitlines()[-1]
     finally:
         subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
+
+
+@dataclasses.dataclass
+class TickingBuild:
+    """A fake background build (engine.api.Running): it runs for `busy` waits, then ends with
+    `rc`, noting "cache exported" in `timeline` when one is given; stopping ends it with -2."""
+
+    busy: int
+    rc: int
+    timeline: list[str] | None = None
+    stopped: bool = False
+    ended_at = None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.stopped:
+            return -2
+        if self.busy > 0:
+            self.busy -= 1
+            return None
+        if self.timeline is not None:
+            self.timeline.append("cache exported")
+        return self.rc
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
 def put_blob(host: str, repository: str, blob: bytes) -> dict[str, object]:

@@ -4,38 +4,16 @@ real engine and registry, is checked in test_publish_buildkit.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
+
+from conftest import TickingBuild
 
 from imagebuilder import cache_export
 from imagebuilder.cache_export import CacheExport
 
 
-@dataclass
-class Ticking:
-    """Runs for `busy` waits, then ends with `rc`; stopping ends it with -2."""
-
-    busy: int
-    rc: int
-    stopped: bool = False
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if self.stopped:
-            return -2
-        if self.busy:
-            self.busy -= 1
-            return None
-        return self.rc
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    ended_at = None
-
-
-def _export(busy: int, rc: int) -> tuple[CacheExport, Ticking, list[int]]:
-    running, cleaned = Ticking(busy, rc), []
+def _export(busy: int, rc: int) -> tuple[CacheExport, TickingBuild, list[int]]:
+    running, cleaned = TickingBuild(busy, rc), []
     return CacheExport(running, "r/imagebuilder-cache:k", None, lambda: cleaned.append(1)), running, cleaned
 
 
@@ -69,7 +47,7 @@ def test_the_interval_is_fifteen_seconds() -> None:
 
 
 def test_a_failed_export_runs_once_more_and_counts_if_that_one_ends_well() -> None:
-    first, second, cleaned = Ticking(busy=1, rc=1), Ticking(busy=1, rc=0), []
+    first, second, cleaned = TickingBuild(busy=1, rc=1), TickingBuild(busy=1, rc=0), []
     again_logs = []
 
     def again():
@@ -83,8 +61,8 @@ def test_a_failed_export_runs_once_more_and_counts_if_that_one_ends_well() -> No
 
 
 def test_a_second_failure_is_the_answer() -> None:
-    exporting = CacheExport(Ticking(busy=0, rc=1), "r/imagebuilder-cache:k", None, lambda: None,
-                            lambda: (Ticking(busy=0, rc=7), None))
+    exporting = CacheExport(TickingBuild(busy=0, rc=1), "r/imagebuilder-cache:k", None, lambda: None,
+                            lambda: (TickingBuild(busy=0, rc=7), None))
     failed = exporting.wait()
     assert failed is not None and "exit 7" in failed
 
@@ -95,6 +73,6 @@ def test_a_second_run_that_cannot_start_leaves_the_first_failure() -> None:
     def again():
         raise EngineError("could not run docker")
 
-    exporting = CacheExport(Ticking(busy=0, rc=3), "r/imagebuilder-cache:k", None, lambda: None, again)
+    exporting = CacheExport(TickingBuild(busy=0, rc=3), "r/imagebuilder-cache:k", None, lambda: None, again)
     failed = exporting.wait()
     assert failed is not None and "exit 3" in failed and exporting.seconds is not None

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from conftest import TickingBuild
+
 from imagebuilder import publish
 from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, Pushed, PushFailed, RunResult
 from imagebuilder.engine.errors import BuildFailed
@@ -359,30 +361,6 @@ def test_without_a_registry_cache_nothing_is_mounted() -> None:
 
 
 @dataclass
-class CannedRunning:
-    """A background build that runs for `busy` waits, then ends with `rc`."""
-
-    timeline: list[str]
-    busy: int
-    rc: int
-    stopped: bool = False
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if self.stopped:
-            return -2
-        if self.busy > 0:
-            self.busy -= 1
-            return None
-        self.timeline.append("cache exported")
-        return self.rc
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    ended_at = None
-
-
-@dataclass
 class CannedBackground(CannedStore):
     """BuildKit through buildx: the registry cache's export starts as a background build."""
 
@@ -391,17 +369,17 @@ class CannedBackground(CannedStore):
     rc: int = 0
     timeline: list[str] = field(default_factory=list)
     started: list[BuildRequest] = field(default_factory=list)
-    running: list[CannedRunning] = field(default_factory=list)
+    running: list[TickingBuild] = field(default_factory=list)
     contexts_then: list[bool] = field(default_factory=list)
 
     def can_start(self) -> bool:
         return True
 
-    def start(self, req: BuildRequest) -> CannedRunning:
+    def start(self, req: BuildRequest) -> TickingBuild:
         self.started.append(req)
         self.contexts_then.append((req.context / req.dockerfile).is_file())
         self.timeline.append("cache export started")
-        self.running.append(CannedRunning(self.timeline, self.busy, self.rc))
+        self.running.append(TickingBuild(self.busy, self.rc, self.timeline))
         return self.running[-1]
 
 
