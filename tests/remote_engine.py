@@ -10,6 +10,15 @@ made reachable inside the namespace at the same address by two small TCP forward
 the namespace's veth pair, so image and cache refs are the same strings on both engines.
 Whatever the engine downloads crosses that pair from the host's end, whose egress limit_rate
 shapes (a GPU node's link, for the cold-start benchmark).
+
+lazy=True: the engine pulls eStargz images lazily, as a node with the stargz snapshotter does.
+Its dockerd runs on a containerd of its own (not the one it would start itself: that one has
+no way to add a snapshotter) whose proxy plugin `stargz` is containerd-stargz-grpc
+(.ci/stargz-install.sh), with `"storage-driver": "stargz"`: a pull fetches each eStargz layer's
+table of contents only and mounts the layer over FUSE; a file's bytes come from the registry
+when it is first read. All three run in the namespace, with every file under the engine's
+temp root, and are stopped (dockerd, the snapshotter, containerd) and their mounts unmounted
+whatever happened.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +36,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FORWARDER = """
@@ -65,6 +75,9 @@ class RemoteEngine:
     link: str
     """The host's end of the veth pair: its egress is what the engine downloads (tx_bytes in
     /sys/class/net/LINK/statistics counts it; limit_rate shapes it)."""
+    left_mounted: list[str] = field(default_factory=list)
+    """Filled at teardown: the mounts under the engine's root that its daemons left and the
+    teardown had to unmount (none, when they stopped as they should)."""
 
     def env(self) -> dict[str, str]:
         """The environment in which docker, buildx and imagebuilder talk to this engine."""
@@ -117,9 +130,81 @@ def _wait_for(engine_env: dict[str, str], daemon: subprocess.Popen[bytes], log: 
     raise RuntimeError(f"the remote dockerd did not answer in {seconds:.0f}s: {log.read_text()[-3000:]}")
 
 
+def _wait_for_socket(path: Path, process: subprocess.Popen[bytes], log: Path, what: str,
+                     seconds: float = 60) -> None:
+    """Until `process` accepts connections on the unix socket `path`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text()[-3000:]}")
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(str(path))
+                return
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not answer on {path} in {seconds:.0f}s: {log.read_text()[-3000:]}")
+
+
+def _start_lazy_backend(root: Path, netns: str, processes: list[tuple[subprocess.Popen[bytes], signal.Signals]]) -> Path:
+    """containerd with the stargz proxy plugin, and containerd-stargz-grpc, in the namespace;
+    each appended to `processes` with the signal that stops it cleanly; returns containerd's
+    socket, for dockerd's "containerd"."""
+    stargz_socket, containerd_socket = root / "stargz" / "grpc.sock", root / "containerd" / "grpc.sock"
+    (root / "containerd.toml").write_text(f"""version = 2
+root = "{root}/containerd/root"
+state = "{root}/containerd/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{containerd_socket}"
+
+[ttrpc]
+  address = "{containerd_socket}.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[proxy_plugins.stargz]
+  type = "snapshot"
+  address = "{stargz_socket}"
+""")
+    nsenter = ["nsenter", f"--net=/run/netns/{netns}"]
+    for argv, sock, what, stop in (
+            ([*nsenter, "containerd", "--config", str(root / "containerd.toml")], containerd_socket,
+             "the remote containerd", signal.SIGTERM),
+            # SIGINT: the snapshotter unmounts its layers before it exits (SIGTERM leaves them).
+            ([*nsenter, "containerd-stargz-grpc", "--address", str(stargz_socket), "--root",
+              str(root / "stargz" / "root")], stargz_socket,
+             "the remote containerd-stargz-grpc", signal.SIGINT)):
+        sock.parent.mkdir(parents=True, exist_ok=True)
+        log = root / f"{argv[2]}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True)
+        processes.append((process, stop))
+        _wait_for_socket(sock, process, log, what)
+    return containerd_socket
+
+
+def _stop(process: subprocess.Popen[bytes], stop: signal.Signals = signal.SIGTERM) -> None:
+    """Signal `process`'s group; SIGKILL it after 60 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, stop)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 @contextmanager
-def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
-    """Start the engine; yield it; tear everything down, whatever happened."""
+def remote_engine(registry_port: int | None = None, lazy: bool = False) -> Iterator[RemoteEngine]:
+    """Start the engine (lazy: on the stargz snapshotter); yield it; tear everything down,
+    whatever happened."""
     tag = uuid.uuid4().hex[:6]
     netns, host_if, ns_if = f"ib-remote-{tag}", f"ibh{tag}", f"ibn{tag}"
     subnet = random.randrange(0, 250)
@@ -127,6 +212,8 @@ def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
     root = Path(tempfile.mkdtemp(prefix=f"ibr{tag}-", dir="/tmp"))
     processes: list[subprocess.Popen[bytes]] = []
     daemon: subprocess.Popen[bytes] | None = None
+    engine: RemoteEngine | None = None
+    backend: list[tuple[subprocess.Popen[bytes], signal.Signals]] = []  # lazy: containerd, stargz
     try:
         _run("ip", "netns", "add", netns)
         _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
@@ -149,6 +236,9 @@ def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
             "features": {"containerd-snapshotter": True},
             "bip": "172.31.254.1/24",  # its own docker0, inside its own namespace
         }
+        if lazy:
+            config["containerd"] = str(_start_lazy_backend(root, netns, backend))
+            config["storage-driver"] = "stargz"
         (root / "daemon.json").write_text(json.dumps(config))
         log = root / "dockerd.log"
         with log.open("wb") as out:
@@ -177,13 +267,10 @@ def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
         for process in processes:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
-        if daemon is not None and daemon.poll() is None:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                daemon.wait()
+        if daemon is not None:
+            _stop(daemon)
+        for process, stop in reversed(backend):  # the snapshotter, then containerd
+            _stop(process, stop)
         subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)  # and its veth end
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
         # Mounts the daemon's snapshotter may have left under its data root, then the files.
@@ -191,4 +278,6 @@ def remote_engine(registry_port: int | None = None) -> Iterator[RemoteEngine]:
                   if line.split()[1].startswith(str(root))]
         for mount in sorted(mounts, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+        if engine is not None:
+            engine.left_mounted.extend(mounts)
         shutil.rmtree(root, ignore_errors=True)
