@@ -23,9 +23,15 @@ whose downloads cross a veth pair shaped with tc's token bucket (`tbf rate RATE 
      pulling 2.5 by the engine still holding 2.6 from step 2, against 2.5's bytes. The one-layer
      numbers are "before": today's one-layer layout shares no venv layer between releases.
 
-Targets (groups / one-layer): cold start, pull to import torch, <= 0.7x at 1 Gbit/s (and shown at
-200 Mbit/s); 2.5 after 2.6 with groups: registry bytes added <= 0.5x 2.6's, bytes pulled <= 0.4x
-2.5's.
+  4. Unless --skip-lazy: "lazy": the 2.6 groups image published with --compression estargz (eStargz:
+     gzip with a table of contents, each file's chunks seekable), and for each rate a new empty engine
+     whose containerd runs the stargz snapshotter (tests/remote_engine.py, lazy=True): `docker pull`
+     mounts the layers and fetches their tables of contents, then `import torch` fetches what it
+     reads as it reads it. (a) and (b) as in 2, and the bytes through the link by (b).
+
+Targets (against one-layer): cold start, pull to import torch, <= 0.7x at 1 Gbit/s (and shown at
+200 Mbit/s), for groups and for lazy; 2.5 after 2.6 with groups: registry bytes added <= 0.5x
+2.6's, bytes pulled <= 0.4x 2.5's.
 
 The one-layer image (bench/manifests.py): the groups image with its wheel-group layers (eight;
 seven for 2.5) replaced, in their place, by one layer of /opt/venv; the base, the apt layer, the
@@ -94,7 +100,7 @@ FIRST, SECOND, CUDA, OS, PYTHON = "2.6", "2.5", "12.4", "debian12", "3.11"
 RUN = uuid.uuid4().hex[:6]
 NAMESPACE = f"bench-cold-{RUN}"  # in every local tag and registry path this run makes
 ONE_LAYER_REPOSITORY = "pytorch-onelayer"
-ONE_LAYER, GROUPS = "one-layer", "groups"  # the two layouts
+ONE_LAYER, GROUPS, LAZY = "one-layer", "groups", "lazy"  # the layouts
 RATES = "1gbit,200mbit"
 COLD = 0.9  # a cold pull moves at least this share of the image's registry bytes through the link
 PULL_TIMEOUT_S, RUN_TIMEOUT_S, PUBLISH_TIMEOUT_S = 1800, 600, 2400
@@ -134,14 +140,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def publish(registry: str, torch: str) -> str:
+def publish(registry: str, torch: str, compression: str = "zstd") -> str:
     """Publish the runtime image of `torch` into `registry`; its ref there."""
     ca = os.environ.get("SSL_CERT_FILE")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
         sh(sys.executable, "-m", "imagebuilder", "publish", "--torch", torch, "--cuda", CUDA, "--os", OS,
            "--python", PYTHON, "--variant", "runtime", "--base-image", BASE, *(("--ca-bundle", ca) if ca else ()),
-           "--builder", "buildkit", "--allow-no-gpu", "--compression", "zstd", "--registry", registry,
+           "--builder", "buildkit", "--allow-no-gpu", "--compression", compression, "--registry", registry,
            "--report", str(report), "--quiet", env={**os.environ, "GITHUB_SHA": "0" * 40}, timeout=PUBLISH_TIMEOUT_S)
         return str(json.loads(report.read_text())["images"][0]["ref"])
 
@@ -240,6 +246,8 @@ class Pull:
     """Through the link (its host end's tx_bytes) while the pull ran."""
     ready_s: float | None = None
     """From the pull's start to the exit of `python -c "import torch"` in the image."""
+    ready_bytes: int | None = None
+    """Through the link from the pull's start to that exit (a lazy pull fetches as torch reads)."""
 
 
 def pull(engine: Any, image: Image, run: bool) -> Pull:
@@ -249,8 +257,9 @@ def pull(engine: Any, image: Image, run: bool) -> Pull:
     seconds, moved = time.perf_counter() - start, sent(engine.link) - before
     if not run:
         return Pull(seconds, moved)
-    on_node(engine, "run", "--rm", image.ref, "python", "-c", "import torch", timeout=RUN_TIMEOUT_S)
-    return Pull(seconds, moved, time.perf_counter() - start)
+    on_node(engine, "run", "--rm", image.ref, "python", "-c", "import torch", timeout=RUN_TIMEOUT_S,
+            progress=lambda: f", {(sent(engine.link) - before) / 1e6:,.0f} MB through the link")
+    return Pull(seconds, moved, time.perf_counter() - start, sent(engine.link) - before)
 
 
 # --------------------------------------------------------------------------- the run
@@ -276,6 +285,24 @@ class Results:
     """(rate, layout) -> 2.6's cold pull and start."""
     after: dict[str, Pull] = field(default_factory=dict)
     """layout -> 2.5's pull on the engine holding 2.6, at the first rate."""
+    lazy: Layout | None = None
+    """The eStargz image (2.6), pulled by an engine whose containerd runs the stargz snapshotter."""
+
+
+def lazy_starts(port: int, results: Results, layout: Layout) -> None:
+    """Cold starts of the eStargz image on an empty engine that pulls lazily: containerd with the
+    stargz snapshotter (tests/remote_engine.py, lazy=True). The pull mounts each layer and fetches
+    its table of contents; `import torch` then fetches what it reads, as it reads it (and the
+    snapshotter fetches the rest in the background). A new engine per rate: each starts empty."""
+    for rate in results.rates:
+        say(f"starting an empty lazy-pulling engine (stargz snapshotter) behind the link, {rate}")
+        with remote_engine(port, lazy=True) as engine:
+            check_node(engine)
+            limit_rate(engine.link, None if rate == "none" else rate)
+            say(f"{rate}: {LAZY} {FIRST}, cold: pull, then import torch")
+            cold = results.cold[rate, LAZY] = pull(engine, layout.first, run=True)
+            say(f"  pull {cold.seconds:.1f}s ({cold.bytes:,} bytes), import torch done at {cold.ready_s:.1f}s, "
+                f"{cold.ready_bytes:,} bytes through the link by then")
 
 
 def main() -> None:
@@ -283,6 +310,8 @@ def main() -> None:
     parser.add_argument("--rates", type=parse_rates, default=parse_rates(RATES),
                         help=f"tc rates of the link, one pass each (default {RATES}; none: unshaped)")
     parser.add_argument("--skip-25", action="store_true", help="skip torch 2.5: no shared-layer numbers")
+    parser.add_argument("--skip-lazy", action="store_true",
+                        help="skip the eStargz image pulled lazily (containerd's stargz snapshotter)")
     args = parser.parse_args()
     before = build_cache_records("docker")
     port = free_port()
@@ -303,6 +332,11 @@ def main() -> None:
             say(f"  {one[torch].describe()}")
         results.layouts = [Layout(ONE_LAYER, one[FIRST], one.get(SECOND)),
                            Layout(GROUPS, groups[FIRST], groups.get(SECOND))]
+        if not args.skip_lazy:
+            say(f"publishing the torch {FIRST} / CUDA {CUDA} runtime image as eStargz (wheel-group layers)")
+            lazy = read_image(registry, publish(f"{address}/{NAMESPACE}/{LAZY}", FIRST, compression="estargz"))
+            say(f"  {lazy.describe()}")
+            results.lazy = Layout(LAZY, lazy, None)
         say("starting the empty engine behind the link")
         with remote_engine(port) as engine:
             check_node(engine)
@@ -319,6 +353,8 @@ def main() -> None:
                         say(f"{rate}: {layout.name} {SECOND} on the engine holding {FIRST}")
                         after = results.after[layout.name] = pull(engine, layout.second, run=False)
                         say(f"  pull {after.seconds:.1f}s, {after.bytes:,} bytes through the link")
+        if results.lazy is not None:
+            lazy_starts(port, results, results.lazy)
     finally:
         remove_ours()
         subprocess.run([str(ROOT / ".ci" / "registry.sh"), "stop", str(port)], capture_output=True, check=False)
@@ -337,7 +373,7 @@ def report(results: Results) -> None:
     """Every number measured, also when a later step failed; then the ratios and their targets."""
     if not results.layouts:
         return
-    _images(results.layouts)
+    _images(results.layouts + ([results.lazy] if results.lazy is not None else []))
     if results.cold:
         _cold_starts(results)
     if any(layout.second is not None for layout in results.layouts):
@@ -363,14 +399,17 @@ def _cold_starts(results: Results) -> None:
     print(f"\ncold start of {FIRST} on the emptied engine (import torch done: from the pull's start; a pull that "
           f"moved under {COLD:.0%} of the image's bytes is NOT COLD)")
     rows = []
+    layouts = results.layouts + ([results.lazy] if results.lazy is not None else [])
     for (rate, name), done in results.cold.items():
-        image = next(layout.first for layout in results.layouts if layout.name == name)
+        image = next(layout.first for layout in layouts if layout.name == name)
         link = link_bytes_per_s(rate)
+        # A lazy pull moves little by design: its engine is new and empty, so it is cold.
+        cold = "lazy: fetched as read" if name == LAZY else "" if done.bytes >= COLD * image.bytes else "NOT COLD"
         rows.append((rate, name, f"{done.seconds:.1f}", "-" if done.ready_s is None else f"{done.ready_s:.1f}",
-                     f"{done.bytes:,}", f"{done.bytes / done.seconds / 1e6:.1f}",
-                     "-" if link is None else f"{link / 1e6:.1f}", "" if done.bytes >= COLD * image.bytes else "NOT COLD"))
-    print(format_table(("rate", "image", "pull s", "import torch done s", "bytes through the link", "MB/s (pull)",
-                        "link MB/s", ""), rows))
+                     f"{done.bytes:,}", "-" if done.ready_bytes is None else f"{done.ready_bytes:,}",
+                     f"{done.bytes / done.seconds / 1e6:.1f}", "-" if link is None else f"{link / 1e6:.1f}", cold))
+    print(format_table(("rate", "image", "pull s", "import torch done s", "bytes (pull)", "bytes (by import done)",
+                        "MB/s (pull)", "link MB/s", ""), rows))
 
 
 def _second_release(results: Results) -> None:
@@ -396,6 +435,11 @@ def _ratios(results: Results) -> None:
             target = "" if rate == "none" else " (target <= 0.7x)"
             print(f"  cold start at {rate}, pull to import torch: {_ratio(grouped.ready_s, one.ready_s)}{target}; "
                   f"the pull alone: {_ratio(grouped.seconds, one.seconds)}")
+        lazy = results.cold.get((rate, LAZY))
+        if one is not None and lazy is not None:
+            target = "" if rate == "none" else " (target <= 0.7x)"
+            print(f"  cold start at {rate}, pull to import torch, {LAZY} (eStargz, stargz snapshotter) / {ONE_LAYER}: "
+                  f"{_ratio(lazy.ready_s, one.ready_s)}{target}; / {GROUPS}: {_ratio(lazy.ready_s, grouped.ready_s if grouped else None)}")
     for layout in results.layouts:
         if layout.second is None:
             continue
