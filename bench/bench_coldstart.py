@@ -69,6 +69,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -337,6 +338,11 @@ def main() -> None:
             lazy = read_image(registry, publish(f"{address}/{NAMESPACE}/{LAZY}", FIRST, compression="estargz"))
             say(f"  {lazy.describe()}")
             results.lazy = Layout(LAZY, lazy, None)
+        # Everything is in the registry now: this daemon's copies (~9 GB an image with its build
+        # records) would crowd out the engines' pulls on the shared disk.
+        remove_ours()
+        prune_records("docker", before, keep_cache_mounts=False)
+        say(f"local images and build records removed: {shutil.disk_usage('/tmp').free / 1e9:.1f} GB free for the engines")
         say("starting the empty engine behind the link")
         with remote_engine(port) as engine:
             check_node(engine)
