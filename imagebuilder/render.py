@@ -19,11 +19,12 @@ from typing import Any
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
+from .base_pin import BasePin
 from .errors import BadRequest
 from .index_url import netrc, parse_index_url
 from .layers import wheel_groups
-from .lock import PLATFORMS as LOCK_PLATFORMS
-from .lock import BasePin, Lock, LockSet, check_extras, index_args, parse_extras, requirements
+from .lockfile import PLATFORMS as LOCK_PLATFORMS
+from .lockfile import Lock, LockSet, check_extras, index_args, parse_extras, requirements
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .output import write_tree

@@ -2,7 +2,7 @@
 
 Every place that treats variants differently reads it here, never by comparing names:
 resolve.py (the base image and where nvcc comes from), render.py and the Dockerfile
-template (OS packages, SSH, user, CMD, CUDA_HOME), lock.py (the toolchain's packages),
+template (OS packages, SSH, user, CMD, CUDA_HOME), lockfile.py (the toolchain's packages),
 tags.py (the `latest` alias). The smoke tests run inside images without imagebuilder, so
 smoke_tests/checks keeps its own table of variant checks; tests/test_variant_checks.py
 holds it equal to `checks` here.

@@ -843,7 +843,7 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
     not the x86_64 pins."""
     from packaging.utils import canonicalize_name
 
-    from imagebuilder.lock import load_locks
+    from imagebuilder.lockfile import load_locks
 
     run = docker_engine.run(arm64_image["tags"][0], ["/opt/venv/bin/python", "-m", "pip", "list", "--format=freeze",
                                                      "--disable-pip-version-check"], timeout=600)

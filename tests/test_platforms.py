@@ -98,7 +98,7 @@ def test_a_platform_jupyter_image_starts_from_that_platforms_runtime():
 
 
 def _arm64_runtime(**options: Any) -> RenderedImage:
-    from imagebuilder.lock import load_locks
+    from imagebuilder.lockfile import load_locks
     from imagebuilder.render import RenderOptions
 
     locks = load_locks(default_matrix_path().parent / "locks").for_platform("linux/arm64")
