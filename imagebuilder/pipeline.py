@@ -27,11 +27,13 @@ from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from . import lock as locking
 from .base_pin import pin_base
+from .install_steps import SECRET_SOURCES
 from .lockfile import LockSet, load_locks, locks_dir, parse_extras
 from .output import write_tree
 from .platforms import arch, for_platforms, host_platform, platform_image
 from .registry import HttpRegistry, Registry
-from .render import SECRET_SOURCES, RenderedImage, RenderOptions, render
+from .render import RenderedImage, render
+from .render_options import RenderOptions
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 from .table import format_table
 from .tags import primary_tag

@@ -21,7 +21,8 @@ from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer,
 from imagebuilder.layers import GROUPS
 from imagebuilder.lockfile import load_locks
 from imagebuilder.matrix import load_matrix
-from imagebuilder.render import RenderOptions, render
+from imagebuilder.render import render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 

@@ -54,7 +54,9 @@ from imagebuilder.registry import (
     pick_manifest,
     is_insecure_by_default,
 )
-from imagebuilder.render import SBOM_PATH, RenderedImage, RenderOptions, render
+from imagebuilder.image_contents import SBOM_PATH
+from imagebuilder.render import RenderedImage, render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
