@@ -25,8 +25,9 @@ from .cache_export import CacheExport, can_start, start_cache_export
 from .engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export
+from .image_contents import SBOM_PATH
 from .labels import CREATED, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
-from .render import SBOM_PATH, RenderedImage
+from .render import RenderedImage
 from .sbom import DIGEST_LINE
 
 

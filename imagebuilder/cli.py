@@ -186,7 +186,8 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
-    from .lock import check_or_write, load_locks, locks_dir
+    from .lock import check_or_write
+    from .lockfile import load_locks, locks_dir
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
                                   extra_index_urls=extra_index_urls, progress=progress, note=note,

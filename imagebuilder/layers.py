@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .lock import Lock, Pin
+from .lockfile import Lock, Pin
 
 # (group name, what its pins' names match), most shared first; the first match wins, and the
 # last group takes what no other did. Sizes (2.6 cu124, wheels): cuDNN 634 MB, cuBLAS 347 MB,

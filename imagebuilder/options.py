@@ -18,16 +18,16 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
+from .certificates import read_ca_bundle, read_certificates
 from .errors import BadRequest
 from .index_url import parse_index_url
-from .lock import BadUv
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
 from .reference import check_repository, parse_reference
-from .render import read_ca_bundle, read_certificates
 from .resolve import check_not_empty
 from .pipeline import ALL, Rendering, Selection
+from .uv_compile import BadUv
 
 F = TypeVar("F", bound=Callable[..., Any])
 

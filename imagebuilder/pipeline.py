@@ -26,14 +26,18 @@ from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
 from . import lock as locking
-from .lock import load_locks, locks_dir
+from .base_pin import pin_base
+from .install_steps import SECRET_SOURCES
+from .lockfile import LockSet, load_locks, locks_dir, parse_extras
 from .output import write_tree
 from .platforms import arch, for_platforms, host_platform, platform_image
 from .registry import HttpRegistry, Registry
-from .render import SECRET_SOURCES, RenderedImage, RenderOptions, render
+from .render import RenderedImage, render
+from .render_options import RenderOptions
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 from .table import format_table
 from .tags import primary_tag
+from .uv_compile import UvCompile, default_uv
 
 # publish (verify, signing) and engine.docker are imported inside the functions that use them:
 # cli imports this module for every command, and `render` or `--help` need neither.
@@ -525,7 +529,7 @@ def base_os_reader(selection: Selection) -> ReadOsRelease | None:
 
 def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extras: Sequence[str],
                   index_url: str | None, extra_index_urls: Sequence[str], progress: Note,
-                  note: Note, recorded: locking.LockSet | None = None) -> locking.LockPlan:
+                  note: Note, recorded: LockSet | None = None) -> locking.LockPlan:
     """`lock`: resolve every selected image's requirements (the PyPI builds unless --cuda asks
     for another), a line on `progress` per set as it is done (against `recorded`, for --check);
     base images pinned through the local engine (when one answers) or their registry."""
@@ -539,15 +543,15 @@ def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extra
     if not specs:
         raise NothingSelected()
     registry = HttpRegistry(timeout=15)
-    wanted = locking.parse_extras((*matrix.extras, *extras))
+    wanted = parse_extras((*matrix.extras, *extras))
     total, finished = len(locking.set_names(specs, wanted)), []
 
     def done(name: str, outcome: locking.Outcome) -> None:
         finished.append(name)
         progress(f"[{len(finished)}/{total}] {locking.outcome_line(name, outcome, recorded)}")
 
-    with locking.UvCompile(uv or locking.default_uv()) as resolver:
+    with UvCompile(uv or default_uv()) as resolver:
         return locking.lock_images(specs, matrix, resolver=resolver,
-                                   pin=lambda image: locking.pin_base(image, engine, registry),
+                                   pin=lambda image: pin_base(image, engine, registry),
                                    extras=wanted, index_url=index_url, extra_index_urls=extra_index_urls,
                                    progress=done)

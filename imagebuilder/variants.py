@@ -1,8 +1,8 @@
 """The image variants as plain data: adding one is one entry (as docker-stacks keeps its image tree).
 
 Every place that treats variants differently reads it here, never by comparing names:
-resolve.py (the base image and where nvcc comes from), render.py and the Dockerfile
-template (OS packages, SSH, user, CMD, CUDA_HOME), lock.py (the toolchain's packages),
+resolve.py (the base image and where nvcc comes from), image_contents.py, render.py and the
+Dockerfile template (OS packages, SSH, user, CMD, CUDA_HOME), lockfile.py (the toolchain's packages),
 tags.py (the `latest` alias). The smoke tests run inside images without imagebuilder, so
 smoke_tests/checks keeps its own table of variant checks; tests/test_variant_checks.py
 holds it equal to `checks` here.

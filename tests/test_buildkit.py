@@ -22,8 +22,10 @@ from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
 from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, EngineError, Progress
+from imagebuilder.install_steps import CA_CONTEXT, CA_SECRET_PATH
 from imagebuilder.matrix import load_matrix
-from imagebuilder.render import CA_CONTEXT, CA_SECRET_PATH, RenderOptions, render
+from imagebuilder.render import render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 
 from conftest import (REPO_ROOT, TEST_REPOSITORY_PREFIX, family_build, imagebuilder, released_after_last_use,
@@ -629,7 +631,7 @@ def test_buildkit_ca_bundle_is_in_no_layer_no_history_and_no_env(buildkit_images
 @pytest.mark.docker
 def test_the_wheel_groups_write_each_file_once_and_leave_no_cache(buildkit_images, docker_engine):
     """The wheel groups' RUNs unpack into a uv cache inside the venv, hard-link from it and remove
-    it (render.GROUP_UV_CACHE): each file written once, no cache left in the image, no file of
+    it (install_steps.GROUP_UV_CACHE): each file written once, no cache left in the image, no file of
     the venv with a second link. devel (another apt layer below its groups) ran its own."""
     devel_log = Path(buildkit_images["devel"]["log"]).read_text()
     assert re.search(r"\+ torch==2\.13\.", devel_log) and "+ ninja==" in devel_log  # its installs ran
@@ -843,7 +845,7 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
     not the x86_64 pins."""
     from packaging.utils import canonicalize_name
 
-    from imagebuilder.lock import load_locks
+    from imagebuilder.lockfile import load_locks
 
     run = docker_engine.run(arm64_image["tags"][0], ["/opt/venv/bin/python", "-m", "pip", "list", "--format=freeze",
                                                      "--disable-pip-version-check"], timeout=600)

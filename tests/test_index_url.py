@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from imagebuilder.index_url import BadIndexUrl, IndexUrl, netrc, parse_index_url
+from imagebuilder.install_steps import NETRC_SECRET_ID
 from imagebuilder.matrix import load_matrix
-from imagebuilder.render import NETRC_SECRET_ID, CredentialsNeedBuildKit, RenderOptions, render
+from imagebuilder.render import CredentialsNeedBuildKit, render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from imagebuilder.layers import GROUPS, group_of, wheel_groups
-from imagebuilder.lock import Lock, load_locks, parse_lock
+from imagebuilder.lockfile import Lock, load_locks, parse_lock
 
 LOCKS = load_locks(Path(__file__).resolve().parent.parent / "locks")
 

@@ -22,10 +22,14 @@ from packaging.version import Version
 
 from conftest import REPO_ROOT, imagebuilder
 from imagebuilder import lock as locking
-from imagebuilder.lock import BasePin, Lock, LockSet, Pin, StaleLock, load_locks, parse_lock
+from imagebuilder.base_pin import BasePin, pin_base
+from imagebuilder.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
+                                   parse_extras, parse_lock)
 from imagebuilder.matrix import load_matrix, parse_matrix
-from imagebuilder.render import RenderOptions, render
+from imagebuilder.render import render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.uv_compile import ResolutionFailed
 
 MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
 LOCKS = load_locks(REPO_ROOT / "locks")
@@ -63,7 +67,7 @@ def test_a_line_that_is_not_a_pin_is_an_error_naming_the_lock(line: str) -> None
     if line.endswith("--hash"):
         assert parse_lock("x", line).pins[0].hashes == ()  # no hash: uv refuses it in the build
         return
-    with pytest.raises(locking.LockError, match="x: cannot read line"):
+    with pytest.raises(LockError, match="x: cannot read line"):
         parse_lock("x", line + "\n")
 
 
@@ -71,12 +75,12 @@ def test_images_installing_the_same_set_share_a_lock_and_extras_name_their_own()
     debian = resolve(MATRIX, Request("2.6", "12.4", "3.11", "runtime", "debian12"))
     ubuntu = resolve(MATRIX, Request("2.6", "12.4", "3.11", "runtime", "ubuntu22.04"))
     cuda121 = resolve(MATRIX, E2E)
-    assert locking.lock_name(debian) == locking.lock_name(ubuntu) == locking.lock_name(cuda121) == E2E_LOCK
-    a = locking.parse_extras(["tqdm", "pandas==2.2.3"])
-    assert a == locking.parse_extras(["pandas == 2.2.3", "tqdm", "tqdm"])
-    assert locking.lock_name(debian, a).startswith(E2E_LOCK + "-with-")
-    with pytest.raises(locking.BadExtra, match="not a requirement"):
-        locking.parse_extras(["pandas==="])
+    assert lock_name(debian) == lock_name(ubuntu) == lock_name(cuda121) == E2E_LOCK
+    a = parse_extras(["tqdm", "pandas==2.2.3"])
+    assert a == parse_extras(["pandas == 2.2.3", "tqdm", "tqdm"])
+    assert lock_name(debian, a).startswith(E2E_LOCK + "-with-")
+    with pytest.raises(BadExtra, match="not a requirement"):
+        parse_extras(["pandas==="])
 
 
 def test_a_lock_made_for_other_requirements_is_stale_not_silently_used() -> None:
@@ -104,7 +108,7 @@ def test_every_jupyter_image_of_the_pypi_builds_is_locked_on_every_os() -> None:
     jupyter = [s for s in enumerate_matrix(MATRIX) if s.parent is not None]
     pypi = locking.pypi_builds(jupyter)
     assert {s.os.name for s in pypi} == set(MATRIX.oses) and any(s.python == Version("3.10") for s in pypi)
-    missing = sorted({locking.lock_name(s) for s in pypi if LOCKS.lock_for(s, MATRIX) is None})
+    missing = sorted({lock_name(s) for s in pypi if LOCKS.lock_for(s, MATRIX) is None})
     assert missing == []
 
 
@@ -117,7 +121,7 @@ def test_every_jupyter_lock_pins_tensorboard_and_the_proxy_that_serves_it() -> N
         pins = dict(r.split("==") for r in MATRIX.tools.notebook_for(spec.python))
         for platform in spec.torch.platforms:
             lock = LOCKS.for_platform(platform).lock_for(spec, MATRIX)
-            assert lock is not None, locking.lock_name(spec, (), platform)
+            assert lock is not None, lock_name(spec, (), platform)
             for package in ("tensorboard", "jupyter-server-proxy"):
                 assert lock.version_of(package) == Version(pins[package]), (lock.name, package)
             proxy = lock.version_of("jupyter-server-proxy")
@@ -143,7 +147,7 @@ def test_each_platform_of_a_release_has_its_own_lock_and_builds_from_it() -> Non
     arm_locks = LOCKS.for_platform("linux/arm64")
     for spec in arm:
         lock = arm_locks.lock_for(spec, MATRIX)
-        assert lock is not None, f"no aarch64 lock for {locking.lock_name(spec, (), 'linux/arm64')}"
+        assert lock is not None, f"no aarch64 lock for {lock_name(spec, (), 'linux/arm64')}"
         assert lock.platform == "aarch64-manylinux_2_28" and lock.name.endswith("-aarch64")
         x86 = LOCKS.lock_for(spec, MATRIX)
         assert x86 is not None and x86.platform == "x86_64-manylinux_2_28"
@@ -210,7 +214,7 @@ class FakeRegistry:
     ("nvidia/cuda:12.4.1-base-ubuntu22.04", {}, None),
 ])
 def test_a_base_image_is_pinned_by_registry_digest_else_local_image_id(image, engine, expected) -> None:
-    assert locking.pin_base(image, FakeEngine(engine), FakeRegistry()) == expected
+    assert pin_base(image, FakeEngine(engine), FakeRegistry()) == expected
 
 
 # --------------------------------------------------------------------------- the inputs hash (pure)
@@ -420,8 +424,8 @@ def test_with_adds_a_package_under_the_torch_pins_and_refuses_one_wanting_anothe
             "--variant", "runtime"]
     done = imagebuilder(*base, "--with", "tqdm==4.67.1", timeout=300)
     assert done.returncode == 0, done.stderr
-    extras = locking.parse_extras(["tqdm==4.67.1"])
-    name = locking.lock_name(resolve(MATRIX, E2E), extras)
+    extras = parse_extras(["tqdm==4.67.1"])
+    name = lock_name(resolve(MATRIX, E2E), extras)
     lock = parse_lock(name, (tmp_path / "locks" / f"{name}.txt").read_text())
     assert lock.version_of("tqdm") == Version("4.67.1") and lock.version_of("torch") == Version("2.6.0")
     # and the build takes that lock when asked for the same --with:
@@ -516,10 +520,10 @@ def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) 
     site = parse_matrix(MATRIX.text + "\nextras: ['transformers==4.57.1', 'tqdm']\n", tmp_path / "site.yaml")
     spec = resolve(site, E2E)
     image = render(spec, site, RenderOptions(extras=("pandas==2.2.3",)))
-    extras = locking.parse_extras(["transformers==4.57.1", "tqdm", "pandas==2.2.3"])
+    extras = parse_extras(["transformers==4.57.1", "tqdm", "pandas==2.2.3"])
     assert image.lock is None and "no lock for this image" in image.notices[-2]
     assert all(f"        {e} \\" in image.dockerfile or f"        {e}\n" in image.dockerfile for e in extras)
-    assert locking.lock_name(spec, extras) != E2E_LOCK  # a site's lock never shadows the default one
+    assert lock_name(spec, extras) != E2E_LOCK  # a site's lock never shadows the default one
     with pytest.raises(Exception, match="extras is a list of requirements"):
         parse_matrix(MATRIX.text + "\nextras: transformers\n", tmp_path / "bad.yaml")
 
@@ -635,7 +639,7 @@ NO_TORCH = "No solution found when resolving dependencies: Because torch was not
 def test_an_unsatisfiable_lock_blames_a_with_only_when_one_was_given(tmp_path: Path, extras: tuple[str, ...],
                                                                      error: type[Exception], code: int, says: str,
                                                                      never: str) -> None:
-    failed = locking.ResolutionFailed(name="torch2.6.0-cu124-py3.11-runtime", requirements="torch==2.6.0", detail=NO_TORCH)
+    failed = ResolutionFailed(name="torch2.6.0-cu124-py3.11-runtime", requirements="torch==2.6.0", detail=NO_TORCH)
     plan = locking.LockPlan((), {}, (), (failed,), extras)
     with pytest.raises(error) as caught:
         locking.check_or_write(plan, tmp_path, check_only=False, echo=print, note=print, err=print)

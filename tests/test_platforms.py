@@ -98,8 +98,8 @@ def test_a_platform_jupyter_image_starts_from_that_platforms_runtime():
 
 
 def _arm64_runtime(**options: Any) -> RenderedImage:
-    from imagebuilder.lock import load_locks
-    from imagebuilder.render import RenderOptions
+    from imagebuilder.lockfile import load_locks
+    from imagebuilder.render_options import RenderOptions
 
     locks = load_locks(default_matrix_path().parent / "locks").for_platform("linux/arm64")
     spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
@@ -141,7 +141,7 @@ def test_a_foreign_platform_installs_its_wheels_on_the_build_host():
 
 
 def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated():
-    from imagebuilder.render import RenderOptions
+    from imagebuilder.render_options import RenderOptions
 
     spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
     image = render(spec, M, RenderOptions(buildkit=True, foreign_platform="linux/arm64"))  # no lock: no shared venv
@@ -151,7 +151,7 @@ def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated(
 
 def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
     from imagebuilder import pipeline
-    from imagebuilder.render import RenderOptions
+    from imagebuilder.render_options import RenderOptions
 
     monkeypatch.setattr(pipeline, "host_platform", lambda: "linux/amd64")
     options = RenderOptions(buildkit=True)

@@ -39,7 +39,7 @@ from imagebuilder.labels import INPUTS_HASH as HASH
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.layers import wheel_groups
-from imagebuilder.lock import load_locks, locks_dir
+from imagebuilder.lockfile import load_locks, locks_dir
 from imagebuilder.matrix import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.reference import parse_reference
@@ -54,7 +54,9 @@ from imagebuilder.registry import (
     pick_manifest,
     is_insecure_by_default,
 )
-from imagebuilder.render import SBOM_PATH, RenderedImage, RenderOptions, render
+from imagebuilder.image_contents import SBOM_PATH
+from imagebuilder.render import RenderedImage, render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 

@@ -22,7 +22,8 @@ from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgre
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix import load_matrix
 from imagebuilder.pipeline import Selection, render_selected, with_parents
-from imagebuilder.render import RenderedImage, RenderOptions
+from imagebuilder.render import RenderedImage
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.verify import PreflightItem, VerifyReport
 from smoke_tests.result import FAIL, PASS, Result
 

@@ -14,9 +14,11 @@ import pytest
 
 from packaging.version import Version
 
+from imagebuilder.certificates import RenderError
 from imagebuilder.matrix import VARIANTS, driver_key, load_matrix
 from imagebuilder.output import ForeignFolder, write_tree
-from imagebuilder.render import RenderError, RenderOptions, render
+from imagebuilder.render import render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
 
@@ -237,7 +239,7 @@ def _torch_layers(dockerfile: str) -> str:
 
 
 def _buildkit_render(torch: str, cuda: str, variant: str, os: str = "debian12"):
-    from imagebuilder.lock import load_locks
+    from imagebuilder.lockfile import load_locks
 
     matrix = load_matrix(default_matrix_path())
     locks = load_locks(default_matrix_path().parent / "locks")
@@ -289,7 +291,7 @@ def test_images_of_other_cuda_versions_with_the_same_wheels_share_the_torch_laye
 
 
 def test_the_classic_builder_and_jupyter_keep_their_own_install():
-    from imagebuilder.lock import load_locks
+    from imagebuilder.lockfile import load_locks
 
     matrix = load_matrix(default_matrix_path())
     locks = load_locks(default_matrix_path().parent / "locks")
@@ -309,8 +311,8 @@ def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_p
     COMPILE_CACHE, which one volume keeps: made by the RUN that adds the user (mode 1777, a fixed
     time), named by the final stage's ENV (which makes no layer), in every way an image is built:
     classic, classic with a CA (two stages), BuildKit's shared venv, arm64's native wheels."""
-    from imagebuilder.lock import load_locks
-    from imagebuilder.render import COMPILE_CACHE
+    from imagebuilder.image_contents import COMPILE_CACHE
+    from imagebuilder.lockfile import load_locks
 
     assert COMPILE_CACHE == "/home/torch/.cache/torch"
     ca = tmp_path / "ca.pem"

@@ -33,8 +33,9 @@ from test_publish_runner import images as canned_images
 from imagebuilder import publish, signing
 from imagebuilder.labels import SBOM_DIGEST
 from imagebuilder.engine.buildkit import BuildKitBuilder
+from imagebuilder.image_contents import SBOM_PATH
 from imagebuilder.registry import HttpRegistry
-from imagebuilder.render import SBOM_PATH, RenderedImage
+from imagebuilder.render import RenderedImage
 from imagebuilder.resources import default_matrix_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

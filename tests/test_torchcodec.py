@@ -8,7 +8,7 @@ import json
 import pytest
 from packaging.version import Version
 
-from imagebuilder.lock import parse_lock, requirements
+from imagebuilder.lockfile import parse_lock, requirements
 from imagebuilder.matrix import load_matrix
 from imagebuilder.render import render
 from imagebuilder.resolve import Request, resolve

@@ -27,8 +27,10 @@ from pathlib import Path
 import pytest
 
 from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
+from imagebuilder.image_contents import ENTRYPOINT
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS, load_matrix
-from imagebuilder.render import ENTRYPOINT, RenderOptions, render
+from imagebuilder.render import render
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, shm_bytes, shm_too_small
 

@@ -18,9 +18,10 @@ from ..build import Built
 from ..engine.api import Engine
 from ..engine.export import Export, cache_ref
 from ..errors import ImageBuilderError
+from ..image_contents import SBOM_PATH
 from ..labels import SBOM_DIGEST
 from ..registry import Registry
-from ..render import SBOM_PATH, RenderedImage
+from ..render import RenderedImage
 from ..signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
 from .blobs import Before, Layers, check_before, published_layers, pushed_layers
 from .plan import RunOptions, Step
