@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench.floor import LOCK_FLOOR_DOCKERFILE as FLOOR  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from imagebuilder.lockfile import load_locks  # noqa: E402
-from imagebuilder.matrix import load_matrix  # noqa: E402
+from imagebuilder.matrix_load import load_matrix  # noqa: E402
 from imagebuilder.resolve import Request, resolve  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 

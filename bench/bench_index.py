@@ -13,7 +13,7 @@ import time
 
 from imagebuilder.drift import check_drift
 from imagebuilder.index import PackageIndex
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.resources import default_matrix_path
 
 

@@ -18,7 +18,8 @@ from packaging.version import Version
 
 from . import __version__, options, pipeline
 from .errors import BadRequest, ImageBuilderError
-from .matrix import Matrix, load_matrix, matrix_file
+from .matrix import Matrix
+from .matrix_load import load_matrix, matrix_file
 from .pipeline import Rendering, Selection
 from .resolve import enumerate_matrix
 

@@ -26,7 +26,8 @@ from .drift import lacking, missing_releases
 from .errors import ImageBuilderError
 from .index import (BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, applies, cuda_pins,
                     cuda_platforms, pinned)
-from .matrix import Matrix, MatrixError, load_matrix, parse_matrix
+from .matrix import Matrix, MatrixError
+from .matrix_load import load_matrix, parse_matrix
 
 # Pythons probed for wheels; a release outside this range would need this line to move.
 CANDIDATE_PYTHONS = tuple(Version(f"3.{minor}") for minor in range(8, 17))

@@ -20,7 +20,7 @@ from bench.bench_coldstart import link_bytes_per_s, parse_rates
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer, wheel_group_layers
 from imagebuilder.layers import GROUPS
 from imagebuilder.lockfile import load_locks
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.render import render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from imagebuilder.build import ProgressPrinter, build_order, human_size
 from imagebuilder.engine import Progress
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.render import render
 from imagebuilder.resolve import Request, resolve
 

@@ -23,7 +23,7 @@ from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
 from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, EngineError, Progress
 from imagebuilder.install_steps import CA_CONTEXT, CA_SECRET_PATH
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.render import render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve

@@ -202,7 +202,7 @@ def test_the_engine_reads_os_release_without_running_the_image(docker_engine, ba
     from imagebuilder.pipeline import os_of_release, parse_os_release
 
     text = docker_engine.os_release(base_image)  # /etc/os-release is a symlink on Debian
-    assert os_of_release(__import__("imagebuilder.matrix", fromlist=["x"]).load_matrix(Path(SMALL)),
+    assert os_of_release(__import__("imagebuilder.matrix_load", fromlist=["x"]).load_matrix(Path(SMALL)),
                          parse_os_release(text)) == "debian12"
 
 

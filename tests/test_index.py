@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from imagebuilder import drift
 from imagebuilder.index import PackageIndex, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.resources import default_matrix_path
 
 X86 = "platform_system == 'Linux' and platform_machine == 'x86_64'"

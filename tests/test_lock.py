@@ -25,7 +25,7 @@ from imagebuilder import lock as locking
 from imagebuilder.base_pin import BasePin, pin_base
 from imagebuilder.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
                                    parse_extras, parse_lock)
-from imagebuilder.matrix import load_matrix, parse_matrix
+from imagebuilder.matrix_load import load_matrix, parse_matrix
 from imagebuilder.render import render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve

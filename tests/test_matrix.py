@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from imagebuilder.matrix import MatrixError, MatrixMissing, driver_key, load_matrix, parse_matrix
+from imagebuilder.matrix import MatrixError, MatrixMissing, driver_key
+from imagebuilder.matrix_load import load_matrix, parse_matrix
 from imagebuilder.resources import default_matrix_path
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"

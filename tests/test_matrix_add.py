@@ -16,7 +16,7 @@ from packaging.version import Version
 from conftest import remove_block
 from imagebuilder.cli import cli
 from imagebuilder.index import PackageIndex
-from imagebuilder.matrix import load_matrix, parse_matrix
+from imagebuilder.matrix_load import load_matrix, parse_matrix
 from imagebuilder.matrix_add import CannotAdd, NewRelease, Variant, add_release, block_text, insert_block
 from imagebuilder.resources import default_matrix_path
 

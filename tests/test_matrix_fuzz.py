@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from conftest import fuzz_examples
 
 from imagebuilder.errors import BadRequest
-from imagebuilder.matrix import MatrixError, load_matrix, parse_matrix
+from imagebuilder.matrix import MatrixError
+from imagebuilder.matrix_load import load_matrix, parse_matrix
 from imagebuilder.resolve import enumerate_matrix
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from imagebuilder.cli import cli
 from imagebuilder.errors import BadRequest
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, for_platforms,
                                     parse_base_images, parse_platforms, platform_image)
 from imagebuilder.render import RenderedImage, render

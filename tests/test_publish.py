@@ -40,7 +40,7 @@ from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.layers import wheel_groups
 from imagebuilder.lockfile import load_locks, locks_dir
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.reference import parse_reference
 from imagebuilder.registry import (

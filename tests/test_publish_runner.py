@@ -20,7 +20,7 @@ from conftest import TickingBuild
 from imagebuilder import publish
 from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, Pushed, PushFailed, RunResult
 from imagebuilder.engine.errors import BuildFailed
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.pipeline import Selection, render_selected, with_parents
 from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from conftest import TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
 from imagebuilder.build import python_download_hint
 from imagebuilder.cli import cli
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.render import render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve

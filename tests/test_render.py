@@ -15,7 +15,8 @@ import pytest
 from packaging.version import Version
 
 from imagebuilder.certificates import RenderError
-from imagebuilder.matrix import VARIANTS, driver_key, load_matrix
+from imagebuilder.matrix import VARIANTS, driver_key
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.output import ForeignFolder, write_tree
 from imagebuilder.render import render
 from imagebuilder.render_options import RenderOptions

@@ -8,7 +8,7 @@ import pytest
 from packaging.version import Version
 
 from imagebuilder.errors import BadRequest
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
 from imagebuilder.tags import labels_for, tags_for

@@ -9,7 +9,7 @@ import pytest
 from packaging.version import Version
 
 from imagebuilder.lockfile import parse_lock, requirements
-from imagebuilder.matrix import load_matrix
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.render import render
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path

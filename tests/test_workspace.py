@@ -28,7 +28,8 @@ import pytest
 
 from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
 from imagebuilder.image_contents import ENTRYPOINT
-from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS, load_matrix
+from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
+from imagebuilder.matrix_load import load_matrix
 from imagebuilder.render import render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
