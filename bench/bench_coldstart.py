@@ -91,7 +91,8 @@ from bench.bench_publish import say, sh  # noqa: E402
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer  # noqa: E402
 from imagebuilder.image_contents import USER_ID, VENV  # noqa: E402
 from imagebuilder.reference import parse_reference  # noqa: E402
-from imagebuilder.registry import INDEXES, OCI_MANIFEST, HttpRegistry, pick_manifest  # noqa: E402
+from imagebuilder.http_registry import HttpRegistry  # noqa: E402
+from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest  # noqa: E402
 from imagebuilder.table import format_table  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from remote_engine import limit_rate, remote_engine  # type: ignore[import-not-found]  # noqa: E402

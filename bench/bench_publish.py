@@ -53,7 +53,7 @@ from bench.floor import LOCK_FLOOR_DOCKERFILE  # noqa: E402
 from imagebuilder.engine.export import cache_ref  # noqa: E402
 from imagebuilder.lockfile import load_locks  # noqa: E402
 from imagebuilder.matrix_load import load_matrix  # noqa: E402
-from imagebuilder.registry import HttpRegistry  # noqa: E402
+from imagebuilder.http_registry import HttpRegistry  # noqa: E402
 from imagebuilder.resolve import Request, resolve  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402

@@ -292,7 +292,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .engine.export import choose_for_build
     from .engine.select import decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
-    from .registry import HttpRegistry
+    from .http_registry import HttpRegistry
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
@@ -340,7 +340,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
         from .engine.docker import DockerEngine
-        from .registry import HttpRegistry
+        from .http_registry import HttpRegistry
 
         report = verify_published(DockerEngine(), tag, registry=HttpRegistry(), key=key,
                                   signature_only=signature_only, live=live,
@@ -388,7 +388,8 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from .engine.export import choose
     from .engine.select import CLASSIC, decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
-    from .registry import HttpRegistry, parse_registry
+    from .http_registry import HttpRegistry
+    from .registry import parse_registry
     from .signing import key_signer
 
     host, namespace = parse_registry(registry_name)

@@ -31,7 +31,8 @@ from .install_steps import SECRET_SOURCES
 from .lockfile import LockSet, load_locks, locks_dir, parse_extras
 from .output import write_tree
 from .platforms import arch, for_platforms, host_platform, platform_image
-from .registry import HttpRegistry, Registry
+from .http_registry import HttpRegistry
+from .registry import Registry
 from .render import RenderedImage, render
 from .render_options import RenderOptions
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve

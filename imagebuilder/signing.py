@@ -38,7 +38,9 @@ from typing import Any, Protocol
 from .errors import BadRequest, ImageBuilderError
 from .labels import INPUTS_HASH, SBOM_DIGEST
 from .reference import parse_reference
-from .registry import INDEXES, RegistryError, is_insecure_by_default, pick_manifest
+from .manifests import INDEXES, pick_manifest
+from .registry import RegistryError
+from .registry_auth import is_insecure_by_default
 
 COSIGN_TIMEOUT = 300.0
 """Seconds one cosign command may take (a KMS round trip, a slow registry)."""
@@ -294,7 +296,7 @@ def sign_image(cosign: Cosign, key: str, target: str, sbom: bytes | None) -> Sig
 
 
 class Store(Protocol):
-    """The registry reads check_image() needs (registry.HttpRegistry)."""
+    """The registry reads check_image() needs (http_registry.HttpRegistry)."""
 
     def digest(self, ref: str) -> str | None: ...
 

@@ -667,7 +667,7 @@ def test_an_estargz_export_is_gzip_with_a_table_of_contents_in_each_layer(docker
     containerd store, `docker push` sends those blobs as they are (the image id is the pushed
     digest), every layer is gzip to any puller and carries the table of contents a stargz
     snapshotter mounts lazily, and the image runs."""
-    from imagebuilder.registry import HttpRegistry
+    from imagebuilder.http_registry import HttpRegistry
 
     marker = uuid.uuid4().hex
     ref = f"{registry}/estargz-{marker[:8]}:x"
@@ -867,7 +867,7 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
 
 
 def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
-    from imagebuilder.registry import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document, platform_entries
+    from imagebuilder.manifests import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document, platform_entries
 
     # An image pushed as an index of its own (the containerd store: the image and its provenance)
     # joins with its platform's image and that image's attestation, one level deep.
@@ -900,7 +900,7 @@ def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_im
 
     from conftest import _unavailable
 
-    from imagebuilder.registry import ACCEPT, OCI_INDEX
+    from imagebuilder.manifests import ACCEPT, OCI_INDEX
     from imagebuilder.resources import default_matrix_path
 
     if not docker_engine.image_exists(ARM64_BASE):

@@ -43,17 +43,10 @@ from imagebuilder.lockfile import load_locks, locks_dir
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.reference import parse_reference
-from imagebuilder.registry import (
-    INDEXES,
-    OCI_MANIFEST,
-    HttpRegistry,
-    RegistryUnavailable,
-    credentials_for,
-    parse_challenge,
-    parse_registry,
-    pick_manifest,
-    is_insecure_by_default,
-)
+from imagebuilder.http_registry import HttpRegistry
+from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest
+from imagebuilder.registry import RegistryUnavailable, parse_registry
+from imagebuilder.registry_auth import credentials_for, parse_challenge, is_insecure_by_default
 from imagebuilder.image_contents import SBOM_PATH
 from imagebuilder.render import RenderedImage, render
 from imagebuilder.render_options import RenderOptions
@@ -873,7 +866,7 @@ def _api(reg: LocalRegistry, ref: str) -> tuple[str, str]:
 def _push_stand_in(reg: LocalRegistry, ref: str, platform: str, layer: bytes | None = None) -> str:
     """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have (with
     `layer`: that one layer, as it is); its digest."""
-    from imagebuilder.registry import DOCKER_MANIFEST
+    from imagebuilder.manifests import DOCKER_MANIFEST
 
     url, tag = _api(reg, ref)
     os_name, _, architecture = platform.partition("/")
@@ -902,7 +895,7 @@ def _upload_blob(url: str, data: bytes) -> str:
 
 
 def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | None:
-    from imagebuilder.registry import ACCEPT
+    from imagebuilder.manifests import ACCEPT
 
     url, tag = _api(reg, ref)
     try:
@@ -953,7 +946,7 @@ def _merge(registry: str, *extra: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.registry
 def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_rest(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
-    from imagebuilder.registry import OCI_INDEX
+    from imagebuilder.manifests import OCI_INDEX
 
     registry = f"{fresh_registry.address}/ns"
     refs = [ref for image in _merge_images(registry) for ref in image.refs]
@@ -994,7 +987,7 @@ def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_
 def _push_index_stand_in(reg: LocalRegistry, ref: str, platforms: tuple[str, ...]) -> dict[str, str]:
     """Put an OCI index under `ref` over a tiny image of each of `platforms`, as the containerd store
     pushes a multi-platform image; platform -> its image's digest."""
-    from imagebuilder.registry import ACCEPT, OCI_INDEX
+    from imagebuilder.manifests import ACCEPT, OCI_INDEX
 
     url, tag = _api(reg, ref)
     entries, digests = [], {}

@@ -25,7 +25,8 @@ import pytest
 from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, family_build, imagebuilder,
                       prune_session_build_cache, remove_local_tags)
 from imagebuilder.engine.export import cache_ref
-from imagebuilder.registry import INDEXES, HttpRegistry, pick_manifest
+from imagebuilder.http_registry import HttpRegistry
+from imagebuilder.manifests import INDEXES, pick_manifest
 from imagebuilder.signing import pinned
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]

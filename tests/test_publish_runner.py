@@ -522,7 +522,8 @@ def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_
 
 # --------------------------------------------------------------------------- the report's layers
 
-from imagebuilder.registry import OCI_INDEX, OCI_MANIFEST, RegistryUnavailable  # noqa: E402
+from imagebuilder.manifests import OCI_INDEX, OCI_MANIFEST  # noqa: E402
+from imagebuilder.registry import RegistryUnavailable  # noqa: E402
 
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 CACHED, SHARED, UNCACHED = ("sha256:" + n * 64 for n in ("f", "e", "7"))  # CannedCache lists e and f
@@ -753,7 +754,7 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
     failed index named with why, and nothing PUT for it."""
     from click.testing import CliRunner
 
-    import imagebuilder.registry
+    import imagebuilder.http_registry
     from imagebuilder.cli import cli
     from imagebuilder.render import render
     from imagebuilder.resolve import Request, resolve
@@ -763,7 +764,7 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
     request = Request("2.11", "13.0", python="3.11", os="debian12", variant="runtime")
     refs = render(resolve(matrix, request), matrix, RenderOptions(repository="127.0.0.1:5999/ml/pytorch")).refs
     registry = _two_platforms(*refs, arm64="linux/amd64")
-    monkeypatch.setattr(imagebuilder.registry, "HttpRegistry", lambda **kwargs: registry)
+    monkeypatch.setattr(imagebuilder.http_registry, "HttpRegistry", lambda **kwargs: registry)
     result = CliRunner().invoke(cli, ["publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os",
                                       "debian12", "--variant", "runtime", "--registry", "127.0.0.1:5999/ml",
                                       "--platform", "linux/amd64,linux/arm64", "--merge-only"])

@@ -34,7 +34,7 @@ from imagebuilder import publish, signing
 from imagebuilder.labels import SBOM_DIGEST
 from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.image_contents import SBOM_PATH
-from imagebuilder.registry import HttpRegistry
+from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.render import RenderedImage
 from imagebuilder.resources import default_matrix_path
 

@@ -23,7 +23,8 @@ from conftest import host_verify, start_host_verify
 
 from imagebuilder.engine import BuildRequest, ContainerFailed, GpuUnavailable, RunResult
 from imagebuilder.engine.classic import ClassicBuilder
-from imagebuilder.registry import HttpRegistry, RegistryUnavailable
+from imagebuilder.http_registry import HttpRegistry
+from imagebuilder.registry import RegistryUnavailable
 from imagebuilder.verify import (
     NOT_RUN,
     Gpu,

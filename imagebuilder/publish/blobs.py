@@ -23,12 +23,12 @@ from typing import Any, Protocol
 
 from ..build import human_size
 from ..errors import ImageBuilderError
-from ..registry import INDEXES
+from ..manifests import INDEXES
 from ..signing import ATTESTATION_MANIFEST, pinned
 
 
 class LayerRegistry(Protocol):
-    """What listing layers needs of a registry (registry.HttpRegistry)."""
+    """What listing layers needs of a registry (http_registry.HttpRegistry)."""
 
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None: ...
 

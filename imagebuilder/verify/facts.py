@@ -27,7 +27,7 @@ from .preflight import (BUILT_LABEL, CUDA_LABEL, MIN_DRIVER_COMPAT_LABEL, MIN_DR
 
 
 class RegistryReader(Protocol):
-    """What verify reads from a registry (registry.HttpRegistry is one)."""
+    """What verify reads from a registry (http_registry.HttpRegistry is one)."""
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]: ...
 

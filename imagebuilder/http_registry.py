@@ -1,0 +1,354 @@
+"""Remote registry reads (and two writes: pointing a tag at a manifest, and writing an image
+index over one image per platform) over the Registry HTTP API v2: HttpRegistry.
+
+`publish` asks the registry, before building anything, what each tag holds: the manifest
+digest (HEAD) and the image's labels (manifest, then config blob), so an image published
+from the same rendered inputs is skipped without pulling 6 GB. Stdlib urllib only, kept small:
+
+- Accept headers for Docker v2 and OCI manifests and for manifest lists / OCI indexes (an
+  index is read through its linux/amd64 entry, else its first; manifests.py);
+- TLS as dockerd does it: https everywhere, trusting /etc/docker/certs.d/HOST/ca.crt (or
+  --registry-ca); a loopback registry that does not speak TLS is asked over http (dockerd's
+  fallback for insecure registries, which 127.0.0.0/8 is by default);
+- anonymous access, Basic, and Bearer tokens, with the credentials docker itself would use
+  (registry_auth.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .manifests import ACCEPT, DOCKER_MANIFEST, INDEXES, OCI_INDEX, index_document, pick_manifest, platform_entries
+from .reference import Reference, parse_reference
+from .registry import RegistryDenied, RegistryError, RegistryProtocolError, RegistryUnavailable
+from .registry_auth import (RegistryTlsError, credentials_for, daemon_ca, docker_config, is_insecure_by_default,
+                            parse_challenge)
+
+TIMEOUT = 30.0
+
+
+class _NoAuthOnRedirect(urllib.request.HTTPRedirectHandler):
+    """Blob downloads redirect to storage (S3, a CDN) that rejects the registry's token. A HEAD
+    stays a HEAD (urllib follows a redirected HEAD with a GET: has_blob would download the blob)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and req.get_method() == "HEAD":
+            new.method = "HEAD"
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.headers.pop("Authorization", None)
+            new.unredirected_hdrs.pop("Authorization", None)
+        return new
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class HttpRegistry:
+    """Registry over HTTP API v2. One instance per run: it caches tokens per repository scope."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT,
+                 ca_file: Path | None = None, certs_root: Path = Path("/etc/docker/certs.d")) -> None:
+        self._config = docker_config() if config is None else config
+        self._timeout = timeout
+        self._tokens: dict[tuple[str, str], str] = {}
+        self._ca_file = ca_file
+        self._certs_root = certs_root
+        self._openers: dict[str, urllib.request.OpenerDirector] = {}
+        self._schemes: dict[str, str] = {}  # api host -> the scheme it answered on
+
+    def digest(self, ref: str) -> str | None:
+        r = parse_reference(ref)
+        response = self._request("HEAD", r, f"manifests/{r.reference}", {"Accept": ACCEPT})
+        if response is None:
+            return None
+        digest = response.headers.get("Docker-Content-Digest")
+        if not digest:  # some registries answer HEAD without it; GET always names the bytes
+            got = self._request("GET", r, f"manifests/{r.reference}", {"Accept": ACCEPT})
+            if got is None:
+                return None
+            digest = "sha256:" + hashlib.sha256(got.body).hexdigest()
+        return digest
+
+    def labels(self, ref: str) -> dict[str, str] | None:
+        found = self.image_config(ref)
+        return None if found is None else dict((found[0].get("config") or {}).get("Labels") or {})
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        """The image config document of `ref`'s image for `platform` (OS/ARCH; None:
+        linux/amd64, else the index's first) and its layers' media types; None when the tag
+        does not exist."""
+        r = parse_reference(ref)
+        manifest = self._manifest(r, r.reference)
+        if manifest is None:
+            return None
+        document, media_type = manifest
+        if media_type in INDEXES or document.get("mediaType") in INDEXES:
+            child = self._manifest(r, pick_manifest(document, platform or "linux/amd64"))
+            if child is None:
+                return None
+            document = child[0]
+        config = (document.get("config") or {}).get("digest")
+        if not config:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the manifest names no config blob")
+        blob = self._request("GET", r, f"blobs/{config}", {})
+        if blob is None:
+            return None
+        return json.loads(blob.body), tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
+
+    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
+        """Every blob the image under `ref` consists of (digest -> (size, media type)):
+        config and layers of each manifest of an index, attestations included; {} when absent."""
+        r = parse_reference(ref)
+        found: dict[str, tuple[int, str]] = {}
+        pending = [r.reference]
+        while pending:
+            manifest = self._manifest(r, pending.pop())
+            if manifest is None:
+                continue
+            document, media_type = manifest
+            if media_type in INDEXES or document.get("mediaType") in INDEXES:
+                pending += [str(entry["digest"]) for entry in document.get("manifests") or []]
+                continue
+            for blob in [document.get("config") or {}, *(document.get("layers") or [])]:
+                if blob.get("digest"):
+                    found[str(blob["digest"])] = (int(blob.get("size") or 0), str(blob.get("mediaType") or ""))
+        return found
+
+    def provenance(self, ref: str) -> dict[str, Any] | None:
+        """The SLSA provenance predicate BuildKit attached to the image under `ref` (the
+        in-toto statement in its index's attestation manifest); None when it has none."""
+        r = parse_reference(ref)
+        manifest = self._manifest(r, r.reference)
+        if manifest is None:
+            return None
+        document, media_type = manifest
+        if not (media_type in INDEXES or document.get("mediaType") in INDEXES):
+            return None
+        for entry in document.get("manifests") or []:
+            if (entry.get("annotations") or {}).get("vnd.docker.reference.type") != "attestation-manifest":
+                continue
+            attestation = self._manifest(r, str(entry["digest"]))
+            for layer in (attestation[0].get("layers") or []) if attestation else []:
+                predicate = (layer.get("annotations") or {}).get("in-toto.io/predicate-type", "")
+                if "slsa.dev/provenance" not in predicate:
+                    continue
+                blob = self._request("GET", r, f"blobs/{layer['digest']}", {})
+                if blob is not None:
+                    statement = json.loads(blob.body)
+                    return {"predicateType": statement.get("predicateType"), **(statement.get("predicate") or {})}
+        return None
+
+    def put_tag(self, ref: str, digest: str) -> str:
+        r = parse_reference(ref)
+        got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
+        if got is None:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{digest}"), detail="the manifest to tag is gone")
+        media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
+        self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": media_type}, got.body, push=True)
+        now = self.digest(ref)
+        if now is None:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the tag is missing after PUT")
+        return now
+
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        r = parse_reference(ref)
+        entries: list[dict[str, Any]] = []
+        for digest, platform in children:
+            url = self._url(r, f"manifests/{digest}")
+            got = self._request("GET", r, f"manifests/{digest}", {"Accept": ACCEPT})
+            if got is None:
+                raise RegistryProtocolError(url=url, detail=f"the {platform} image of the index is not in the repository")
+            media_type = got.headers.get("Content-Type", DOCKER_MANIFEST).split(";")[0]
+            try:
+                document = json.loads(got.body) if media_type in INDEXES else {}
+                entries += platform_entries(platform, media_type, len(got.body), digest, document)
+            except ValueError as e:
+                raise RegistryProtocolError(url=url, detail=str(e)) from e
+        return index_document(entries)
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        r = parse_reference(ref)
+        self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": OCI_INDEX}, body, push=True)
+        now = self.digest(ref)
+        expected = "sha256:" + hashlib.sha256(body).hexdigest()
+        if now != expected:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"),
+                                        detail=f"the index PUT as {expected} reads back as {now}")
+        return now
+
+    def has_blob(self, ref: str, digest: str) -> bool:
+        r = parse_reference(ref)
+        return self._request("HEAD", r, f"blobs/{digest}", {}) is not None
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        """Link blob `digest` of repository `source` (a ref on the same registry) into `ref`'s
+        repository without uploading it: the API's cross-repository mount. False where the
+        registry did not mount it; the upload session it opened instead is cancelled, and the
+        push uploads the blob as it would have."""
+        r, src = parse_reference(ref), parse_reference(source)
+        if src.api_host != r.api_host:
+            return False
+        query = urllib.parse.urlencode({"mount": digest, "from": src.repository})
+        got = self._request("POST", r, f"blobs/uploads/?{query}", {"Content-Length": "0"}, b"", push=True,
+                            also=f"repository:{src.repository}:pull")
+        if got is not None and got.status == 201:
+            return True
+        location = (got.headers.get("Location") or "") if got is not None else ""
+        session = location.split(f"/v2/{r.repository}/", 1)
+        if len(session) == 2:
+            try:
+                self._request("DELETE", r, session[1], {}, push=True)
+            except RegistryError:
+                pass  # an unused session: the registry purges it
+        return False
+
+    def tags(self, ref: str) -> list[str]:
+        """Every tag of `ref`'s repository ([] when it has none), following the API's pages."""
+        r = parse_reference(ref)
+        found: list[str] = []
+        path: str | None = "tags/list?n=1000"
+        while path is not None:
+            got = self._request("GET", r, path, {})
+            if got is None:
+                return found
+            found += json.loads(got.body).get("tags") or []
+            link = re.match(r'<[^>]*/tags/list(\?[^>]*)>;\s*rel="next"', got.headers.get("Link", ""))
+            path = f"tags/list{link.group(1)}" if link else None
+        return found
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        """The manifest (or index) `ref` names and its media type; None: no such tag or digest."""
+        r = parse_reference(ref)
+        return self._manifest(r, r.reference)
+
+    # -- plumbing
+
+    def _manifest(self, r: Reference, reference: str) -> tuple[dict[str, Any], str] | None:
+        got = self._request("GET", r, f"manifests/{reference}", {"Accept": ACCEPT})
+        if got is None:
+            return None
+        try:
+            return dict(json.loads(got.body)), got.headers.get("Content-Type", "").split(";")[0]
+        except ValueError as e:
+            raise RegistryProtocolError(url=self._url(r, f"manifests/{reference}"), detail=f"not JSON ({e})") from e
+
+    def _url(self, r: Reference, path: str) -> str:
+        return f"{self._scheme(r.api_host)}://{r.api_host}/v2/{r.repository}/{path}"
+
+    def _opener(self, host: str) -> urllib.request.OpenerDirector:
+        """https trusting what dockerd trusts for this host: --registry-ca, else certs.d, else the system."""
+        if host not in self._openers:
+            ca = self._ca_file or daemon_ca(host, self._certs_root)
+            context = ssl.create_default_context(cafile=str(ca) if ca else None)
+            self._openers[host] = urllib.request.build_opener(
+                _NoAuthOnRedirect(), urllib.request.HTTPSHandler(context=context))
+        return self._openers[host]
+
+    def _scheme(self, host: str) -> str:
+        """https, as dockerd uses it; for a loopback registry that does not speak TLS, http
+        (dockerd's fallback for insecure registries). Asked once per host."""
+        if host in self._schemes:
+            return self._schemes[host]
+        if not is_insecure_by_default(host):
+            self._schemes[host] = "https"
+            return "https"
+        try:
+            self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._timeout).close()
+            scheme = "https"
+        except urllib.error.HTTPError:
+            scheme = "https"  # it answered over TLS (401 wants a login)
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
+            scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
+        self._schemes[host] = scheme
+        return scheme
+
+    def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
+                 data: bytes | None = None, push: bool = False, also: str = "") -> _Response | None:
+        """One API call; None on 404. Authenticates on a 401 challenge and retries once.
+        `also`: another scope the call needs (a mount's pull of its source repository)."""
+        url = self._url(r, path)
+        scope = f"repository:{r.repository}:{'pull,push' if push else 'pull'}" + (f" {also}" if also else "")
+        auth = self._tokens.get((r.api_host, scope))
+        for attempt in range(2):
+            request = urllib.request.Request(url, data=data, method=method, headers=dict(headers))
+            if auth:
+                request.add_header("Authorization", auth)
+            try:
+                with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
+                    return _Response(response.status, dict(response.headers.items()), response.read())
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    return None
+                if e.code == 401 and attempt == 0:
+                    auth = self._authenticate(r, scope, e.headers.get("WWW-Authenticate", ""), url)
+                    continue
+                raise self._http_error(url, e) from e
+            except (urllib.error.URLError, OSError) as e:
+                reason = getattr(e, "reason", e)
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise RegistryTlsError(url=url, host=r.api_host, detail=str(reason)) from e
+                raise RegistryUnavailable(url=f"{self._scheme(r.api_host)}://{r.api_host}/v2/", detail=str(reason)) from e
+        raise AssertionError("unreachable")
+
+    def _http_error(self, url: str, e: urllib.error.HTTPError) -> RegistryError:
+        try:
+            errors = json.loads(e.read()).get("errors") or []
+            detail = "; ".join(f"{x.get('code')}: {x.get('message')}" for x in errors) or e.reason
+        except (ValueError, AttributeError, OSError):
+            detail = str(e.reason)
+        if e.code in (401, 403):
+            return RegistryDenied(url=url, status=e.code, detail=detail)
+        if e.code >= 500:
+            return RegistryUnavailable(url=url, detail=f"HTTP {e.code}: {detail}")
+        return RegistryProtocolError(url=url, detail=f"HTTP {e.code}: {detail}")
+
+    def _authenticate(self, r: Reference, scope: str, challenge: str, url: str) -> str:
+        scheme, params = parse_challenge(challenge)
+        creds = credentials_for(self._config, r.host)
+        basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode() if creds else None
+        if scheme == "basic":
+            if basic is None:
+                raise RegistryDenied(url=url, status=401, detail="the registry wants a login and none is stored")
+            self._tokens[(r.api_host, scope)] = basic
+            return basic
+        if scheme != "bearer" or "realm" not in params:
+            raise RegistryDenied(url=url, status=401, detail=f"unsupported challenge {challenge!r}")
+        # One scope parameter per scope, as docker asks for them (a mount needs two).
+        query: dict[str, str | list[str]] = {"scope": (params.get("scope") or scope).split()}
+        if "service" in params:
+            query["service"] = params["service"]
+        token_url = f"{params['realm']}?{urllib.parse.urlencode(query, doseq=True)}"
+        request = urllib.request.Request(token_url, headers={"Authorization": basic} if basic else {})
+        try:
+            with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
+                document = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raise self._http_error(token_url, e) from e
+        except (urllib.error.URLError, OSError) as e:
+            raise RegistryUnavailable(url=params["realm"], detail=str(getattr(e, "reason", e))) from e
+        token = document.get("token") or document.get("access_token")
+        if not token:
+            raise RegistryProtocolError(url=token_url, detail="the token answer holds no token")
+        bearer = f"Bearer {token}"
+        self._tokens[(r.api_host, scope)] = bearer
+        return bearer
