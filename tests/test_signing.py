@@ -30,7 +30,7 @@ from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, cosign
 from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
 from test_publish_runner import images as canned_images
 
-from imagebuilder import publish, signing
+from imagebuilder import cosign, publish, signature_check, signing
 from imagebuilder.labels import SBOM_DIGEST
 from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.image_contents import SBOM_PATH
@@ -119,7 +119,7 @@ class RecordingSigner:
     def sign(self, target: str, sbom: bytes | None) -> signing.Signed:
         self.asked.append((target, sbom))
         if self.fail:
-            raise signing.CosignFailed(action="sign", target=target, detail="KMS said no", hint="")
+            raise cosign.CosignFailed(action="sign", target=target, detail="KMS said no", hint="")
         return signing.Signed(target.partition("@")[2], signing.signature_tag(target),
                               signing.signature_tag(target, "att"))
 
@@ -240,7 +240,7 @@ def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], key
         done = _verify(ref, "--key", str(keys["pub"]), "--signature-only", "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         check = json.loads(done.stdout)["signature"]
-        assert (check["status"], check["digest"], check["ok"]) == (signing.VERIFIED, signed_run["digest"], True)
+        assert (check["status"], check["digest"], check["ok"]) == (signature_check.VERIFIED, signed_run["digest"], True)
     # The operator's command: the signature first, then the smoke tests run that very digest.
     done = _verify(image["ref"], "--key", str(keys["pub"]), "--allow-no-gpu", "--json")
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
@@ -270,7 +270,7 @@ def test_another_key_fails(signed_run: dict[str, Any], keys: dict[str, Path]) ->
 def test_the_sbom_attestation_is_the_images_sbom_with_its_torch(docker_engine: Any, signed_run: dict[str, Any],
                                                                  keys: dict[str, Path]) -> None:
     image = signed_run["image"]
-    attested = signing.Cosign().verified_sbom(str(keys["pub"]), signed_run["pinned"])
+    attested = cosign.Cosign().verified_sbom(str(keys["pub"]), signed_run["pinned"])
     labels = HttpRegistry(config={}).labels(signed_run["pinned"])
     assert labels is not None
     # The distribution's version (the wheel's METADATA: 2.6.0), which is what `import torch` said
@@ -282,7 +282,7 @@ def test_the_sbom_attestation_is_the_images_sbom_with_its_torch(docker_engine: A
     assert manifest is not None
     check = json.loads(_verify(signed_run["pinned"], "--key", str(keys["pub"]), "--signature-only",
                                "--json").stdout)["signature"]
-    assert check["provenance"] == signing.has_provenance(manifest)
+    assert check["provenance"] == signature_check.has_provenance(manifest)
     assert check["sbom_digest"] == labels[SBOM_DIGEST]
 
 

@@ -13,7 +13,7 @@ from smoke_tests.result import Result
 
 from ..errors import BadRequest, ImageBuilderError
 from ..provenance import BuiltFrom
-from ..signing import SignatureCheck
+from ..signature_check import SignatureCheck
 from .preflight import PreflightItem
 
 
@@ -91,7 +91,7 @@ class VerifyReport:
     built_from: BuiltFrom | None = None
     """Where the image was built from, per its registry provenance attestation."""
     signature: SignatureCheck | None = None
-    """The signature check of the digest the tag names (signing.check_image); None: not asked."""
+    """The signature check of the digest the tag names (signature_check.check_image); None: not asked."""
     bad_request: bool = False
     """The failure is the request's (the image exists nowhere, is not a PyTorch image): exit 2."""
 

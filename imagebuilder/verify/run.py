@@ -22,7 +22,9 @@ from smoke_tests.result import FAIL
 from ..engine.api import Runner
 from ..engine.errors import ContainerFailed, GpuUnavailable, ImageMissing
 from ..reference import parse_reference
-from ..signing import Cosign, Store, check_image, key_reference
+from ..cosign import Cosign
+from ..signature_check import Store, check_image
+from ..signing import key_reference
 from .facts import RegistryReader, collect_facts, collect_local_facts, registry_built_from
 from .lend import CONTAINER_SMOKE_TESTS, LENT_MANIFEST, lend_notice, probe_torch, smoke_tests_archive
 from .output import SmokeOutput, in_local, parse_output, tail
