@@ -16,12 +16,13 @@ from typing import Any
 import click
 from packaging.version import Version
 
-from . import __version__, options, pipeline
+from . import __version__, contexts, listing, options, pipeline
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .matrix_load import load_matrix, matrix_file
-from .pipeline import Rendering, Selection
+from .pipeline import Rendering
 from .resolve import enumerate_matrix
+from .selection import Selection, settle_os
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
 # `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
@@ -117,8 +118,8 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    selection = pipeline.settle_os(ctx.matrix, selection, pipeline.base_os_reader(selection), note)
-    click.echo(pipeline.format_listing(pipeline.matrix_rows(ctx.matrix, selection), fmt))
+    selection = settle_os(ctx.matrix, selection, pipeline.base_os_reader(selection), note)
+    click.echo(listing.format_listing(listing.matrix_rows(ctx.matrix, selection), fmt))
 
 
 @matrix.command("check")
@@ -246,9 +247,9 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
     opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
-        count, files = pipeline.render_tree(ctx.matrix, pipeline.settle_os(ctx.matrix, selection, None, note), opts)
+        count, files = contexts.render_tree(ctx.matrix, settle_os(ctx.matrix, selection, None, note), opts)
         assert output is not None
-        for line in pipeline.write_all(output, count, files):
+        for line in contexts.write_all(output, count, files):
             click.echo(line)
         return
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
@@ -259,7 +260,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
             note(f"{image.ref} is built FROM {image.depends_on}; -o DIR writes both build contexts")
         return
     assert output is not None
-    for line in pipeline.write_contexts(plan, output):
+    for line in contexts.write_contexts(plan, output):
         click.echo(line)
 
 

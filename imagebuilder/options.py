@@ -26,7 +26,8 @@ from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
 from .reference import check_repository, parse_reference
 from .resolve import check_not_empty
-from .pipeline import ALL, Rendering, Selection
+from .pipeline import Rendering
+from .selection import ALL, Selection
 from .uv_compile import BadUv
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,43 +1,32 @@
-"""Filters or a request -> resolved, rendered images: the one planner that render, build,
-matrix, lock and publish share, so the commands read the same request the same way, and
-the CLI only parses options and prints what comes back.
-
-Two readings of the coordinates (torch, CUDA, Python, variant, OS):
-- a *request* (`build`, `render`): one image per variant, defaults filled in;
-- *filters* (`matrix`, `render --all`, `publish`): every matching image of the matrix, where
-  a torch + CUDA pair the release has no exact wheels for selects the image a request for
-  that pair builds (minor-version fallback), not nothing.
-The base image override and the OS it implies apply to both.
+"""The planners of the commands that build, publish and lock (and of render, which shows
+build's plan): a Selection (selection.py) per platform -> rendered images in build order, every
+one checked before anything builds, and the options every image of a command renders with;
+so the commands read the same request the same way, and the CLI only parses options and
+prints what comes back.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .build import build_order
 from .engine.api import BuilderKind
 from .errors import BadRequest
-from .matrix import VARIANTS, Matrix
+from .matrix import Matrix
 from . import lock as locking
 from .base_pin import pin_base
-from .install_steps import SECRET_SOURCES
 from .lockfile import LockSet, load_locks, locks_dir, parse_extras
-from .output import write_tree
-from .platforms import arch, for_platforms, host_platform, platform_image
+from .platforms import for_platforms, host_platform, platform_image
 from .http_registry import HttpRegistry
 from .registry import Registry
-from .render import RenderedImage, render
+from .render import RenderedImage
 from .render_options import RenderOptions
-from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
-from .table import format_table
-from .tags import primary_tag
+from .selection import (NothingSelected, Note, ReadOsRelease, Selection, render_request, render_selected, select_specs,
+                        settle_os, with_parents)
 from .uv_compile import UvCompile, default_uv
 
 # publish (verify, signing) and engine.docker are imported inside the functions that use them:
@@ -47,170 +36,7 @@ if TYPE_CHECKING:
     from .publish import IndexRegistry
     from .signing import Signer
 
-ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
-
-Note = Callable[[str], None]
-ReadOsRelease = Callable[[str], str]  # image reference -> its /etc/os-release text
 Exists = Callable[[str], bool]  # image reference -> whether the engine has it
-
-
-class NothingSelected(BadRequest):
-    template = "no image of the matrix matches these filters; see `imagebuilder matrix`"
-
-
-@dataclass(frozen=True)
-class Selection:
-    torch: str | None = None
-    cuda: str | None = None
-    python: str | None = None
-    variant: str | None = None  # a variant, ALL, or None (filters: every variant)
-    os: str | None = None
-    base_image: str | None = None
-    strict: bool = False
-    platform_bases: tuple[tuple[str, str], ...] = ()  # --base-image PLATFORM=IMAGE
-
-    def for_platform(self, platform: str) -> Selection:
-        """The selection one platform builds: its own --base-image PLATFORM=IMAGE if given."""
-        return replace(self, base_image=dict(self.platform_bases).get(platform, self.base_image),
-                       platform_bases=())
-
-    def check_platform_bases(self, platforms: Sequence[str]) -> None:
-        """A --base-image PLATFORM=IMAGE for a platform that is not built would be ignored."""
-        unused = [p for p, _ in self.platform_bases if p not in platforms]
-        if unused:
-            raise BadRequest(f"--base-image {unused[0]}=... is for {unused[0]}, which is not asked for "
-                             f"(platforms: {', '.join(platforms)}); add --platform {','.join([*platforms, *unused])} "
-                             "or drop it")
-
-    def request(self, variant: str | None) -> Request:
-        if self.torch is None or self.cuda is None:
-            raise BadRequest("give --torch and --cuda")
-        return Request(self.torch, self.cuda, self.python, variant, self.os, self.base_image, self.strict)
-
-    @property
-    def variants(self) -> list[str | None]:
-        return list(VARIANTS) if self.variant == ALL else [self.variant]
-
-
-# --------------------------------------------------------------------------- base image OS
-
-
-class BaseImageOs(BadRequest):
-    """The base image's OS and the request disagree, or the matrix knows no such OS."""
-
-
-def parse_os_release(text: str) -> dict[str, str]:
-    """/etc/os-release as a dict (shell-style quoting, comments and blank lines allowed)."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        try:
-            words = shlex.split(value)
-        except ValueError:
-            words = [value]
-        fields[key] = words[0] if words else ""
-    return fields
-
-
-def os_of_release(matrix: Matrix, release: dict[str, str]) -> str | None:
-    """The matrix OS an os-release describes (ID + VERSION_ID: debian 12 -> debian12)."""
-    name = f"{release.get('ID', '')}{release.get('VERSION_ID', '')}"
-    return name if name in matrix.oses else None
-
-
-def settle_os(matrix: Matrix, selection: Selection, read_os_release: ReadOsRelease | None,
-              note: Note) -> Selection:
-    """With --base-image, the OS is the base image's: read it when a daemon can be asked (and
-    infer --os from it, or refuse a --os that disagrees); otherwise say what is assumed."""
-    base = selection.base_image
-    if base is None:
-        return selection
-    if read_os_release is None:
-        if selection.os is not None:
-            return selection
-        # One base image is one OS: the filters then select that OS's images, not every OS's.
-        note(f"--base-image {base} is assumed to run {matrix.defaults.os} (not inspected: render asks no "
-             "Docker daemon, and the other commands found none); pass --os if it runs another OS")
-        return replace(selection, os=matrix.defaults.os)
-    release = parse_os_release(read_os_release(base))
-    pretty = release.get("PRETTY_NAME") or f"{release.get('ID', '?')} {release.get('VERSION_ID', '')}".strip()
-    found = os_of_release(matrix, release)
-    if found is None:
-        raise BaseImageOs(f"--base-image {base} runs {pretty}, which matrix.yaml has no OS entry for; "
-                          f"use a base image of one of: {', '.join(matrix.oses)}")
-    if selection.os is not None and selection.os != found:
-        raise BaseImageOs(f"--os {selection.os} but --base-image {base} runs {found} ({pretty}); "
-                          f"drop --os or pass --os {found}")
-    if selection.os is None:
-        note(f"--os {found}: read from {base}'s /etc/os-release")
-    return replace(selection, os=found)
-
-
-# --------------------------------------------------------------------------- selection
-
-
-def select_specs(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
-    """Every image the filters select, the base image override applied."""
-    variant = None if selection.variant == ALL else selection.variant
-    check_filters(matrix, selection.torch, selection.cuda, selection.python, selection.os, selection.strict)
-    if selection.torch and selection.cuda:
-        torch, cuda = find_torch(matrix, selection.torch), find_cuda(matrix, selection.cuda)
-        if not any(wheel.cuda == cuda.key for wheel in torch.variants):
-            return _resolve_each(matrix, replace(selection, variant=variant))
-    return list(enumerate_matrix(matrix, selection.torch, selection.cuda, selection.python, variant,
-                                 selection.os, base_image=selection.base_image))
-
-
-def _resolve_each(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
-    """The images a request for this torch + CUDA makes, for each OS and variant the filters
-    leave open; combinations that cannot be built are left out unless asked for exactly."""
-    specs = []
-    exact = selection.os is not None and selection.variant is not None
-    for os_name in [selection.os] if selection.os else list(matrix.oses):
-        for variant in [selection.variant] if selection.variant else list(VARIANTS):
-            try:
-                specs.append(resolve(matrix, replace(selection, os=os_name).request(variant)))
-            except BadRequest:
-                if exact:
-                    raise
-    return specs
-
-
-def with_parents(images: list[RenderedImage], matrix: Matrix, options: RenderOptions,
-                 exists: Callable[[str], bool] = lambda ref: False) -> list[RenderedImage]:
-    """`images` plus, before each jupyter image, the runtime or devel image it is built FROM
-    when that one is neither selected nor (per `exists`) already there."""
-    refs = {image.ref for image in images}
-    out: list[RenderedImage] = []
-    for image in images:
-        parent = image.spec.parent
-        if parent is not None and image.depends_on not in refs and not exists(image.depends_on or ""):
-            out.append(render(parent, matrix, options))
-            refs.add(out[-1].ref)
-        out.append(image)
-    return out
-
-
-def render_selected(matrix: Matrix, selection: Selection, options: RenderOptions) -> list[RenderedImage]:
-    """Filters -> rendered images (matrix listing, render --all, publish)."""
-    return [render(spec, matrix, options) for spec in select_specs(matrix, selection)]
-
-
-def render_request(matrix: Matrix, selection: Selection, options: RenderOptions, note: Note,
-                   exists: Callable[[str], bool] = lambda ref: False) -> list[RenderedImage]:
-    """A request -> the images it builds, in build order: each variant asked for (`all`:
-    every variant), and a jupyter image's parent image first when it is missing.
-    Everything resolves before anything builds, so a bad request fails at once."""
-    specs = [resolve(matrix, selection.request(variant)) for variant in selection.variants]
-    images = [render(spec, matrix, options) for spec in specs]
-    # The image's notices: the spec's, and what its lock and base pin leave unpinned.
-    for notice in dict.fromkeys(n for image in images for n in image.notices):
-        note(notice)
-    return build_order(with_parents(images, matrix, options, exists))
-
 
 
 # --------------------------------------------------------------------------- rendering options
@@ -254,108 +80,7 @@ def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
     )
 
 
-# --------------------------------------------------------------------------- matrix, render --all
-
-
-def matrix_rows(matrix: Matrix, selection: Selection) -> list[dict[str, Any]]:
-    """`imagebuilder matrix`: one row per selected image."""
-
-    return [{
-        "torch": str(spec.torch.version),
-        "cuda": str(spec.cuda.key),
-        "wheel": spec.wheel.name,
-        "cudnn": str(spec.wheel.cudnn),
-        "nccl": str(spec.wheel.nccl),
-        "python": str(spec.python),
-        "os": spec.os.name,
-        "variant": spec.variant,
-        "min_driver": str(spec.min_driver),
-        "tag": primary_tag(spec, matrix),
-        "platforms": list(spec.torch.platforms),
-    } for spec in select_specs(matrix, selection)]
-
-
-def format_listing(rows: Sequence[dict[str, Any]], fmt: str) -> str:
-    """`imagebuilder matrix --format table|json|github` of `matrix_rows`."""
-
-    if fmt == "json":
-        return json.dumps(rows, indent=2)
-    if fmt == "github":
-        include = [{k: r[k] for k in ("torch", "cuda", "python", "os", "variant", "tag")} for r in rows]
-        return json.dumps({"include": include}, separators=(",", ":"))
-    if not rows:
-        return "(no images match)"
-    return format_table([h.upper() for h in rows[0]],
-                        [[",".join(v) if isinstance(v, list) else v for v in r.values()] for r in rows])
-
-
-Folder = tuple[str, str | None, RenderedImage]  # (folder, platform when several, image)
-
-
-def index_document(entries: Sequence[Folder]) -> dict[str, Any]:
-    """index.json beside several build contexts: each folder's image, in build order."""
-    return {
-        "images": [
-            {"dir": folder, "ref": image.ref, "tags": list(image.tags), "depends_on": image.depends_on,
-             "inputs_hash": image.inputs_hash, **({"platform": platform} if platform else {})}
-            for folder, platform, image in entries
-        ]
-    }
-
-
-def context_files(entries: Sequence[Folder]) -> dict[str, bytes]:
-    """Several build contexts as one tree: a folder per image (Dockerfile and files) and index.json."""
-    files: dict[str, bytes] = {}
-    for folder, _, image in entries:
-        files.update({f"{folder}/{name}": data for name, data in image.files.items()})
-        files[f"{folder}/Dockerfile"] = image.dockerfile.encode()
-    files["index.json"] = (json.dumps(index_document(entries), indent=2) + "\n").encode()
-    return files
-
-
-def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions) -> tuple[int, dict[str, bytes]]:
-    """`render --all`: every selected image's build context in a folder named for it, and an
-    index.json of them all; (the number of images, the files by relative name)."""
-    images = render_selected(matrix, selection, options)
-    if not images:
-        raise NothingSelected()
-    return len(images), context_files([(image.spec.key, None, image) for image in images])
-
-
-def plan_folders(plan: Sequence[tuple[str, RenderedImage]]) -> list[Folder]:
-    """`render -o` of several images: a folder per planned image, named for it (and for its
-    platform's arch when there are several platforms)."""
-    several = len({platform for platform, _ in plan}) > 1
-    return [(f"{image.spec.key}-{arch(platform)}" if several else image.spec.key, platform if several else None, image)
-            for platform, image in plan]
-
-
-def write_all(output: Path, count: int, files: Mapping[str, bytes]) -> list[str]:
-    """`render --all -o`: every context into `output`; what was written and what went, a line
-    each. A folder of an earlier render keeps only what this one asked for, and says so."""
-
-    removed = {name.split("/", 1)[0] for name in write_tree(output, files) if "/" in name}
-    return [f"wrote {count} images to {output}"] + (
-        [f"removed the build contexts of {len(removed)} images an earlier render wrote there and this one did not "
-         "ask for (filters choose the images: render --all without them writes every image)"] if removed else [])
-
-
-def write_contexts(plan: Sequence[tuple[str, RenderedImage]], output: Path) -> list[str]:
-    """`render -o`: one image's context into `output`, or several (a parent that comes along,
-    several platforms) a folder each with index.json; what was written, a line each."""
-
-    if len(plan) == 1:
-        platform, image = plan[0]
-        image.write(output)
-        secrets = "".join(f" --secret id={name},src={SECRET_SOURCES.get(name, name.upper())}" for name in sorted(image.secrets))
-        secrets += "".join(f" --build-context {name}={shlex.quote(str(output / name))}" for name in image.contexts)
-        target = f" --platform {platform}" if platform != host_platform() else ""
-        return [f"wrote {output}/Dockerfile for {image.ref}",
-                f"build it: docker build{target} -t {image.ref}{secrets} {shlex.quote(str(output))}"]
-    folders = plan_folders(plan)
-    write_tree(output, context_files(folders))
-    return [f"wrote {len(plan)} build contexts to {output}, in build order (index.json):",
-            *(f"  {folder}/  {planned.ref}" for folder, _, planned in folders)]
+# --------------------------------------------------------------------------- build, publish
 
 
 def requested(plan: Sequence[tuple[str, RenderedImage]]) -> RenderedImage:
@@ -367,9 +92,6 @@ def requested(plan: Sequence[tuple[str, RenderedImage]]) -> RenderedImage:
 def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
     """Another platform than the host's is built by BuildKit only."""
     return any(platform != (host or host_platform()) for platform in platforms)
-
-
-# --------------------------------------------------------------------------- build, publish
 
 
 def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],

@@ -199,7 +199,7 @@ def test_build_reads_the_os_of_the_base_image_and_refuses_another_os(base_image)
 
 @pytest.mark.docker
 def test_the_engine_reads_os_release_without_running_the_image(docker_engine, base_image):
-    from imagebuilder.pipeline import os_of_release, parse_os_release
+    from imagebuilder.selection import os_of_release, parse_os_release
 
     text = docker_engine.os_release(base_image)  # /etc/os-release is a symlink on Debian
     assert os_of_release(__import__("imagebuilder.matrix_load", fromlist=["x"]).load_matrix(Path(SMALL)),

@@ -909,7 +909,7 @@ def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | 
 
 def _merge_images(registry: str) -> list[RenderedImage]:
     """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
-    from imagebuilder.pipeline import Selection, render_selected, with_parents
+    from imagebuilder.selection import Selection, render_selected, with_parents
 
     matrix = load_matrix(default_matrix_path())
     opts = RenderOptions(repository=f"{registry}/pytorch")

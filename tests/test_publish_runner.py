@@ -21,7 +21,7 @@ from imagebuilder import publish
 from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, Pushed, PushFailed, RunResult
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.pipeline import Selection, render_selected, with_parents
+from imagebuilder.selection import Selection, render_selected, with_parents
 from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.verify import PreflightItem, VerifyReport

@@ -64,7 +64,7 @@ def test_variant_all_and_the_matrix_include_devel_jupyter():
     from click.testing import CliRunner
 
     from imagebuilder.cli import cli
-    from imagebuilder.pipeline import ALL, Selection, render_request
+    from imagebuilder.selection import ALL, Selection, render_request
 
     assert JUPYTER_PARENTS == {"jupyter": "runtime", "devel-jupyter": "devel"}
     # What `build --variant all` builds, parents before the jupyter images made FROM them.
