@@ -24,6 +24,10 @@ HOME = f"/home/{USER_NAME}"
 # user's cache home, torch's own default TORCH_HOME for that user, rather than WORKSPACE: people
 # bind-mount their project over /workspace, and compiled kernels do not belong among its files.
 COMPILE_CACHE = f"{HOME}/.cache/torch"
+# Each cache's own folder, made in the image as COMPILE_CACHE is: a named volume mounted at one
+# of them (not only at COMPILE_CACHE) is seeded writable for every uid, not root-owned.
+INDUCTOR_CACHE, TRITON_CACHE, NV_CACHE = (f"{COMPILE_CACHE}/{name}" for name in ("inductor", "triton", "nv"))
+COMPILE_CACHES = (COMPILE_CACHE, INDUCTOR_CACHE, TRITON_CACHE, NV_CACHE)
 ENTRYPOINT = ("/usr/bin/tini", "-g", "--", "/usr/local/bin/imagebuilder-entrypoint")
 SESSION_ENV = "/etc/profile.d/00-container-env.sh"  # the container's environment, for SSH sessions
 # TensorBoard behind Jupyter's auth, at <base_url>/TENSORBOARD_PATH/ (jupyter-server-proxy's server
@@ -52,6 +56,10 @@ def apt_packages(spec: BuildSpec, stage: str) -> list[str]:
         return packages
     packages.append("g++")  # torch.compile (Inductor, Triton) needs a C/C++ compiler
     packages.append("tini")  # PID 1: forwards signals, reaps zombies, passes exit codes on
+    # NCCL dlopens libibverbs for InfiniBand and RoCE (AWS's EFA plugin needs it too); without
+    # it a multi-node job falls back to TCP sockets without a word. The providers are the
+    # drivers' user-space halves (mlx5, efa, ...), librdmacm the connection manager RoCE uses.
+    packages += spec.os.rdma
     if spec.python_from_os:
         packages.append("python3-dev")  # headers: Triton and Inductor build Python extensions
     packages += variant(spec.variant).packages
@@ -111,12 +119,16 @@ def env_for(spec: BuildSpec) -> list[tuple[str, str]]:
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
         ("NVIDIA_REQUIRE_CUDA", require_cuda(spec)),
         ("PYTHONUNBUFFERED", "1"),
+        # torch's version, as NGC's and pytorch/pytorch's images set it: enroot's pytorch hook
+        # derives RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from Slurm only
+        # in an image whose environment has it.
+        ("PYTORCH_VERSION", str(spec.torch.version)),
         # Not under /tmp/torchinductor_<user> and ~/.triton of a container that dies: COMPILE_CACHE.
         ("TORCH_HOME", COMPILE_CACHE),
-        ("TORCHINDUCTOR_CACHE_DIR", f"{COMPILE_CACHE}/inductor"),
-        ("TRITON_CACHE_DIR", f"{COMPILE_CACHE}/triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", INDUCTOR_CACHE),
+        ("TRITON_CACHE_DIR", TRITON_CACHE),
         # CUDA's PTX JIT cache: a GPU newer than the wheels' cubins JIT-compiles at every start without it.
-        ("CUDA_CACHE_PATH", f"{COMPILE_CACHE}/nv"),
+        ("CUDA_CACHE_PATH", NV_CACHE),
         # pip and uv read these: a later install that wants another torch fails with the
         # resolver's conflict instead of replacing the image's CUDA build (README: opting out).
         ("PIP_CONSTRAINT", CONSTRAINTS_PATH),

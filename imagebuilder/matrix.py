@@ -69,6 +69,7 @@ class OSRelease:
     base: str  # plain OS image, for CUDA versions NVIDIA publishes no image of for this OS
     source: str
     ffmpeg: tuple[str, ...] = ()  # the OS's FFmpeg shared-library packages (runtime, not -dev)
+    rdma: tuple[str, ...] = ()  # the OS's RDMA user-space packages: libibverbs, its providers, librdmacm
 
 
 @dataclass(frozen=True)

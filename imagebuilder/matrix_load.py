@@ -116,16 +116,26 @@ class _Checker:
 
 
 def _parse_os(c: _Checker, name: str, data: Any, path: KeyPath) -> OSRelease | None:
-    d = c.record(data, path, {"family", "python", "base", "source"}, {"ffmpeg"})
+    d = c.record(data, path, {"family", "python", "base", "source"}, {"ffmpeg", "rdma"})
     if d is None:
         return None
     python = c.version(d, "python", path)
-    ffmpeg = d.get("ffmpeg") or []
-    if not isinstance(ffmpeg, list) or not all(isinstance(p, str) and p for p in ffmpeg):
-        c.problem(path + ("ffmpeg",), "expected a list of OS package names like 'libavcodec59'")
-        ffmpeg = []
+    if "rdma" not in d:
+        c.problem(path + ("rdma",), "missing: every image installs the OS's RDMA libraries, which NCCL loads for "
+                                    "InfiniBand, RoCE and EFA; list their packages, e.g. "
+                                    "[libibverbs1, ibverbs-providers, librdmacm1]")
     return OSRelease(name, c.text(d, "family", path), python or Version("0"), c.text(d, "base", path),
-                     c.text(d, "source", path), tuple(ffmpeg))
+                     c.text(d, "source", path), _packages(c, d, "ffmpeg", path, "libavcodec59"),
+                     _packages(c, d, "rdma", path, "libibverbs1"))
+
+
+def _packages(c: _Checker, d: dict[str, Any], key: str, path: KeyPath, example: str) -> tuple[str, ...]:
+    """An OS's list of package names under `key` (absent: none)."""
+    packages = d.get(key) or []
+    if not isinstance(packages, list) or not all(isinstance(p, str) and p for p in packages):
+        c.problem(path + (key,), f"expected a list of OS package names like {example!r}")
+        return ()
+    return tuple(packages)
 
 
 def _parse_torchcodec(c: _Checker, d: dict[str, Any], path: KeyPath) -> TorchCodec | None:

@@ -24,7 +24,7 @@ from . import __version__
 from .base_pin import BasePin
 from .certificates import read_ca_bundle
 from .errors import BadRequest
-from .image_contents import (CA_PATH, COMPILE_CACHE, ENTRYPOINT, HOME, JUPYTER_LOCK_PATH, LOCK_PATH, SBOM_PATH,
+from .image_contents import (CA_PATH, COMPILE_CACHE, COMPILE_CACHES, ENTRYPOINT, HOME, JUPYTER_LOCK_PATH, LOCK_PATH, SBOM_PATH,
                              SESSION_ENV, TENSORBOARD_LOGDIR, TENSORBOARD_PATH, TENSORBOARD_START_TIMEOUT_S, USER_ID,
                              USER_NAME, VENV, WORKSPACE, apt_packages, constraints_for, env_for, has_ssh,
                              manifest_for, nvcc_check, python_path)
@@ -48,6 +48,8 @@ SSH_ROOTFS_TEMPLATES = {"usr/local/bin/ssh-server": "ssh-server.sh.j2",
 # jupyter, devel-jupyter: Jupyter's settings, in its system-wide config folder (read before the
 # user's ~/.jupyter, so a user's own file still wins).
 JUPYTER_ROOTFS_TEMPLATES = {"etc/jupyter/jupyter_server_config.py": "jupyter_server_config.py.j2"}
+# The module every Python start of the image imports (from /opt/imagebuilder, by imagebuilder.pth).
+PYTHON_START, PYTHON_START_TEMPLATE = "imagebuilder_start", "python_start.py.j2"
 
 
 class CredentialsNeedBuildKit(BadRequest):
@@ -166,7 +168,11 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     if base_pin is not None and not base_pin.identity:
         notices.append(f"base image {base_image} has no digest in locks/base-images.json: FROM by tag")
     files: dict[str, bytes] = dict(_smoke_test_files())
-    files["imagebuilder.pth"] = b"/opt/imagebuilder\n"  # makes `python -m smoke_tests` work
+    # /opt/imagebuilder on the venv's path makes `python -m smoke_tests` work; its second line
+    # keeps the image's run contract where no entrypoint runs (pyxis, apptainer exec).
+    files["imagebuilder.pth"] = f"/opt/imagebuilder\nimport {PYTHON_START}\n".encode()
+    files[f"imagebuilder/{PYTHON_START}.py"] = env.get_template(PYTHON_START_TEMPLATE).render(
+        compile_cache=COMPILE_CACHE).encode()
     files["imagebuilder/sbom.py"] = _sbom_file()
     lock_path = JUPYTER_LOCK_PATH if spec.parent is not None else LOCK_PATH
     if lock is not None:
@@ -245,7 +251,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
             "uid": USER_ID,
             "workspace": WORKSPACE,
             "home": HOME,
-            "compile_cache": COMPILE_CACHE,
+            "compile_caches": COMPILE_CACHES,
             "entrypoint": json.dumps(list(ENTRYPOINT)),
             "ssh": has_ssh(spec),
             "run_as_root": variant(spec.variant).root,

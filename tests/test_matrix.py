@@ -65,6 +65,12 @@ BAD_CASES = [
      lambda t: t.replace('"3.12": {jupyterlab: "4.6.6", ipykernel: "7.4.0", ipywidgets: "8.1.9", pandas: "3.1.1", matplotlib: "3.11.2", tqdm: "4.70.1", tensorboard: "2.21.0", "jupyter-server-proxy": "4.6.0"',
                          '"3.12": {jupyterlab: "4.6.6", ipykernel: "7.4.0", ipywidgets: "8.1.9", pandas: "3.1.1", matplotlib: "3.11.2", tqdm: "4.70.1", tensorboard: "2.21.0", "jupyter-server-proxy": "4.1.0"'),
      ["tools.notebook.3.12.jupyter-server-proxy: 4.1.0 is older than 4.1.1", "CVE-2024-28179"]),
+    # Issue 42: NCCL over InfiniBand, RoCE and EFA needs the OS's RDMA libraries in every image.
+    ("OS without its RDMA packages",
+     lambda t: t.replace('rdma: [libibverbs1, ibverbs-providers, librdmacm1t64], ', ''),
+     ["os.ubuntu24.04.rdma: missing", "NCCL loads for InfiniBand, RoCE and EFA", "librdmacm1]"]),
+    ("RDMA packages not a list", lambda t: t.replace('rdma: [libibverbs1, ibverbs-providers, librdmacm1t64]', 'rdma: libibverbs1'),
+     ["os.ubuntu24.04.rdma: expected a list of OS package names like 'libibverbs1'"]),
 ]
 
 

@@ -330,21 +330,46 @@ def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_p
         "arm64 native wheels": render(resolve(matrix, Request("2.11", "13.0", os="debian12")), matrix,
                                       RenderOptions(buildkit=True, locks=arm64, foreign_platform="linux/arm64")),
     }
-    env = {"TORCH_HOME": COMPILE_CACHE, "TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor",
-           "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton", "CUDA_CACHE_PATH": f"{COMPILE_CACHE}/nv"}
+    env = {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton",
+           "CUDA_CACHE_PATH": f"{COMPILE_CACHE}/nv"}
     for name, image in renders.items():
         final = _final_stage(image.dockerfile)
         assert ("--mount=type=bind,from=native-uv," in final) == (name == "arm64 native wheels"), name
         (user_run,) = [run for run in final.split("\nRUN ")[1:] if "useradd " in run]
+        # Issue 42: each cache's own folder too, so a volume mounted at it starts writable.
+        folders = " ".join((COMPILE_CACHE, *env.values()))
         assert (f"install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \\\n"
-                f" && install -d -o 1000 -g 1000 -m 1777 {COMPILE_CACHE} \\\n"
-                f" && touch -d @315532800 /home/torch/.cache {COMPILE_CACHE}") in user_run, name
+                f" && install -d -o 1000 -g 1000 -m 1777 {folders} \\\n"
+                f" && touch -d @315532800 /home/torch/.cache {folders}") in user_run, name
         env_block = final.split("\nENV ", 1)[1].split("\nLABEL", 1)[0]
         assert "\nRUN " not in final.split("\nENV ", 1)[1], name  # the ENV after the last RUN
-        for key, value in env.items():
+        for key, value in {"TORCH_HOME": COMPILE_CACHE, **env}.items():
             assert f"    {key}={value} \\\n" in env_block, (name, key)
         assert image.dockerfile.count("TORCHINDUCTOR_CACHE_DIR=") == 1, name
     # The jupyter images inherit their parent's ENV and folder: nothing of their own.
     for variant in ("jupyter", "devel-jupyter"):
         jupyter = render(resolve(M, Request("2.12", "13.0", variant=variant, os="debian12")), M).dockerfile
         assert ".cache/torch" not in jupyter and "TORCHINDUCTOR_CACHE_DIR" not in jupyter
+
+
+def test_every_image_carries_the_cluster_run_contract():
+    """Issue 42, for every image of the matrix: the OS's RDMA libraries in the final apt install,
+    PYTORCH_VERSION (torch's version) in the ENV enroot's pytorch hook reads, and the module every
+    Python start imports (imagebuilder.pth's second line) in the context, knowing the image's caches."""
+    from imagebuilder.image_contents import COMPILE_CACHE
+    from imagebuilder.render import PYTHON_START
+
+    matrix = load_matrix(default_matrix_path())
+    rdma = {"debian12": "ibverbs-providers libibverbs1 librdmacm1", "debian13": "ibverbs-providers libibverbs1 librdmacm1t64",
+            "ubuntu22.04": "ibverbs-providers libibverbs1 librdmacm1", "ubuntu24.04": "ibverbs-providers libibverbs1 librdmacm1t64"}
+    for os_name, packages in rdma.items():
+        for variant in ("runtime", "devel"):
+            spec = resolve(matrix, Request("2.12", "13.0", variant=variant, os=os_name))
+            image = render(spec, matrix)
+            final = _final_stage(image.dockerfile)
+            assert f" {packages} " in final.split("apt-get install", 1)[1].split("\n", 1)[0], (os_name, variant)
+            assert f"    PYTORCH_VERSION={spec.torch.version} \\\n" in final, (os_name, variant)
+            assert image.files["imagebuilder.pth"] == f"/opt/imagebuilder\nimport {PYTHON_START}\n".encode()
+            start = image.files[f"imagebuilder/{PYTHON_START}.py"].decode()
+            assert f'IMAGE_CACHE = "{COMPILE_CACHE}"' in start
+            compile(start, PYTHON_START, "exec")  # it is Python, whatever the template left in it

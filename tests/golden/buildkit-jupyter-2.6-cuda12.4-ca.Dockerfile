@@ -54,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="455c6b07de9e2fdcc1ecef958f1e7be6433fdb725d45ce945befd56ba544c259"
+    io.imagebuilder.inputs-hash="d002a0674302f72e613452524aa9ea985dfd32e5275394292d9091ee5da384dc"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

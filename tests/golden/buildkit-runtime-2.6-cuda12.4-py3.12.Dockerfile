@@ -12,13 +12,14 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
-# /home/torch/.cache/torch holds the compile caches (the ENV below names them): mode 1777, so any uid
-# compiles there, and /home/torch open to every uid on the way to it (Ubuntu's useradd makes it 750).
+# /home/torch/.cache/torch holds the compile caches (the ENV below names them), each in a folder of its own
+# made here: mode 1777, so any uid compiles there and a volume mounted at any of them starts so, and
+# /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
 # apt's downloads stay in a cache mount shared by every image built on this host (so no
 # `apt-get clean`, which would empty it; only apt's package index caches go).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
     apt-get update \
- && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ python3 python3-venv tini \
+ && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ ibverbs-providers libibverbs1 librdmacm1 python3 python3-venv tini \
  && rm -f /var/cache/apt/*.bin \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -26,8 +27,8 @@ RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sh
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
  && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \
- && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch \
- && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch \
+ && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch /home/torch/.cache/torch/inductor /home/torch/.cache/torch/triton /home/torch/.cache/torch/nv \
+ && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch /home/torch/.cache/torch/inductor /home/torch/.cache/torch/triton /home/torch/.cache/torch/nv \
  && install -d -o 1000 -g 1000 /opt/venv /opt/python
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -58,6 +59,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
+    PYTORCH_VERSION=2.6.0 \
     TORCH_HOME=/home/torch/.cache/torch \
     TORCHINDUCTOR_CACHE_DIR=/home/torch/.cache/torch/inductor \
     TRITON_CACHE_DIR=/home/torch/.cache/torch/triton \
@@ -81,7 +83,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="264dc37655f22e34bf63704c6a9194947d4a5bfbfd32d3f0e9a3402b167056e9"
+    io.imagebuilder.inputs-hash="e549771fa689242c6e8f6615c65d7d7364bc343fc9b2048923fc6d6e77ce22fd"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

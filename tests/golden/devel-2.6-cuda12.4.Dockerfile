@@ -11,12 +11,13 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
-# /home/torch/.cache/torch holds the compile caches (the ENV below names them): mode 1777, so any uid
-# compiles there, and /home/torch open to every uid on the way to it (Ubuntu's useradd makes it 750).
+# /home/torch/.cache/torch holds the compile caches (the ENV below names them), each in a folder of its own
+# made here: mode 1777, so any uid compiles there and a volume mounted at any of them starts so, and
+# /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
 # SSH: host keys are made at each container's first start, never kept in the image; the
 # password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ git make openssh-server python3 python3-dev python3-venv tini \
+ && apt-get install -y --no-install-recommends ca-certificates g++ git ibverbs-providers libibverbs1 librdmacm1 make openssh-server python3 python3-dev python3-venv tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -24,8 +25,8 @@ RUN apt-get update \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
  && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \
- && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch \
- && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch \
+ && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch /home/torch/.cache/torch/inductor /home/torch/.cache/torch/triton /home/torch/.cache/torch/nv \
+ && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch /home/torch/.cache/torch/inductor /home/torch/.cache/torch/triton /home/torch/.cache/torch/nv \
  && rm -f /etc/ssh/ssh_host_* \
  && usermod --password '*' torch \
  && sed -i '1i [ -n "${SSH_CONNECTION:-}" ] && [ -r /etc/profile.d/00-container-env.sh ] && . /etc/profile.d/00-container-env.sh' /etc/bash.bashrc \
@@ -56,6 +57,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
+    PYTORCH_VERSION=2.6.0 \
     TORCH_HOME=/home/torch/.cache/torch \
     TORCHINDUCTOR_CACHE_DIR=/home/torch/.cache/torch/inductor \
     TRITON_CACHE_DIR=/home/torch/.cache/torch/triton \
@@ -80,7 +82,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="c1ca3007368b3d1cdb08523fdca26bfbcd48946f5ce4ca220f7b8864fa01f099"
+    io.imagebuilder.inputs-hash="27a78402575dcfaaf6c1fb1828d0eb37821f18fe3bf57fe9ed2daf338212d52a"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

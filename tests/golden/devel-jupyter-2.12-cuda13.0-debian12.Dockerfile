@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="efa29d20a2ae71e7c20352dcc8a13ab45fa85de72dad4609f9b348f0a1d3889e"
+    io.imagebuilder.inputs-hash="3a59f56d004bf52298f04eca2acb7229d083cffee1b6167f07ea20bbab230d6a"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="ea8d4c23c7b81e7ef9753d01a8d89f8f02db17f8c778b5bbf9f33cea35021b51"
+    io.imagebuilder.inputs-hash="55b7288210e572f499f243828aa3587d8d362fdb68fa7958cae59b82e6481ba7"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

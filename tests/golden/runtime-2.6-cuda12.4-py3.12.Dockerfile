@@ -12,10 +12,11 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 # /workspace is writable by group 0 too: an arbitrary uid (OpenShift, --user 12345) runs with gid 0.
-# /home/torch/.cache/torch holds the compile caches (the ENV below names them): mode 1777, so any uid
-# compiles there, and /home/torch open to every uid on the way to it (Ubuntu's useradd makes it 750).
+# /home/torch/.cache/torch holds the compile caches (the ENV below names them), each in a folder of its own
+# made here: mode 1777, so any uid compiles there and a volume mounted at any of them starts so, and
+# /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates g++ python3 python3-venv tini \
+ && apt-get install -y --no-install-recommends ca-certificates g++ ibverbs-providers libibverbs1 librdmacm1 python3 python3-venv tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -23,8 +24,8 @@ RUN apt-get update \
  && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash torch \
  && install -d -o 1000 -g 0 -m 775 /workspace \
  && install -d -o 1000 -g 1000 -m 755 /home/torch /home/torch/.cache \
- && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch \
- && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch \
+ && install -d -o 1000 -g 1000 -m 1777 /home/torch/.cache/torch /home/torch/.cache/torch/inductor /home/torch/.cache/torch/triton /home/torch/.cache/torch/nv \
+ && touch -d @315532800 /home/torch/.cache /home/torch/.cache/torch /home/torch/.cache/torch/inductor /home/torch/.cache/torch/triton /home/torch/.cache/torch/nv \
  && install -d -o 1000 -g 1000 /opt/venv /opt/python
 # As the venv's owner, so no second pass over its files is needed to hand it over.
 USER 1000
@@ -52,6 +53,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA=cuda>=12.0 \
     PYTHONUNBUFFERED=1 \
+    PYTORCH_VERSION=2.6.0 \
     TORCH_HOME=/home/torch/.cache/torch \
     TORCHINDUCTOR_CACHE_DIR=/home/torch/.cache/torch/inductor \
     TRITON_CACHE_DIR=/home/torch/.cache/torch/triton \
@@ -75,7 +77,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="bc47a02ca331d9b0c616b6e2fe6de74e4b35728a85ef0d2d10496eab49890fa2"
+    io.imagebuilder.inputs-hash="5f2a25768ac39e23a95859d66a452d4ceafddfc4475cd6fad245c137b985ef15"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
