@@ -8,19 +8,59 @@
 # snapshotter's library (golang-github-containerd-stargz-snapshotter-dev and the -dev packages
 # apt resolves for it). Those sources are downloaded and unpacked in a temp dir, not installed:
 # installing them would pull ~270 packages into the system (and move systemd's).
-# Idempotent: does nothing when the installed binary was built from this main.go.
+# Idempotent: does nothing when the installed binary was built from these inputs: main.go, the
+# suite's Go and its snapshotter library (their versions, in the stamp), and still answers.
+# Every step says its name when it fails (a failed download is not a Go import error later).
 # Usage: .ci/stargz-install.sh        (root)
 set -euo pipefail
 
 say() { echo "stargz-install: $*"; }
+step() {  # step NAME CMD...: run CMD; on failure, one line naming the step, and stop
+    local name=$1
+    shift
+    local status=0
+    "$@" || status=$?
+    if [ "$status" -ne 0 ]; then
+        say "step '$name' failed (exit $status): $*" >&2
+        exit 1
+    fi
+}
 
 src="$(cd "$(dirname "$0")" && pwd)/stargz-grpc/main.go"
 bin=/usr/local/bin/containerd-stargz-grpc
 stamp=/usr/local/share/imagebuilder/containerd-stargz-grpc.sha256
-want=$(sha256sum "$src" | cut -d' ' -f1)
+library=golang-github-containerd-stargz-snapshotter-dev
 
-if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ]; then
-    say "$bin already built from $(basename "$(dirname "$src")")/main.go"
+inputs() {  # what the binary is built from: main.go, the Go toolchain, the library's version
+    sha256sum "$src" | cut -d' ' -f1
+    if command -v go >/dev/null 2>&1; then go version; else echo "no go"; fi
+    apt-cache policy "$library" | awk '/Candidate:/{print "'"$library"' " $2}'
+}
+
+answers() {  # the installed daemon serves containerd's snapshots API on a socket of its own
+    local dir pid out
+    dir=$(mktemp -d /tmp/stargz-check.XXXXXX)
+    "$bin" -address "$dir/s.sock" -root "$dir/root" >"$dir/log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 50); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
+    # An empty snapshotter answers List with its own error ("bucket does not exist"): that is an
+    # answer; a transport error (no socket, refused, timeout) is not.
+    out=$(timeout 10 ctr -a "$dir/s.sock" snapshots --snapshotter stargz ls 2>&1) && status=0 || status=$?
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    rm -rf "$dir"
+    if [ "$status" -eq 0 ] || { echo "$out" | grep -q "bucket does not exist" \
+            && ! echo "$out" | grep -qiE "connection refused|no such file|deadline|transport"; }; then
+        return 0
+    fi
+    say "$bin does not answer containerd's snapshots API: $out" >&2
+    return 1
+}
+
+want=$(inputs | sha256sum | cut -d' ' -f1)
+if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ] && answers; then
+    say "$bin already built from $(basename "$(dirname "$src")")/main.go, $(go version | cut -d' ' -f3) and" \
+        "$(apt-cache policy "$library" | awk '/Candidate:/{print $2}'); it answers"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -29,26 +69,34 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
+step "apt-get update" apt-get update -qq
 # The suite's own Go (a pinned trixie source on Debian 12 has priority 100: never chosen here).
-command -v go >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends golang-go
+command -v go >/dev/null 2>&1 || step "install the suite's Go (golang-go)" apt-get install -y -qq --no-install-recommends golang-go
 work=$(mktemp -d /tmp/stargz-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # The -dev packages apt would install for the library (the ones installed already are in
 # /usr/share/gocode): one provider each, as apt resolves them.
-mapfile -t devs < <(apt-get install -s --no-install-recommends golang-github-containerd-stargz-snapshotter-dev \
-    | awk '/^Inst /{print $2}' | grep -E -- '-dev$')
+step "resolve the library's Go sources ($library)" apt-get install -s --no-install-recommends "$library" >"$work/resolved"
+mapfile -t devs < <(awk '/^Inst /{print $2}' "$work/resolved" | grep -E -- '-dev$' || true)
 say "building $bin with $(go version | cut -d' ' -f3) against ${#devs[@]} Debian -dev packages' sources"
 mkdir -p "$work/debs" "$work/root" "$work/gopath/src/stargzgrpc"
-(cd "$work/debs" && apt-get download -qq "${devs[@]}" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
-for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
+chmod 0755 "$work" && chmod 0777 "$work/debs"  # apt downloads as _apt where it can
+if [ "${#devs[@]}" -gt 0 ]; then
+    (cd "$work/debs" && step "download the library's Go sources (${#devs[@]} -dev packages)" \
+        apt-get download -qq "${devs[@]}")
+fi
+for deb in "$work"/debs/*.deb; do
+    [ -e "$deb" ] || continue
+    step "unpack $(basename "$deb")" dpkg-deb -x "$deb" "$work/root"
+done
 cp "$src" "$work/gopath/src/stargzgrpc/main.go"
 # GOPATH mode, as Debian builds Go: every import from the unpacked sources, nothing fetched.
 (cd "$work/gopath/src/stargzgrpc" \
     && GO111MODULE=off GOFLAGS= GOPROXY=off GOCACHE="$work/cache" \
        GOPATH="$work/gopath:$work/root/usr/share/gocode:/usr/share/gocode" \
-       go build -trimpath -o "$work/containerd-stargz-grpc" .)
+       step "go build" go build -trimpath -o "$work/containerd-stargz-grpc" .)
 install -m 0755 "$work/containerd-stargz-grpc" "$bin"
+step "check that the built daemon answers" answers
 mkdir -p "$(dirname "$stamp")"
-echo "$want" >"$stamp"
-say "installed $bin"
+inputs | sha256sum | cut -d' ' -f1 >"$stamp"
+say "installed $bin ($(go version -m "$bin" | head -1 | awk '{print $2}')); it answers containerd's snapshots API"
