@@ -157,7 +157,7 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     ("conftest.py", "signed_publish"): "family: torch 2.6 / CUDA 12.4 runtime, published and signed (from the main job's layers)",
     ("test_buildkit.py", "_build"): "buildkit_images' build through the CLI",
     ("test_buildkit.py", "buildkit_images"): "family: torch 2.13 / CUDA 13.0 runtime and devel, the real builds",
-    ("test_e2e.py", "jupyter_image"): "family: torch 2.6 / CUDA 12.1 (JupyterLab's layer on runtime_image)",
+    ("conftest.py", "jupyter_image"): "family: torch 2.6 / CUDA 12.1 (JupyterLab's layer on runtime_image)",
     ("test_e2e.py", "test_a_second_identical_build_is_fully_cached"): "runtime_image again: from the cache",
     ("test_publish_buildkit.py", "_publish"): "the publish of test_publish_buildkit's tests",
     ("test_publish_buildkit.py", "bk_published"): "family: torch 2.13 / CUDA 13.0 (from test_buildkit's layers)",
@@ -468,6 +468,20 @@ def runtime_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory
         entry["repository"] = repository
         entry["stderr"], entry["stdout"] = report["stderr"], report["stdout"]
         yield entry
+
+
+@pytest.fixture(scope="session")
+def jupyter_image(docker_engine: DockerEngine, base_image: str, runtime_image: dict, tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Iterator[dict]:
+    """JupyterLab on the runtime image, built once (test_e2e's and test_cluster_runtimes' tests);
+    removed after the last test that uses it. Yields the build report."""
+    tags: list[str] = []
+    with released_after_last_use(request, lambda: remove_images(docker_engine, tags)):
+        with family_build(request):
+            report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
+                               "--variant", "jupyter")
+        tags += [t for image in report["images"] for t in image["tags"]]
+        yield report
 
 
 # CUDA 13's nvcc comes from PyPI: a devel image on plain Debian. 2.13: its torchaudio needs torchcodec

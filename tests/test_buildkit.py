@@ -777,6 +777,14 @@ def test_an_arm64_image_carries_aarch64_cuda_wheels(arm64_image, docker_engine):
                 f"nvidia_cudnn_cu13-{manifest['cudnn']}", f"nvidia_nccl_cu13-{manifest['nccl']}"):
         assert f"{pin}.dist-info" in lines, (pin, lines)
     assert lines[-1] == EM_AARCH64  # libtorch_cuda.so is an aarch64 CUDA build
+    # Issue 42: NCCL's fabric libraries, aarch64 builds in the loader's cache, and the variable
+    # enroot's pytorch hook looks for.
+    cache = docker_engine.run(ref, ["ldconfig", "-p"], timeout=300)
+    rdma = {line.split()[0]: line for line in cache.output.splitlines() if ".so" in line
+            and any(name in line for name in ("libibverbs.so.1", "librdmacm.so.1", "libmlx5.so.1", "libefa.so.1"))}
+    assert set(rdma) == {"libibverbs.so.1", "librdmacm.so.1", "libmlx5.so.1", "libefa.so.1"}, cache.output[-2000:]
+    assert all("AArch64" in line and "/aarch64-linux-gnu/" in line for line in rdma.values()), rdma
+    assert f"PYTORCH_VERSION={manifest['torch']}" in attrs["Config"]["Env"]
 
 
 # Run by the image's Python under QEMU (it imports no torch): every ELF file of the venv, the

@@ -305,3 +305,17 @@ def test_every_documented_publish_dry_run_succeeds_against_a_registry(doc, tmp_p
     _give_the_reader_their_key(tmp_path, argv)
     code, output = run_in(tmp_path, argv, monkeypatch)
     _check_outcome(doc, argv, code, output)
+
+
+def test_every_test_docs_clusters_names_exists():
+    """docs/clusters.md says which test runs each runtime's command: those tests exist (a pattern
+    with `*` names several, each of which exists)."""
+    text = (ROOT / "docs" / "clusters.md").read_text()
+    named = set(re.findall(r"`(test_[\w*]+)`", text))
+    assert len(named) >= 6, named
+    defined = {match for path in (ROOT / "tests").glob("test_*.py")
+               for match in re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE)}
+    for name in named:
+        pattern = re.compile("^" + name.replace("*", r"\w+") + "$")
+        matches = [test for test in defined if pattern.match(test)]
+        assert len(matches) >= (2 if "*" in name else 1), name

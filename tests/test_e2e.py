@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, family_build, imagebuilder, put_blob,
-                      put_manifest, released_after_last_use, remove_images, remove_local_tags)
+from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, put_blob,
+                      put_manifest, remove_local_tags)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -272,18 +272,6 @@ def test_missing_base_image_suggests_base_image(docker_engine):
     said_missing = re.search(r"not found|does not exist|pull access denied|manifest unknown", done.stderr)
     assert done.returncode == (2 if said_missing else 1), done.stderr
     assert "imagebuilder-test/no-such-base:1" in done.stderr and "--base-image" in done.stderr
-
-
-@pytest.fixture(scope="module")
-def jupyter_image(docker_engine, base_image, runtime_image, tmp_path_factory, request):
-    """JupyterLab on the runtime image, built once for the tests below; removed after the last."""
-    tags: list[str] = []
-    with released_after_last_use(request, lambda: remove_images(docker_engine, tags)):
-        with family_build(request):
-            report = build_cli(base_image, runtime_image["repository"], tmp_path_factory.mktemp("jupyter") / "r.json",
-                               "--variant", "jupyter")
-        tags += [t for image in report["images"] for t in image["tags"]]
-        yield report
 
 
 def test_jupyter_runs_as_non_root_with_a_token(docker_engine, runtime_image, jupyter_image):

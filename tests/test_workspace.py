@@ -317,6 +317,16 @@ def test_an_arbitrary_uid_compiles_with_torch(devel_image):
     assert done.stdout.split()[-4:] == ["compiled", "12345", "uid12345", "/tmp/home-12345"]
 
 
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_devel_image_keeps_the_run_contract_without_its_entrypoint(devel_image):
+    """Issue 42 (test_cluster_runtimes.py has the other images and runtimes): no entrypoint, a uid
+    no passwd names, a read-only root, HOME empty: torch.compile and a DDP step all the same."""
+    from cluster_runtimes import assert_the_contract_holds_under_docker
+
+    assert_the_contract_holds_under_docker(devel_image["tags"][0])
+
+
 # --- verify on the devel image (moved from test_e2e: the devel image's users run together) ---
 
 

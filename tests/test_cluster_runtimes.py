@@ -1,0 +1,200 @@
+"""Issue 42: the images run where multi-GPU training runs, not only under `docker run`.
+
+The run contract: started with no ENTRYPOINT (pyxis's default, `apptainer exec`), as a uid and
+gid no passwd file names, on a read-only root, with HOME empty, an image imports torch, runs
+torch.compile (Inductor's C++ kernels, written to its cache) and a DDP step over gloo. Proved
+here under Docker, rootless Podman, bubblewrap over a squashfuse-mounted squashfs of the image
+(Apptainer's model), Slurm's srun (two tasks that all-reduce, their ranks derived as enroot's
+pytorch hook derives them), and two containers on one network ("two nodes") under torchrun's
+c10d rendezvous. The devel image's run of the contract is in test_workspace.py (its family's).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster_runtimes import (ALLREDUCE, CONTRACT, IMAGE_CACHE, PROBE, HostUser, Slurm, assert_the_contract_held,
+                              assert_the_contract_holds_under_docker, bwrap_argv, flatten, host_user, image_config,
+                              missing_tools, one_node_slurm, probe_result, rootless_podman, run_container,
+                              slurm_task_script, squashfs_mounted)
+from conftest import _unavailable
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+def test_the_runtime_image_keeps_the_run_contract_without_its_entrypoint(runtime_image):
+    assert_the_contract_holds_under_docker(runtime_image["tags"][0])
+
+
+def test_the_jupyter_image_keeps_the_run_contract_without_its_entrypoint(jupyter_image):
+    assert_the_contract_holds_under_docker(jupyter_image["images"][-1]["tags"][0])
+
+
+def test_the_jupyter_server_serves_under_the_contract(jupyter_image):
+    """JupyterLab as pyxis or Apptainer would start it (the image's CMD, no entrypoint, another
+    uid, a read-only root, HOME empty): it writes its runtime files under the home Python's
+    start gave it, and answers with its token (and without it, 403)."""
+    import json as json_
+    import re
+    import time
+    import urllib.error
+    import urllib.request
+
+    ref = jupyter_image["images"][-1]["tags"][0]
+    name = f"ib-contract-{uuid.uuid4().hex[:8]}"
+    command = json_.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Cmd}}", ref],
+                                         capture_output=True, text=True, check=True, timeout=60).stdout)
+    subprocess.run(["docker", "run", "--detach", "--name", name, *CONTRACT, "-p", "127.0.0.1::8888", ref, *command],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        port = subprocess.run(["docker", "port", name, "8888/tcp"], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.split(":")[-1].strip()
+        token, logs, deadline = None, "", time.monotonic() + 120
+        while token is None and time.monotonic() < deadline:
+            logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True, timeout=60).stderr
+            match = re.search(r"token=([0-9a-f]{20,})", logs)
+            token = match.group(1) if match else None
+            time.sleep(1)
+        assert token, logs[-3000:]
+        assert "/tmp/home-12345/.local/share/jupyter/runtime" in logs, logs[-3000:]
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=10)
+        assert denied.value.code == 403
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents?token={token}", timeout=10) as ok:
+            assert ok.status == 200
+    finally:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
+
+
+def test_a_named_volume_at_the_inductor_cache_itself_is_the_images_users(runtime_image):
+    """Docker seeds a new named volume from the folder it is mounted over; a folder the image
+    lacks becomes a root-owned one the image's user cannot write (torch.compile failed so)."""
+    volume = f"ib-contract-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["docker", "volume", "create", volume], check=True, capture_output=True, timeout=60)
+    try:
+        done = run_container("-v", f"{volume}:{IMAGE_CACHE}/inductor", "-v", f"{PROBE}:/probe.py:ro",
+                             runtime_image["tags"][0], "python", "/probe.py")
+        (probe,) = probe_result(done)
+        assert_the_contract_held(probe, uid=1000, cache_root=IMAGE_CACHE)
+        owner = run_container("--entrypoint", "", "-v", f"{volume}:/cache", runtime_image["tags"][0],
+                              "sh", "-c", "stat -c '%u %a' /cache && ls /cache")
+        assert owner.stdout.splitlines()[0] == "1000 1777", owner.stdout
+        assert len(owner.stdout.splitlines()) > 1, owner.stdout  # the compiled kernels are in the volume
+    finally:
+        subprocess.run(["docker", "volume", "rm", "--force", volume], capture_output=True, timeout=60)
+
+
+# --- rootless Podman, squashfs + bubblewrap (Apptainer's model), Slurm ---------------------
+
+@pytest.fixture(scope="module")
+def cluster_user() -> Iterator[HostUser]:
+    missing = missing_tools()
+    if missing:
+        _unavailable(f"these tests need Debian's {', '.join(missing)} (.ci/setup installs them)")
+    with host_user() as user:
+        for script in (PROBE, ALLREDUCE):
+            shutil.copy(script, user.home / script.name)
+            (user.home / script.name).chmod(0o644)
+        yield user
+
+
+@pytest.fixture(scope="module")
+def podman_image(cluster_user: HostUser, signed_publish: dict) -> Iterator[str]:
+    """The published runtime image (zstd layers, from the session's registry) pulled by rootless
+    Podman as a user would; Podman's storage is reset after the module."""
+    ref = signed_publish["image"]["ref"]
+    with rootless_podman(cluster_user):
+        done = cluster_user.run(["podman", "pull", "--quiet", "--tls-verify=false", ref], timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        yield ref
+
+
+@pytest.mark.registry  # the published image comes from the session's registry
+def test_rootless_podman_runs_the_published_image_under_the_contract(cluster_user, podman_image):
+    done = cluster_user.run(["podman", "run", "--rm", "--network", "none", *CONTRACT,
+                             "-v", f"{cluster_user.home / PROBE.name}:/probe.py:ro", podman_image,
+                             "python", "/probe.py"], timeout=600)
+    (probe,) = probe_result(done)
+    assert_the_contract_held(probe, uid=12345, cache_root="/tmp/home-12345/.cache/torch")
+
+
+@pytest.fixture(scope="module")
+def flattened(cluster_user: HostUser, podman_image: str) -> Iterator[tuple[Path, dict[str, str], str]]:
+    """The image's root as enroot makes it (a squashfs, lzo, no data compression, all root's),
+    mounted by squashfuse; yields the mount, the image's environment and its working folder."""
+    config = image_config(cluster_user, podman_image)
+    env = dict(item.split("=", 1) for item in config["Env"])
+    squashfs = cluster_user.home / "image.sqfs"
+    flatten(cluster_user, podman_image, squashfs)
+    try:
+        with squashfs_mounted(squashfs) as root:
+            yield root, env, str(config.get("WorkingDir") or "/")
+    finally:
+        squashfs.unlink(missing_ok=True)
+
+
+@pytest.mark.registry  # the published image comes from the session's registry
+def test_bubblewrap_over_the_squashfs_runs_the_contract_as_the_host_user(cluster_user, flattened):
+    """Apptainer's model: the host's uid (one the image's passwd does not name), its home bound
+    and kept as HOME, a read-only root, no entrypoint. The compile caches land in the host's
+    home, where they outlive the job."""
+    root, env, workdir = flattened
+    home = cluster_user.home
+    argv = bwrap_argv(root, home, {**env, "HOME": str(home), "USER": cluster_user.name}, workdir)
+    done = cluster_user.run([*argv, "python", f"{home}/{PROBE.name}"])
+    (probe,) = probe_result(done)
+    assert probe["home"] == str(home), probe
+    assert_the_contract_held(probe, uid=cluster_user.uid, cache_root=f"{home}/.cache/torch")
+    assert any((home / ".cache" / "torch" / "inductor").rglob("*.so")), "the kernels are not in the host's home"
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster_user: HostUser) -> Iterator[Slurm]:
+    with one_node_slurm() as cluster:
+        yield cluster
+
+
+@pytest.mark.registry  # the published image comes from the session's registry
+def test_srun_starts_two_tasks_of_the_image_that_all_reduce_with_ranks_from_slurm(cluster_user, flattened, slurm):
+    """`srun -n 2`: each task is the image under bwrap, given RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT as enroot's hook derives them, which it does only because the
+    image's environment has PYTORCH_VERSION; both reach the same sum over gloo."""
+    root, env, workdir = flattened
+    assert env.get("PYTORCH_VERSION"), "enroot's hook would set no rank: the image lacks PYTORCH_VERSION"
+    home = cluster_user.home
+    task = home / "task.sh"
+    task.write_text(slurm_task_script(bwrap_argv(root, home, {**env, "HOME": str(home)}, workdir), env))
+    task.chmod(0o755)
+    done = cluster_user.run(["srun", "-n", "2", "--time=5", str(task), "python", f"{home}/{ALLREDUCE.name}"],
+                            env=slurm.env, timeout=300)
+    results = sorted(probe_result(done, "ALLREDUCE "), key=lambda r: r["rank"])
+    assert [(r["rank"], r["local_rank"], r["world"], r["sum"]) for r in results] == [(0, "0", 2, 3.0), (1, "1", 2, 3.0)]
+    assert len({r["master"] for r in results}) == 1 and int(results[0]["master"].rsplit(":", 1)[1]) >= 49152
+
+
+def test_two_containers_on_one_network_train_together_under_torchrun(runtime_image):
+    """Two nodes: a container each on one Docker network, torchrun's c10d rendezvous at the
+    first, one process per node; both all-reduce over gloo and see the same sum."""
+    network, names = f"ib-nodes-{uuid.uuid4().hex[:8]}", [f"ib-node{i}-{uuid.uuid4().hex[:6]}" for i in (0, 1)]
+    subprocess.run(["docker", "network", "create", network], check=True, capture_output=True, timeout=60)
+    try:
+        for name in names:
+            subprocess.run(["docker", "run", "--detach", "--name", name, "--network", network,
+                            "-v", f"{ALLREDUCE}:/allreduce.py:ro", runtime_image["tags"][0],
+                            "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", f"{names[0]}:29400", "--rdzv-id", network, "/allreduce.py"],
+                           check=True, capture_output=True, timeout=120)
+        exits = [subprocess.run(["docker", "wait", name], capture_output=True, text=True, timeout=300).stdout.strip()
+                 for name in names]
+        logs = [subprocess.run(["docker", "logs", name], capture_output=True, text=True, timeout=60) for name in names]
+        assert exits == ["0", "0"], [log.stderr[-2000:] for log in logs]
+        results = sorted((r for log in logs for r in probe_result(log, "ALLREDUCE ")), key=lambda r: r["rank"])
+        assert [(r["rank"], r["world"], r["sum"]) for r in results] == [(0, 2, 3.0), (1, 2, 3.0)]
+    finally:
+        subprocess.run(["docker", "rm", "--force", *names], capture_output=True, timeout=60)
+        subprocess.run(["docker", "network", "rm", network], capture_output=True, timeout=60)
