@@ -92,7 +92,7 @@ done
 cp "$src" "$work/gopath/src/stargzgrpc/main.go"
 # GOPATH mode, as Debian builds Go: every import from the unpacked sources, nothing fetched.
 (cd "$work/gopath/src/stargzgrpc" \
-    && GO111MODULE=off GOFLAGS= GOPROXY=off GOCACHE="$work/cache" \
+    && GO111MODULE=off GOFLAGS='' GOPROXY=off GOCACHE="$work/cache" \
        GOPATH="$work/gopath:$work/root/usr/share/gocode:/usr/share/gocode" \
        step "go build" go build -trimpath -o "$work/containerd-stargz-grpc" .)
 install -m 0755 "$work/containerd-stargz-grpc" "$bin"
