@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import host_verify, start_host_verify
 
-from imagebuilder.engine import BuildRequest, ContainerFailed, GpuUnavailable, RunResult
+from imagebuilder.engine import NO_ACCESS, BuildRequest, ContainerFailed, GpuUnavailable, HostAccess, RunResult
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.registry import RegistryUnavailable
@@ -353,7 +353,8 @@ class FakeEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
+            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None,
+            access: HostAccess = NO_ACCESS) -> RunResult:
         self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
                           "shm_size": shm_size, "environment": dict(environment or {}),
                           "volumes": dict(volumes or {}), "archives": dict(archives or {})})
@@ -953,3 +954,20 @@ def test_live_check_lines_line_up_with_every_check_name() -> None:
     from smoke_tests.checks import CHECK_NAMES
 
     assert CHECK_WIDTH == max(len(name) for name in CHECK_NAMES)
+
+
+@docker
+def test_docker_gives_the_container_what_host_access_says(docker_engine: DockerEngine, base_image: str) -> None:
+    """What verify gives the smoke tests on an RDMA host: a device (here /dev/kmsg, present on any
+    Linux host and not given by default), a memlock limit and CAP_IPC_LOCK (bit 14). The limit is
+    a lowered one: a daemon without the privilege (rootless, or in a container, as CI's) refuses
+    to raise it to unlimited."""
+    access = HostAccess(("/dev/kmsg",), (("memlock", 65536),), ("IPC_LOCK",))
+    script = "ulimit -l; grep CapEff /proc/self/status; test -c /dev/kmsg && echo device-given"
+    given = docker_engine.run(base_image, ["sh", "-c", script], timeout=60, access=access)
+    default = docker_engine.run(base_image, ["sh", "-c", script], timeout=60)
+    assert given.exit_code == 0, given.output
+    limit, capabilities, device = given.output.split("\n")[:3]
+    assert limit == "64" and int(capabilities.split()[1], 16) & 1 << 14 and device == "device-given"
+    assert default.output.split("\n")[0] != "64" and "device-given" not in default.output
+    assert not int(default.output.split("\n")[1].split()[1], 16) & 1 << 14
