@@ -57,11 +57,15 @@ class Transport:
         """The network is TCP: NCCL's Socket transport, or an OFI plugin over a TCP provider."""
         return self.network == SOCKET or (self.provider is not None and self.provider in TCP_PROVIDERS)
 
-    def describe(self) -> str:
-        """One line: "Socket (eth0); ranks connected via P2P/IPC"."""
+    def network_text(self) -> str:
+        """The network and what it runs over: "Socket (eth0)", "Libfabric (provider efa)"."""
         named = self.network or "no network named"
         said = list(self.devices) + ([f"provider {self.provider}"] if self.provider else [])
-        text = f"{named} ({', '.join(said)})" if said else named
+        return f"{named} ({', '.join(said)})" if said else named
+
+    def describe(self) -> str:
+        """One line: "Socket (eth0); ranks connected via P2P/IPC"."""
+        text = self.network_text()
         return f"{text}; ranks connected via {', '.join(self.channels)}" if self.channels else text
 
     def to_dict(self) -> Dict[str, Any]:

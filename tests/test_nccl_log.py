@@ -103,6 +103,7 @@ def test_transport_from_nccls_lines(lines: list[str], expected: Transport | None
 ])
 def test_transport_says_itself_in_one_line(transport: Transport, line: str, over_tcp: bool) -> None:
     assert transport.describe() == line
+    assert line.startswith(transport.network_text())
     assert transport.over_tcp is over_tcp
     assert Transport.from_dict(transport.to_dict()) == transport
 

@@ -329,6 +329,10 @@ class FakeEngine:
     probe: RunResult = RunResult(0, TORCH_PROBE_OUTPUT + "\n", False, 2.0)
     result: RunResult = RunResult(0, json.dumps(document("pass")), False, 1.0)
     run_error: Exception | None = None
+    rdma: RunResult = RunResult(0, "rdma-probe end\n", False, 0.1)
+    """What the RDMA probe lists: by default a host without RDMA devices."""
+    refuses_access: bool = False
+    """The daemon refuses to start a container with added devices, ulimits or capabilities (rootless)."""
     runs: list[dict[str, Any]] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
 
@@ -357,13 +361,17 @@ class FakeEngine:
             access: HostAccess = NO_ACCESS) -> RunResult:
         self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
                           "shm_size": shm_size, "environment": dict(environment or {}),
-                          "volumes": dict(volumes or {}), "archives": dict(archives or {})})
+                          "volumes": dict(volumes or {}), "archives": dict(archives or {}), "access": access})
         if command[0] == "nvidia-smi":
             if isinstance(self.smi, Exception):
                 raise self.smi
             return self.smi
         if list(command[:2]) == ["python3", "-c"]:
             return self.probe
+        if command[0] == "sh" and "rdma-probe" in command[-1]:
+            return self.rdma
+        if access and self.refuses_access:
+            raise ContainerFailed(image=image, detail="error setting rlimit type 8: operation not permitted")
         if self.run_error is not None:
             raise self.run_error
         if on_output is not None:
@@ -406,8 +414,9 @@ def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
                                 "io.imagebuilder.cuda": "12.4.1"})
     report = verify_image(engine, "img:1", registry=OFFLINE, timeout=60)
     assert report.ok, report.format()
-    probe, run = engine.runs
+    probe, rdma, run = engine.runs
     assert probe["command"] == ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    assert rdma["command"][:2] == ["sh", "-c"] and rdma["gpus"] is False and run["access"] == NO_ACCESS
     assert probe["image"] == "img:1" and probe["gpus"] is True and probe["timeout"] == 30
     assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--require-gpu"]
     assert run["gpus"] is True and run["shm_size"] == "1g" and run["timeout"] == 60
@@ -507,7 +516,7 @@ def test_verify_image_stops_at_a_failed_preflight() -> None:
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "999.0"})
     report = verify_image(engine, "img:1", registry=OFFLINE)
     assert not report.ok and report.error == NOT_RUN
-    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi"]
+    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "sh"]  # the facts: GPUs, RDMA devices
     assert [name for name, _ in report.failures] == ["driver"]
 
 
