@@ -2,7 +2,7 @@
 host, never this client: DOCKER_HOST may be another machine) and the registry it is handed.
 
 The runtimes come from the daemon's info, the GPUs and driver from nvidia-smi in a short
-container of the image itself; a registry image's layer compression and provenance from the
+container of the image itself, the RDMA devices from another (rdma.PROBE); a registry image's layer compression and provenance from the
 registry the caller passes in (its signature says every registry call it makes).
 """
 
