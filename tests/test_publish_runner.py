@@ -18,7 +18,8 @@ import pytest
 from conftest import TickingBuild
 
 from imagebuilder import publish
-from imagebuilder.engine import BuildRequest, BuildResult, BuilderKind, OnProgress, Pushed, PushFailed, RunResult
+from imagebuilder.engine import (NO_ACCESS, BuildRequest, BuildResult, BuilderKind, HostAccess, OnProgress, Pushed,
+                                 PushFailed, RunResult)
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.selection import Selection, render_selected, with_parents
@@ -72,7 +73,8 @@ class CannedEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
+            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None,
+            access: HostAccess = NO_ACCESS) -> RunResult:
         raise AssertionError("the runner starts no container itself: its verifier does")
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:

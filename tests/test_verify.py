@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import host_verify, start_host_verify
 
-from imagebuilder.engine import BuildRequest, ContainerFailed, GpuUnavailable, RunResult
+from imagebuilder.engine import NO_ACCESS, BuildRequest, ContainerFailed, GpuUnavailable, HostAccess, RunResult
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.registry import RegistryUnavailable
@@ -329,6 +329,10 @@ class FakeEngine:
     probe: RunResult = RunResult(0, TORCH_PROBE_OUTPUT + "\n", False, 2.0)
     result: RunResult = RunResult(0, json.dumps(document("pass")), False, 1.0)
     run_error: Exception | None = None
+    rdma: RunResult = RunResult(0, "rdma-probe end\n", False, 0.1)
+    """What the RDMA probe lists: by default a host without RDMA devices."""
+    refuses_access: bool = False
+    """The daemon refuses to start a container with added devices, ulimits or capabilities (rootless)."""
     runs: list[dict[str, Any]] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
 
@@ -353,16 +357,21 @@ class FakeEngine:
     def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
             shm_size: str | None = None, environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None) -> RunResult:
+            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None,
+            access: HostAccess = NO_ACCESS) -> RunResult:
         self.runs.append({"image": image, "command": list(command), "timeout": timeout, "gpus": gpus,
                           "shm_size": shm_size, "environment": dict(environment or {}),
-                          "volumes": dict(volumes or {}), "archives": dict(archives or {})})
+                          "volumes": dict(volumes or {}), "archives": dict(archives or {}), "access": access})
         if command[0] == "nvidia-smi":
             if isinstance(self.smi, Exception):
                 raise self.smi
             return self.smi
         if list(command[:2]) == ["python3", "-c"]:
             return self.probe
+        if command[0] == "sh" and "rdma-probe" in command[-1]:
+            return self.rdma
+        if access and self.refuses_access:
+            raise ContainerFailed(image=image, detail="error setting rlimit type 8: operation not permitted")
         if self.run_error is not None:
             raise self.run_error
         if on_output is not None:
@@ -405,8 +414,9 @@ def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
                                 "io.imagebuilder.cuda": "12.4.1"})
     report = verify_image(engine, "img:1", registry=OFFLINE, timeout=60)
     assert report.ok, report.format()
-    probe, run = engine.runs
+    probe, rdma, run = engine.runs
     assert probe["command"] == ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    assert rdma["command"][:2] == ["sh", "-c"] and rdma["gpus"] is False and run["access"] == NO_ACCESS
     assert probe["image"] == "img:1" and probe["gpus"] is True and probe["timeout"] == 30
     assert run["command"] == ["python3", "-m", "smoke_tests", "--json", "--require-gpu"]
     assert run["gpus"] is True and run["shm_size"] == "1g" and run["timeout"] == 60
@@ -506,7 +516,7 @@ def test_verify_image_stops_at_a_failed_preflight() -> None:
     engine = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.min-driver": "999.0"})
     report = verify_image(engine, "img:1", registry=OFFLINE)
     assert not report.ok and report.error == NOT_RUN
-    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi"]
+    assert [run["command"][0] for run in engine.runs] == ["nvidia-smi", "sh"]  # the facts: GPUs, RDMA devices
     assert [name for name, _ in report.failures] == ["driver"]
 
 
@@ -953,3 +963,20 @@ def test_live_check_lines_line_up_with_every_check_name() -> None:
     from smoke_tests.checks import CHECK_NAMES
 
     assert CHECK_WIDTH == max(len(name) for name in CHECK_NAMES)
+
+
+@docker
+def test_docker_gives_the_container_what_host_access_says(docker_engine: DockerEngine, base_image: str) -> None:
+    """What verify gives the smoke tests on an RDMA host: a device (here /dev/kmsg, present on any
+    Linux host and not given by default), a memlock limit and CAP_IPC_LOCK (bit 14). The limit is
+    a lowered one: a daemon without the privilege (rootless, or in a container, as CI's) refuses
+    to raise it to unlimited."""
+    access = HostAccess(("/dev/kmsg",), (("memlock", 65536),), ("IPC_LOCK",))
+    script = "ulimit -l; grep CapEff /proc/self/status; test -c /dev/kmsg && echo device-given"
+    given = docker_engine.run(base_image, ["sh", "-c", script], timeout=60, access=access)
+    default = docker_engine.run(base_image, ["sh", "-c", script], timeout=60)
+    assert given.exit_code == 0, given.output
+    limit, capabilities, device = given.output.split("\n")[:3]
+    assert limit == "64" and int(capabilities.split()[1], 16) & 1 << 14 and device == "device-given"
+    assert default.output.split("\n")[0] != "64" and "device-given" not in default.output
+    assert not int(default.output.split("\n")[1].split()[1], 16) & 1 << 14

@@ -13,16 +13,16 @@
 The names below are the package's interface; importing it loads no `docker` module.
 """
 
-from .api import (Builder, BuilderKind, BuildRequest, BuildResult, Engine, ImageInspector, ImageStore, OnProgress,
-                  Progress, Pushed, Pusher, Runner, RunResult, check_request)
+from .api import (NO_ACCESS, Builder, BuilderKind, BuildRequest, BuildResult, Engine, HostAccess, ImageInspector,
+                  ImageStore, OnProgress, Progress, Pushed, Pusher, Runner, RunResult, check_request)
 from .docker import DockerEngine
 from .errors import (BaseImageMissing, BuildFailed, BuildTimedOut, ContainerFailed, DaemonUnavailable, EngineError,
                      GpuUnavailable, ImageMissing, PullFailed, PushFailed, TagFailed)
 
 __all__ = [
-    "BaseImageMissing", "BuildFailed", "BuildRequest", "BuildResult", "BuildTimedOut", "Builder", "BuilderKind",
-    "ContainerFailed", "DaemonUnavailable", "DockerEngine", "Engine", "EngineError", "GpuUnavailable",
-    "ImageInspector", "ImageMissing", "ImageStore", "OnProgress", "Progress", "PullFailed", "PushFailed", "Pushed",
-    "Pusher",
+    "NO_ACCESS", "BaseImageMissing", "BuildFailed", "BuildRequest", "BuildResult", "BuildTimedOut", "Builder",
+    "BuilderKind", "ContainerFailed", "DaemonUnavailable", "DockerEngine", "Engine", "EngineError", "GpuUnavailable",
+    "HostAccess", "ImageInspector", "ImageMissing", "ImageStore", "OnProgress", "Progress", "PullFailed", "PushFailed",
+    "Pushed", "Pusher",
     "RunResult", "Runner", "TagFailed", "check_request",
 ]

@@ -112,6 +112,34 @@ class RunResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class HostAccess:
+    """What a container is given of its host beyond Docker's defaults: device paths (a
+    directory gives every device in it), ulimits (-1: unlimited) and added capabilities."""
+
+    devices: tuple[str, ...] = ()
+    ulimits: tuple[tuple[str, int], ...] = ()
+    capabilities: tuple[str, ...] = ()
+
+    def flags(self) -> str:
+        """As `docker run` takes them: "--device /dev/infiniband --ulimit memlock=-1 --cap-add IPC_LOCK"."""
+        return " ".join([*(f"--device {path}" for path in self.devices),
+                         *(f"--ulimit {name}={value}" for name, value in self.ulimits),
+                         *(f"--cap-add {name}" for name in self.capabilities)])
+
+    def lacks(self, wanted: HostAccess) -> HostAccess:
+        """What of `wanted` this does not give."""
+        return HostAccess(tuple(d for d in wanted.devices if d not in self.devices),
+                          tuple(u for u in wanted.ulimits if u not in self.ulimits),
+                          tuple(c for c in wanted.capabilities if c not in self.capabilities))
+
+    def __bool__(self) -> bool:
+        return bool(self.devices or self.ulimits or self.capabilities)
+
+
+NO_ACCESS = HostAccess()
+"""Docker's defaults: no device, ulimit or capability added."""
+
 OnProgress = Callable[[Progress], None]
 
 
@@ -200,8 +228,9 @@ class Runner(Protocol):
             environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
             archives: Mapping[str, bytes] | None = None,
-            on_output: Callable[[str], None] | None = None) -> RunResult:
-        """`on_output`, when given, is told each line the container prints as it comes."""
+            on_output: Callable[[str], None] | None = None, access: HostAccess = NO_ACCESS) -> RunResult:
+        """`on_output`, when given, is told each line the container prints as it comes; `access`
+        is what the container is given of the host (devices, ulimits, capabilities)."""
         ...
 
 

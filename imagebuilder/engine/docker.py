@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .api import Pushed, RunResult
+from .api import NO_ACCESS, HostAccess, Pushed, RunResult
 from .errors import (BadDaemonAddress, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
                      PushFailed, base_image_missing, daemon_address_problem, refuses_gpus)
 
@@ -251,14 +251,15 @@ class DockerEngine:
             environment: Mapping[str, str] | None = None,
             volumes: Mapping[str, str] | None = None, workdir: str | None = None,
             archives: Mapping[str, bytes] | None = None,
-            on_output: Callable[[str], None] | None = None) -> RunResult:
+            on_output: Callable[[str], None] | None = None, access: HostAccess = NO_ACCESS) -> RunResult:
         """Run `command` in a new container; the container is removed in every case.
         `on_output` is told each line it prints as it comes (the logs, followed).
 
         `volumes` maps host paths to container paths (mounted read-only): paths on the
         daemon's host, so only for a local daemon. `archives` maps a container directory to a
         tar unpacked there before the container starts (what `docker cp` does): files reach a
-        remote daemon too.
+        remote daemon too. `access`'s devices, ulimits and capabilities are the daemon host's,
+        as `docker run --device/--ulimit/--cap-add` gives them.
         On timeout the container is killed and `timed_out` is True (exit code 137 or -1).
         """
         import docker
@@ -279,6 +280,10 @@ class DockerEngine:
                         image, command if isinstance(command, str) else list(command), environment=dict(environment or {}), shm_size=shm_size,
                         device_requests=device_requests, volumes=binds or None,
                         working_dir=workdir, labels={"org.imagebuilder.run": "1"},
+                        devices=[f"{path}:{path}:rwm" for path in access.devices] or None,
+                        ulimits=[docker.types.Ulimit(name=name, soft=value, hard=value)
+                                 for name, value in access.ulimits] or None,
+                        cap_add=list(access.capabilities) or None,
                     )
                     for directory, tar in (archives or {}).items():
                         if not container.put_archive(directory, tar):

@@ -2,7 +2,7 @@
 
 Two steps, each a pure function beside a thin I/O wrapper:
 
-- preflight.py (pure): HostFacts (daemon, image, NVIDIA runtime, GPUs, driver) -> items that
+- preflight.py (pure): HostFacts (daemon, image, NVIDIA runtime, GPUs, driver, RDMA) -> items that
   pass, fail or skip; facts.py gathers the facts from the daemon's host, never from this
   client (DOCKER_HOST may be another machine), and from the registry its caller hands in.
   A failed preflight stops there: the smoke tests would only fail again, slower and less clearly.
@@ -10,7 +10,8 @@ Two steps, each a pure function beside a thin I/O wrapper:
   environment (verify_local), always under a time limit; output.py reads their JSON report
   out of whatever else the process printed. An image imagebuilder did not build is lent this
   imagebuilder's smoke tests (lend.py), with the versions its own torch reports as the
-  expectations.
+  expectations. rdma.py (pure) decides what of the host's RDMA devices the container gets and
+  warns, with the transport NCCL named in the nccl check, when a multi-node job would fall back to TCP.
 
 Both return a VerifyReport (report.py); the CLI prints it and `raise_if_failed()` turns a
 failure into VerificationFailed (exit 1). `publish` calls verify_image() once per image.

@@ -2,7 +2,7 @@
 host, never this client: DOCKER_HOST may be another machine) and the registry it is handed.
 
 The runtimes come from the daemon's info, the GPUs and driver from nvidia-smi in a short
-container of the image itself; a registry image's layer compression and provenance from the
+container of the image itself, the RDMA devices from another (rdma.PROBE); a registry image's layer compression and provenance from the
 registry the caller passes in (its signature says every registry call it makes).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from smoke_tests.expected import ManifestError, load_expected
@@ -24,6 +25,7 @@ from ..registry import RegistryError
 from .preflight import (BUILT_LABEL, CUDA_LABEL, MIN_DRIVER_COMPAT_LABEL, MIN_DRIVER_LABEL, NVIDIA_SMI,
                         NVIDIA_SMI_TIMEOUT, Gpu, GpuProbe, HostFacts, daemon_runtime, parse_nvidia_smi,
                         read_gpu_probe)
+from .rdma import PROBE, PROBE_TIMEOUT, RdmaFacts, access_for, read_rdma_probe
 
 
 class RegistryReader(Protocol):
@@ -65,6 +67,16 @@ def probe_gpus(engine: Runner, ref: str) -> GpuProbe:
     return read_gpu_probe(run)
 
 
+def probe_rdma(engine: Runner, ref: str) -> RdmaFacts:
+    """The RDMA devices a container of `ref` sees on the daemon's host, and what verify gives the
+    smoke tests' container of them (rdma.access_for)."""
+    try:
+        rdma = read_rdma_probe(engine.run(ref, list(PROBE), timeout=PROBE_TIMEOUT))
+    except ContainerFailed as e:
+        return RdmaFacts(error=f"listing /sys/class/infiniband in the image failed ({e.detail})")
+    return replace(rdma, given=access_for(rdma))
+
+
 def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFacts:
     """The I/O half of preflight for an image: ask the daemon, pull if needed (asking `registry`
     first whether the daemon can pull the image's compression), probe the GPUs."""
@@ -98,6 +110,8 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
         min_driver=labels.get(MIN_DRIVER_LABEL), min_driver_compat=labels.get(MIN_DRIVER_COMPAT_LABEL),
         cuda=labels.get(CUDA_LABEL),
         pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
+        # NCCL only runs with GPUs: without them there is no transport to give devices to.
+        rdma=probe_rdma(engine, ref) if probe.gpus else None,
     )
 
 

@@ -20,6 +20,7 @@ from .. import labels
 from ..engine.api import RunResult
 from ..engine.errors import refuses_gpus
 from ..matrix import driver_key
+from .rdma import RDMA_ACCESS, RdmaFacts
 
 NVIDIA_SMI_TIMEOUT = 30.0
 """nvidia-smi hangs rather than fails on some broken drivers; also covers the container start."""
@@ -69,6 +70,8 @@ class HostFacts:
     """The registry image's layer compression ("zstd", "gzip"); None: local or unknown."""
     compression_error: str | None = None
     """Why the daemon cannot pull that compression (export.cannot_pull); None: it can."""
+    rdma: RdmaFacts | None = None
+    """The RDMA devices the container sees and what verify gives it; None: not read (no GPU)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ def preflight(facts: HostFacts, *, allow_no_gpu: bool) -> Preflight:
     if facts.in_container:
         items.append(_runtime_item(facts))
     items.append(_driver_item(facts))
+    if facts.rdma is not None:
+        items.append(_rdma_item(facts.rdma))
     return Preflight(tuple(items), use_gpus=bool(gpus))
 
 
@@ -178,6 +183,21 @@ def _driver_item(facts: HostFacts) -> PreflightItem:
     # Between the compatibility floor and min_driver the image runs without PTX JIT; only
     # the smoke tests' cuda check knows whether a GPU needs it (it has torch's arch list).
     return PreflightItem("driver", FAIL if verdict.status == DRIVER_FAIL else PASS, verdict.detail)
+
+
+def _rdma_item(rdma: RdmaFacts) -> PreflightItem:
+    # Never a failure: a host without a fabric, or whose containers cannot use it, still runs
+    # one-node jobs; rdma.rdma_warnings() says what multi-node jobs would meet.
+    if rdma.error is not None:
+        return PreflightItem("rdma", SKIP, f"RDMA devices not known: {rdma.error}")
+    if not rdma.devices:
+        return PreflightItem("rdma", SKIP, "no RDMA device (/sys/class/infiniband lists none): NCCL uses TCP "
+                                           "sockets between nodes")
+    names = ", ".join(rdma.devices)
+    if not rdma.missing:
+        return PreflightItem("rdma", PASS, f"{names}; the smoke tests get `{rdma.given.flags()}`")
+    return PreflightItem("rdma", SKIP, f"{names}; the smoke tests do not get `{RDMA_ACCESS.flags()}` "
+                                       "(see the warning)")
 
 
 def _driver_or_zero(version: str) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from smoke_tests.nccl_log import Transport
 from smoke_tests.report import check_line, format_table, read_progress, summary
 from smoke_tests.result import Result
 
@@ -15,6 +16,7 @@ from ..errors import BadRequest, ImageBuilderError
 from ..provenance import BuiltFrom
 from ..signature_check import SignatureCheck
 from .preflight import PreflightItem
+from .rdma import RdmaFacts, rdma_warnings
 
 
 
@@ -94,6 +96,22 @@ class VerifyReport:
     """The signature check of the digest the tag names (signature_check.check_image); None: not asked."""
     bad_request: bool = False
     """The failure is the request's (the image exists nowhere, is not a PyTorch image): exit 2."""
+    rdma: RdmaFacts | None = None
+    """The host's RDMA devices and what the smoke tests' container was given; None: not read."""
+
+    @property
+    def transport(self) -> Transport | None:
+        """The transport NCCL named in the nccl check's run; None: it did not run or said nothing."""
+        for check in self.checks:
+            said = check.measurements.get("transport") if check.name == "nccl" else None
+            if isinstance(said, dict):
+                return Transport.from_dict(said)
+        return None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What does not fail the image but a multi-node job would meet (rdma.rdma_warnings)."""
+        return rdma_warnings(self.rdma, self.transport)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +159,9 @@ class VerifyReport:
             "notices": list(self.notices),
             "built_from": self.built_from.to_json() if self.built_from else None,
             "signature": self.signature.to_json() if self.signature is not None else None,
+            "nccl_transport": transport.to_dict() if (transport := self.transport) is not None else None,
+            "rdma": self.rdma.to_json() if self.rdma is not None else None,
+            "warnings": list(self.warnings),
         }
 
     def head_lines(self) -> list[str]:
@@ -166,6 +187,9 @@ class VerifyReport:
             # The smoke tests' table without its own OK line: the verdict below is the one.
             lines += ["", *format_table(list(self.checks)).splitlines()[:-1]]
         lines.append(f"checks: {summary(list(self.checks))}" if self.checks else "")
+        if (transport := self.transport) is not None:
+            lines.append(f"nccl transport: {transport.describe()}")
+        lines += [f"warning: {warning}" for warning in self.warnings]
         if self.error is not None:
             lines.append(f"smoke tests: {self.error}")
         if self.output_tail:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import smoke_tests
 from smoke_tests.result import FAIL
 
-from ..engine.api import Runner
+from ..engine.api import NO_ACCESS, Runner
 from ..engine.errors import ContainerFailed, GpuUnavailable, ImageMissing
 from ..reference import parse_reference
 from ..cosign import Cosign
@@ -75,7 +75,7 @@ def verify_image(engine: Runner, ref: str, *, registry: RegistryReader, allow_no
         live.head(VerifyReport(ref, "docker", checked.items, require_gpu=require_gpu))
     if not checked.ok:
         return VerifyReport(ref, "docker", checked.items, error=NOT_RUN, require_gpu=require_gpu,
-                            seconds=time.monotonic() - started, bad_request=facts.image_not_found)
+                            seconds=time.monotonic() - started, bad_request=facts.image_not_found, rdma=facts.rdma)
     environment = {"PYTHONDONTWRITEBYTECODE": "1"}
     archives: dict[str, bytes] = {}
     manifest: str | None = None
@@ -91,21 +91,31 @@ def verify_image(engine: Runner, ref: str, *, registry: RegistryReader, allow_no
         environment["PYTHONPATH"] = CONTAINER_SMOKE_TESTS
         manifest = LENT_MANIFEST if expected is not None else None
         notices = (lend_notice(ref, expected, asked=mount_smoke_tests),)
+    rdma = facts.rdma
+    command = smoke_command("python3", require_gpu=require_gpu, manifest=manifest)
+    options: dict[str, Any] = dict(timeout=timeout, gpus=checked.use_gpus, shm_size=SHM_SIZE, environment=environment,
+                                   archives=archives or None, on_output=live.output if live is not None else None)
     try:
-        run = engine.run(ref, smoke_command("python3", require_gpu=require_gpu, manifest=manifest),
-                         timeout=timeout, gpus=checked.use_gpus, shm_size=SHM_SIZE,
-                         environment=environment, archives=archives or None,
-                         on_output=live.output if live is not None else None)
+        try:
+            run = engine.run(ref, command, access=rdma.given if rdma is not None else NO_ACCESS, **options)
+        except ContainerFailed as e:
+            if rdma is None or not rdma.given:
+                raise
+            # A daemon that may not raise memlock (rootless) refuses the RDMA flags: verify the
+            # image without them, and the warning says what the daemon said.
+            rdma = replace(rdma, given=NO_ACCESS, refused=e.detail)
+            run = engine.run(ref, command, **options)
     except GpuUnavailable as e:
         items = checked.items + (PreflightItem("runtime", FAIL, str(e)),)
         return VerifyReport(ref, "docker", items, error=NOT_RUN, require_gpu=require_gpu,
-                            seconds=time.monotonic() - started, notices=notices)
+                            seconds=time.monotonic() - started, notices=notices, rdma=rdma)
     except (ContainerFailed, ImageMissing) as e:
         return VerifyReport(ref, "docker", checked.items, error=str(e), require_gpu=require_gpu,
-                            seconds=time.monotonic() - started, notices=notices)
+                            seconds=time.monotonic() - started, notices=notices, rdma=rdma)
     parsed = parse_output(run.output, run.exit_code, timed_out=run.timed_out, timeout=timeout)
     report = _report(ref, "docker", checked, parsed, run.output, require_gpu, time.monotonic() - started)
-    return replace(report, notices=notices, built_from=registry_built_from(registry, ref) if read_provenance else None)
+    return replace(report, notices=notices, rdma=rdma,
+                   built_from=registry_built_from(registry, ref) if read_provenance else None)
 
 
 def verify_published(engine: Runner, tag: str, *, key: str | None, signature_only: bool = False,

@@ -20,6 +20,7 @@ import torch
 from .. import driver
 from ..child import RESULT_PREFIX, child_env, module_command
 from ..context import Context, no_gpu_reason
+from ..nccl_log import DEBUG_ENV, parse_transport
 from ..result import Result, failed, passed, skipped
 
 NAME = "nccl"
@@ -67,6 +68,25 @@ def _last_line(log: IO[str]) -> str:
     return lines[-1] if lines else "(no output)"
 
 
+def worker_env(backend: str) -> Dict[str, str]:
+    env = child_env()
+    if backend == "nccl":
+        # NCCL names the transport it chose only in its INFO log; the workers' stdout keeps it.
+        env.update(DEBUG_ENV)
+        env.pop("NCCL_DEBUG_FILE", None)
+    return env
+
+
+def _transport(stdouts: Sequence[IO[str]]) -> Dict[str, Any]:
+    """{"transport": ...} when the workers' NCCL log names one, else nothing."""
+    lines: List[str] = []
+    for log in stdouts:
+        log.seek(0)
+        lines += log.read().splitlines()
+    transport = parse_transport(lines)
+    return {"transport": transport.to_dict()} if transport is not None else {}
+
+
 Exit = Tuple[float, int]  # (monotonic time of the exit, exit code)
 
 
@@ -106,7 +126,7 @@ def _watch(workers: Sequence["subprocess.Popen[Any]"]) -> Dict[int, Exit]:
 
 
 def run_workers(plan: Plan, timeout: float, devices: Sequence[driver.Device] = ()) -> Result:
-    env = child_env()
+    env = worker_env(plan.backend)
     port = free_port()
     measurements: Dict[str, Any] = {
         "backend": plan.backend,
@@ -141,6 +161,7 @@ def run_workers(plan: Plan, timeout: float, devices: Sequence[driver.Device] = (
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
+        measurements.update(_transport(logs[0::2]))
 
         first = first_failure(finished)
         if first is not None:
