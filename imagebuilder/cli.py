@@ -17,6 +17,7 @@ import click
 from packaging.version import Version
 
 from . import __version__, contexts, listing, options, pipeline
+from .engine.export import Compression
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .matrix_load import load_matrix, matrix_file
@@ -278,7 +279,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
               rendering: pipeline.Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
-              dry_run: bool, compressing: options.Compressing, cache_from_registry: str | None) -> None:
+              dry_run: bool, compression: Compression | None, cache_from_registry: str | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -301,7 +302,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
-    exports = choose_for_build(compressing.kind, compressing.level, cache_from_registry, decision.kind == "buildkit",
+    exports = choose_for_build(compression, cache_from_registry, decision.kind == "buildkit",
                                engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
@@ -369,7 +370,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: pipeline.Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool, compressing: options.Compressing, sign_key: str | None) -> None:
+                merge_only: bool, compression: Compression | None, sign_key: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -425,10 +426,9 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
-    # zstd by default where BuildKit exports into the containerd store (pulled by Docker >= 23,
-    # containerd >= 1.5: every current Kubernetes node); gzip by docker push elsewhere.
-    export = choose(compressing.kind, compressing.level, buildkit=buildkit, provenance=True,
-                    image_store=buildkit and engine.keeps_compressed_layers(), default="zstd")
+    # export.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
+    export = choose(compression, buildkit=buildkit, provenance=True,
+                    image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)

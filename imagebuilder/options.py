@@ -10,7 +10,6 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +18,7 @@ import click
 from packaging.version import InvalidVersion, Version
 
 from .certificates import read_ca_bundle, read_certificates
+from .engine.export import COMPRESSIONS, Compression
 from .errors import BadRequest
 from .index_url import parse_index_url
 from .matrix import VARIANTS
@@ -384,24 +384,14 @@ def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Ve
     return version
 
 
-@dataclass(frozen=True)
-class Compressing:
-    """--compression and --compression-level: None each means the engine's best default."""
-    kind: str | None
-    level: int | None
-
-
-def _compressing(compression: str | None, compression_level: int | None) -> Compressing:
-    if compression_level is not None and compression is None:
-        raise BadRequest(f"--compression-level {compression_level} sets the level of --compression: "
-                         "give --compression zstd, gzip or estargz with it")
-    return Compressing(compression, compression_level)
+def _compression(compression: str | None, compression_level: int | None) -> Compression | None:
+    return Compression.asked(compression, compression_level)
 
 
 def compression(f: F) -> F:
-    """Handed to the command as `compressing: Compressing`."""
+    """Handed to the command as `compression: Compression | None` (None: neither option given)."""
     return _stack(
-        click.option("--compression", type=click.Choice(["zstd", "gzip", "estargz"]), default=None,
+        click.option("--compression", metavar="|".join(COMPRESSIONS), default=None,
                      help="Export the layers with this compression into Docker's containerd image store "
                           "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
@@ -411,5 +401,5 @@ def compression(f: F) -> F:
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22, gzip or estargz 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
-        _collect("compressing", _compressing, ("compression", "compression_level")),
+        _collect("compression", _compression, ("compression", "compression_level")),
     )(f)

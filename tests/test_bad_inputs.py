@@ -123,6 +123,19 @@ ROWS = {
                                             "--merge-only", "--no-merge"), 2, "--merge-only writes the indexes that --no-merge leaves out"),
     "build --compression-level alone": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--compression-level", "3"), 2,
                                            "give --compression zstd, gzip or estargz with it"),
+    # issue 46, item 2: --compression and its level parsed into one value before any
+    # daemon or registry is asked, in a dry run too
+    "build --compression-level out of range, no daemon": Row((*BUILD, "--compression", "gzip", "--compression-level", "10"),
+                                                             2, "--compression-level 10 is not a gzip level; gzip takes 0..9"),
+    "build --dry-run --compression-level out of range": Row((*BUILD, "--dry-run", "--compression", "zstd",
+                                                             "--compression-level", "23"), 2, "zstd takes 0..22"),
+    "publish --dry-run --compression-level -1": Row((*PUBLISH, "--dry-run", "--compression", "zstd",
+                                                     "--compression-level", "-1"), 2,
+                                                    "--compression-level -1 is not a zstd level; zstd takes 0..22"),
+    "build --compression lz4": Row((*BUILD, "--compression", "lz4"), 2,
+                                   "--compression 'lz4' is not a compression; give zstd, gzip or estargz"),
+    "publish --dry-run --compression ZSTD": Row((*PUBLISH, "--dry-run", "--compression", "ZSTD"), 2,
+                                                "--compression 'ZSTD' is not a compression; give zstd, gzip or estargz"),
     "render --dry-run -o": Row((*RENDER, "--dry-run", "-o", "out"), 2, "or --dry-run to print the Dockerfile (not both)"),
     # issue 29, item 5: a line, not a traceback, and before any work
     "verify --timeout nan": Row(("verify", "--local", "--timeout", "nan"), 2, "--timeout nan is not a number of seconds from 1 to 604800"),
