@@ -21,6 +21,7 @@ from .engine.export import Compression
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .matrix_load import load_matrix, matrix_file
+from .reference import RegistryTarget
 from .resolve import enumerate_matrix
 from .selection import Selection, settle_os
 
@@ -279,7 +280,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
               rendering: pipeline.Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
-              dry_run: bool, compression: Compression | None, cache_from_registry: str | None) -> None:
+              dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -366,7 +367,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.publishing
 @options.compression
 @pass_context
-def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
+def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: pipeline.Rendering,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
@@ -390,12 +391,9 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from .engine.select import CLASSIC, decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
     from .http_registry import HttpRegistry
-    from .registry import parse_registry
     from .signing import key_signer
 
-    host, namespace = parse_registry(registry_name)
-    base = "/".join(part for part in (host, namespace) if part)
-    repository = f"{base}/{rendering.repository or ctx.matrix.defaults.repository}"
+    repository = target.repository(rendering.repository or ctx.matrix.defaults.repository)
     wanted = parse_platforms(platforms)
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
@@ -421,7 +419,7 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
         merged = plan.indexes(registry, merge=merge_only or (merge and push),
                               signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
-        publish.report_indexes(merged, plan.planned, base=base, push=push, dry_run=dry_run, report=report,
+        publish.report_indexes(merged, plan.planned, base=target.base, push=push, dry_run=dry_run, report=report,
                                echo=click.echo)
         return
     builder = make_builder(decision, engine)
@@ -434,10 +432,11 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull, export=export, cache_base=base if export is not None else None,
+                                     pull=pull, export=export,
+                                     cache_registry=target if export is not None else None,
                                      signer=signer)
     publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
-                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=base, report=report,
+                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=target.base, report=report,
                            events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
 
 

@@ -24,7 +24,7 @@ from .index_url import parse_index_url
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
-from .reference import check_repository, parse_reference
+from .reference import RegistryTarget, check_repository, parse_reference
 from .resolve import check_not_empty
 from .pipeline import Rendering
 from .selection import ALL, Selection
@@ -245,13 +245,18 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                               "its local tags end in -arm64 / -amd64.")
 
 
+def _registry_target(ctx: click.Context, param: click.Parameter, value: str | None) -> RegistryTarget | None:
+    """HOST[:PORT]/NAMESPACE, checked before any daemon or registry is asked."""
+    return RegistryTarget.parse(value, param.opts[0]) if value is not None else None
+
+
 def build_only(f: F) -> F:
     """build's own options: a dry run, and the registry caches to import."""
     return _stack(
         click.option("--dry-run", is_flag=True,
                      help="Print what would be built, in build order, and stop: nothing is built (the daemon "
                           "is still asked for the base image's OS and the images already there)."),
-        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
                           "(BuildKit with the containerd image store): a rebuild reuses the torch layer."),
     )(f)
@@ -320,7 +325,7 @@ def publishing(f: F) -> F:
     """publish's own options: where to, what to push, how to merge, which day."""
     return _stack(
         _check(_publishing),
-        click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
+        click.option("--registry", "target", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
         click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",

@@ -12,6 +12,7 @@ from imagebuilder.errors import BadRequest
 from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose, choose_for_build,
                                  compression_of, output_args)
 from imagebuilder.provenance import built_from
+from imagebuilder.reference import RegistryTarget
 from imagebuilder.verify import HostFacts, preflight
 
 CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-runtime"
@@ -122,7 +123,7 @@ def test_compression_asked(kind: str | None, level: int | None, expected: Compre
 
 
 def test_cache_ref_is_one_tag_per_image_beside_the_images() -> None:
-    assert cache_ref("127.0.0.1:5000/ml/", "2.6.0-cuda12.1-cudnn9-debian12-runtime") == CACHE
+    assert cache_ref(RegistryTarget.parse("127.0.0.1:5000/ml/"), "2.6.0-cuda12.1-cudnn9-debian12-runtime") == CACHE
 
 
 ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import BadRequest
+from ..reference import RegistryTarget
 
 COMPRESSIONS = ("zstd", "gzip", "estargz")
 # BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
@@ -104,9 +105,9 @@ class Export:
         return what + ("; SLSA provenance (mode=max)" if self.provenance else "")
 
 
-def cache_ref(registry_base: str, key: str) -> str:
+def cache_ref(registry: RegistryTarget, key: str) -> str:
     """The registry ref of an image's build cache: one tag per image key beside its images."""
-    return f"{registry_base.rstrip('/')}/{CACHE_REPOSITORY}:{key}"
+    return f"{registry.repository(CACHE_REPOSITORY)}:{key}"
 
 
 def _insecure(ref: str) -> bool:
@@ -177,7 +178,7 @@ def choose(asked: Compression | None, *, buildkit: bool, image_store: bool, prov
     return Export(asked or Compression(DEFAULT), provenance=provenance, cache_from=cache_from)
 
 
-def choose_for_build(asked: Compression | None, cache_base: str | None, buildkit: bool,
+def choose_for_build(asked: Compression | None, cache: RegistryTarget | None, buildkit: bool,
                      image_store: Callable[[], bool],
                      cached: Callable[[str], bool]) -> Callable[[str], Export | None]:
     """`build`'s export per image key: the DEFAULT (or what was asked) where the store keeps
@@ -189,10 +190,10 @@ def choose_for_build(asked: Compression | None, cache_base: str | None, buildkit
     at ~180 MB/s a core; a later `docker push` sends those blobs as they are."""
     store = buildkit and image_store()
     choose(asked, buildkit=buildkit, image_store=store, provenance=False,
-           cache_from=(cache_base,) if cache_base else ())  # refused before any build, not after one
+           cache_from=(cache.base,) if cache else ())  # refused before any build, not after one
 
     def for_image(key: str) -> Export | None:
-        ref = cache_ref(cache_base, key) if cache_base else None
+        ref = cache_ref(cache, key) if cache else None
         cache_from = (ref,) if ref and cached(ref) else ()
         return choose(asked, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from)
 
