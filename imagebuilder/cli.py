@@ -22,6 +22,7 @@ from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .matrix_load import load_matrix, matrix_file
 from .reference import RegistryTarget
+from .render_options import RenderOptions
 from .resolve import enumerate_matrix
 from .selection import Selection, settle_os
 
@@ -215,7 +216,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: pipeline.Rendering, builder_choice: str | None, platforms: str | None) -> None:
+               rendering: RenderOptions, builder_choice: str | None, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
 
     -o writes what `build` builds: one image's context into DIR, or, when the request builds
@@ -279,7 +280,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.compression
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: pipeline.Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              rendering: RenderOptions, builder_choice: str, buildx_builder: str | None, platforms: str | None,
               dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
@@ -369,7 +370,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: pipeline.Rendering,
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.

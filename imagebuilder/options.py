@@ -1,6 +1,6 @@
 """Click options shared by several commands, defined once.
 
-Groups of options reach a command as one typed value (a Selection, a Rendering), not as
+Groups of options reach a command as one typed value (a Selection, RenderOptions), not as
 loose keyword arguments."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
 from .reference import RegistryTarget, check_repository, parse_reference
+from .render_options import RenderOptions
 from .resolve import check_not_empty
-from .pipeline import Rendering
 from .selection import ALL, Selection
 from .uv_compile import BadUv
 
@@ -170,7 +170,8 @@ def index_urls(f: F) -> F:
 
 
 def rendering(f: F) -> F:
-    """Handed to the command as `rendering: Rendering`."""
+    """Handed to the command as `rendering: RenderOptions` (what it asks; pipeline.render_options
+    completes it with the matrix's locks and the builder)."""
     return _stack(
         index_urls,
         click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -191,14 +192,14 @@ def rendering(f: F) -> F:
 
 
 def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
-               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> Rendering:
-    """Checked before anything runs: a bad name or CA bundle would fail the build minutes later."""
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderOptions:
+    """Checked before anything runs: a bad name or CA bundle would fail the build minutes later.
+    The CA bundle is read here, once, for every image the command renders."""
     if repository is not None:
         check_repository(repository)
-    if ca_bundle is not None:
-        read_ca_bundle(ca_bundle)
-    return Rendering(index_url, tuple(extra_index_urls), ca_bundle, repository, tuple(extras),
-                     python_mirror=python_mirror)
+    return RenderOptions(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
+                         ca_bundle=read_ca_bundle(ca_bundle) if ca_bundle is not None else None,
+                         python_mirror=python_mirror, extras=tuple(extras))
 
 
 def building(f: F) -> F:

@@ -568,7 +568,8 @@ def _rendered(registry: str, base_image: str, buildkit: bool = False) -> Rendere
 
     matrix = load_matrix(default_matrix_path())
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
-    opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=session_ca_bundle(),
+    ca = session_ca_bundle()
+    opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=ca.read_bytes() if ca else None,
                          locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
     return render(spec, matrix, opts)
 
