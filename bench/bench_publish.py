@@ -53,6 +53,7 @@ from bench.floor import LOCK_FLOOR_DOCKERFILE  # noqa: E402
 from imagebuilder.engine.export import cache_ref  # noqa: E402
 from imagebuilder.lockfile import load_locks  # noqa: E402
 from imagebuilder.matrix_load import load_matrix  # noqa: E402
+from imagebuilder.reference import RegistryTarget  # noqa: E402
 from imagebuilder.http_registry import HttpRegistry  # noqa: E402
 from imagebuilder.resolve import Request, resolve  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
@@ -208,7 +209,7 @@ def main() -> None:
                  # The cache export uploads the image's own blobs (mode=min) beside verify; the
                  # push waits for it (inside push_s) and then mounts them from the cache's repository.
                  ("  registry cache bytes (uploaded beside verify)",
-                  f"{stored_bytes([cache_ref(zstd_ns, cold['image'])]):,}"),
+                  f"{stored_bytes([cache_ref(RegistryTarget.parse(zstd_ns), cold['image'])]):,}"),
                  ("  the cache export (that upload), beside verify", f"{cache_export_s(cold):.1f}s"),
                  ("  build + verify + push", f"{build_s + verify_s + push_s:.1f}s")]
         alone = stored_bytes([cold["ref"]])

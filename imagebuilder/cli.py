@@ -17,9 +17,12 @@ import click
 from packaging.version import Version
 
 from . import __version__, contexts, listing, options, pipeline
+from .engine.export import Compression
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
 from .matrix_load import load_matrix, matrix_file
+from .reference import RegistryTarget
+from .render_options import RenderOptions
 from .resolve import enumerate_matrix
 from .selection import Selection, settle_os
 
@@ -213,7 +216,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: pipeline.Rendering, builder_choice: str | None, platforms: str | None) -> None:
+               rendering: RenderOptions, builder_choice: str | None, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
 
     -o writes what `build` builds: one image's context into DIR, or, when the request builds
@@ -277,8 +280,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.compression
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: pipeline.Rendering, builder_choice: str, buildx_builder: str | None, platforms: str | None,
-              dry_run: bool, compressing: options.Compressing, cache_from_registry: str | None) -> None:
+              rendering: RenderOptions, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -301,7 +304,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
-    exports = choose_for_build(compressing.kind, compressing.level, cache_from_registry, decision.kind == "buildkit",
+    exports = choose_for_build(compression, cache_from_registry, decision.kind == "buildkit",
                                engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
@@ -365,11 +368,11 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.publishing
 @options.compression
 @pass_context
-def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, keep_going: bool, force: bool,
+def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: pipeline.Rendering,
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool, compressing: options.Compressing, sign_key: str | None) -> None:
+                merge_only: bool, compression: Compression | None, sign_key: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -389,12 +392,9 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     from .engine.select import CLASSIC, decide, kind_before_probing, make_builder
     from .platforms import parse_platforms
     from .http_registry import HttpRegistry
-    from .registry import parse_registry
     from .signing import key_signer
 
-    host, namespace = parse_registry(registry_name)
-    base = "/".join(part for part in (host, namespace) if part)
-    repository = f"{base}/{rendering.repository or ctx.matrix.defaults.repository}"
+    repository = target.repository(rendering.repository or ctx.matrix.defaults.repository)
     wanted = parse_platforms(platforms)
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
     multi = platforms is not None
@@ -420,24 +420,24 @@ def publish_cmd(ctx: Context, registry_name: str, push: bool, dry_run: bool, kee
     if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
         merged = plan.indexes(registry, merge=merge_only or (merge and push),
                               signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
-        publish.report_indexes(merged, plan.planned, base=base, push=push, dry_run=dry_run, report=report,
+        publish.report_indexes(merged, plan.planned, base=target.base, push=push, dry_run=dry_run, report=report,
                                echo=click.echo)
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
-    # zstd by default where BuildKit exports into the containerd store (pulled by Docker >= 23,
-    # containerd >= 1.5: every current Kubernetes node); gzip by docker push elsewhere.
-    export = choose(compressing.kind, compressing.level, buildkit=buildkit, provenance=True,
-                    image_store=buildkit and engine.keeps_compressed_layers(), default="zstd")
+    # export.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
+    export = choose(compression, buildkit=buildkit, provenance=True,
+                    image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
         click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
     run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull, export=export, cache_base=base if export is not None else None,
+                                     pull=pull, export=export,
+                                     cache_registry=target if export is not None else None,
                                      signer=signer)
     publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
-                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=base, report=report,
+                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=target.base, report=report,
                            events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
 
 

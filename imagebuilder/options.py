@@ -1,6 +1,6 @@
 """Click options shared by several commands, defined once.
 
-Groups of options reach a command as one typed value (a Selection, a Rendering), not as
+Groups of options reach a command as one typed value (a Selection, RenderOptions), not as
 loose keyword arguments."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,14 +18,15 @@ import click
 from packaging.version import InvalidVersion, Version
 
 from .certificates import read_ca_bundle, read_certificates
+from .engine.export import COMPRESSIONS, Compression
 from .errors import BadRequest
 from .index_url import parse_index_url
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
-from .reference import check_repository, parse_reference
+from .reference import RegistryTarget, check_repository, parse_reference
+from .render_options import RenderOptions
 from .resolve import check_not_empty
-from .pipeline import Rendering
 from .selection import ALL, Selection
 from .uv_compile import BadUv
 
@@ -170,7 +170,8 @@ def index_urls(f: F) -> F:
 
 
 def rendering(f: F) -> F:
-    """Handed to the command as `rendering: Rendering`."""
+    """Handed to the command as `rendering: RenderOptions` (what it asks; pipeline.render_options
+    completes it with the matrix's locks and the builder)."""
     return _stack(
         index_urls,
         click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -191,14 +192,14 @@ def rendering(f: F) -> F:
 
 
 def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
-               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> Rendering:
-    """Checked before anything runs: a bad name or CA bundle would fail the build minutes later."""
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderOptions:
+    """Checked before anything runs: a bad name or CA bundle would fail the build minutes later.
+    The CA bundle is read here, once, for every image the command renders."""
     if repository is not None:
         check_repository(repository)
-    if ca_bundle is not None:
-        read_ca_bundle(ca_bundle)
-    return Rendering(index_url, tuple(extra_index_urls), ca_bundle, repository, tuple(extras),
-                     python_mirror=python_mirror)
+    return RenderOptions(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
+                         ca_bundle=read_ca_bundle(ca_bundle) if ca_bundle is not None else None,
+                         python_mirror=python_mirror, extras=tuple(extras))
 
 
 def building(f: F) -> F:
@@ -245,13 +246,18 @@ platforms = click.option("--platform", "platforms", metavar="PLATFORM[,PLATFORM]
                               "its local tags end in -arm64 / -amd64.")
 
 
+def _registry_target(ctx: click.Context, param: click.Parameter, value: str | None) -> RegistryTarget | None:
+    """HOST[:PORT]/NAMESPACE, checked before any daemon or registry is asked."""
+    return RegistryTarget.parse(value, param.opts[0]) if value is not None else None
+
+
 def build_only(f: F) -> F:
     """build's own options: a dry run, and the registry caches to import."""
     return _stack(
         click.option("--dry-run", is_flag=True,
                      help="Print what would be built, in build order, and stop: nothing is built (the daemon "
                           "is still asked for the base image's OS and the images already there)."),
-        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE",
+        click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
                           "(BuildKit with the containerd image store): a rebuild reuses the torch layer."),
     )(f)
@@ -320,7 +326,7 @@ def publishing(f: F) -> F:
     """publish's own options: where to, what to push, how to merge, which day."""
     return _stack(
         _check(_publishing),
-        click.option("--registry", "registry_name", required=True, metavar="HOST[:PORT]/NAMESPACE",
+        click.option("--registry", "target", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
         click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
@@ -384,24 +390,14 @@ def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Ve
     return version
 
 
-@dataclass(frozen=True)
-class Compressing:
-    """--compression and --compression-level: None each means the engine's best default."""
-    kind: str | None
-    level: int | None
-
-
-def _compressing(compression: str | None, compression_level: int | None) -> Compressing:
-    if compression_level is not None and compression is None:
-        raise BadRequest(f"--compression-level {compression_level} sets the level of --compression: "
-                         "give --compression zstd, gzip or estargz with it")
-    return Compressing(compression, compression_level)
+def _compression(compression: str | None, compression_level: int | None) -> Compression | None:
+    return Compression.asked(compression, compression_level)
 
 
 def compression(f: F) -> F:
-    """Handed to the command as `compressing: Compressing`."""
+    """Handed to the command as `compression: Compression | None` (None: neither option given)."""
     return _stack(
-        click.option("--compression", type=click.Choice(["zstd", "gzip", "estargz"]), default=None,
+        click.option("--compression", metavar="|".join(COMPRESSIONS), default=None,
                      help="Export the layers with this compression into Docker's containerd image store "
                           "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
@@ -411,5 +407,5 @@ def compression(f: F) -> F:
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
                      help="zstd 0-22, gzip or estargz 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
-        _collect("compressing", _compressing, ("compression", "compression_level")),
+        _collect("compression", _compression, ("compression", "compression_level")),
     )(f)

@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine.api import BuilderKind
@@ -42,42 +41,22 @@ Exists = Callable[[str], bool]  # image reference -> whether the engine has it
 # --------------------------------------------------------------------------- rendering options
 
 
-@dataclass(frozen=True)
-class Rendering:
-    """How to render, whatever the image: where wheels come from, what CA to trust, the name."""
-
-    index_url: str | None
-    extra_index_urls: tuple[str, ...]
-    ca_bundle: Path | None
-    repository: str | None
-    extras: tuple[str, ...] = ()  # --with: packages added to the image's lock
-    python_mirror: str | None = None  # --python-mirror: where uv downloads a CPython the OS lacks
-
-
 def source_label() -> str:
     """The image's source label (labels.SOURCE): the repository CI builds from."""
     server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
     return f"{server}/{repo}" if server and repo else "imagebuilder"
 
 
-def render_options(matrix: Matrix, rendering: Rendering, kind: BuilderKind,
+def render_options(matrix: Matrix, asked: RenderOptions, kind: BuilderKind,
                    repository: str | None = None, *, buildx: bool = True) -> RenderOptions:
-    """The options every image of a command renders with, for the builder `kind` that
-    engine.select decided (the same for a dry run as for the run); `buildx`: BuildKit through
-    buildx, which takes named build contexts (the CA bundle's), not an old CLI's built-in one."""
+    """The options every image of a command renders with: what the command line asked
+    (options.rendering), with the matrix's locks, for the builder `kind` that engine.select
+    decided (the same for a dry run as for the run); `repository`: publish's, under its
+    registry; `buildx`: BuildKit through buildx, which takes named build contexts (the CA
+    bundle's), not an old CLI's built-in one."""
 
-    return RenderOptions(
-        extras=rendering.extras,
-        locks=load_locks(locks_dir(matrix)),
-        repository=repository or rendering.repository or matrix.defaults.repository,
-        index_url=rendering.index_url,
-        extra_index_urls=rendering.extra_index_urls,
-        ca_bundle=rendering.ca_bundle,
-        python_mirror=rendering.python_mirror,
-        source=source_label(),
-        buildkit=kind == "buildkit",
-        ca_context=kind == "buildkit" and buildx,
-    )
+    return replace(asked, locks=load_locks(locks_dir(matrix)), repository=repository or asked.repository,
+                   source=source_label(), buildkit=kind == "buildkit", ca_context=kind == "buildkit" and buildx)
 
 
 # --------------------------------------------------------------------------- build, publish
@@ -112,14 +91,14 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     return planned
 
 
-def check_build(matrix: Matrix, selection: Selection, rendering: Rendering, platforms: Sequence[str],
+def check_build(matrix: Matrix, selection: Selection, asked: RenderOptions, platforms: Sequence[str],
                 kind: BuilderKind = "buildkit") -> None:
     """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):
     a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
     also where no daemon answers. `kind`: the builder as far as it is known before probing
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
     one refuses waits for the decided builder."""
-    options = render_options(matrix, rendering, kind)
+    options = render_options(matrix, asked, kind)
     _check_for_any_os(matrix, selection, lambda chosen: plan_build(
         matrix, chosen, options, platforms, kind, None, lambda ref: False, lambda text: None))
 

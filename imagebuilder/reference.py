@@ -122,6 +122,49 @@ def domain_problem(domain: str) -> str | None:
     return None
 
 
+class BadRegistry(BadRequest):
+    template = "{option} {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme or 127.0.0.1:5000/ml"
+
+
+_NAMESPACE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
+
+
+@dataclass(frozen=True)
+class RegistryTarget:
+    """A registry and a namespace in it, HOST[:PORT]/NAMESPACE: where publish's images and build
+    caches go (--registry), and where build imports caches from (--cache-from-registry)."""
+
+    host: str
+    namespace: str = ""
+    """May be empty: the images then sit at the registry's top level."""
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--registry") -> RegistryTarget:
+        """Refused with the reason (`option` names the flag) before any registry is asked."""
+        host, _, namespace = text.strip().rstrip("/").partition("/")
+        if "://" in text:
+            raise BadRegistry(option=option, text=text,
+                              why="no scheme: imagebuilder picks http for loopback, https elsewhere")
+        if not host or not names_domain(host):
+            raise BadRegistry(option=option, text=text,
+                              why=f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
+        problem = domain_problem(host)
+        if problem is not None:
+            raise BadRegistry(option=option, text=text, why=problem)
+        if namespace and not _NAMESPACE.match(namespace):
+            raise BadRegistry(option=option, text=text,
+                              why=f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
+        return cls(host, namespace)
+
+    @property
+    def base(self) -> str:
+        """HOST[:PORT]/NAMESPACE, or HOST[:PORT] without a namespace: what a repository name follows."""
+        return f"{self.host}/{self.namespace}" if self.namespace else self.host
+
+    def repository(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+
 def parse_reference(text: str, what: str = "image") -> Reference:
     """`text` as an image reference, or InvalidReference saying why it is not one."""
 

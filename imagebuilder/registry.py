@@ -1,24 +1,18 @@
 """What imagebuilder asks of a registry: the Registry protocol every call of publish goes
-through (http_registry.HttpRegistry is one, the tests' canned registry another), the errors a
-registry's answers become, and --registry's HOST[:PORT]/NAMESPACE."""
+through (http_registry.HttpRegistry is one, the tests' canned registry another), and the errors a
+registry's answers become."""
 
 from __future__ import annotations
 
-import re
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .errors import BadRequest, ImageBuilderError
-from .reference import domain_problem, names_domain
+from .errors import ImageBuilderError
 
 
 class RegistryError(ImageBuilderError):
     """A registry did not answer as the Registry API v2 says it should."""
-
-
-class BadRegistry(BadRequest):
-    template = "--registry {text!r}: {why}; give HOST[:PORT]/NAMESPACE, e.g. ghcr.io/acme or 127.0.0.1:5000/ml"
 
 
 class RegistryUnavailable(RegistryError):
@@ -34,24 +28,6 @@ class RegistryDenied(RegistryError):
 
 class RegistryProtocolError(RegistryError):
     template = "unexpected answer from {url}: {detail}"
-
-
-_NAMESPACE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
-
-
-def parse_registry(text: str) -> tuple[str, str]:
-    """HOST[:PORT]/NAMESPACE -> (host, namespace); the namespace may be empty."""
-    host, _, namespace = text.strip().rstrip("/").partition("/")
-    if "://" in text:
-        raise BadRegistry(text=text, why="no scheme: imagebuilder picks http for loopback, https elsewhere")
-    if not host or not names_domain(host):
-        raise BadRegistry(text=text, why=f"{host!r} is not a registry host (it needs a dot, a port or to be localhost)")
-    problem = domain_problem(host)
-    if problem is not None:
-        raise BadRegistry(text=text, why=problem)
-    if namespace and not _NAMESPACE.match(namespace):
-        raise BadRegistry(text=text, why=f"namespace {namespace!r} must be lowercase letters, digits, . _ - and /")
-    return host, namespace
 
 
 class Registry(Protocol):

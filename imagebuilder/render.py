@@ -22,7 +22,6 @@ from smoke_tests.shm import NCCL_SHM_MIN_BYTES, SHM_ADVICE
 
 from . import __version__
 from .base_pin import BasePin
-from .certificates import read_ca_bundle
 from .errors import BadRequest
 from .image_contents import (CA_PATH, COMPILE_CACHE, COMPILE_CACHES, ENTRYPOINT, HOME, JUPYTER_LOCK_PATH, LOCK_PATH, SBOM_PATH,
                              SESSION_ENV, TENSORBOARD_LOGDIR, TENSORBOARD_PATH, TENSORBOARD_START_TIMEOUT_S, USER_ID,
@@ -148,6 +147,7 @@ def _sbom_file() -> bytes:
 
 def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
     env = _environment(str(templates_dir()))
+    repository = options.repository or matrix.defaults.repository
     tags = tags_for(spec, matrix)
     extras = parse_extras((*matrix.extras, *options.extras))
     lock = options.locks.lock_for(spec, matrix, extras)
@@ -156,7 +156,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
     parent_hash = ""
     if spec.parent is not None:
         # FROM our runtime image by tag: what defines that image is its own inputs hash.
-        base_image = from_ref = image_ref(options.repository, primary_tag(spec.parent, matrix))
+        base_image = from_ref = image_ref(repository, primary_tag(spec.parent, matrix))
         parent_hash = render(spec.parent, matrix, options).inputs_hash
     else:
         base_pin = options.locks.base_for(spec.base_image)
@@ -179,8 +179,8 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         files[lock_path.replace("/opt/", "", 1)] = lock.text().encode()
     if spec.parent is None:
         files["imagebuilder/constraints.txt"] = constraints_for(spec, lock).encode()
-    ca = None
-    two_stage = options.ca_bundle is not None and not options.buildkit
+    ca = options.ca_bundle
+    two_stage = ca is not None and not options.buildkit
     venv = shared_venv(spec, matrix, options, lock, extras)
     if venv is not None:
         files.update({f"{LAYERS_DIR}/{group.filename}": group.lock.text().encode()
@@ -204,8 +204,6 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         notices.append(f"{options.foreign_platform} on a host of another platform: every step runs under "
                        "emulation (the wheels install natively only with BuildKit, the shared venv and "
                        "the OS's Python)")
-    if options.ca_bundle is not None:
-        ca = read_ca_bundle(options.ca_bundle)
 
     def render_with(inputs_hash: str, naming: _Naming) -> tuple[str, dict[str, bytes]]:
         labels = labels_for(spec, base_image, inputs_hash, naming.source, base_pin.digest if base_pin else None)
@@ -300,7 +298,7 @@ def render(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptio
         secrets[NETRC_SECRET_ID] = credentials
     return RenderedImage(
         spec=spec,
-        repository=options.repository,
+        repository=repository,
         tags=tags,
         dockerfile=dockerfile,
         files=final_files,

@@ -1,10 +1,10 @@
 """What a render is asked for besides the image's BuildSpec: the repository, the package index,
-a CA bundle, the builder, extras and the locks (RenderOptions)."""
+a CA bundle, the builder, extras and the locks (RenderOptions). The command line's rendering
+options (options.rendering) parse into one; pipeline.render_options completes it for a command."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from .lockfile import LockSet
 
@@ -13,10 +13,12 @@ DEFAULT_SOURCE = "imagebuilder"
 
 @dataclass(frozen=True)
 class RenderOptions:
-    repository: str = "pytorch"
+    repository: str | None = None  # None: the matrix's defaults.repository
     index_url: str | None = None  # replaces the wheel variant's index (mirrors, air-gapped sites)
     extra_index_urls: tuple[str, ...] = ()
-    ca_bundle: Path | None = None  # trusted inside the build only
+    # --ca-bundle's certificates, read (and checked) once, when the option is parsed: trusted
+    # inside the build only.
+    ca_bundle: bytes | None = None
     python_mirror: str | None = None  # where `uv python install` downloads CPython (UV_PYTHON_INSTALL_MIRROR)
     source: str = DEFAULT_SOURCE  # labels.SOURCE
     buildkit: bool = False  # for the BuildKit builder: the CA mounted per RUN, shared cache mounts

@@ -386,7 +386,7 @@ def test_buildkit_golden_dockerfiles(name, tmp_path):
     ca = tmp_path / "ca.pem"
     ca.write_bytes(FAKE_CA)
     # What buildx renders (the CA from its named context); an old CLI's BuildKit: the secret, tested below.
-    image = render(resolve(M, request), M, RenderOptions(buildkit=True, ca_bundle=ca if with_ca else None, ca_context=True))
+    image = render(resolve(M, request), M, RenderOptions(buildkit=True, ca_bundle=ca.read_bytes() if with_ca else None, ca_context=True))
     path = GOLDEN / name
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(image.dockerfile)
@@ -401,7 +401,7 @@ def test_buildx_bind_mounts_the_ca_from_a_named_context_in_one_stage(tmp_path, v
     ca = tmp_path / "ca.pem"
     ca.write_bytes(FAKE_CA)
     spec = resolve(M, Request("2.6", "12.4", variant=variant))
-    image = render(spec, M, RenderOptions(buildkit=True, ca_bundle=ca, ca_context=True))
+    image = render(spec, M, RenderOptions(buildkit=True, ca_bundle=ca.read_bytes(), ca_context=True))
     text = image.dockerfile
     assert text.count("\nFROM ") == 1 and "type=secret" not in text
     mount = f"--mount=type=bind,from={CA_CONTEXT},source=ca.pem,target={CA_SECRET_PATH}"
@@ -413,7 +413,7 @@ def test_buildx_bind_mounts_the_ca_from_a_named_context_in_one_stage(tmp_path, v
     assert not any(line.startswith(("ENV", "COPY")) and CA_SECRET_PATH in line for line in text.splitlines())
     other = tmp_path / "other.pem"
     other.write_bytes(FAKE_CA + b"# another\n")
-    again = render(spec, M, RenderOptions(buildkit=True, ca_bundle=other, ca_context=True))
+    again = render(spec, M, RenderOptions(buildkit=True, ca_bundle=other.read_bytes(), ca_context=True))
     assert again.inputs_hash == image.inputs_hash and again.dockerfile == text
 
 
@@ -431,7 +431,7 @@ def test_the_builder_passes_named_contexts_and_an_old_cli_refuses_them(tmp_path)
 def test_buildkit_without_buildx_mounts_the_ca_as_a_secret_in_one_stage(tmp_path, variant):
     ca = tmp_path / "ca.pem"
     ca.write_bytes(FAKE_CA)
-    image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(buildkit=True, ca_bundle=ca))
+    image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(buildkit=True, ca_bundle=ca.read_bytes()))
     text = image.dockerfile
     assert text.count("\nFROM ") == 1 and "# syntax=" not in text
     assert "ca-bundle.pem" not in image.files and image.secrets == {"ca": FAKE_CA}

@@ -12,6 +12,7 @@ from imagebuilder.errors import BadRequest
 from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose, choose_for_build,
                                  compression_of, output_args)
 from imagebuilder.provenance import built_from
+from imagebuilder.reference import RegistryTarget
 from imagebuilder.verify import HostFacts, preflight
 
 CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-runtime"
@@ -54,67 +55,75 @@ def test_output_args(export: Export | None, expected: list[str]) -> None:
     assert output_args(export) == expected
 
 
-@pytest.mark.parametrize("kind, level, buildkit, store, expected", [
-    # Docker 26 + the containerd store + buildx: what was asked (zstd when only a level or a
-    # cache is); nothing asked: `build`'s `--load` (publish's default: the test below).
-    (None, None, True, True, None),
-    ("zstd", None, True, True, Export(Compression("zstd"), provenance=True)),
-    ("gzip", 4, True, True, Export(Compression("gzip", 4), provenance=True)),
+@pytest.mark.parametrize("asked, buildkit, store, expected", [
+    # Docker 26 + the containerd store + buildx: what was asked; nothing asked: zstd, build's and
+    # publish's default (not --load's gzip on one core)
+    (None, True, True, Export(Compression("zstd"), provenance=True)),
+    (Compression("zstd"), True, True, Export(Compression("zstd"), provenance=True)),
+    (Compression("zstd", 9), True, True, Export(Compression("zstd", 9), provenance=True)),
+    (Compression("gzip"), True, True, Export(Compression("gzip"), provenance=True)),  # for old pullers
+    (Compression("gzip", 4), True, True, Export(Compression("gzip", 4), provenance=True)),
     # The classic store (Docker 20.10, or 24+ without the snapshotter) or the classic builder:
     # docker push compresses with gzip, nothing to choose.
-    (None, None, True, False, None),
-    ("gzip", None, False, False, None),
-    (None, None, False, True, None),
+    (None, True, False, None),
+    (Compression("gzip"), False, False, None),
+    (None, False, True, None),
 ])
-def test_choose(kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
-    assert choose(kind, level, buildkit=buildkit, image_store=store, provenance=True) == expected
+def test_choose(asked: Compression | None, buildkit: bool, store: bool, expected: Export | None) -> None:
+    assert choose(asked, buildkit=buildkit, image_store=store, provenance=True) == expected
 
 
-@pytest.mark.parametrize("kind, level, buildkit, store, expected", [
-    (None, None, True, True, Export(Compression("zstd"), provenance=True)),  # zstd, with provenance
-    (None, 9, True, True, Export(Compression("zstd", 9), provenance=True)),
-    ("gzip", None, True, True, Export(Compression("gzip"), provenance=True)),  # for old pullers
-    (None, None, True, False, None),  # the classic store: docker push compresses with gzip
-    (None, None, False, True, None),  # the classic builder
-])
-def test_publish_defaults_to_zstd_where_buildkit_exports_into_the_store(
-        kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
-    assert choose(kind, level, buildkit=buildkit, image_store=store, provenance=True, default="zstd") == expected
-
-
-@pytest.mark.parametrize("kind, level, buildkit, store, expected", [
-    (None, None, True, True, Export(Compression("zstd"))),  # not --load's gzip on one core
-    ("gzip", None, True, True, Export(Compression("gzip"))),  # asked for
-    (None, 19, True, True, Export(Compression("zstd", 19))),
-    (None, None, True, False, None),  # the classic store: --load, as docker build does
-    (None, None, False, True, None),  # the classic builder
+@pytest.mark.parametrize("asked, buildkit, store, expected", [
+    (None, True, True, Export(Compression("zstd"))),  # not --load's gzip on one core
+    (Compression("gzip"), True, True, Export(Compression("gzip"))),  # asked for
+    (Compression("zstd", 19), True, True, Export(Compression("zstd", 19))),
+    (None, True, False, None),  # the classic store: --load, as docker build does
+    (None, False, True, None),  # the classic builder
 ])
 def test_build_defaults_to_zstd_where_buildkit_exports_into_the_store(
-        kind: str | None, level: int | None, buildkit: bool, store: bool, expected: Export | None) -> None:
-    for_image = choose_for_build(kind, level, None, buildkit, lambda: store, lambda ref: False)
+        asked: Compression | None, buildkit: bool, store: bool, expected: Export | None) -> None:
+    for_image = choose_for_build(asked, None, buildkit, lambda: store, lambda ref: False)
     assert for_image("2.6.0-cuda12.1-cudnn9-py3.11-debian12-runtime") == expected
 
 
-@pytest.mark.parametrize("kind, level, buildkit, store, cache, said", [
-    ("zstd", None, True, False, (), "--compression zstd needs BuildKit"),
-    ("gzip", 9, False, True, (), "--compression-level needs BuildKit"),
-    (None, None, False, False, (CACHE,), "--cache-from-registry needs BuildKit"),
+@pytest.mark.parametrize("asked, buildkit, store, cache, said", [
+    (Compression("zstd"), True, False, (), "--compression zstd needs BuildKit"),
+    (Compression("gzip", 9), False, True, (), "--compression-level needs BuildKit"),
+    (None, False, False, (CACHE,), "--cache-from-registry needs BuildKit"),
 ])
 def test_what_only_the_containerd_store_gives_is_a_bad_request_elsewhere(
-        kind: str | None, level: int | None, buildkit: bool, store: bool, cache: tuple[str, ...], said: str) -> None:
+        asked: Compression | None, buildkit: bool, store: bool, cache: tuple[str, ...], said: str) -> None:
     with pytest.raises(CompressionUnavailable, match=said) as e:
-        choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache)
+        choose(asked, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache)
     assert e.value.exit_code == 2 and "containerd-snapshotter" in str(e.value)
 
 
-@pytest.mark.parametrize("kind, level", [("gzip", 10), ("zstd", 23), ("zstd", -1), ("lz4", None)])
-def test_bad_compressions(kind: str, level: int | None) -> None:
-    with pytest.raises(BadRequest):
-        Compression(kind, level)
+@pytest.mark.parametrize("kind, level, said", [
+    ("gzip", 10, "--compression-level 10 is not a gzip level; gzip takes 0..9"),
+    ("zstd", 23, "zstd takes 0..22"),
+    ("zstd", -1, "--compression-level -1 is not a zstd level"),
+    ("estargz", 10, "estargz takes 0..9"),
+    ("lz4", None, "--compression 'lz4' is not a compression; give zstd, gzip or estargz"),
+    (None, 3, "--compression-level 3 sets the level of --compression: give --compression zstd, gzip or estargz"),
+])
+def test_bad_compressions(kind: str | None, level: int | None, said: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        Compression.asked(kind, level)
+    assert said in str(e.value)
+
+
+@pytest.mark.parametrize("kind, level, expected", [
+    (None, None, None),  # the engine's default (choose)
+    ("zstd", None, Compression("zstd")),
+    ("gzip", 0, Compression("gzip", 0)),
+    ("estargz", 9, Compression("estargz", 9)),
+])
+def test_compression_asked(kind: str | None, level: int | None, expected: Compression | None) -> None:
+    assert Compression.asked(kind, level) == expected
 
 
 def test_cache_ref_is_one_tag_per_image_beside_the_images() -> None:
-    assert cache_ref("127.0.0.1:5000/ml/", "2.6.0-cuda12.1-cudnn9-debian12-runtime") == CACHE
+    assert cache_ref(RegistryTarget.parse("127.0.0.1:5000/ml/"), "2.6.0-cuda12.1-cudnn9-debian12-runtime") == CACHE
 
 
 ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
@@ -236,7 +245,7 @@ def test_estargz_layers_are_gzip_ones_to_every_puller(kind: str, suffix: str) ->
 
 def test_estargz_needs_the_containerd_store_and_takes_gzip_levels() -> None:
     with pytest.raises(CompressionUnavailable, match="--compression estargz needs BuildKit"):
-        choose("estargz", None, buildkit=True, image_store=False, provenance=True)
+        choose(Compression("estargz"), buildkit=True, image_store=False, provenance=True)
     assert Compression("estargz", 9).level == 9
     with pytest.raises(BadRequest, match="estargz takes 0..9"):
         Compression("estargz", 10)

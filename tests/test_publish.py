@@ -45,7 +45,8 @@ from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED
 from imagebuilder.reference import parse_reference
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest
-from imagebuilder.registry import RegistryUnavailable, parse_registry
+from imagebuilder.reference import RegistryTarget
+from imagebuilder.registry import RegistryUnavailable
 from imagebuilder.registry_auth import credentials_for, parse_challenge, is_insecure_by_default
 from imagebuilder.image_contents import SBOM_PATH
 from imagebuilder.render import RenderedImage, render
@@ -182,20 +183,21 @@ def test_parse_reference(ref: str, expected: tuple[str, str, str]) -> None:
     assert (r.host, r.repository, r.reference) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("127.0.0.1:5000/ib", ("127.0.0.1:5000", "ib")),
-    ("ghcr.io/acme/ml/", ("ghcr.io", "acme/ml")),
-    ("localhost:5000", ("localhost:5000", "")),
-    ("acme", BadRequest),  # a Docker Hub user: not a host
-    ("https://ghcr.io/acme", BadRequest),
-    ("ghcr.io/Acme", BadRequest),
+@pytest.mark.parametrize("text, expected, base", [
+    ("127.0.0.1:5000/ib", RegistryTarget("127.0.0.1:5000", "ib"), "127.0.0.1:5000/ib"),
+    ("ghcr.io/acme/ml/", RegistryTarget("ghcr.io", "acme/ml"), "ghcr.io/acme/ml"),
+    ("localhost:5000", RegistryTarget("localhost:5000", ""), "localhost:5000"),
+    ("acme", BadRequest, None),  # a Docker Hub user: not a host
+    ("https://ghcr.io/acme", BadRequest, None),
+    ("ghcr.io/Acme", BadRequest, None),
 ])
-def test_parse_registry(text: str, expected: Any) -> None:
+def test_registry_target(text: str, expected: Any, base: str | None) -> None:
     if expected is BadRequest:
-        with pytest.raises(BadRequest, match="HOST\\[:PORT\\]/NAMESPACE"):
-            parse_registry(text)
+        with pytest.raises(BadRequest, match="--cache-from-registry .* HOST\\[:PORT\\]/NAMESPACE"):
+            RegistryTarget.parse(text, "--cache-from-registry")
     else:
-        assert parse_registry(text) == expected
+        target = RegistryTarget.parse(text)
+        assert target == expected and target.base == base and target.repository("pytorch") == f"{base}/pytorch"
 
 
 @pytest.mark.parametrize("host, scheme", [
@@ -566,7 +568,8 @@ def _rendered(registry: str, base_image: str, buildkit: bool = False) -> Rendere
 
     matrix = load_matrix(default_matrix_path())
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
-    opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=session_ca_bundle(),
+    ca = session_ca_bundle()
+    opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=ca.read_bytes() if ca else None,
                          locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
     return render(spec, matrix, opts)
 

@@ -25,6 +25,7 @@ import pytest
 from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, family_build, imagebuilder,
                       prune_session_build_cache, remove_local_tags)
 from imagebuilder.engine.export import cache_ref
+from imagebuilder.reference import RegistryTarget
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.manifests import INDEXES, pick_manifest
 from imagebuilder.signing import pinned
@@ -105,7 +106,7 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(bk_published: dict[str, 
             # its compression); the push mounted them from the cache's repository.
             big = _wheel_layers(_blobs(image["ref"]))
             assert sum(big.values()) > 1_000_000_000
-            assert set(big) <= set(_blobs(cache_ref(bk_published["registry"], image["image"])))
+            assert set(big) <= set(_blobs(cache_ref(RegistryTarget.parse(bk_published["registry"]), image["image"])))
             assert image["pushed_bytes"] < sum(big.values()) / 2
         assert all(image[k] > 0 for k in ("build_s", "verify_s", "push_s"))
         # The cache went up beside verify, by a cache-only build of its own; the image's builds
@@ -172,7 +173,7 @@ def test_the_report_lists_each_layer_and_whether_the_registry_had_it(bk_publishe
     runtime = _reported_layers(bk_published["runtime"])
     assert not any(layer["in_registry_before"] for layer in runtime.values())
     wheels = _wheel_layers(_blobs(bk_published["runtime"]["ref"]))
-    cache = cache_ref(bk_published["registry"], bk_published["runtime"]["image"]).rsplit(":", 1)[0]
+    cache = cache_ref(RegistryTarget.parse(bk_published["registry"]), bk_published["runtime"]["image"]).rsplit(":", 1)[0]
     assert wheels and all((runtime[digest]["in_registry_before"], runtime[digest]["mounted_from"]) == (False, cache)
                           for digest in wheels)
     devel = _reported_layers(bk_published["devel"])

@@ -244,8 +244,10 @@ def test_no_push_verifies_and_leaves_the_registry_alone():
 # --- the containerd image store: what is pushed is the image verify ran --------------------
 
 from imagebuilder.engine.export import Compression, Export  # noqa: E402
+from imagebuilder.reference import RegistryTarget  # noqa: E402
 
 ZSTD_EXPORT = Export(Compression("zstd"), provenance=True)
+CACHE_REGISTRY = RegistryTarget("127.0.0.1:5999", "ml")
 
 
 @dataclass
@@ -289,7 +291,7 @@ def test_with_the_containerd_store_the_pushed_digest_is_the_verified_image_and_t
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = CannedBlobs(answers={cache: "sha256:" + "c" * 64}, engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     assert outcome.status == publish.PUSHED
     assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
     report = outcome.to_json()
@@ -312,7 +314,7 @@ def test_an_engine_that_pushes_other_bytes_than_it_verified_fails_the_push() -> 
 def test_a_cache_the_registry_does_not_have_yet_is_exported_not_imported() -> None:
     engine = CannedStore()
     (image,) = images()
-    run(publish.plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    run(publish.plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     assert [r.export.cache_from for r in engine.requests if r.export] == [(), ()]
     assert engine.requests[-1].export.cache_to == cache  # type: ignore[union-attr]
@@ -350,7 +352,7 @@ def test_the_push_mounts_the_image_s_layers_from_its_build_cache_first() -> None
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = CannedCache(answers={cache: "sha256:" + "c" * 64}, engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     assert outcome.status == publish.PUSHED
     assert registry.mounted == [(image.ref, f"sha256:{n * 64}", cache, 0) for n in "ef"]
 
@@ -406,7 +408,7 @@ def _publish_beside(engine: CannedBackground, ok: bool = True) -> tuple[publish.
 
     from dataclasses import replace
     (outcome,) = publish.publish(publish.plan([image], {}), engine=engine, builder=engine, registry=registry,
-                                 options=replace(OPTIONS, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml"),
+                                 options=replace(OPTIONS, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY),
                                  verifier=verifier, on_event=lambda phase, step: events.append(phase))
     return outcome, events, cache
 
@@ -457,7 +459,7 @@ def test_a_no_push_run_waits_for_the_cache_export() -> None:
     from dataclasses import replace
     (outcome,) = publish.publish(publish.plan([image], {}), engine=engine, builder=engine,
                                  registry=CannedBlobs(engine=engine), verifier=verdict(True),
-                                 options=replace(OPTIONS, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml",
+                                 options=replace(OPTIONS, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY,
                                                  push=False))
     assert outcome.status == publish.VERIFIED and engine.timeline[-1] == "cache exported"
     assert not engine.running[0].stopped
@@ -595,7 +597,7 @@ def test_the_report_lists_each_pushed_layer_and_whether_the_repository_had_it_be
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = LayeredRegistry(answers={cache: "sha256:" + "c" * 64}, engine=engine, held={SHARED})
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_base="127.0.0.1:5999/ml")
+    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     assert outcome.status == publish.PUSHED
     # Every layer the cache lists was asked about in the image's repository, before any push.
     assert sorted(registry.heads) == sorted((image.ref, d, 0) for d in (SHARED, CACHED, "sha256:" + "9" * 64))
@@ -661,7 +663,7 @@ def test_a_registry_that_cannot_list_the_layers_fails_no_publish_and_the_report_
 
     engine = CannedStore()
     (outcome,) = run(publish.plan([image], {}), engine, DownBeforeThePush(engine=engine), export=ZSTD_EXPORT,
-                     cache_base="127.0.0.1:5999/ml")
+                     cache_registry=CACHE_REGISTRY)
     assert outcome.status == publish.PUSHED
     assert [had for _, _, had, _ in _layers(outcome)] == [None, None, None]
     reason = outcome.to_json()["layers_reason"]

@@ -14,7 +14,7 @@ import pytest
 
 from packaging.version import Version
 
-from imagebuilder.certificates import RenderError
+from imagebuilder.certificates import RenderError, read_ca_bundle
 from imagebuilder.matrix import VARIANTS, driver_key
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.output import ForeignFolder, write_tree
@@ -166,7 +166,7 @@ def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
     ca.write_text(bundle[bundle.index("-----BEGIN CERTIFICATE-----"):bundle.index("-----END CERTIFICATE-----")]
                   + "-----END CERTIFICATE-----\n")
     for variant in VARIANTS:
-        image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(ca_bundle=ca))
+        image = render(resolve(M, Request("2.6", "12.4", variant=variant)), M, RenderOptions(ca_bundle=ca.read_bytes()))
         build_stage, final = image.dockerfile.split("\nFROM ${BASE_IMAGE}\n", 1)
         assert "COPY ca-bundle.pem" in build_stage
         assert "ca-bundle" not in final and "SSL_CERT_FILE" not in final
@@ -175,7 +175,7 @@ def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
 
 def test_a_missing_ca_bundle_is_a_clear_error(tmp_path):
     with pytest.raises(RenderError, match="cannot read --ca-bundle"):
-        render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(ca_bundle=tmp_path / "nope.pem"))
+        read_ca_bundle(tmp_path / "nope.pem")
 
 
 def test_pytorch_index_for_non_pypi_builds_and_default_index_for_the_pypi_one():
@@ -325,7 +325,7 @@ def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_p
     arm64 = locks.for_platform("linux/arm64")
     renders = {
         **{f"classic {v}": render(resolve(M, Request("2.6", "12.4", variant=v)), M) for v in ("runtime", "devel")},
-        "classic with a CA": render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(ca_bundle=ca)),
+        "classic with a CA": render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(ca_bundle=ca.read_bytes())),
         **{f"buildkit {v}": _buildkit_render("2.12", "13.0", v) for v in ("runtime", "devel")},
         "arm64 native wheels": render(resolve(matrix, Request("2.11", "13.0", os="debian12")), matrix,
                                       RenderOptions(buildkit=True, locks=arm64, foreign_platform="linux/arm64")),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import BadRequest
+from ..reference import RegistryTarget
 
 COMPRESSIONS = ("zstd", "gzip", "estargz")
 # BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
@@ -21,7 +22,20 @@ COMPRESSIONS = ("zstd", "gzip", "estargz")
 # the end: a node whose containerd runs the stargz snapshotter mounts it and fetches what is
 # read, when it is read (lazy pulling); any other puller pulls it as gzip.
 LEVELS = {"zstd": range(0, 23), "gzip": range(0, 10), "estargz": range(0, 10)}
+# What build and publish export when nothing is asked, where BuildKit exports into the
+# containerd store: pulled by Docker >= 23 and containerd >= 1.5 (every current Kubernetes
+# node), and compressed with every core where `--load`'s gzip uses one.
+DEFAULT = "zstd"
 CACHE_REPOSITORY = "imagebuilder-cache"
+
+
+def _either(names: tuple[str, ...]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+class UnknownCompression(BadRequest):
+    compression: str
+    template = "--compression {compression!r} is not a compression; give " + _either(COMPRESSIONS)
 
 
 class BadCompression(BadRequest):
@@ -30,19 +44,37 @@ class BadCompression(BadRequest):
     template = "--compression-level {level} is not a {compression} level; {compression} takes {low}..{high}"
 
 
+class LevelWithoutCompression(BadRequest):
+    level: int
+    template = ("--compression-level {level} sets the level of --compression: give --compression "
+                + _either(COMPRESSIONS) + " with it")
+
+
 @dataclass(frozen=True)
 class Compression:
+    """The layers' compression: the one home of its names, levels and default."""
+
     kind: str
-    """"zstd", "gzip" or "estargz"."""
+    """"zstd", "gzip" or "estargz" (COMPRESSIONS)."""
     level: int | None = None
     """None: BuildKit's default for `kind`."""
 
     def __post_init__(self) -> None:
         if self.kind not in COMPRESSIONS:
-            raise BadRequest(f"unknown compression {self.kind!r}; known: {', '.join(COMPRESSIONS)}")
+            raise UnknownCompression(compression=self.kind)
         levels = LEVELS[self.kind]
         if self.level is not None and self.level not in levels:
             raise BadCompression(compression=self.kind, level=self.level, low=levels.start, high=levels.stop - 1)
+
+    @classmethod
+    def asked(cls, kind: str | None, level: int | None) -> Compression | None:
+        """--compression and --compression-level as one value, checked before anything runs (dry
+        runs too); None when neither is given: the engine's default (`choose`)."""
+        if kind is None:
+            if level is not None:
+                raise LevelWithoutCompression(level=level)
+            return None
+        return cls(kind, level)
 
     @property
     def media_suffix(self) -> str:
@@ -73,9 +105,9 @@ class Export:
         return what + ("; SLSA provenance (mode=max)" if self.provenance else "")
 
 
-def cache_ref(registry_base: str, key: str) -> str:
+def cache_ref(registry: RegistryTarget, key: str) -> str:
     """The registry ref of an image's build cache: one tag per image key beside its images."""
-    return f"{registry_base.rstrip('/')}/{CACHE_REPOSITORY}:{key}"
+    return f"{registry.repository(CACHE_REPOSITORY)}:{key}"
 
 
 def _insecure(ref: str) -> bool:
@@ -112,7 +144,7 @@ def output_args(export: Export | None) -> list[str]:
         # layer. mode=max would compress and upload the venv stage's own multi-GB layer as well.
         # force-compression: the base's layers too (without it the cache keeps their gzip blobs).
         # ignore-error: an image build does not fail for its cache; a cache-only build is its cache.
-        compression = export.compression.kind if export.compression is not None else "zstd"
+        compression = export.compression.kind if export.compression is not None else DEFAULT
         args += ["--cache-to", f"type=registry,ref={ref},mode=min,oci-mediatypes=true,image-manifest=true,"
                  f"compression={compression},force-compression=true"
                  + (",ignore-error=true" if export.image else "") + (",registry.insecure=true" if _insecure(ref) else "")]
@@ -126,44 +158,44 @@ class CompressionUnavailable(BadRequest):
                 "recompresses on push with gzip: drop the option, or use such an engine")
 
 
-def choose(kind: str | None, level: int | None, *, buildkit: bool, image_store: bool,
-           provenance: bool, cache_from: tuple[str, ...] = (), default: str | None = None) -> Export | None:
-    """The export for a build: what was asked (or `default`: publish's zstd) where the image
-    store keeps the blobs BuildKit compressed, with provenance when asked; None where the
-    engine cannot (the classic store: `docker push` compresses with gzip), unless something
-    was asked that only such an engine gives, and None when nothing was asked and there is no
-    default (`build`: `--load`, as `docker build` does)."""
+def choose(asked: Compression | None, *, buildkit: bool, image_store: bool, provenance: bool,
+           cache_from: tuple[str, ...] = ()) -> Export | None:
+    """The export for a build: what was asked (else the DEFAULT) where the image store keeps
+    the blobs BuildKit compressed, with provenance when asked; None where the engine cannot
+    (the classic store: `docker push` compresses with gzip, `build` loads as `docker build`
+    does), unless something was asked that only such an engine gives."""
     if not (buildkit and image_store):
-        asked = [what for what, given in ((f"--compression {kind}", kind not in (None, "gzip")),
-                                          ("--compression-level", level is not None),
-                                          ("--cache-from-registry", bool(cache_from))) if given]
-        if asked:
-            raise CompressionUnavailable(asked=" and ".join(asked))
+        wanted = []
+        if asked is not None and asked.kind != "gzip":  # what docker push compresses with
+            wanted.append(f"--compression {asked.kind}")
+        if asked is not None and asked.level is not None:
+            wanted.append("--compression-level")
+        if cache_from:
+            wanted.append("--cache-from-registry")
+        if wanted:
+            raise CompressionUnavailable(asked=" and ".join(wanted))
         return None
-    if kind is None and level is None and not cache_from and default is None:
-        return None
-    return Export(Compression(kind or default or "zstd", level), provenance=provenance, cache_from=cache_from)
+    return Export(asked or Compression(DEFAULT), provenance=provenance, cache_from=cache_from)
 
 
-def choose_for_build(kind: str | None, level: int | None, cache_base: str | None, buildkit: bool,
+def choose_for_build(asked: Compression | None, cache: RegistryTarget | None, buildkit: bool,
                      image_store: Callable[[], bool],
                      cached: Callable[[str], bool]) -> Callable[[str], Export | None]:
-    """`build`'s export per image key: zstd (or what was asked) where the store keeps what
-    BuildKit compressed, and the image's registry cache (--cache-from-registry) imported where
-    `cached` says the registry has it (BuildKit fails a build whose cache is missing).
+    """`build`'s export per image key: the DEFAULT (or what was asked) where the store keeps
+    what BuildKit compressed, and the image's registry cache (--cache-from-registry) imported
+    where `cached` says the registry has it (BuildKit fails a build whose cache is missing).
 
     zstd by default, as publish: `--load` into the containerd store compresses every layer with
     gzip on one core (212.6 s of a 365.9 s cold build of the 2.6 runtime image, measured), zstd
     at ~180 MB/s a core; a later `docker push` sends those blobs as they are."""
     store = buildkit and image_store()
-    choose(kind, level, buildkit=buildkit, image_store=store, provenance=False,
-           cache_from=(cache_base,) if cache_base else (), default="zstd")  # refused before any build, not after one
+    choose(asked, buildkit=buildkit, image_store=store, provenance=False,
+           cache_from=(cache.base,) if cache else ())  # refused before any build, not after one
 
     def for_image(key: str) -> Export | None:
-        ref = cache_ref(cache_base, key) if cache_base else None
+        ref = cache_ref(cache, key) if cache else None
         cache_from = (ref,) if ref and cached(ref) else ()
-        return choose(kind, level, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from,
-                      default="zstd")
+        return choose(asked, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from)
 
     return for_image
 

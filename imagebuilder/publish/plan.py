@@ -25,7 +25,7 @@ from typing import Any
 
 from ..build import Built, build_order
 from ..engine.export import Export
-from ..reference import parse_reference
+from ..reference import RegistryTarget, parse_reference
 from ..render import RenderedImage
 from ..signing import Signed, Signer
 from ..tags import dated_tag, image_ref
@@ -165,8 +165,8 @@ class RunOptions:
     """BuildKit: the image's compression, provenance and registry caches (export.Export).
     With a compression the image store keeps the exported blobs, the pushed digest must be
     the image id verify ran, and the image's registry cache is exported beside it."""
-    cache_base: str | None = None
-    """HOST[:PORT]/NAMESPACE whose imagebuilder-cache repository holds the build caches."""
+    cache_registry: RegistryTarget | None = None
+    """The registry and namespace whose imagebuilder-cache repository holds the build caches."""
     signer: Signer | None = None
     """Signs every pushed digest (signing.KeySigner); None: nothing is signed."""
 

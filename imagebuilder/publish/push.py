@@ -50,9 +50,9 @@ def export_for(image: RenderedImage, options: RunOptions, registry: Registry) ->
     """The image's export: options.export with this image's registry cache, imported where
     the registry has it (BuildKit fails a build whose cache is not there) and exported."""
     export = options.export
-    if export is None or options.cache_base is None:
+    if export is None or options.cache_registry is None:
         return export
-    ref = cache_ref(options.cache_base, image.spec.key)
+    ref = cache_ref(options.cache_registry, image.spec.key)
     found = (ref,) if registry.digest(ref) is not None else ()
     return replace(export, cache_from=(*export.cache_from, *found), cache_to=ref)
 
