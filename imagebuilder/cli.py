@@ -19,6 +19,7 @@ from packaging.version import Version
 from . import __version__, contexts, listing, options, pipeline
 from .engine.export import Compression
 from .errors import BadRequest, ImageBuilderError
+from .http_retry import RetryPolicy
 from .matrix import Matrix
 from .matrix_load import load_matrix, matrix_file
 from .reference import RegistryTarget
@@ -175,9 +176,11 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
               help="Write nothing; exit 1 naming each package (or base image) the index now offers newer.")
 @click.option("--uv", "uv_path", metavar="PATH", callback=options.uv_program,
               help="The uv to resolve with. Default: the one beside this Python, else PATH.")
+@options.registry_timeout
 @pass_context
 def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | None,
-             extra_index_urls: tuple[str, ...], extras: tuple[str, ...], selection: Selection) -> None:
+             extra_index_urls: tuple[str, ...], extras: tuple[str, ...], selection: Selection,
+             registry_policy: RetryPolicy) -> None:
     """Resolve each selected image's complete dependency set, with hashes, into locks/.
 
     Filters select images as `imagebuilder matrix` lists them. Images sharing a set of
@@ -190,11 +193,13 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
+    from .http_registry import HttpRegistry
     from .lock import check_or_write
     from .lockfile import load_locks, locks_dir
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
                                   extra_index_urls=extra_index_urls, progress=progress, note=note,
+                                  registry=HttpRegistry(policy=registry_policy),
                                   recorded=load_locks(locks_dir(ctx.matrix)) if check else None)
     check_or_write(plan, locks_dir(ctx.matrix), check_only=check, echo=click.echo, note=note, err=progress)
 
@@ -281,7 +286,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
               rendering: RenderOptions, builder_choice: str, buildx_builder: str | None, platforms: str | None,
-              dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None) -> None:
+              dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None,
+              registry_policy: RetryPolicy) -> None:
     """Render, build and tag images with the Docker Engine.
 
     \b
@@ -304,8 +310,9 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
+    registry = HttpRegistry(policy=registry_policy)
     exports = choose_for_build(compression, cache_from_registry, decision.kind == "buildkit",
-                               engine.keeps_compressed_layers, lambda ref: HttpRegistry().digest(ref) is not None)
+                               engine.keeps_compressed_layers, lambda ref: registry.digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
@@ -324,7 +331,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 @click.argument("tag", required=False)
 @options.verifying
 def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
-               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool) -> None:
+               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool,
+               registry_policy: RetryPolicy) -> None:
     """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
 
     Exit 0 only when every check passed.
@@ -345,7 +353,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
         from .engine.docker import DockerEngine
         from .http_registry import HttpRegistry
 
-        report = verify_published(DockerEngine(), tag, registry=HttpRegistry(), key=key,
+        report = verify_published(DockerEngine(), tag, registry=HttpRegistry(policy=registry_policy), key=key,
                                   signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
@@ -372,7 +380,8 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
-                merge_only: bool, compression: Compression | None, sign_key: str | None) -> None:
+                merge_only: bool, compression: Compression | None, sign_key: str | None,
+                registry_policy: RetryPolicy) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -409,7 +418,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     if engine is not None:
         engine.ping()
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
-    registry = HttpRegistry(ca_file=registry_ca)
+    registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
     plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
                                  kind=decision.kind, read_os_release=engine.os_release if engine else None,

@@ -11,7 +11,9 @@ from the same rendered inputs is skipped without pulling 6 GB. Stdlib urllib onl
   --registry-ca); a loopback registry that does not speak TLS is asked over http (dockerd's
   fallback for insecure registries, which 127.0.0.0/8 is by default);
 - anonymous access, Basic, and Bearer tokens, with the credentials docker itself would use
-  (registry_auth.py).
+  (registry_auth.py);
+- every call through http_retry.send: passing faults (429, 5xx, a reset, a timeout) tried
+  again as its RetryPolicy says, each retry a line on stderr; the rest said at once.
 """
 
 from __future__ import annotations
@@ -24,18 +26,18 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .http_retry import REGISTRY_POLICY, HttpFault, RetryPolicy, send, stderr
 from .manifests import ACCEPT, DOCKER_MANIFEST, INDEXES, OCI_INDEX, index_document, pick_manifest, platform_entries
 from .reference import Reference, parse_reference
-from .registry import RegistryDenied, RegistryError, RegistryProtocolError, RegistryUnavailable
+from .registry import (RegistryDenied, RegistryError, RegistryFailing, RegistryProtocolError, RegistryTimeout,
+                       RegistryUnavailable)
 from .registry_auth import (RegistryTlsError, credentials_for, daemon_ca, docker_config, is_insecure_by_default,
                             parse_challenge)
-
-TIMEOUT = 30.0
 
 
 class _NoAuthOnRedirect(urllib.request.HTTPRedirectHandler):
@@ -63,10 +65,12 @@ class _Response:
 class HttpRegistry:
     """Registry over HTTP API v2. One instance per run: it caches tokens per repository scope."""
 
-    def __init__(self, config: Mapping[str, Any] | None = None, timeout: float = TIMEOUT,
-                 ca_file: Path | None = None, certs_root: Path = Path("/etc/docker/certs.d")) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, policy: RetryPolicy = REGISTRY_POLICY,
+                 ca_file: Path | None = None, certs_root: Path = Path("/etc/docker/certs.d"),
+                 say: Callable[[str], None] = stderr) -> None:
         self._config = docker_config() if config is None else config
-        self._timeout = timeout
+        self._policy = policy
+        self._say = say
         self._tokens: dict[tuple[str, str], str] = {}
         self._ca_file = ca_file
         self._certs_root = certs_root
@@ -110,7 +114,8 @@ class HttpRegistry:
         blob = self._request("GET", r, f"blobs/{config}", {})
         if blob is None:
             return None
-        return json.loads(blob.body), tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
+        layers = tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
+        return self._json(r, f"blobs/{config}", blob), layers
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
         """Every blob the image under `ref` consists of (digest -> (size, media type)):
@@ -151,7 +156,7 @@ class HttpRegistry:
                     continue
                 blob = self._request("GET", r, f"blobs/{layer['digest']}", {})
                 if blob is not None:
-                    statement = json.loads(blob.body)
+                    statement = self._json(r, f"blobs/{layer['digest']}", blob)
                     return {"predicateType": statement.get("predicateType"), **(statement.get("predicate") or {})}
         return None
 
@@ -228,7 +233,7 @@ class HttpRegistry:
             got = self._request("GET", r, path, {})
             if got is None:
                 return found
-            found += json.loads(got.body).get("tags") or []
+            found += self._json(r, path, got).get("tags") or []
             link = re.match(r'<[^>]*/tags/list(\?[^>]*)>;\s*rel="next"', got.headers.get("Link", ""))
             path = f"tags/list{link.group(1)}" if link else None
         return found
@@ -244,10 +249,18 @@ class HttpRegistry:
         got = self._request("GET", r, f"manifests/{reference}", {"Accept": ACCEPT})
         if got is None:
             return None
+        return self._json(r, f"manifests/{reference}", got), got.headers.get("Content-Type", "").split(";")[0]
+
+    def _json(self, r: Reference, path: str, got: _Response) -> dict[str, Any]:
+        """An answer that must be a JSON object; one that is not is a fault of the registry's, said at once."""
         try:
-            return dict(json.loads(got.body)), got.headers.get("Content-Type", "").split(";")[0]
+            document = json.loads(got.body)
         except ValueError as e:
-            raise RegistryProtocolError(url=self._url(r, f"manifests/{reference}"), detail=f"not JSON ({e})") from e
+            raise RegistryProtocolError(url=f"GET {self._url(r, path)}", detail=f"the answer is not JSON ({e}); "
+                                        "check that the address is a Docker registry, not a proxy's page") from e
+        if not isinstance(document, dict):
+            raise RegistryProtocolError(url=f"GET {self._url(r, path)}", detail="the answer is not a JSON object")
+        return document
 
     def _url(self, r: Reference, path: str) -> str:
         return f"{self._scheme(r.api_host)}://{r.api_host}/v2/{r.repository}/{path}"
@@ -270,7 +283,8 @@ class HttpRegistry:
             self._schemes[host] = "https"
             return "https"
         try:
-            self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._timeout).close()
+            # One try, not send(): any failure means "not over TLS", and the call after it retries.
+            self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._policy.timeout_s).close()
             scheme = "https"
         except urllib.error.HTTPError:
             scheme = "https"  # it answered over TLS (401 wants a login)
@@ -284,7 +298,7 @@ class HttpRegistry:
 
     def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
                  data: bytes | None = None, push: bool = False, also: str = "") -> _Response | None:
-        """One API call; None on 404. Authenticates on a 401 challenge and retries once.
+        """One API call; None on 404. Authenticates on a 401 challenge and asks once more.
         `also`: another scope the call needs (a mount's pull of its source repository)."""
         url = self._url(r, path)
         scope = f"repository:{r.repository}:{'pull,push' if push else 'pull'}" + (f" {also}" if also else "")
@@ -294,33 +308,48 @@ class HttpRegistry:
             if auth:
                 request.add_header("Authorization", auth)
             try:
-                with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
-                    return _Response(response.status, dict(response.headers.items()), response.read())
-            except urllib.error.HTTPError as e:
-                if e.code == 404:
+                return self._send(request, r.api_host)
+            except HttpFault as e:
+                if e.status == 404:
                     return None
-                if e.code == 401 and attempt == 0:
-                    auth = self._authenticate(r, scope, e.headers.get("WWW-Authenticate", ""), url)
+                if e.status == 401 and attempt == 0 and isinstance(e.error, urllib.error.HTTPError):
+                    auth = self._authenticate(r, scope, e.error.headers.get("WWW-Authenticate", ""), url)
                     continue
-                raise self._http_error(url, e) from e
-            except (urllib.error.URLError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                if isinstance(reason, ssl.SSLCertVerificationError):
-                    raise RegistryTlsError(url=url, host=r.api_host, detail=str(reason)) from e
-                raise RegistryUnavailable(url=f"{self._scheme(r.api_host)}://{r.api_host}/v2/", detail=str(reason)) from e
+                raise self._fault(request, r.api_host, e) from e
         raise AssertionError("unreachable")
 
-    def _http_error(self, url: str, e: urllib.error.HTTPError) -> RegistryError:
-        try:
-            errors = json.loads(e.read()).get("errors") or []
-            detail = "; ".join(f"{x.get('code')}: {x.get('message')}" for x in errors) or e.reason
-        except (ValueError, AttributeError, OSError):
-            detail = str(e.reason)
-        if e.code in (401, 403):
-            return RegistryDenied(url=url, status=e.code, detail=detail)
-        if e.code >= 500:
-            return RegistryUnavailable(url=url, detail=f"HTTP {e.code}: {detail}")
-        return RegistryProtocolError(url=url, detail=f"HTTP {e.code}: {detail}")
+    def _send(self, request: urllib.request.Request, host: str) -> _Response:
+        def once() -> _Response:
+            with self._opener(host).open(request, timeout=self._policy.timeout_s) as response:
+                return _Response(response.status, dict(response.headers.items()), response.read())
+
+        # A POST (a mount, which may open an upload session) is repeated only where the registry
+        # said it did nothing; a manifest PUT sends bytes whose digest is fixed, so repeating it
+        # leaves the same tag, as repeating a GET, HEAD or DELETE does.
+        return send(once, request=f"{request.get_method()} {request.full_url}", policy=self._policy,
+                    idempotent=request.get_method() != "POST", say=self._say)
+
+    def _fault(self, request: urllib.request.Request, host: str, fault: HttpFault) -> RegistryError:
+        """The one line a stopped request gives: the registry, the request, the status, what to do."""
+        method, url = request.get_method(), request.full_url
+        parts = urllib.parse.urlsplit(url)
+        # The API root for an API call; a token server is named by its host.
+        root = f"{parts.scheme}://{parts.netloc}" + ("/v2/" if parts.path.startswith("/v2/") else "")
+        asked = f"{method} {parts.path}"
+        error = fault.error
+        reason = getattr(error, "reason", None)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return RegistryTlsError(url=url, host=host, detail=str(reason))
+        if fault.timed_out:
+            return RegistryTimeout(url=root, request=asked, seconds=self._policy.timeout_s, attempts=fault.attempts)
+        if not isinstance(error, urllib.error.HTTPError):
+            return RegistryUnavailable(url=root, request=asked, detail=fault.reason)
+        detail = _error_detail(error)
+        if error.code in (401, 403):
+            return RegistryDenied(url=url, method=method, status=error.code, detail=detail)
+        if error.code == 429 or error.code >= 500:
+            return RegistryFailing(url=root, request=asked, status=error.code, detail=detail, attempts=fault.attempts)
+        return RegistryProtocolError(url=f"{method} {url}", detail=f"HTTP {error.code}: {detail}")
 
     def _authenticate(self, r: Reference, scope: str, challenge: str, url: str) -> str:
         scheme, params = parse_challenge(challenge)
@@ -340,15 +369,25 @@ class HttpRegistry:
         token_url = f"{params['realm']}?{urllib.parse.urlencode(query, doseq=True)}"
         request = urllib.request.Request(token_url, headers={"Authorization": basic} if basic else {})
         try:
-            with self._opener(r.api_host).open(request, timeout=self._timeout) as response:
-                document = json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            raise self._http_error(token_url, e) from e
-        except (urllib.error.URLError, OSError) as e:
-            raise RegistryUnavailable(url=params["realm"], detail=str(getattr(e, "reason", e))) from e
-        token = document.get("token") or document.get("access_token")
+            got = self._send(request, r.api_host)
+        except HttpFault as e:
+            raise self._fault(request, r.api_host, e) from e
+        try:
+            document = json.loads(got.body)
+        except ValueError as e:
+            raise RegistryProtocolError(url=f"GET {token_url}", detail="the token answer is not JSON") from e
+        token = (document.get("token") or document.get("access_token")) if isinstance(document, dict) else None
         if not token:
             raise RegistryProtocolError(url=token_url, detail="the token answer holds no token")
         bearer = f"Bearer {token}"
         self._tokens[(r.api_host, scope)] = bearer
         return bearer
+
+
+def _error_detail(error: urllib.error.HTTPError) -> str:
+    """The registry's own words for an error status (its JSON `errors`), else the reason phrase."""
+    try:
+        errors = json.loads(error.read()).get("errors") or []
+        return "; ".join(f"{x.get('code')}: {x.get('message')}" for x in errors) or str(error.reason)
+    except (ValueError, AttributeError, OSError):
+        return str(error.reason)

@@ -10,6 +10,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from .certificates import read_ca_bundle, read_certificates
 from .engine.export import COMPRESSIONS, Compression
 from .errors import BadRequest
+from .http_retry import REGISTRY_POLICY, RetryPolicy
 from .index_url import parse_index_url
 from .matrix import VARIANTS
 from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
@@ -260,6 +262,7 @@ def build_only(f: F) -> F:
         click.option("--cache-from-registry", metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Import the build caches `publish --registry HOST[:PORT]/NAMESPACE` exported there "
                           "(BuildKit with the containerd image store): a rebuild reuses the torch layer."),
+        registry_timeout,
     )(f)
 
 
@@ -305,7 +308,21 @@ def verifying(f: F) -> F:
                           "attestation verifies and is the image's own; the smoke tests then run that digest. "
                           "Offline: no transparency log. Without --key, verify says whether the image is signed."),
         click.option("--signature-only", is_flag=True, help="Check the signature (and SBOM attestation) and stop."),
+        registry_timeout,
     )(f)
+
+
+def _registry_policy(ctx: click.Context, param: click.Parameter, value: float) -> RetryPolicy:
+    """--registry-timeout, parsed once into the policy every registry request of the command follows."""
+    return replace(REGISTRY_POLICY, timeout_s=_seconds(ctx, param, value))
+
+
+registry_timeout = click.option(
+    "--registry-timeout", "registry_policy", type=float, callback=_registry_policy,
+    default=REGISTRY_POLICY.timeout_s, show_default=True, metavar="S",
+    help="Seconds imagebuilder's own registry requests may go without an answer before they are given up as a "
+         "timeout (a stalled request is tried once more; 429, 5xx and resets a few times, each retry said on "
+         "stderr).")
 
 
 def _registry_ca(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
@@ -329,6 +346,7 @@ def publishing(f: F) -> F:
         click.option("--registry", "target", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
+        registry_timeout,
         click.option("--registry-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="PATH",
                      callback=_registry_ca,
                      help="CA certificate of the registry's TLS, for imagebuilder's own registry reads. Default: "

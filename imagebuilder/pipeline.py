@@ -17,10 +17,9 @@ from .engine.api import BuilderKind
 from .errors import BadRequest
 from .matrix import Matrix
 from . import lock as locking
-from .base_pin import pin_base
+from .base_pin import DigestSource, pin_base
 from .lockfile import LockSet, load_locks, locks_dir, parse_extras
 from .platforms import for_platforms, host_platform, platform_image
-from .http_registry import HttpRegistry
 from .registry import Registry
 from .render import RenderedImage
 from .render_options import RenderOptions
@@ -231,10 +230,10 @@ def base_os_reader(selection: Selection) -> ReadOsRelease | None:
 
 def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extras: Sequence[str],
                   index_url: str | None, extra_index_urls: Sequence[str], progress: Note,
-                  note: Note, recorded: LockSet | None = None) -> locking.LockPlan:
+                  note: Note, registry: DigestSource, recorded: LockSet | None = None) -> locking.LockPlan:
     """`lock`: resolve every selected image's requirements (the PyPI builds unless --cuda asks
     for another), a line on `progress` per set as it is done (against `recorded`, for --check);
-    base images pinned through the local engine (when one answers) or their registry."""
+    base images pinned through the local engine (when one answers) or `registry`."""
     from .engine.docker import answering_engine
 
     engine = answering_engine()
@@ -244,7 +243,6 @@ def lock_selected(matrix: Matrix, selection: Selection, *, uv: str | None, extra
         specs = locking.pypi_builds(specs)
     if not specs:
         raise NothingSelected()
-    registry = HttpRegistry(timeout=15)
     wanted = parse_extras((*matrix.extras, *extras))
     total, finished = len(locking.set_names(specs, wanted)), []
 

@@ -16,14 +16,40 @@ class RegistryError(ImageBuilderError):
 
 
 class RegistryUnavailable(RegistryError):
-    template = "the registry at {url} did not answer ({detail}); check that it runs and that this machine can reach it"
+    """No answer: nothing listens there, or the connection broke on every try. `url` is the
+    registry's API root; `request` (where known) the call that went unanswered."""
+
+    template = "the registry at {url} did not answer{asked} ({detail}); check that it runs and that this machine can reach it"
+
+    def describe(self) -> str:
+        request, attempts = self.fields.get("request"), self.fields.get("attempts", 1)
+        return self.template.format(**self.fields, asked=f" {request}" if request else "",
+                                    tries=f" ({attempts} tries)" if attempts > 1 else "")
+
+
+class RegistryTimeout(RegistryUnavailable):
+    template = ("the registry at {url} did not answer{asked} within {seconds:g} s{tries}: a timeout; "
+                "check that it runs, or give it longer with --registry-timeout")
+
+
+class RegistryFailing(RegistryError):
+    template = ("the registry at {url} answered {request} with HTTP {status} ({detail}){times}; it is failing or "
+                "overloaded: try again later (a publish run again skips what landed), or tell whoever runs it")
+
+    def describe(self) -> str:
+        attempts = self.fields["attempts"]
+        return self.template.format(**self.fields, times=f" on all {attempts} tries" if attempts > 1 else "")
 
 
 class RegistryDenied(RegistryError):
     def describe(self) -> str:
         host = urllib.parse.urlsplit(self.fields["url"]).netloc
-        return (f"the registry refused {self.fields['url']} (HTTP {self.fields['status']}: {self.fields['detail']}); "
+        method = self.fields.get("method")
+        todo = (f"check that the account `docker login {host}` stored may read and push that repository"
+                if self.fields["status"] == 403 else
                 f"log in with `docker login {host}` (imagebuilder uses docker's stored credentials)")
+        return (f"the registry refused {method + ' ' if method else ''}{self.fields['url']} "
+                f"(HTTP {self.fields['status']}: {self.fields['detail']}); {todo}")
 
 
 class RegistryProtocolError(RegistryError):
