@@ -22,13 +22,12 @@ import gzip
 import io
 import json
 import os
-import socket
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Protocol
@@ -41,6 +40,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from .errors import ImageBuilderError
+from .http_retry import TRANSIENT, HttpFault, RetryPolicy, send, stderr
 from .index_url import redact
 
 # The manylinux tags a glibc-2.35 host (ubuntu22.04, the oldest OS we build) accepts.
@@ -50,7 +50,8 @@ PLATFORM_TAGS: dict[str, tuple[str, ...]] = {
     "linux/arm64": ("manylinux2014_aarch64", *(f"manylinux_2_{n}_aarch64" for n in _GLIBC)),
 }
 MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
-TIMEOUT_S = 60.0
+POLICY = RetryPolicy(timeout_s=60.0, timeout_option="")
+"""http_retry's rules, with the minute an index page or a range of a wheel may take."""
 CHUNK = 256 * 1024  # the least a range request asks for: the zip's tail, a member's header
 JSON_PAGE = "application/vnd.pypi.simple.v1+json"
 
@@ -124,9 +125,11 @@ def supported_tags(python: Version, platform: str, abi: str | None = None) -> li
 class PackageIndex:
     """One index, read over HTTP; every page and metadata file is read once per instance."""
 
-    def __init__(self, url: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, url: str | None = None, policy: RetryPolicy | None = None,
+                 say: Callable[[str], None] = stderr) -> None:
         self.url = (url or default_index_url()).rstrip("/") + "/"
-        self.timeout = TIMEOUT_S if timeout is None else timeout
+        self.policy = POLICY if policy is None else policy
+        self._say = say
         self.received = 0  # bytes read from the network, and in how many requests (bench/bench_index.py)
         self.requests = 0
         self._files: dict[str, tuple[IndexFile, ...]] = {}
@@ -139,20 +142,26 @@ class PackageIndex:
         if url.startswith("file:"):
             return self._open_file(url, headers)
         request = urllib.request.Request(url, headers={"User-Agent": "imagebuilder", **headers})
-        self.requests += 1
+
+        def once() -> tuple[int, dict[str, str], bytes]:
+            self.requests += 1
+            with urllib.request.urlopen(request, timeout=self.policy.timeout_s, context=self._context) as response:
+                return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
-                body = response.read()
-                status, got = response.status, {k.lower(): v for k, v in response.headers.items()}
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
+            status, got, body = send(once, request=f"GET {redact(url)}", policy=self.policy, idempotent=True,
+                                     say=self._say)
+        except HttpFault as e:
+            if e.status == 404:
                 return 404, {}, b""
-            raise BadIndexAnswer(url=url, detail=f"HTTP {e.code} {e.reason}") from e
-        except (urllib.error.URLError, OSError, socket.timeout) as e:
-            reason = e.reason if isinstance(e, urllib.error.URLError) else e
-            detail = "no answer within {:g} s".format(self.timeout) if isinstance(reason, (socket.timeout, TimeoutError)) \
-                else str(reason)
-            raise IndexUnavailable(host=urllib.parse.urlsplit(url).netloc or url, detail=detail) from e
+            host = urllib.parse.urlsplit(url).netloc or url
+            if not isinstance(e.error, urllib.error.HTTPError):
+                raise IndexUnavailable(host=host, detail=f"GET {redact(url)}: {e.reason}") from e
+            answer = f"HTTP {e.error.code} {e.error.reason}"
+            if e.error.code in TRANSIENT:  # it kept failing: the index is down, not the wrong kind of server
+                raise IndexUnavailable(host=host, detail=f"GET {redact(url)} answered {answer} on all {e.attempts} "
+                                                         "tries") from e
+            raise BadIndexAnswer(url=url, detail=answer) from e
         self.received += len(body)
         if got.get("content-encoding") == "gzip":
             body = gzip.decompress(body)

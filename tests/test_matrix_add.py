@@ -7,6 +7,7 @@ page reads and range requests, no wheel downloaded).
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ def dead_index(request, monkeypatch):
         server.close()
     else:
         server.listen(8)  # the kernel completes the handshake; nothing ever reads or answers
-        monkeypatch.setattr(index, "TIMEOUT_S", 1.0)
+        monkeypatch.setattr(index, "POLICY", replace(index.POLICY, timeout_s=1.0))
     yield f"127.0.0.1:{port}"
     server.close()
 
