@@ -137,18 +137,15 @@ def decide(policy: RetryPolicy, attempt: int, fault: Fault, headers: Mapping[str
     """After try number `attempt` (1 for the first) met `fault`: wait and try again, or stop.
     `draw` in [0, 1) is the jitter's random number (handed in: the decision stays pure)."""
     reason = describe(fault, policy.timeout_s)
-    timeout = is_timeout(fault)
     if isinstance(fault, int):
-        if fault not in TRANSIENT:
-            return Stop(reason)
-        if not idempotent and fault not in NOT_PROCESSED:
-            return Stop(f"{reason}, and the request is not repeated: the registry may have acted on it")
-    elif not (timeout or _is_reset(_cause(fault))):
+        passing, did_nothing = fault in TRANSIENT, fault in NOT_PROCESSED
+    else:
+        passing, did_nothing = is_timeout(fault) or _is_reset(_cause(fault)), False
+    if not passing:
         return Stop(reason)
-    elif not idempotent:
-        return Stop(f"{reason}, and the request is not repeated: the registry may have acted on it")
-    limit = policy.stalled_attempts if timeout else policy.attempts
-    if attempt >= limit:
+    if not idempotent and not did_nothing:
+        return Stop(f"{reason}, and the request is not repeated: the server may have acted on it")
+    if attempt >= tries(policy, fault):
         return Stop(f"{reason}, {attempt} times" if attempt > 1 else reason)
     asked = retry_after(headers, now) if isinstance(fault, int) else None
     if asked is not None and asked > policy.longest_retry_after_s:
@@ -158,8 +155,8 @@ def decide(policy: RetryPolicy, attempt: int, fault: Fault, headers: Mapping[str
     return Retry(max(wait, asked or 0.0), reason + (f" (Retry-After: {asked:g} s)" if asked is not None else ""))
 
 
-def limit(policy: RetryPolicy, fault: Fault) -> int:
-    """The most tries a request that meets `fault` gets."""
+def tries(policy: RetryPolicy, fault: Fault) -> int:
+    """The most tries a request that meets `fault` gets: a stall costs a whole timeout each time."""
     return policy.stalled_attempts if is_timeout(fault) else policy.attempts
 
 
@@ -205,7 +202,7 @@ def send(once: Callable[[], T], *, request: str, policy: RetryPolicy, idempotent
         if isinstance(verdict, Stop):
             raise HttpFault(request, fault, error, attempt, verdict.reason) from error
         say(f"{request}: {verdict.reason}; trying again in {verdict.wait_s:.1f} s "
-            f"(attempt {attempt + 1} of {limit(policy, fault)})")
+            f"(attempt {attempt + 1} of {tries(policy, fault)})")
         _wait(verdict.wait_s, request, sleep, say)
         attempt += 1
 
