@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 from .atomic import write_json
@@ -187,7 +188,7 @@ def build_image(
         # The image's own tags go on the SBOM-labelled image only (below): had the unlabelled
         # image taken them, a rebuild would untag (and the engine remove) the labelled image
         # of the last build, and a rebuild of the same inputs would not be a cache hit.
-        unlabelled = f"{image.ref}-unlabelled"
+        unlabelled = intermediate_tag(image.ref)
         try:
             result = builder.build(
                 BuildRequest(
@@ -206,6 +207,10 @@ def build_image(
                 ),
                 on_progress=on_progress,
             )
+        except KeyboardInterrupt:
+            # Ctrl-C during the export: the daemon may name the image as the CLI stops.
+            engine.remove_image(unlabelled, force=False)
+            raise
         except BuildFailed as e:
             # BuildKit may have named the image before a step after the export failed.
             engine.remove_image(unlabelled, force=False)
@@ -242,6 +247,12 @@ def build_image(
         if exporting is None:
             shutil.rmtree(tmp, ignore_errors=True)
     return Built(image, result, image.refs, exporting)
+
+
+def intermediate_tag(ref: str) -> str:
+    """The tag of this run's unlabelled image: its own (the pid and a random suffix), so two
+    builds of one tag at once neither collide on it nor remove each other's."""
+    return f"{ref}-unlabelled-{os.getpid()}-{token_hex(4)}"
 
 
 _UV_PYTHON_FAILED = "Failed to install cpython-"  # `uv python install`'s error line

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import click
 from packaging.version import Version
 
-from . import __version__, contexts, listing, options, pipeline
+from . import __version__, contexts, interrupts, listing, options, pipeline
 from .engine.export import Compression
 from .errors import BadRequest, ImageBuilderError
 from .http_retry import RetryPolicy
@@ -451,10 +450,6 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
 
 
 def main() -> None:
-    # What CI timeouts send: handled as Ctrl-C is, so every temporary file and child goes too.
-    signal.signal(signal.SIGTERM, _terminated)
+    # Ctrl-C, and SIGTERM as CI timeouts send it: the clean-up runs, and a second one ends it.
+    interrupts.install()
     cli(prog_name="imagebuilder")
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

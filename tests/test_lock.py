@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -572,13 +573,64 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
     engine = RecordingEngine(b'{"bomFormat": "CycloneDX"}\n')
     built = build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
     (first_tags, _), (tags, dockerfile) = engine.builds
-    unlabelled = f"{image.ref}-unlabelled"
-    assert first_tags == (unlabelled,) and tags == image.refs
+    (unlabelled,) = first_tags
+    # This run's own name (two builds of one tag at once share none): the pid and a random part.
+    assert re.fullmatch(rf"{re.escape(image.ref)}-unlabelled-{os.getpid()}-[0-9a-f]{{8}}", unlabelled), unlabelled
+    assert tags == image.refs
     digest = hashlib.sha256(b'{"bomFormat": "CycloneDX"}\n').hexdigest()
     assert dockerfile == f'FROM {unlabelled}\nLABEL {SBOM_DIGEST}="sha256:{digest}"\n'
     assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
     with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
         build_image(RecordingEngine(None), image, builder=RecordingEngine(None), matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+
+
+class InterruptedEngine(RecordingEngine):
+    """Ctrl-C while the first build exports: the daemon has named the unlabelled image."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.named: set[str] = set()
+
+    def build(self, req, on_progress=None):
+        RecordingEngine.build(self, req, on_progress)  # type: ignore[no-untyped-call]
+        self.named.update(req.tags)
+        raise KeyboardInterrupt
+
+    def remove_image(self, ref, force=True):
+        super().remove_image(ref, force)  # type: ignore[no-untyped-call]
+        self.named.discard(ref)
+
+
+def test_ctrl_c_while_the_image_is_exported_removes_the_unlabelled_image(tmp_path, monkeypatch) -> None:
+    """Issue 45: the clean-up ran on a failed build only, and Ctrl-C left a 2.7 GB image."""
+    import tempfile
+
+    from imagebuilder.build import build_image
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
+    engine = InterruptedEngine()
+    with pytest.raises(KeyboardInterrupt):
+        build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    ((tags, _),) = engine.builds
+    assert engine.named == set() and engine.removed == [(tags[0], False)]
+    assert list(temp.iterdir()) == []  # the build's context and secrets went too
+
+
+def test_two_builds_of_one_tag_name_different_intermediate_images(tmp_path) -> None:
+    """Issue 45: two builds of one tag at once exported to one `-unlabelled` name: the second
+    failed with "already exists" and its clean-up removed the first one's image."""
+    from imagebuilder.build import build_image
+
+    image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
+    first, second = RecordingEngine(b"{}"), RecordingEngine(b"{}")
+    for engine in (first, second):
+        build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    assert first.builds[0][0] != second.builds[0][0]
+    # Each run removes its own intermediate image, never the other's.
+    assert first.removed == [(first.builds[0][0][0], False)] and second.removed == [(second.builds[0][0][0], False)]
 
 
 class LoggingEngine(RecordingEngine):
@@ -613,7 +665,7 @@ def test_the_sboms_digest_comes_from_the_step_that_wrote_it_without_reading_the_
            f"#26 0.912 {DIGEST_LINE} {digest}\n#26 DONE 0.9s\n")
     engine = LoggingEngine(log)
     build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
-    assert engine.builds[1][1] == f'FROM {image.ref}-unlabelled\nLABEL {SBOM_DIGEST}="{digest}"\n'
+    assert engine.builds[1][1] == f'FROM {engine.builds[0][0][0]}\nLABEL {SBOM_DIGEST}="{digest}"\n'
 
 
 def test_sbom_py_prints_the_digest_of_the_file_it_wrote(tmp_path) -> None:
