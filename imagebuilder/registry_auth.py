@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .engine.docker_config import unreadable_auths, without_unreadable_auths
 from .reference import DOCKER_HUB, DOCKER_HUB_API
 from .registry import RegistryError
 
@@ -61,8 +62,11 @@ def credentials_for(config: Mapping[str, Any], host: str) -> tuple[str, str] | N
 
     if host in (DOCKER_HUB, DOCKER_HUB_API):
         host = docker.auth.INDEX_NAME
+    if host in unreadable_auths(config):  # another registry's unreadable entry is no matter (docker_config.py)
+        raise CredentialsUnavailable(host=host, detail=f"its `auth` in {docker_config_path()} is not base64 of "
+                                                       "user:password")
     try:
-        found = docker.auth.load_config(config_dict=dict(config)).resolve_authconfig(host)
+        found = docker.auth.load_config(config_dict=without_unreadable_auths(config)).resolve_authconfig(host)
     except docker.errors.DockerException as e:
         raise CredentialsUnavailable(host=host, detail=str(e)) from e
     if not found:
@@ -78,8 +82,12 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), params
 
 
+def docker_config_path() -> Path:
+    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+
+
 def docker_config() -> dict[str, Any]:
-    path = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    path = docker_config_path()
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):

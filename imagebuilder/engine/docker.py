@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .docker_config import lenient_docker_config
 from .api import NO_ACCESS, HostAccess, Pushed, RunResult
 from .errors import (BadDaemonAddress, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
                      PushFailed, base_image_missing, daemon_address_problem, refuses_gpus)
@@ -99,11 +100,12 @@ class DockerEngine:
                 raise BadDaemonAddress(base_url=self.base_url, reason=problem)
             unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
             try:
-                if self._explicit_url:
-                    client = docker.DockerClient(base_url=self._explicit_url,
-                                                 timeout=int(self._api_timeout))
-                else:
-                    client = _client_from_env(int(self._api_timeout))
+                with lenient_docker_config():
+                    if self._explicit_url:
+                        client = docker.DockerClient(base_url=self._explicit_url,
+                                                     timeout=int(self._api_timeout))
+                    else:
+                        client = _client_from_env(int(self._api_timeout))
             except unreachable as e:
                 raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
             self._client_obj = client
