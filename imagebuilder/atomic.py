@@ -44,3 +44,8 @@ def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> Path
 def write_json(path: Path, document: Any) -> Path:
     """A JSON document (a report, a list of files), indented, atomically."""
     return write_atomic(path, json.dumps(document, indent=2) + "\n")
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError in a few words, with the path it concerns ("Read-only file system: locks/x.txt")."""
+    return f"{e.strerror or e}: {e.filename}" if e.filename else str(e.strerror or e)

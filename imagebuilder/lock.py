@@ -149,11 +149,12 @@ def pypi_builds(specs: Iterable[BuildSpec]) -> list[BuildSpec]:
 
 
 def outcome_line(name: str, outcome: Outcome, recorded: LockSet | None = None) -> str:
-    """One line per set as it is done: locked, matching the recorded lock or drifted from it, or failed."""
+    """One line per set as it is done: resolved (written later: `wrote PATH` says so), matching
+    the recorded lock or drifted from it, or failed."""
     if isinstance(outcome, ResolutionFailed):
         return f"{name}: failed: {outcome.detail}"
     if recorded is None:
-        return f"{name}: locked, {len(outcome.pins)} packages"
+        return f"{name}: resolved, {len(outcome.pins)} packages"
     moved = drift(recorded.locks.get(name), outcome)
     return f"{name}: {len(moved)} drifted" if moved else f"{name}: ok"
 

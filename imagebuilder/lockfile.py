@@ -26,7 +26,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from .atomic import write_atomic
+from .atomic import os_reason, write_atomic
 from .base_pin import BasePin
 from .errors import BadRequest, ImageBuilderError
 from .matrix import Matrix
@@ -290,15 +290,33 @@ def load_locks(directory: Path) -> LockSet:
     return LockSet(directory, locks, bases)
 
 
+class LocksUnwritable(ImageBuilderError):
+    """The file system, not the request: read-only, full, over quota (exit 1)."""
+
+    template = ("could not write the locks into {directory} ({reason}); {done}; make room or make it writable, "
+                "and lock again")
+
+
 def write_locks(directory: Path, locks: Iterable[Lock], bases: Mapping[str, BasePin]) -> list[Path]:
-    """Write lock files and merge base pins into base-images.json, each file atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for lock in locks:
-        written.append(write_atomic(directory / lock.filename, lock.text()))
-    if bases:
-        path = directory / BASES_FILE
-        current = json.loads(path.read_text()) if path.is_file() else {}
-        current.update({image: pin.to_json() for image, pin in bases.items()})
-        written.append(write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
+    """Write lock files and merge base pins into base-images.json, each file atomically. A
+    write that fails leaves every file whole, and no `directory` this call made and left empty."""
+    made = not directory.exists()
+    written: list[Path] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for lock in locks:
+            written.append(write_atomic(directory / lock.filename, lock.text()))
+        if bases:
+            path = directory / BASES_FILE
+            current = json.loads(path.read_text()) if path.is_file() else {}
+            current.update({image: pin.to_json() for image, pin in bases.items()})
+            written.append(write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
+    except OSError as e:
+        if made and not written:
+            try:
+                directory.rmdir()
+            except OSError:
+                pass  # it holds what another process wrote, or could not be made at all
+        done = f"{len(written)} files were written ({', '.join(p.name for p in written)})" if written else "nothing was written"
+        raise LocksUnwritable(directory=directory, reason=os_reason(e), done=done) from e
     return written

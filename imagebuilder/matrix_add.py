@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .atomic import write_atomic
+from .atomic import os_reason, write_atomic
 from .drift import lacking, missing_releases
 from .errors import ImageBuilderError
 from .index import (BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, applies, cuda_pins,
@@ -38,6 +38,13 @@ BLOCK_START = re.compile(r'^  "(\d+\.\d+)":')
 
 class CannotAdd(ImageBuilderError):
     template = "cannot add torch {version}: {reason}"
+
+
+class MatrixUnwritable(ImageBuilderError):
+    """The file system, not the request (exit 1)."""
+
+    template = ("could not write torch {version} into {path} ({reason}); it is unchanged: make it writable or "
+                "make room, and add again")
 
 
 class AlreadyInMatrix(CannotAdd):
@@ -227,7 +234,10 @@ def add_release(index: Index, matrix: Matrix, version: Version, cuda_variants: t
     except MatrixError as e:
         todo = [p.render(matrix.path) for p in e.fields["problems"]]
     if not dry_run:
-        write_atomic(matrix.path, text)
+        try:
+            write_atomic(matrix.path, text)
+        except OSError as e:  # read-only, full: the file stays as it was (atomic.py)
+            raise MatrixUnwritable(path=matrix.path, reason=os_reason(e), version=version) from e
     return block, todo
 
 
