@@ -1,5 +1,6 @@
 """matrix.yaml's YAML -> plain data, with a line for every key path (for the problems'
-messages); aliases checked for cycles and for size ("billion laughs")."""
+messages); aliases checked for cycles and for size ("billion laughs"); merge keys (`<<: *anchor`)
+read as PyYAML's safe loader reads them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from .matrix import KeyPath, MatrixError, Problem
 
+_MERGE = "tag:yaml.org,2002:merge"  # the tag PyYAML's resolver gives a plain `<<` key
 _MAX_NODES = 100_000  # far above any real matrix (matrix.yaml has about 2,000 values)
 
 
@@ -40,13 +42,17 @@ def compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Proble
             return None
         if isinstance(node, yaml.MappingNode):
             inside.add(id(node))
-            out: dict[str, Any] = {}
+            out: dict[str, Any] = merged(node, path)
+            explicit: set[str] = set()
             for key_node, value_node in node.value:
+                if key_node.tag == _MERGE:
+                    continue
                 key = _key(key_node, path)
-                if key in out:
+                if key in explicit:
                     problems.append(
                         Problem(path + (key,), key_node.start_mark.line + 1, "duplicate key")
                     )
+                explicit.add(key)
                 lines[path + (key,)] = key_node.start_mark.line + 1
                 out[key] = convert(value_node, path + (key,))
             inside.discard(id(node))
@@ -61,6 +67,24 @@ def compose(text: str, file: Path) -> tuple[Any, dict[KeyPath, int], list[Proble
         except yaml.YAMLError as e:
             problems.append(Problem(path, node.start_mark.line + 1, f"not a valid value: {getattr(e, 'problem', e)}"))
             return None
+
+    def merged(node: Any, path: KeyPath) -> dict[str, Any]:
+        """What the mapping's merge keys (`<<: *anchor`, `<<: [*a, *b]`) bring, as YAML 1.1 (and
+        PyYAML) read them: the mapping's own keys override them (the caller sets those after), and
+        an earlier anchor in a list wins over a later one."""
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE:
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    problems.append(Problem(path, key_node.start_mark.line + 1,
+                                            "a merge key (<<) takes an alias of a mapping, or a list of them"))
+                    continue
+                for key, value in (convert(source, path) or {}).items():
+                    out.setdefault(key, value)
+        return out
 
     def _key(node: Any, path: KeyPath) -> str:
         line = node.start_mark.line + 1
