@@ -56,6 +56,27 @@ def _client_from_env(timeout: int) -> docker.DockerClient:
     return client
 
 
+ANSWER_TIMEOUT = 30  # seconds the daemon has to answer its first call (GET /version)
+SAY_AFTER = 10.0  # seconds of waiting on it before that is said
+
+
+@contextmanager
+def _said_while_waiting(base_url: str, timeout: int) -> Iterator[None]:
+    """A line on stderr if the daemon has not answered after SAY_AFTER s (no silence over 15 s)."""
+    import sys
+
+    where = "" if os.environ.get("DOCKER_HOST") != base_url else " (DOCKER_HOST)"
+    timer = threading.Timer(SAY_AFTER, lambda: print(
+        f"waiting for the Docker daemon at {base_url}{where} to answer (giving up after {timeout} s)",
+        file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def _follow(container: Any, on_output: Callable[[str], None]) -> threading.Thread:
     """A thread telling `on_output` each line of the container's logs as it is printed. The
     complete logs are read again after the container ends: a line lost here is only not shown live."""
@@ -99,15 +120,24 @@ class DockerEngine:
             if problem is not None:
                 raise BadDaemonAddress(base_url=self.base_url, reason=problem)
             unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
+            # The first call asks the daemon's API version: a daemon answers it at once, so a
+            # socket that takes the connection and says nothing is told within seconds and given
+            # up on after ANSWER_TIMEOUT, not after the long calls' timeout.
+            first = min(int(self._api_timeout), ANSWER_TIMEOUT)
             try:
-                with lenient_docker_config():
+                with lenient_docker_config(), _said_while_waiting(self.base_url, first):
                     if self._explicit_url:
-                        client = docker.DockerClient(base_url=self._explicit_url,
-                                                     timeout=int(self._api_timeout))
+                        client = docker.DockerClient(base_url=self._explicit_url, timeout=first)
                     else:
-                        client = _client_from_env(int(self._api_timeout))
+                        client = _client_from_env(first)
             except unreachable as e:
-                raise DaemonUnavailable(base_url=self.base_url, reason=short(e)) from e
+                reason = short(e)
+                if "timed out" in reason:
+                    where = "" if self._explicit_url else " (DOCKER_HOST)"
+                    reason = (f"it took the connection but gave no answer in {first} s: a hung daemon, or no Docker "
+                              f"daemon at that address{where}")
+                raise DaemonUnavailable(base_url=self.base_url, reason=reason) from e
+            client.api.timeout = int(self._api_timeout)
             self._client_obj = client
         return self._client_obj
 
