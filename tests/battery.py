@@ -2,7 +2,8 @@
 
 The commands are the table under "## The battery" in docs/exit-codes.md, so the page and this
 run cannot drift apart. Each runs in an empty folder of its own, with DOCKER_HOST pointing at no
-daemon (unless the line sets it) and a HOME outside that folder, and must:
+daemon (unless the line sets it) and a HOME outside that folder (`{data}` in a line is the
+suite's tests/data), and must:
 exit with the documented code, print exactly one `error:` line and no traceback, print nothing
 on stdout, and leave its folder empty. Exit 0 when every line did; else 1, naming each failure.
 """
@@ -41,7 +42,7 @@ def documented_cases(doc: Path = DOC) -> list[Case]:
 
 def run_case(case: Case) -> str | None:
     """None when the command behaved as documented, else why not."""
-    words = shlex.split(case.command)
+    words = shlex.split(case.command.replace("{data}", str(REPO_ROOT / "tests" / "data")))
     env = {**os.environ, "DOCKER_HOST": NO_DAEMON, "PYTHONPATH": str(REPO_ROOT)}
     while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
         key, _, value = words.pop(0).partition("=")
