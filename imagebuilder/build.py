@@ -26,7 +26,7 @@ from .engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, I
 from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export
 from .image_contents import SBOM_PATH
-from .labels import CREATED, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
+from .labels import CREATED, CUDA_RUNTIME, CUDA_TOOLKIT, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
 from .render import RenderedImage
 from .sbom import DIGEST_LINE
 
@@ -139,6 +139,22 @@ def build_labels(engine: ImageStore, image: RenderedImage, matrix_path: Path) ->
         pass
     if image.lock is not None:
         labels[LOCK] = f"locks/{image.lock.filename} sha256:{hashlib.sha256(image.lock.text().encode()).hexdigest()}"
+    labels.update(cuda_labels(image))
+    return labels
+
+
+def cuda_labels(image: RenderedImage) -> dict[str, str]:
+    """Which CUDA is which: the runtime the locked wheels bring, and in devel images the toolkit
+    nvcc comes from. Build-time labels, like the lock's: they follow from inputs the inputs hash
+    already covers. A jupyter image has none of its own: it is FROM its parent, whose it keeps."""
+    labels: dict[str, str] = {}
+    if image.spec.parent is not None:
+        return labels
+    runtime = image.lock.cuda_runtime() if image.lock is not None else None
+    if runtime is not None:
+        labels[CUDA_RUNTIME] = str(runtime)
+    if image.spec.toolchain != "none":
+        labels[CUDA_TOOLKIT] = str(image.spec.cuda.version)
     return labels
 
 

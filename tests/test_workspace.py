@@ -332,7 +332,7 @@ def test_the_devel_image_keeps_the_run_contract_without_its_entrypoint(devel_ima
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_verify_proves_the_devel_image_compiles_a_cuda_extension(devel_image):
+def test_verify_proves_the_devel_image_compiles_a_cuda_extension(docker_engine, devel_image):
     """verify runs the devel check in a devel image: nvcc of the image's CUDA at CUDA_HOME, and
     a CUDA extension built and loaded against torch, without a GPU."""
     done = imagebuilder("verify", devel_image["tags"][0], "--allow-no-gpu", "--json", timeout=1500)
@@ -342,6 +342,11 @@ def test_verify_proves_the_devel_image_compiles_a_cuda_extension(devel_image):
     assert devel["status"] == "pass", devel
     assert devel["measurements"]["nvcc"] == devel["measurements"]["expected_cuda"] == "13.0"
     assert devel["measurements"]["cuda_home"].endswith("/nvidia/cu13")
+    # The toolkit label names the update of the nvcc verify just ran (issue 45, part 7).
+    labels = docker_engine.image_labels(devel_image["tags"][0])
+    assert labels["io.imagebuilder.cuda.toolkit"] == "13.0.2"
+    assert labels["io.imagebuilder.cuda.toolkit"].startswith(devel["measurements"]["nvcc"] + ".")
+    assert labels["io.imagebuilder.cuda.runtime"] == "13.0.96"
     assert "jupyter" not in checks
 
 
