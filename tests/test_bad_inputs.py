@@ -306,7 +306,7 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "each_platform", interrupted)
     result = CliRunner().invoke(cli, ["--matrix", str(SMALL), *RENDER, "--dry-run"])
     assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
 

@@ -18,7 +18,7 @@ from imagebuilder.certificates import RenderError, read_ca_bundle
 from imagebuilder.matrix import VARIANTS, driver_key
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.output import ForeignFolder, write_tree
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
