@@ -305,7 +305,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
-    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice))
+    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice), compression,
+                         cache_from_registry is not None)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
@@ -410,7 +411,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     # A wrong request is refused before any daemon or registry is asked (deciding the builder may probe one).
     known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
     pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
-                           wanted, multi=multi, merge_only=merge_only)
+                           wanted, multi=multi, merge_only=merge_only, compression=compression)
     signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
@@ -434,7 +435,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
-    # export.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
+    # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
     export = choose(compression, buildkit=buildkit, provenance=True,
                     image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:

@@ -14,6 +14,7 @@ from datetime import date
 from typing import TYPE_CHECKING
 
 from .engine.api import BuilderKind
+from .engine.export import Compression, check_asked
 from .errors import BadRequest
 from .matrix import Matrix
 from . import lock as locking
@@ -81,12 +82,15 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
 
 
 def check_build(matrix: Matrix, selection: Selection, asked: RenderOptions, platforms: Sequence[str],
-                kind: BuilderKind = "buildkit") -> None:
+                kind: BuilderKind = "buildkit", compression: Compression | None = None,
+                cache_from_registry: bool = False) -> None:
     """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):
     a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
     also where no daemon answers. `kind`: the builder as far as it is known before probing
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
-    one refuses waits for the decided builder."""
+    one refuses waits for the decided builder; the classic builder asked for refuses an export
+    (--compression, --cache-from-registry) here."""
+    check_asked(compression, buildkit=kind == "buildkit", cache_from_registry=cache_from_registry)
     options = render_options(matrix, asked, kind)
     _check_for_any_os(matrix, selection, lambda chosen: plan_build(
         matrix, chosen, options, platforms, None, never, lambda text: None))
@@ -173,10 +177,12 @@ def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions,
 
 
 def check_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
-                  multi: bool, merge_only: bool) -> None:
+                  multi: bool, merge_only: bool, compression: Compression | None = None) -> None:
     """What `plan_publish` refuses without asking a daemon or a registry, checked before either
     is asked (issue 29), as `check_build` does for `build`: `options` rendered for the builder
-    as far as it is known before probing for one."""
+    as far as it is known before probing for one (--merge-only builds nothing, so exports nothing)."""
+    if not merge_only:
+        check_asked(compression, buildkit=options.buildkit)
     _check_for_any_os(matrix, selection, lambda chosen: publish_images(
         matrix, chosen, options, platforms, multi=multi, read_os_release=None, merge_only=merge_only,
         note=lambda text: None))
