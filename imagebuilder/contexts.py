@@ -12,7 +12,7 @@ from typing import Any
 
 from .install_steps import SECRET_SOURCES
 from .matrix import Matrix
-from .output import write_tree
+from .context_folder import write_tree
 from .platforms import arch, host_platform
 from .render import RenderedImage
 from .render_options import RenderOptions

@@ -24,7 +24,7 @@ from .errors import BadRequest
 from .http_retry import REGISTRY_POLICY, RetryPolicy
 from .index_url import parse_index_url
 from .matrix import VARIANTS
-from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
+from .context_folder import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
 from .reference import RegistryTarget, check_repository, parse_reference
 from .render_options import RenderOptions

@@ -27,7 +27,7 @@ from .image_plan import PYTHON_START as PYTHON_START
 from .image_plan import ImagePlan
 from .install_steps import LAYER_EPOCH
 from .lockfile import Lock
-from .output import write_tree
+from .context_folder import write_tree
 from .render_options import DEFAULT_SOURCE
 from .resolve import BuildSpec
 from .resources import templates_dir
