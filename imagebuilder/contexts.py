@@ -47,7 +47,7 @@ def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions,
                 note: Note) -> tuple[int, dict[str, bytes]]:
     """`render --all`: every selected image's build context in a folder named for it, and an
     index.json of them all; (the number of images, the files by relative name)."""
-    (selected,) = each_platform(matrix, selection, options, [host_platform()], Reading(request=False, parents=False),
+    (selected,) = each_platform(matrix, selection, options, [host_platform()], Reading(request=False, parents=False, builds=False),
                                 read_os_release=None, note=note)
     images = selected.images
     return len(images), context_files([(image.spec.key, None, image) for image in images])

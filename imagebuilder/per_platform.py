@@ -62,8 +62,9 @@ class Reading:
     # publish --platform: every platform's images under their own tags, and a release without
     # CUDA wheels for a platform left out of it (filters, not a request).
     multi: bool = False
-    # False (publish --merge-only): nothing is built here, so no platform is foreign to this host;
-    # the images are still planned, for the request's refusals and their refs.
+    # False (publish --merge-only, render --all): nothing is built here, so no platform is
+    # foreign to this host and no release's wheels are checked (filters list what the matrix
+    # has); the images are still planned, for the request's other refusals and their refs.
     builds: bool = True
 
 
@@ -76,12 +77,14 @@ class PlatformImages:
 
 def platform_options(options: RenderOptions, platform: str, *, own_tags: bool = False, builds: bool = True,
                      host: str | None = None) -> RenderOptions:
-    """Each platform builds from its own lock and is checked for its wheels; a foreign one says
-    so (its wheels install natively) and goes under its own tags, as every platform does with
-    `own_tags` (publish --platform)."""
+    """Each platform builds from its own lock and, where it `builds`, is checked for its wheels;
+    a foreign one says so (its wheels install natively) and goes under its own tags, as every
+    platform does with `own_tags` (publish --platform)."""
+    if not builds:  # its lock, and nothing else of the platform's: nothing is built for it
+        return replace(options, locks=options.locks.for_platform(platform))
     foreign = platform != (host or host_platform())
     return replace(options, locks=options.locks.for_platform(platform), platform=platform,
-                   foreign_platform=platform if foreign and builds else None, platform_tags=foreign or own_tags)
+                   foreign_platform=platform if foreign else None, platform_tags=foreign or own_tags)
 
 
 def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],

@@ -217,3 +217,19 @@ def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt
     assert "--mount=type=cache,id=imagebuilder-apt,target=" in stage
     assert "--mount=type=cache,id=imagebuilder-apt-arm64,target=" in image and "id=imagebuilder-apt," not in image
     assert "id=imagebuilder-apt," in _arm64_runtime().dockerfile  # the host's own platform: one cache, as before
+
+
+def test_what_builds_nothing_checks_no_platforms_wheels():
+    """render --all (and publish --merge-only) build nothing: on an arm64 host, the matrix's 2.6
+    images render under their plain tags, as they did, where a build of them is refused."""
+    from imagebuilder import per_platform
+    from imagebuilder.selection import Selection
+
+    selection = Selection(torch="2.6", cuda="12.4", variant="runtime", os="ubuntu22.04")
+    (listed,) = per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"],
+                                           per_platform.Reading(request=False, parents=False, builds=False),
+                                           read_os_release=None, note=print, host="linux/arm64")
+    assert [image.tags for image in listed.images] == [render(resolve(M, Request("2.6", "12.4")), M).tags]
+    with pytest.raises(NoWheelsForPlatform):
+        per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"], per_platform.Reading(request=True),
+                                   read_os_release=None, note=print, host="linux/arm64")
