@@ -254,12 +254,12 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
     opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
-        count, files = contexts.render_tree(ctx.matrix, settle_os(ctx.matrix, selection, None, note), opts)
+        count, files = contexts.render_tree(ctx.matrix, selection, opts, note)
         assert output is not None
         for line in contexts.write_all(output, count, files):
             click.echo(line)
         return
-    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
+    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, None, lambda ref: False, note)
     image = pipeline.requested(plan)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
@@ -305,7 +305,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
-    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice))
+    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice), compression,
+                         cache_from_registry is not None)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
@@ -316,7 +317,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
-    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
+    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
         return report_plan(plan, report=report, echo=click.echo)
@@ -410,7 +411,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     # A wrong request is refused before any daemon or registry is asked (deciding the builder may probe one).
     known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
     pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
-                           wanted, multi=multi, kind=known, merge_only=merge_only)
+                           wanted, multi=multi, merge_only=merge_only, compression=compression)
     signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
@@ -421,7 +422,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
     today = day.date() if day is not None else datetime.now(timezone.utc).date()
     plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
-                                 kind=decision.kind, read_os_release=engine.os_release if engine else None,
+                                 read_os_release=engine.os_release if engine else None,
                                  registry=registry, force=force, day=today, merge_only=merge_only, note=note,
                                  signing=signer is not None)
     for platform, steps in plan.steps:
@@ -434,7 +435,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
         return
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
-    # export.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
+    # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
     export = choose(compression, buildkit=buildkit, provenance=True,
                     image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:

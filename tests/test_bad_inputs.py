@@ -144,6 +144,18 @@ ROWS = {
                                                   "--cache-from-registry 'acme': 'acme' is not a registry host"),
     "build --cache-from-registry port 0": Row((*BUILD, "--cache-from-registry", "127.0.0.1:0/ns"), 2,
                                               "the port is not a number from 1 to 65535"),
+    # ... and what the classic builder asked for cannot export, refused before any daemon is asked
+    "build --builder classic --compression zstd, no daemon": Row((*BUILD, "--builder", "classic", "--compression", "zstd"), 2,
+                                                                 "--compression zstd needs BuildKit: the classic builder"),
+    "build --dry-run --builder classic --cache-from-registry": Row((*BUILD, "--dry-run", "--builder", "classic",
+                                                                   "--cache-from-registry", "127.0.0.1:5000/ns"), 2,
+                                                                  "--cache-from-registry needs BuildKit"),
+    "publish --dry-run --builder classic --compression zstd": Row((*PUBLISH, "--dry-run", "--builder", "classic",
+                                                                   "--compression", "zstd"), 2,
+                                                                  "--compression zstd needs BuildKit: the classic builder"),
+    "publish --dry-run --builder classic --compression-level": Row((*PUBLISH, "--dry-run", "--builder", "classic",
+                                                                    "--compression", "gzip", "--compression-level", "3"),
+                                                                   2, "--compression-level needs BuildKit"),
     "publish --registry with a scheme": Row(("publish", "--registry", "https://ghcr.io/acme", "--dry-run"), 2,
                                             "--registry 'https://ghcr.io/acme': no scheme"),
     "render --dry-run -o": Row((*RENDER, "--dry-run", "-o", "out"), 2, "or --dry-run to print the Dockerfile (not both)"),
@@ -306,7 +318,7 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "each_platform", interrupted)
     result = CliRunner().invoke(cli, ["--matrix", str(SMALL), *RENDER, "--dry-run"])
     assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
 

@@ -24,7 +24,7 @@ from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make
 from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, EngineError, Progress
 from imagebuilder.install_steps import CA_CONTEXT, CA_SECRET_PATH
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 

@@ -119,7 +119,7 @@ def test_ctrl_c_exits_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "each_platform", interrupted)
     code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
     assert code == 130 and "interrupted" in err
 

@@ -49,7 +49,8 @@ from imagebuilder.reference import RegistryTarget
 from imagebuilder.registry import RegistryUnavailable
 from imagebuilder.registry_auth import credentials_for, parse_challenge, is_insecure_by_default
 from imagebuilder.image_contents import SBOM_PATH
-from imagebuilder.render import RenderedImage, render
+from imagebuilder.per_platform import render_spec as render
+from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
@@ -912,12 +913,14 @@ def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | 
 
 def _merge_images(registry: str) -> list[RenderedImage]:
     """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
-    from imagebuilder.selection import Selection, render_selected, with_parents
+    from imagebuilder.per_platform import Reading, each_platform
+    from imagebuilder.selection import Selection
 
     matrix = load_matrix(default_matrix_path())
     opts = RenderOptions(repository=f"{registry}/pytorch")
-    images = with_parents(render_selected(matrix, Selection(torch="2.11", cuda="13.0", python="3.11", os="debian12"),
-                                          opts), matrix, opts)
+    (selected,) = each_platform(matrix, Selection(torch="2.11", cuda="13.0", python="3.11", os="debian12"), opts,
+                                ["linux/amd64"], Reading(request=False), read_os_release=None, note=print, host="linux/amd64")
+    images = list(selected.images)
     assert len(images) == 4
     return images
 
@@ -1095,7 +1098,7 @@ def test_merge_only_dry_run_lists_the_plan_and_leaves_the_registry_byte_identica
 @pytest.mark.registry
 def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_plan(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
-    from imagebuilder.platforms import platform_image
+    from imagebuilder.platforms import platform_tags
 
     registry = f"{fresh_registry.address}/ns"
     (runtime,) = [image for image in _merge_images(registry) if image.spec.variant == "runtime"]
@@ -1111,7 +1114,7 @@ def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_p
     assert document["dry_run"] is True and document["images"] == []
     planned = {entry["ref"]: entry for entry in document["planned"]}
     for platform in BOTH:
-        image = platform_image(runtime, platform)
+        image = replace(runtime, tags=platform_tags(runtime.tags, platform))
         dated = publish.dated_ref(image, day)
         # Every tag it pushes, the day's dated one included, is on the plan and in the report.
         for ref in (*image.refs, dated):

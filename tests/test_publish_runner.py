@@ -22,7 +22,8 @@ from imagebuilder.engine import (NO_ACCESS, BuildRequest, BuildResult, BuilderKi
                                  PushFailed, RunResult)
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.selection import Selection, render_selected, with_parents
+from imagebuilder.per_platform import Reading, each_platform
+from imagebuilder.selection import Selection
 from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.verify import PreflightItem, VerifyReport
@@ -36,7 +37,9 @@ OPTIONS = publish.RunOptions(matrix_path=SMALL, push_retries=1, push_backoff=0)
 def images(variant: str | None = "runtime") -> list[RenderedImage]:
     opts = RenderOptions(repository="127.0.0.1:5999/ml/pytorch")
     selection = Selection(torch="2.6", cuda="12.4", os="ubuntu22.04", variant=variant)
-    return with_parents(render_selected(M, selection, opts), M, opts)
+    (selected,) = each_platform(M, selection, opts, ["linux/amd64"], Reading(request=False), read_os_release=None,
+                                note=print, host="linux/amd64")
+    return list(selected.images)
 
 
 @dataclass
@@ -760,7 +763,7 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
 
     import imagebuilder.http_registry
     from imagebuilder.cli import cli
-    from imagebuilder.render import render
+    from imagebuilder.per_platform import render_spec as render
     from imagebuilder.resolve import Request, resolve
     from imagebuilder.resources import default_matrix_path
 

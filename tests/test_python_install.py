@@ -13,7 +13,7 @@ from conftest import TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
 from imagebuilder.build import python_download_hint
 from imagebuilder.cli import cli
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path

@@ -14,11 +14,11 @@ import pytest
 
 from packaging.version import Version
 
-from imagebuilder.certificates import RenderError, read_ca_bundle
+from imagebuilder.certificates import CertificateError, read_ca_bundle
 from imagebuilder.matrix import VARIANTS, driver_key
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.output import ForeignFolder, write_tree
-from imagebuilder.render import render
+from imagebuilder.context_folder import ForeignFolder, write_tree
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
@@ -174,7 +174,7 @@ def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
 
 
 def test_a_missing_ca_bundle_is_a_clear_error(tmp_path):
-    with pytest.raises(RenderError, match="cannot read --ca-bundle"):
+    with pytest.raises(CertificateError, match="cannot read --ca-bundle"):
         read_ca_bundle(tmp_path / "nope.pem")
 
 

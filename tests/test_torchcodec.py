@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from imagebuilder.lockfile import parse_lock, requirements
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 

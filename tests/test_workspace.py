@@ -30,7 +30,7 @@ from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuild
 from imagebuilder.image_contents import ENTRYPOINT
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, shm_bytes, shm_too_small
@@ -64,11 +64,14 @@ def test_variant_all_and_the_matrix_include_devel_jupyter():
     from click.testing import CliRunner
 
     from imagebuilder.cli import cli
-    from imagebuilder.selection import ALL, Selection, render_request
+    from imagebuilder.per_platform import Reading, each_platform
+    from imagebuilder.selection import ALL, Selection
 
     assert JUPYTER_PARENTS == {"jupyter": "runtime", "devel-jupyter": "devel"}
     # What `build --variant all` builds, parents before the jupyter images made FROM them.
-    planned = render_request(M, Selection("2.12", "13.0", variant=ALL, os="debian12"), RenderOptions(), note=print)
+    (each,) = each_platform(M, Selection("2.12", "13.0", variant=ALL, os="debian12"), RenderOptions(), ["linux/amd64"],
+                            Reading(request=True), read_os_release=None, note=print, host="linux/amd64")
+    planned = each.images
     assert [image.spec.variant for image in planned] == ["runtime", "devel", "jupyter", "devel-jupyter"]
     out = CliRunner().invoke(cli, ["--matrix", str(HERE / "data" / "matrix-small.yaml"), "matrix", "--torch", "2.12",
                                    "--cuda", "13.0", "--os", "debian12", "--format", "json"])

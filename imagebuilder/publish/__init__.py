@@ -8,7 +8,8 @@
 - push.py: one image's push, mount, confirmation and signing, through the declared protocols;
 - blobs.py: each published image's layers for the report, and which the registry had before;
 - indexes.py: the image indexes over each tag's platform images, planned (reads) then written;
-- report.py: the lines, the summary, the --report document and the failure that ends a run.
+- report.py: the lines, the summary, the --report document and the failure that ends a run;
+- command.py: the command's run and its dry run over them (run_and_report, report_indexes).
 
 The modules' own docstrings say the rules (when an image is skipped or re-pointed, the dated
 tags, what counts as pushed, signing).
@@ -23,8 +24,9 @@ from .lookup import lookup
 from .plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, Remote,
                    RunOptions, Step, dated_ref, plan)
 from .push import PushedOtherContent, PushNotConfirmed, export_for
+from .command import report_indexes, run_and_report
 from .report import (EventPrinter, PublishFailed, format_indexes, format_plan, format_summary, raise_if_failed,
-                     report_document, report_indexes, run_and_report)
+                     report_document)
 from .run import Event, Verifier, publish, publish_all, smoke_test
 
 __all__ = [
