@@ -24,6 +24,8 @@ import pytest
 
 from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, family_build, imagebuilder,
                       prune_session_build_cache, remove_local_tags)
+from support.replay import cli_replaying, verify_replaying
+
 from imagebuilder.engine.export import cache_ref
 from imagebuilder.reference import RegistryTarget
 from imagebuilder.http_registry import HttpRegistry
@@ -36,11 +38,15 @@ TORCH, CUDA, OS = "2.13", "13.0", "debian12"  # conftest's DEVEL_TORCH, DEVEL_CU
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 
-def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dict[str, str] | None = None,
-             ) -> dict[str, Any]:
-    args = ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--base-image", base_image,
+def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
+    return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--base-image", base_image,
             *ca_bundle_args(), "--builder", "buildkit", "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
+
+
+def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dict[str, str] | None = None,
+             ) -> dict[str, Any]:
+    args = _publish_args(base_image, registry, report, *extra)
     if env is None:
         done = imagebuilder(*args)
     else:
@@ -194,12 +200,20 @@ def test_the_published_image_carries_provenance_of_where_it_was_built_from(bk_pu
     assert any("imagebuilder-base" in base for base in found.base)
 
 
-def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(bk_published: dict[str, Any], base_image: str) -> None:
+def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(bk_published: dict[str, Any], base_image: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The rebuild is the same image (its config, so every layer); BuildKit's new index would
     differ only in its provenance's timestamps (pushed, it was 29,723 bytes and a new digest
-    under every tag): publish keeps the published one, and nothing goes up."""
-    again = _publish(base_image, bk_published["registry"], bk_published["reports"] / "again.json",
-                     "--variant", "runtime", "--force")
+    under every tag): publish keeps the published one, and nothing goes up. The publish runs in
+    this process: the same layers bk_published smoke-tested, so the smoke-test container answers
+    with that run's verdict (support.replay) and the rest (build, verify's preflight, the
+    registry) is real."""
+    report = bk_published["reports"] / "again.json"
+    result, replayed = cli_replaying(monkeypatch, bk_published["runtime"]["verify"], *_publish_args(
+        base_image, bk_published["registry"], report, "--variant", "runtime", "--force"))
+    assert result.exit_code == 0, f"publish failed:\n{result.stdout}\n{result.stderr[-6000:]}"
+    (again,) = json.loads(report.read_text())["images"]
+    assert [image for image, _ in replayed.asked] == [again["ref"]] and again["verified"] is True
     assert again["status"] == "pushed" and "kept, nothing uploaded" in again["reason"]
     assert again["pushed_bytes"] == 0
     # The report lists the kept image's layers, each one the registry had already.
@@ -233,7 +247,7 @@ def remote(docker_engine: Any, local_registry: str) -> Iterator[Any]:
 
 
 def test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_pushes(
-        bk_published: dict[str, Any], remote: Any, base_image: str) -> None:
+        bk_published: dict[str, Any], remote: Any, base_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     env = remote.env()
     # The base image is all it has: no image of ours, no build cache.
     subprocess.run(f"docker save {base_image} | DOCKER_HOST={remote.host} DOCKER_TLS_VERIFY=1 "
@@ -253,8 +267,15 @@ def test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_push
     assert not re.findall(r"Download(?:ed|ing) (?:torch|nvidia)", log)
     # Its layers were in the registry already: the push uploaded config and attestations only.
     assert image["pushed_bytes"] < 10_000_000
-    # The image is on the remote engine, and verify checks it there.
-    done = subprocess.run([sys.executable, "-m", "imagebuilder", "verify", image["ref"], "--allow-no-gpu"],
-                          capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert f"built from: revision {'0' * 40}" in done.stdout
+    # The image is on the remote engine, and verify checks it there, saying where it was built
+    # from. The publish above ran the smoke tests on this very image on that engine (verified:
+    # True): verify runs for real on the remote engine (preflight reads the image there, the
+    # provenance comes from the registry) but for the smoke-test container, whose output is the
+    # publish's recorded verdict (support.replay).
+    for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONFIG"):
+        monkeypatch.setenv(name, env[name])
+    result, replayed = verify_replaying(monkeypatch, image["verify"], image["ref"], "--allow-no-gpu")
+    assert result.exit_code == 0, result.output[-3000:]
+    assert f"built from: revision {'0' * 40}" in result.stdout
+    assert replayed.base_url == remote.host
+    assert replayed.asked == [(image["ref"], ["python3", "-m", "smoke_tests", "--json", "--allow-no-gpu"])]

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, cosign_key_pair, imagebuilder,
                       installed_torch)
+from support.replay import verify_replaying
 from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
 from test_publish_runner import images as canned_images
 
@@ -231,7 +232,8 @@ def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.docker
 @pytest.mark.registry
 @pytest.mark.slow
-def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], keys: dict[str, Path]) -> None:
+def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], keys: dict[str, Path],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     image = signed_run["image"]
     assert image["status"] == publish.PUSHED
     assert [s["digest"] for s in image["signed"]] == [signed_run["digest"]] == list(set(image["pushed"].values()))
@@ -241,11 +243,19 @@ def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], key
         assert done.returncode == 0, done.stdout + done.stderr
         check = json.loads(done.stdout)["signature"]
         assert (check["status"], check["digest"], check["ok"]) == (signature_check.VERIFIED, signed_run["digest"], True)
-    # The operator's command: the signature first, then the smoke tests run that very digest.
-    done = _verify(image["ref"], "--key", str(keys["pub"]), "--allow-no-gpu", "--json")
-    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    report = json.loads(done.stdout)
-    assert report["target"] == signed_run["pinned"] and report["ok"] is True and report["checks"]
+    # The operator's command: the signature first, then the smoke tests run that very digest. The
+    # publish verified that digest (CPU mode) and kept its verdict: the command runs for real (the
+    # CLI, cosign, the registry, preflight on the daemon) but for the smoke-test container, whose
+    # output is that verdict (support.replay), and says which image it was asked to run.
+    result, replayed = verify_replaying(monkeypatch, image["verify"], image["ref"], "--key", str(keys["pub"]),
+                                        "--allow-no-gpu", "--json")
+    assert result.exit_code == 0, result.output[-4000:]
+    report = json.loads(result.stdout)
+    assert report["target"] == signed_run["pinned"] and report["ok"] is True
+    assert report["checks"] == image["verify"]["checks"] and report["checks"]
+    assert (report["signature"]["status"], report["signature"]["digest"]) == (signature_check.VERIFIED,
+                                                                             signed_run["digest"])
+    assert replayed.asked == [(signed_run["pinned"], ["python3", "-m", "smoke_tests", "--json", "--allow-no-gpu"])]
     # Without a key, --signature-only would check nothing: refused before the registry is asked.
     done = _verify(image["ref"], "--signature-only")
     assert done.returncode == 2 and not done.stdout

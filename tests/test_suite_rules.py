@@ -36,6 +36,14 @@ def test_every_missing_tool_goes_through_the_one_helper():
 # Calls that build (or publish) a real torch image whatever their arguments say.
 BUILD_HELPERS = {"build_cli", "build_floor", "_build", "_publish"}
 NOT_BUILDING = {"--dry-run", "--merge-only", "--help"}
+# Calls that run the CLI with the arguments they are given: in a subprocess (conftest's), or in
+# this process with a recorded smoke-test verdict (support.replay's).
+CLI_CALLS = {"imagebuilder", "cli_replaying"}
+
+
+def _is_publish_args(node: ast.AST) -> bool:
+    """A call of a test module's _publish_args (the argument list of a real publish)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_publish_args"
 
 
 def _strings(node: ast.AST, assigned: Mapping[str, ast.AST]) -> set[str]:
@@ -45,8 +53,8 @@ def _strings(node: ast.AST, assigned: Mapping[str, ast.AST]) -> set[str]:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
             found.add(sub.value)
-        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "_publish_args":
-            found.add("publish")  # test_publish's argument list of a publish
+        elif _is_publish_args(sub):
+            found.add("publish")  # test_publish's (or test_publish_buildkit's) argument list of a publish
         elif isinstance(sub, ast.Starred) and isinstance(sub.value, ast.Name) and sub.value.id in assigned:
             found |= _strings(assigned[sub.value.id], {})
     return found
@@ -63,14 +71,14 @@ def real_builds() -> set[tuple[str, str]]:
                 continue
             assigned = {target.id: node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
                         for target in node.targets if isinstance(target, ast.Name)
-                        and isinstance(node.value, (ast.List, ast.Tuple))}
+                        and (isinstance(node.value, (ast.List, ast.Tuple)) or _is_publish_args(node.value))}
             for call in ast.walk(function):
                 if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
                     continue
                 name = call.func.id
                 if name in BUILD_HELPERS and name != function.name:
                     found.add((path.name, function.name))
-                elif name == "imagebuilder":
+                elif name in CLI_CALLS:
                     words = _strings(ast.Tuple(elts=list(call.args), ctx=ast.Load()), assigned)
                     if {"build", "publish"} & words and not NOT_BUILDING & words:
                         found.add((path.name, function.name))
