@@ -248,7 +248,7 @@ def with_local_registry(argv: list[str], registry: str) -> list[str]:
 @pytest.fixture(scope="module")
 def docs_registry(docker_engine) -> Iterator[str]:
     """A local registry standing in for the documentation's example registries."""
-    from conftest import throwaway_registry
+    from support.registry import throwaway_registry
 
     with throwaway_registry() as address:
         yield address
@@ -287,7 +287,7 @@ def test_every_documented_build_and_verify_command_runs_as_expected(doc, tmp_pat
     if argv[:1] == ["verify"] and "--local" in argv:
         # The smoke tests on this host for real: conftest runs each argv once per session
         # (test_verify's local runs ask for docs/verify.md's too).
-        from conftest import host_verify
+        from support.host_runs import host_verify
 
         code, stdout, stderr = host_verify(*argv[1:])
         output = stdout + stderr

@@ -3,7 +3,7 @@ real local registry (Debian's docker-registry).
 
 The integration tests publish one real torch image with BuildKit (what `--builder auto` picks on
 Docker 26): torch 2.6 for CUDA 12.4 on debian12, on the local Debian base, with the host's CA
-bundle; its install steps are served from the main job's layers (conftest's IMAGE_FAMILIES).
+bundle; its install steps are served from the main job's layers (support.policy's IMAGE_FAMILIES).
 The smoke tests run on it once per module (CPU mode); the later runs that need a verdict reuse
 that recorded one. The classic builder's runner is tested on small images (its torch build took
 8 minutes).
@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags,
-                      installed_torch, put_blob, put_manifest, require_module, session_ca_bundle)
+from support.cleanup import remove_local_tags
+from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch,
+                                 session_ca_bundle)
+from support.registry import put_blob, put_manifest
+from support.unavailable import _unavailable, require_module
 
 from imagebuilder import publish
 from imagebuilder.labels import INPUTS_HASH as HASH
@@ -378,7 +381,7 @@ def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any
         assert _head(ref) == digest
     labels = HttpRegistry(config={}).labels(image["ref"])
     assert labels is not None and labels[HASH] == image["inputs_hash"]
-    # Its family's (conftest's IMAGE_FAMILIES): the main job's layers (CUDA 12.1, the same cu124
+    # Its family's (support.policy's IMAGE_FAMILIES): the main job's layers (CUDA 12.1, the same cu124
     # lock) served every install step; only what follows the image's own files ran.
     assert "imagebuilder-uv" in Path(image["build"]["log"]).read_text(), "no install step in the log"
     assert not installed_torch(image["build"]["log"]), "the install steps ran again"

@@ -4,7 +4,7 @@ build caches through the registry, a republish that uploads nothing, and a build
 engine (its own network namespace and bridge, TCP with TLS) through --buildx-builder.
 
 Two real torch images (2.13 runtime and devel for CUDA 13.0 on the local Debian base: the
-family of conftest's IMAGE_FAMILIES whose layers test_buildkit built) are published once for
+family of support.policy's IMAGE_FAMILIES whose layers test_buildkit built) are published once for
 the module; the remote engine imports their cache instead of building.
 """
 
@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 
-from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, family_build, imagebuilder,
-                      prune_session_build_cache, remove_local_tags)
+from support.build_cache import family_build, prune_session_build_cache
+from support.cleanup import remove_local_tags
+from support.real_images import REPO_ROOT, ca_bundle_args, imagebuilder
+from support.registry import _free_port
+from support.unavailable import _unavailable
 from support.replay import cli_replaying, verify_replaying
 
 from imagebuilder.engine.export import cache_ref
@@ -34,7 +37,7 @@ from imagebuilder.signing import pinned
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 
-TORCH, CUDA, OS = "2.13", "13.0", "debian12"  # conftest's DEVEL_TORCH, DEVEL_CUDA: one family
+TORCH, CUDA, OS = "2.13", "13.0", "debian12"  # support.real_images' DEVEL_TORCH, DEVEL_CUDA: one family
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 
@@ -74,7 +77,7 @@ def local_registry(docker_engine: Any) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def bk_published(docker_engine: Any, base_image: str, local_registry: str,
                  tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """The family's publishes (conftest's IMAGE_FAMILIES): test_buildkit, which runs first, built
+    """The family's publishes (support.policy's IMAGE_FAMILIES): test_buildkit, which runs first, built
     these layers; this exports them (zstd), verifies and pushes."""
     registry = f"{local_registry}/imagebuilder-test/bk-{uuid.uuid4().hex[:8]}"
     reports = tmp_path_factory.mktemp("publish-buildkit")
@@ -95,7 +98,7 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(bk_published: dict[str, 
     for variant in ("runtime", "devel"):
         image = bk_published[variant]
         assert (image["status"], image["verified"]) == ("pushed", True), image["reason"]
-        # The family's publishes build from test_buildkit's layers (conftest's IMAGE_FAMILIES):
+        # The family's publishes build from test_buildkit's layers (support.policy's IMAGE_FAMILIES):
         # every step but the FROM is CACHED, so no prune in between made BuildKit forget them.
         build = image["build"]
         assert build["cached_steps"] == build["steps"] - 1, (build["cached_steps"], build["steps"])

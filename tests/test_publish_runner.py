@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TickingBuild
+from support.fakes import TickingBuild
 
 from imagebuilder import publish
 from imagebuilder.engine import (NO_ACCESS, BuildRequest, BuildResult, BuilderKind, HostAccess, OnProgress, Pushed,

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, cosign_key_pair, imagebuilder,
-                      installed_torch)
+from support.cosign_keys import cosign_key_pair
+from support.real_images import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, imagebuilder, installed_torch
+from support.unavailable import _unavailable
 from support.replay import verify_replaying
 from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
 from test_publish_runner import images as canned_images
@@ -43,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH, CUDA, OS = SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS  # conftest's signed_publish
 
 
-key_pair = cosign_key_pair  # conftest's: its session keys sign signed_publish
+key_pair = cosign_key_pair  # support.cosign_keys': conftest's session keys, made by it, sign signed_publish
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -212,7 +213,7 @@ def builder(docker_engine: Any) -> BuildKitBuilder:
     cli, tried = detect_buildkit()
     if cli is None:
         _unavailable(f"no docker CLI here builds with BuildKit ({'; '.join(tried)})")
-    assert cli is not None  # _unavailable does not return (mypy sees conftest's names untyped)
+    assert cli is not None  # _unavailable does not return (mypy sees support's names untyped)
     return BuildKitBuilder(cli, docker_engine)
 
 

@@ -46,7 +46,7 @@ CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 
 @pytest.fixture(scope="module")
 def torch() -> Any:
-    from conftest import require_module
+    from support.unavailable import require_module
 
     return require_module("torch", "the smoke tests run on this host's torch (.ci/setup installs the CPU build)")
 
@@ -470,7 +470,7 @@ def compile_library(tmp_path: Path, name: str, source: str, **macros: object) ->
     """A stand-in for an NVIDIA library, so that the real ctypes calls run without a driver."""
     cc = find_cxx({"PATH": os.environ["PATH"]})
     if isinstance(cc, CompilerProblem):
-        from conftest import _unavailable
+        from support.unavailable import _unavailable
 
         _unavailable(cc.reason)
     c_file = tmp_path / f"{name}.c"

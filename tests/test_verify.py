@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import host_verify
+from support.host_runs import host_verify
 
 from imagebuilder.engine import NO_ACCESS, BuildRequest, ContainerFailed, GpuUnavailable, HostAccess, RunResult
 from imagebuilder.engine.classic import ClassicBuilder

@@ -1,9 +1,11 @@
 """The smoke suite on this host's torch, run once per session and read by every test that asks.
 
-`python -m smoke_tests --json` on this host (a real gloo all-reduce, a real Inductor compile: a
-minute or more on 2 cores) is one run: test_smoke_tests' CLI tests read its report, and
-test_verify's `verify --local --json` replays it (the table's run, docs/verify.md's command,
-is the real subprocess path, through host_verify).
+`imagebuilder verify --local ...` runs every smoke test on this host's torch for real (a gloo
+all-reduce, an Inductor compile); test_verify and the documented commands ask for the same
+argv: it runs once per argv (host_verify), and each asker reads its result. `python -m
+smoke_tests --json` on this host is one run too (host_smoke_run): test_smoke_tests' CLI tests
+read its report, and test_verify's `verify --local --json` replays it (the table's run,
+docs/verify.md's command, is the real subprocess path).
 """
 
 from __future__ import annotations
@@ -62,3 +64,27 @@ def host_smoke_run() -> subprocess.CompletedProcess[str]:
                                           text=True, timeout=240, cwd=REPO_ROOT, check=False,
                                           env=smoke_env({"SMOKE_TESTS_MANIFEST": str(manifest)})))
     return _SMOKE_RUNS[0]
+
+
+# argv -> the run under way, and the runs that ended: (exit status, stdout, stderr).
+_HOST_VERIFY: dict[tuple[str, ...], subprocess.Popen[str]] = {}
+_HOST_VERIFIED: dict[tuple[str, ...], tuple[int, str, str]] = {}
+
+
+def start_host_verify(*args: str) -> None:
+    """Start `imagebuilder verify ARGS` on this host unless this session has (runs side by side)."""
+    import sys
+
+    if args not in _HOST_VERIFY and args not in _HOST_VERIFIED:
+        _HOST_VERIFY[args] = subprocess.Popen([sys.executable, "-m", "imagebuilder", "verify", *args], cwd=REPO_ROOT,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def host_verify(*args: str, timeout: float = 2400) -> tuple[int, str, str]:
+    """`imagebuilder verify ARGS` on this host, run once per session: (exit status, stdout, stderr)."""
+    if args not in _HOST_VERIFIED:
+        start_host_verify(*args)
+        proc = _HOST_VERIFY.pop(args)
+        stdout, stderr = proc.communicate(timeout=timeout)
+        _HOST_VERIFIED[args] = (proc.returncode, stdout, stderr)
+    return _HOST_VERIFIED[args]
