@@ -26,10 +26,10 @@ from support.cleanup import remove_images, remove_local_tags
 from support.cosign_keys import cosign_key_pair
 from support.fuzz import hypothesis_profiles
 from support.policy import FIXTURE_MARKERS, _group_the_families
-from support.real_images import (DEFAULT_BASE_IMAGE, DEVEL_CUDA, DEVEL_TORCH, E2E_OS, REPO_ROOT, SIGNED_CUDA,
+from support.real_images import (DEFAULT_BASE_IMAGE, DEVEL_CUDA, DEVEL_TORCH, E2E_OS, SIGNED_CUDA,
                                  SIGNED_OS, SIGNED_TORCH, TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args,
                                  imagebuilder)
-from support.registry import _free_port, throwaway_registry
+from support.registry import _free_port, running_registry, throwaway_registry
 from support.ssh_host import SSHD, SshDockerHost
 from support.unavailable import _unavailable
 
@@ -115,8 +115,9 @@ def free_port() -> int:
     return _free_port()
 
 @pytest.fixture
-def registry(docker_engine: DockerEngine) -> Iterator[str]:
-    """A throwaway registry on 127.0.0.1:PORT for one test; yields that address."""
+def registry() -> Iterator[str]:
+    """A throwaway registry on 127.0.0.1:PORT for one test (no Docker engine needed: mark the
+    test `registry`); yields that address."""
     with throwaway_registry() as address:
         yield address
 
@@ -207,14 +208,15 @@ def signed_publish(docker_engine: DockerEngine, base_image: str, signing_keys: d
 
     if detect_buildkit()[0] is None:
         _unavailable("no docker CLI here builds with BuildKit")
-    with throwaway_registry() as address:
+    with running_registry() as local:
+        address = local.address
         registry = f"{address}/imagebuilder-test/pub-{uuid.uuid4().hex[:8]}"
         report = tmp_path_factory.mktemp("signed-publish") / "publish.json"
+
         def release() -> None:
             # After the last user, not at the session's end: the registry's storage is GBs.
             remove_local_tags(docker_engine, address)
-            subprocess.run([str(REPO_ROOT / ".ci" / "registry.sh"), "stop", address.rsplit(":", 1)[1]],
-                           capture_output=True, timeout=30, check=False)
+            local.remove()
 
         with released_after_last_use(request, release):
             started = time.monotonic()

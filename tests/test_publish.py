@@ -16,8 +16,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -34,7 +32,7 @@ import pytest
 from support.cleanup import remove_local_tags
 from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch,
                                  session_ca_bundle)
-from support.registry import put_blob, put_manifest
+from support.registry import LocalRegistry, put_blob, put_manifest, running_registry
 from support.unavailable import _unavailable, require_module
 
 from imagebuilder import publish
@@ -61,7 +59,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = REPO_ROOT / "tests" / "data" / "matrix-small.yaml"
 # tests/test_e2e.py builds 2.6/12.1/debian12: the same wheels stage and final layers but the last.
 TORCH, CUDA, OS = "2.6", "12.4", "debian12"
-REGISTRY_BIN = Path("/usr/bin/docker-registry")
 
 
 # --------------------------------------------------------------------------- planner tables
@@ -248,13 +245,9 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.registry
-def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path, free_port: int) -> None:
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
+def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
-    reg = LocalRegistry(tmp_path / "registry", free_port, tls=(cert, key))
-    reg.start()
-    try:
+    with running_registry(tmp_path / "registry", tls=(cert, key)) as reg:
         ref = f"{reg.address}/ml/pytorch:2.6-runtime"
         with pytest.raises(ImageBuilderError, match="does not trust") as e:
             HttpRegistry(config={}).digest(ref)
@@ -264,8 +257,6 @@ def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path, free_
         certs.mkdir(parents=True)
         (certs / "ca.crt").write_bytes(cert.read_bytes())
         assert HttpRegistry(config={}, certs_root=tmp_path / "certs.d").digest(ref) is None
-    finally:
-        reg.stop()
 
 
 def test_parse_challenge_and_pick_manifest() -> None:
@@ -277,56 +268,6 @@ def test_parse_challenge_and_pick_manifest() -> None:
     assert pick_manifest({"manifests": index["manifests"][:1]}) == "sha256:arm"
 
 
-# --------------------------------------------------------------------------- a registry we can stop
-
-
-class LocalRegistry:
-    """Debian's docker-registry on 127.0.0.1:PORT that can be stopped and started again with its
-    storage kept (.ci/registry.sh stop throws the storage away)."""
-
-    def __init__(self, root: Path, port: int, htpasswd: Path | None = None,
-                 tls: tuple[Path, Path] | None = None) -> None:
-        self.root = root
-        self.port = port
-        self.address = f"127.0.0.1:{port}"
-        self.scheme = "https" if tls else "http"
-        self.process: subprocess.Popen[bytes] | None = None
-        (root / "data").mkdir(parents=True, exist_ok=True)
-        auth = f"auth:\n  htpasswd: {{realm: imagebuilder-test, path: '{htpasswd}'}}\n" if htpasswd else ""
-        tls_config = f", tls: {{certificate: '{tls[0]}', key: '{tls[1]}'}}" if tls else ""
-        (root / "config.yml").write_text(
-            f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {root / 'data'}}}\n"
-            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'{tls_config}}}\n{auth}")
-
-    def start(self) -> None:
-        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
-        self.process = subprocess.Popen([str(REGISTRY_BIN), "serve", str(self.root / "config.yml")],
-                                        stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
-                return
-            except urllib.error.HTTPError:
-                return  # it answers (401 when it wants a login; 400 when it speaks only TLS)
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    self.stop()
-                    pytest.fail(f"docker-registry did not answer on {self.address}: "
-                                f"{(self.root / 'registry.log').read_text()[-2000:]}")
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
-
-
 def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
     return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime", "--builder", "buildkit",
             "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--registry", registry,
@@ -335,21 +276,9 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
 
 @pytest.fixture(scope="module")
 def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry"), port)
-    reg.start()
-    try:
+    """A registry for the module that a test may stop and start again (its storage removed after)."""
+    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
         yield reg
-    finally:
-        reg.stop()
-        # Its blobs are GBs (a torch image), and pytest keeps a run's temporary directories.
-        shutil.rmtree(reg.root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -688,17 +617,13 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
 
 
 @pytest.mark.registry
-def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int) -> None:
+def test_basic_auth_with_docker_login_credentials(tmp_path: Path) -> None:
     # docker-registry's htpasswd accepts bcrypt entries only; the bcrypt package comes with
     # paramiko (docker[ssh], imagebuilder's own dependency). Python 3.13 has no crypt module.
     bcrypt = require_module("bcrypt", "it makes the registry's bcrypt htpasswd entry")
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
     htpasswd = tmp_path / "htpasswd"
     htpasswd.write_text(f"bot:{bcrypt.hashpw(b's3cret', bcrypt.gensalt()).decode()}\n")
-    reg = LocalRegistry(tmp_path / "registry", free_port, htpasswd=htpasswd)
-    reg.start()
-    try:
+    with running_registry(tmp_path / "registry", htpasswd=htpasswd) as reg:
         ref = f"{reg.address}/ml/pytorch:2.6-runtime"
         with pytest.raises(ImageBuilderError, match=f"docker login {reg.address}"):
             HttpRegistry(config={}).digest(ref)
@@ -706,20 +631,14 @@ def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int
         assert logged_in.digest(ref) is None and logged_in.labels(ref) is None  # in, and nothing there
         with pytest.raises(ImageBuilderError, match="HTTP 401"):
             HttpRegistry(config={"auths": {reg.address: _auth("bot", "wrong")}}).digest(ref)
-    finally:
-        reg.stop()
 
 
 @pytest.mark.registry
-def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, free_port: int) -> None:
+def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path) -> None:
     """publish mounts the layers its cache export uploaded into the image's repository; a blob
     the source repository does not have is not mounted, and the upload session the registry
     opened instead is cancelled."""
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    reg = LocalRegistry(tmp_path / "registry", free_port)
-    reg.start()
-    try:
+    with running_registry(tmp_path / "registry") as reg:
         blob = os.urandom(4096)
         digest = "sha256:" + hashlib.sha256(blob).hexdigest()
         base = f"http://{reg.address}/v2/ml"
@@ -753,8 +672,6 @@ def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, 
         # and data (it keeps an empty hash state), so it is no session any more.
         sessions = list((tmp_path / "registry" / "data").rglob("_uploads/*/startedat"))
         assert sessions == [], sessions
-    finally:
-        reg.stop()
 
 
 def test_a_blob_head_that_the_registry_redirects_stays_a_head() -> None:
@@ -845,15 +762,9 @@ BOTH = ("linux/amd64", "linux/arm64")
 
 
 @pytest.fixture
-def fresh_registry(tmp_path: Path, free_port: int) -> Iterator[LocalRegistry]:
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    reg = LocalRegistry(tmp_path / "registry", free_port)
-    reg.start()
-    try:
+def fresh_registry(tmp_path: Path) -> Iterator[LocalRegistry]:
+    with running_registry(tmp_path / "registry") as reg:
         yield reg
-    finally:
-        reg.stop()
 
 
 def _storage(reg: LocalRegistry) -> dict[str, str]:

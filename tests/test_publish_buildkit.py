@@ -25,7 +25,7 @@ import pytest
 from support.build_cache import family_build, prune_session_build_cache
 from support.cleanup import remove_local_tags
 from support.real_images import REPO_ROOT, ca_bundle_args, imagebuilder
-from support.registry import _free_port
+from support.registry import throwaway_registry
 from support.unavailable import _unavailable
 from support.replay import cli_replaying, verify_replaying
 
@@ -62,16 +62,9 @@ def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dic
 
 
 @pytest.fixture(scope="module")
-def local_registry(docker_engine: Any) -> Iterator[str]:
-    port = str(_free_port())
-    script = REPO_ROOT / ".ci" / "registry.sh"
-    started = subprocess.run([str(script), "start", port], capture_output=True, text=True, timeout=90)
-    if started.returncode != 0:
-        _unavailable(f"could not start a local registry: {started.stderr.strip()}")
-    try:
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
+def local_registry() -> Iterator[str]:
+    with throwaway_registry() as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
