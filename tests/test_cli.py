@@ -167,7 +167,6 @@ def test_matrix_and_publish_take_a_torch_cuda_request_as_build_does():
     assert f"# Tags: {tag}," in build_request
 
 
-@pytest.mark.docker
 @pytest.mark.registry
 def test_publish_dry_run_plans_the_image_build_makes(registry):
     code, out, err = run("publish", "--torch", "2.6", "--cuda", "12.1", "--variant", "runtime", "--os",

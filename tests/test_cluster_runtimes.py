@@ -23,7 +23,7 @@ from cluster_runtimes import (ALLREDUCE, CONTRACT, IMAGE_CACHE, PROBE, HostUser,
                               assert_the_contract_holds_under_docker, bwrap_argv, flatten, host_user, image_config,
                               missing_tools, one_node_slurm, probe_result, rootless_podman, run_container,
                               slurm_task_script, squashfs_mounted)
-from conftest import _unavailable
+from support.unavailable import _unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -18,8 +18,9 @@ import uuid
 
 import pytest
 
-from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, put_blob,
-                      put_manifest, remove_local_tags)
+from support.cleanup import remove_local_tags
+from support.real_images import TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder
+from support.registry import put_blob, put_manifest
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from conftest import REPO_ROOT, imagebuilder
+from support.real_images import REPO_ROOT, imagebuilder
 from imagebuilder import lock as locking
 from imagebuilder.base_pin import BasePin, pin_base
 from imagebuilder.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
@@ -336,7 +336,7 @@ def _copy_matrix(tmp_path: Path) -> Path:
 def _uv() -> str:
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists() and shutil.which("uv") is None:
-        from conftest import _unavailable
+        from support.unavailable import _unavailable
 
         _unavailable("uv is not installed (pip install uv==<matrix.yaml tools.uv>)")
     return str(uv) if uv.exists() else "uv"

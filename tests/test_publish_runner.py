@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TickingBuild
+from support.fakes import TickingBuild
 
 from imagebuilder import publish
 from imagebuilder.engine import (NO_ACCESS, BuildRequest, BuildResult, BuilderKind, HostAccess, OnProgress, Pushed,
@@ -49,6 +49,7 @@ class CannedEngine:
     fail_build: set[str] = field(default_factory=set)
     fail_push: set[str] = field(default_factory=set)
     digests: dict[str, str] = field(default_factory=dict)
+    contents: dict[str, str] = field(default_factory=dict)  # tag -> the id of the image it names
     built: list[str] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
@@ -86,7 +87,9 @@ class CannedEngine:
             raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
                               tail=("boom",), log_path=None)
         self.built.append(ref)
-        return BuildResult(f"sha256:{len(self.built):064x}", req.tags, 1, 1.0, 9, 0, 9, None)
+        image_id = f"sha256:{len(self.built):064x}"
+        self.contents.update(dict.fromkeys(req.tags, image_id))
+        return BuildResult(image_id, req.tags, 1, 1.0, 9, 0, 9, None)
 
     def read_file(self, image: str, path: str) -> bytes | None:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
@@ -98,7 +101,10 @@ class CannedEngine:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
         self.pushed.append(ref)
-        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(ref.encode()).hexdigest())
+        # As a registry answers: the digest of what the tag names, one for every tag of one image
+        # (a tag this engine did not build names content of its own).
+        content = self.contents.get(ref, ref)
+        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(content.encode()).hexdigest())
 
     def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
         return Pushed(self.push(ref, retries=retries, backoff=backoff), frozenset())

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import _unavailable, remove_block
+from support.matrix_text import remove_block
+from support.unavailable import _unavailable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"

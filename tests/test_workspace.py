@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
+from support.real_images import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
 from imagebuilder.image_contents import ENTRYPOINT
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
 from imagebuilder.matrix_load import load_matrix
