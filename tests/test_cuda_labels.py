@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.real_images import REPO_ROOT
 from imagebuilder.build import cuda_labels
 from imagebuilder.labels import CUDA, CUDA_RUNTIME, CUDA_TOOLKIT
 from imagebuilder.lockfile import load_locks
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 
