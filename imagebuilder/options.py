@@ -19,7 +19,7 @@ import click
 from packaging.version import InvalidVersion, Version
 
 from .certificates import read_ca_bundle, read_certificates
-from .engine.export import Compression
+from .engine.export import DUAL, Compression
 from .errors import BadRequest
 from .http_retry import REGISTRY_POLICY, RetryPolicy
 from .index_url import parse_index_url
@@ -421,9 +421,11 @@ def compression(f: F) -> F:
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
                           "current Kubernetes nodes. estargz: gzip that nodes running containerd's stargz "
                           "snapshotter pull lazily (a container starts before its image has arrived; slower "
-                          "to export: gzip speed). Default: publish, zstd where BuildKit exports into the "
+                          "to export: gzip speed). gzip+zstd: each image twice, in one index, a gzip manifest first for "
+                          "engines without zstd (Docker < 23, enroot < 4.0) and a zstd one marked for Podman "
+                          "and CRI-O (docs/publish.md). Default: publish, zstd where BuildKit exports into the "
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
-                     help=f"{Compression.levels_help()}. Default: BuildKit's (zstd 3, gzip 6)."),
+                     help=f"{Compression.levels_help()} (none for {DUAL}). Default: BuildKit's (zstd 3, gzip 6)."),
         _collect("compression", _compression, ("compression", "compression_level")),
     )(f)

@@ -787,3 +787,48 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert f"1 of {len(refs)} tags could not be made indexes" in error and tag in error
     assert refs[0] not in dict(registry.put) and all(ref in dict(registry.put) for ref in refs[1:])
+
+
+@dataclass
+class DualBlobs(CannedBlobs):
+    """Takes the index of a gzip+zstd publish: each pushed digest is an image manifest."""
+
+    indexes: list[tuple[str, bytes]] = field(default_factory=list)
+    signed: list[str] = field(default_factory=list)
+
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        from imagebuilder.manifests import index_document, platform_entries
+
+        return index_document([e for digest, platform in children
+                               for e in platform_entries(platform, "application/vnd.oci.image.manifest.v1+json", 9,
+                                                         digest, {})])
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        self.indexes.append((ref, body))
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def test_gzip_zstd_exports_gzip_after_the_verified_zstd_image_and_pushes_one_index_over_both() -> None:
+    from imagebuilder.engine.export import gzip_ref
+    from imagebuilder.manifests import ZSTD_ANNOTATION
+
+    engine = CannedStore()
+    (image,) = images()
+    registry = DualBlobs(engine=engine)
+    (outcome,) = run(publish.plan([image], {}), engine, registry,
+                     export=Export(Compression("gzip+zstd"), provenance=True), platform="linux/amd64")
+    assert outcome.status == publish.PUSHED, outcome.reason
+    first, labelled, gzip = engine.requests
+    assert first.export is not None and first.export.compression == Compression("gzip+zstd")  # BuildKit: zstd
+    assert labelled.tags == image.refs
+    assert gzip.tags == (gzip_ref(image.ref),) and gzip.export == Export(Compression("gzip"), provenance=True)
+    # The gzip image first, then the zstd one under the tag, then the index over both.
+    assert engine.pushed == [gzip_ref(image.ref), image.ref]
+    ((ref, body),) = registry.indexes
+    entries = json.loads(body)["manifests"]
+    assert ref == image.ref and [e["digest"] for e in entries] == [engine.ids[gzip_ref(image.ref)],
+                                                                    engine.ids[image.ref]]
+    assert ZSTD_ANNOTATION not in entries[0].get("annotations", {}) and entries[1]["annotations"][ZSTD_ANNOTATION] == "true"
+    index = "sha256:" + hashlib.sha256(body).hexdigest()
+    assert {outcome.pushed[r] for r in image.refs} == {index}
+    assert outcome.pushed[gzip_ref(image.ref)] == engine.ids[gzip_ref(image.ref)]

@@ -61,6 +61,12 @@ class OfflineRegistry:
     def provenance(self, ref: str) -> dict[str, Any] | None:
         raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
 
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
+    def digest(self, ref: str) -> str | None:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
 
 OFFLINE = OfflineRegistry()
 
