@@ -29,7 +29,10 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT, _unavailable, remove_images, throwaway_registry
+from support.cleanup import remove_images
+from support.real_images import REPO_ROOT
+from support.registry import throwaway_registry
+from support.unavailable import _unavailable
 from remote_engine import remote_engine  # type: ignore[import-not-found]
 
 from imagebuilder.engine import BuildRequest, DockerEngine
