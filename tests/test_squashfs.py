@@ -248,7 +248,7 @@ def test_an_image_without_a_squashfs_says_so_in_one_line(published: dict, tmp_pa
         "`imagebuilder publish --squashfs`, or import the image with enroot"]
     assert list(tmp_path.iterdir()) == []
     missing = CliRunner().invoke(cli, ["squashfs", f"{published['image']}:nope", "-o", str(tmp_path / "x.sqfs")])
-    assert missing.exit_code == 1 and "has no image" in missing.output
+    assert missing.exit_code == 2 and "has no image" in missing.output  # as verify's: the request is wrong
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -330,3 +330,91 @@ def test_the_pyxis_importer_is_shellcheck_clean() -> None:
         _unavailable("shellcheck is missing (.ci/setup installs it)")
     done = subprocess.run(["shellcheck", str(IMPORTER)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout
+
+
+# --- failures leave nothing behind -------------------------------------------------------------
+
+
+class CannedRegistry:
+    """One image of one gzip layer, whose blob arrives as `arrives` (a corrupt link, when it differs)."""
+
+    def __init__(self, arrives: bytes | None = None) -> None:
+        from squashfs_images import compress
+
+        self.blob, _ = compress(layer_tar([E("a", data="a")]), "gzip")
+        self.arrives = self.blob if arrives is None else arrives
+        self.asked: list[str] = []
+
+    def manifest(self, ref: str):
+        return {"layers": [{"digest": sha256(self.blob), "size": len(self.blob)}]}, "application/vnd.oci.image.manifest.v1+json"
+
+    def image_config(self, ref: str, platform: str | None = None):
+        return {"config": {"Env": ENV}}, ()
+
+    def download_blob(self, ref: str, digest: str, out) -> None:
+        self.asked.append(digest)
+        out.write(self.arrives)
+
+
+def test_a_corrupt_blob_fails_in_one_line_and_leaves_no_temp_folder(tmp_path: Path) -> None:
+    from imagebuilder.squashfs.make import BlobCorrupt, make_squashfs
+
+    registry = CannedRegistry(arrives=b"not the blob")
+    with pytest.raises(BlobCorrupt, match=r"arrived with digest sha256:[0-9a-f]{64}; .* try again"):
+        make_squashfs(registry, "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lambda line: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_little_disk_is_said_before_any_blob_is_fetched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from imagebuilder.squashfs import make
+
+    registry = CannedRegistry()
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 100))
+    with pytest.raises(make.NotEnoughDisk, match=r"has 100 B free, .* needs about"):
+        make.make_squashfs(registry, "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs",
+                           say=lambda line: None)
+    assert registry.asked == [] and list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_unpacking_removes_the_temp_folder(tmp_path: Path) -> None:
+    from imagebuilder.squashfs.make import make_squashfs
+
+    class Interrupted(CannedRegistry):
+        def download_blob(self, ref: str, digest: str, out) -> None:
+            out.write(self.blob[:10])
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        make_squashfs(Interrupted(), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lambda line: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- publish's hook --------------------------------------------------------------------------
+
+
+def test_publish_s_hook_lists_the_squashfs_and_a_failed_one_fails_the_image_it_leaves_pushed() -> None:
+    import functools
+
+    from test_publish_runner import CannedEngine, CannedRegistry as Canned, images, run
+
+    from imagebuilder import publish
+    from imagebuilder.publish.squashfs import SquashfsOutcome, with_squashfs
+
+    class Publisher(SquashfsPublisher):
+        def ensure(self, ref: str, platform: str) -> SquashfsOutcome:
+            if self.level == 0:
+                raise UnsafeLayer(layer="sha256:ab", detail="x lies under the symbolic link y")
+            return SquashfsOutcome(ref, ref.replace("@", "@art-"), "sha256:b1", 3_100_000_000, created=True)
+
+    for level, status in ((3, publish.PUSHED), (0, publish.FAILED)):
+        engine = CannedEngine()
+        hook = functools.partial(with_squashfs, Publisher(HttpRegistry(config={}), level=level))  # never asked
+        (outcome,) = run(publish.plan(images(), {}), engine, Canned(engine=engine), squashfs=hook)
+        assert outcome.status == status and outcome.pushed, outcome.reason
+        if status == publish.PUSHED:
+            assert outcome.squashfs is not None and outcome.squashfs["size"] == 3_100_000_000
+            assert outcome.to_json()["squashfs"]["image"].endswith("@" + next(iter(outcome.pushed.values())))
+            summary = publish.format_summary([outcome])
+            assert "squashfs: 3.1 GB pushed" in summary, summary
+        else:
+            assert "published, but its squashfs failed: layer sha256:ab is unsafe" in outcome.reason

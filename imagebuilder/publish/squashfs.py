@@ -12,6 +12,7 @@ the image is. A squashfs that fails fails its image, which stays pushed.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -84,9 +85,7 @@ class SquashfsPublisher:
                     COMPRESSION: f"{ZSTD}:{self.level}", BLOCK_SIZE: str(BLOCK_BYTES),
                     FLATTENED_BY: f"imagebuilder ({made.tool} {' '.join(made.options)})", ENROOT_CONFIG: "true"})
         finally:
-            for leftover in folder.iterdir() if folder.exists() else ():
-                leftover.unlink()
-            folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
         signed = self.signer.sign(pushed.ref, None) if self.signer is not None else None
         return _outcome(image, pushed, made.unpacked_bytes, time.monotonic() - started, signed)
 

@@ -29,7 +29,7 @@ class FetchError(ImageBuilderError):
     """The squashfs could not be fetched."""
 
 
-class NoImage(FetchError):
+class NoImage(BadRequest):
     template = "the registry has no image {image}; check the name and the tag"
 
 
