@@ -483,11 +483,13 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, regis
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
     """
     from .http_registry import HttpRegistry
+    from .platforms import parse_platforms
     from .reference import parse_reference
     from .signing import key_reference
     from .squashfs.fetch import check_output, fetch_squashfs
 
     parse_reference(image)
+    (platform,) = parse_platforms(platform)
     check_output(output)
     pub = key_reference(key, "--key") if key is not None else None
     fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,

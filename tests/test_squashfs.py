@@ -237,6 +237,9 @@ def test_fetching_replaces_a_file_atomically_and_takes_a_multi_platform_tag(publ
     assert done.exit_code == 0, done.output
     assert sha256(output.read_bytes()) == published["first"].blob
     assert f"the squashfs of {published['image']}@{published['digest']}" in done.output
+    arm = CliRunner().invoke(cli, ["squashfs", f"{published['image']}:multi", "-o", str(tmp_path / "arm.sqfs"),
+                                   "--platform", "linux/arm64"])
+    assert arm.exit_code == 1 and "has no linux/arm64 image" in arm.output and not (tmp_path / "arm.sqfs").exists()
 
 
 @pytest.mark.registry
@@ -256,6 +259,7 @@ def test_an_image_without_a_squashfs_says_so_in_one_line(published: dict, tmp_pa
     (["127.0.0.1:1/a/b:tag", "-o", "{tmp}/no/such/x.sqfs"], "does not exist"),
     (["127.0.0.1:1/A/b:tag", "-o", "{tmp}/x.sqfs"], "A/b"),
     (["127.0.0.1:1/a/b:tag", "-o", "{tmp}/x.sqfs", "--key", "{tmp}/missing.pub"], "missing.pub"),
+    (["127.0.0.1:1/a/b:tag", "-o", "{tmp}/x.sqfs", "--platform", "linux"], "linux"),
 ])
 def test_bad_input_is_refused_before_any_registry_is_asked(args: list[str], message: str, tmp_path: Path) -> None:
     """Port 1 answers nothing: a request would fail with exit 1, not 2."""

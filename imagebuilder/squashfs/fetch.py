@@ -19,7 +19,7 @@ from typing import IO, Any, Protocol
 
 from ..cosign import Cosign
 from ..errors import BadRequest, ImageBuilderError
-from ..manifests import INDEXES, pick_manifest
+from ..manifests import INDEXES
 from ..signing import pinned
 from .artifact import ArtifactRegistry, find_artifact
 from .make import HEARTBEAT_S, every, human
@@ -31,6 +31,10 @@ class FetchError(ImageBuilderError):
 
 class NoImage(BadRequest):
     template = "the registry has no image {image}; check the name and the tag"
+
+
+class NoPlatform(FetchError):
+    template = "{image} has no {platform} image; give the platform it has with --platform"
 
 
 class NoSquashfs(FetchError):
@@ -80,7 +84,12 @@ def image_digest(registry: FetchRegistry, image: str, platform: str) -> str:
         raise NoImage(image=image)
     document, media_type = found
     if media_type in INDEXES or document.get("mediaType") in INDEXES:
-        return pinned(image, pick_manifest(document, platform))
+        wanted = dict(zip(("os", "architecture", "variant"), platform.split("/")))
+        for entry in document.get("manifests") or []:
+            described = entry.get("platform") or {}
+            if all(described.get(key) == value for key, value in wanted.items()):
+                return pinned(image, str(entry["digest"]))
+        raise NoPlatform(image=image, platform=platform)
     descriptor = registry.descriptor(image)
     if descriptor is None:
         raise NoImage(image=image)
