@@ -422,3 +422,21 @@ def test_publish_s_hook_lists_the_squashfs_and_a_failed_one_fails_the_image_it_l
             assert "squashfs: 3.1 GB pushed" in summary, summary
         else:
             assert "published, but its squashfs failed: layer sha256:ab is unsafe" in outcome.reason
+
+
+def test_long_work_is_never_silent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line every HEARTBEAT_S (here 0.05 s) while the layers come in, whatever their number."""
+    import time
+
+    from imagebuilder.squashfs import make
+
+    class Slow(CannedRegistry):
+        def download_blob(self, ref: str, digest: str, out) -> None:
+            time.sleep(0.3)
+            super().download_blob(ref, digest, out)
+
+    monkeypatch.setattr(make, "HEARTBEAT_S", 0.05)
+    lines: list[str] = []
+    made = make.make_squashfs(Slow(), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lines.append)
+    assert made.path.stat().st_size > 0
+    assert sum("127.0.0.1:1/a/b: layer 1/1" in line and "unpacked so far" in line for line in lines) >= 3, lines

@@ -120,9 +120,10 @@ def make_squashfs(registry: LayerRegistry, ref: str, output: Path, *, level: int
         root = work / "root"
         root.mkdir()
         applied = Applied()
-        for number, (digest, size) in enumerate(layers, 1):
-            step = f"{ref.partition('@')[0]}: layer {number}/{len(layers)} ({human(size)})"
-            with every(HEARTBEAT_S, functools.partial(_unpacking, say, step, applied)):
+        step = [f"{ref.partition('@')[0]}: layer 1/{len(layers)}"]  # the heartbeat's line names the layer at hand
+        with every(HEARTBEAT_S, functools.partial(_unpacking, say, step, applied)):
+            for number, (digest, size) in enumerate(layers, 1):
+                step[0] = f"{ref.partition('@')[0]}: layer {number}/{len(layers)} ({human(size)})"
                 _apply_blob(registry, ref, digest, work / "blob", root, applied)
         for path, text in _configured(root, config[0]).items():
             (root / path).parent.mkdir(parents=True, exist_ok=True)
@@ -140,8 +141,8 @@ def make_squashfs(registry: LayerRegistry, ref: str, output: Path, *, level: int
     return Made(output, output.stat().st_size, time.monotonic() - started, applied.bytes, options, mksquashfs_version())
 
 
-def _unpacking(say: Callable[[str], None], step: str, applied: Applied) -> None:
-    say(f"{step}: {applied.files} files, {human(applied.bytes)} unpacked so far")
+def _unpacking(say: Callable[[str], None], step: list[str], applied: Applied) -> None:
+    say(f"{step[0]}: {applied.files} files, {human(applied.bytes)} unpacked so far")
 
 
 def _configured(root: Path, config: Mapping[str, Any]) -> dict[str, str]:
