@@ -67,7 +67,7 @@ def apply_layer(stream: IO[bytes], root: Path, applied: Applied, name: str,
                 on_entry: Callable[[int], None] | None = None) -> None:
     """Apply the uncompressed tar `stream` (layer `name`, for errors) over `root`."""
     added: set[str] = set()
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
+    with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as tar:
         for member in tar:
             try:
                 path = entry_path(member.name)
