@@ -376,13 +376,16 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.report
 @options.publishing
 @options.compression
+@click.option("--squashfs", is_flag=True,
+              help="Beside each published image, its root as a squashfs (zstd, 1 MiB blocks, enroot's config "
+                   "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md).")
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
-                registry_policy: RetryPolicy) -> None:
+                registry_policy: RetryPolicy, squashfs: bool) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -433,6 +436,13 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
         publish.report_indexes(merged, plan.planned, base=target.base, push=push, dry_run=dry_run, report=report,
                                echo=click.echo)
         return
+    hook = None
+    if squashfs:  # its tools are checked before anything is built
+        from .publish.squashfs import SquashfsPublisher, with_squashfs
+        from .squashfs.make import require_tools
+
+        require_tools()
+        hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
     builder = make_builder(decision, engine)
     buildkit = decision.kind == "buildkit"
     # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
@@ -445,10 +455,47 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
                                      allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                      pull=pull, export=export,
                                      cache_registry=target if export is not None else None,
-                                     signer=signer)
+                                     signer=signer, squashfs=hook)
     publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                            multi=multi, merge=merge, index_platforms=plan.index_platforms, base=target.base, report=report,
                            events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
+
+
+# --- squashfs -------------------------------------------------------------------------------
+
+
+@cli.command("squashfs")
+@click.argument("image")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="Where to write the squashfs (atomically: a temp file beside it, renamed).")
+@click.option("--key", metavar="PUB", default=None,
+              help="Check the artifact's cosign signature with this public key before downloading it.")
+@click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
+              help="The image of a multi-platform tag whose squashfs to fetch.")
+@options.registry_timeout
+def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, registry_policy: RetryPolicy) -> None:
+    """Fetch the squashfs `publish --squashfs` pushed beside IMAGE into FILE, for pyxis/enroot.
+
+    Exit 1 when the registry has none for the image's digest.
+
+    \b
+    Examples:
+      imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /scratch/torch.sqfs
+      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
+    """
+    from .http_registry import HttpRegistry
+    from .platforms import parse_platforms
+    from .reference import parse_reference
+    from .signing import key_reference
+    from .squashfs.fetch import check_output, fetch_squashfs
+
+    parse_reference(image)
+    (platform,) = parse_platforms(platform)
+    check_output(output)
+    pub = key_reference(key, "--key") if key is not None else None
+    fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
+                             say=progress)
+    progress(f"wrote {fetched.path} ({fetched.size} bytes, the squashfs of {fetched.image}) in {fetched.seconds:.1f} s")
 
 
 def main() -> None:

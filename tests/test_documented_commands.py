@@ -135,7 +135,7 @@ def tier(argv: list[str]) -> str:
     words = subcommand(argv)
     if words in (["lock"], ["matrix", "add"]) or (words == ["matrix", "check"] and "--online" in argv):
         return NETWORK
-    if words and words[0] in ("build", "publish", "verify"):
+    if words and words[0] in ("build", "publish", "verify", "squashfs"):  # squashfs: asks a registry
         return DOCKER
     return FAST
 

@@ -164,9 +164,9 @@ def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, An
     entry = next(c for c in combos
                  if {i["variant"] for i in generated["images"] if all(i[k] == c[k] for k in PUBLISH_KEYS)} >= {"runtime", "jupyter"})
     env = {name.upper(): entry[name] for name in PUBLISH_KEYS}
-    assert set(step["env"]) == {*env, "FORCE", *SIGNING_ENV}
+    assert set(step["env"]) == {*env, "FORCE", "SQUASHFS", *SIGNING_ENV}
     assert all(step["env"][name] == f"${{{{ matrix.{name.lower()} }}}}" for name in env)
-    env.update(FORCE="", REGISTRY="127.0.0.1:1/ci", PATH=f"{_shim(tmp_path / 'bin', '--dry-run --force')}:{os.environ['PATH']}")
+    env.update(FORCE="", SQUASHFS="--squashfs", REGISTRY="127.0.0.1:1/ci", PATH=f"{_shim(tmp_path / 'bin', '--dry-run --force')}:{os.environ['PATH']}")
     done = _run_step(step["run"], env, tmp_path)
     assert done.returncode == 0, done.stderr
     wanted = [i for i in generated["images"] if all(i[k] == entry[k] for k in PUBLISH_KEYS)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..build import ProgressPrinter
+from ..build import ProgressPrinter, human_size
 from ..engine.api import Progress
 from ..errors import ImageBuilderError
 from ..reference import parse_reference
@@ -113,7 +113,10 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
         rows.append(row[:4] + ((mark(bool(o.signed) if o.pushed else None),) if signing else ()) + row[4:])
     headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
     layers = [f"{o.step.image.tags[0]} layers: {o.layers.summary()}" for o in outcomes if o.layers is not None]
-    return "\n".join((format_table(headers, rows), *layers))
+    squashfs = [f"{o.step.image.tags[0]} squashfs: {human_size(o.squashfs['size'])} "
+                f"{'pushed' if o.squashfs['created'] else 'already published'} ({o.squashfs['artifact']})"
+                for o in outcomes if o.squashfs is not None]
+    return "\n".join((format_table(headers, rows), *layers, *squashfs))
 
 
 def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],

@@ -63,6 +63,8 @@ def publish(steps: Sequence[Step], *, engine: Engine, builder: Builder, registry
             started = time.monotonic()
             outcome = _run(step, engine, builder, registry, options, local, on_event or _quiet, on_progress, verifier)
             outcome = replace(outcome, seconds=time.monotonic() - started)
+            if options.squashfs is not None and options.push:
+                outcome = options.squashfs(outcome, options.platform or host_platform())
         if outcome.built is not None:
             local.add(image.ref)
         if outcome.status == FAILED:
