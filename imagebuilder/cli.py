@@ -411,7 +411,8 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
     pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
                            wanted, multi=multi, kind=known, merge_only=merge_only)
-    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
+    # The dry run is the run's plan: a key the run would refuse is refused here too (exit 2).
+    signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
     # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
     decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
     engine = None if dry_run or merge_only else DockerEngine()

@@ -61,6 +61,9 @@ class OfflineRegistry:
     def provenance(self, ref: str) -> dict[str, Any] | None:
         raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
 
+    def digest(self, ref: str) -> str | None:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
 
 OFFLINE = OfflineRegistry()
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ..errors import ImageBuilderError
 from ..platforms import platform_tags
 from ..reference import parse_reference
-from ..signing import Signed, Signer, pinned, signature_tag
+from ..signing import Signed, Signer, has_signature, pinned
 from .plan import FAILED, SKIP, SKIPPED
 
 # Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).
@@ -85,6 +85,8 @@ class IndexRegistry(Protocol):
     def put_index(self, ref: str, body: bytes) -> str: ...
 
     def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None: ...
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None: ...
 
 
 def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
@@ -159,7 +161,7 @@ def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
                 continue
         signed = None
         target = pinned(step.ref, digest)
-        if signer is not None and (status == WRITTEN or registry.digest(signature_tag(target)) is None):
+        if signer is not None and (status == WRITTEN or not has_signature(registry, target)):
             try:
                 signed = signer.sign(target, None)
             except ImageBuilderError as e:

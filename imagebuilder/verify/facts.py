@@ -33,6 +33,8 @@ class RegistryReader(Protocol):
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]: ...
 
+    def digest(self, ref: str) -> str | None: ...
+
     def provenance(self, ref: str) -> dict[str, Any] | None: ...
 
 # --------------------------------------------------------------------------- host facts (I/O)
@@ -98,7 +100,7 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
         except PullFailed as e:
             return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
                                          "build it or check the reference and `docker login`",
-                             image_not_found=names_nothing(e.detail))
+                             image_not_found=names_nothing(e.detail) and not registry_has(registry, ref))
     labels = engine.image_labels(ref)
     info: Mapping[str, Any] = engine.info()
     probe = probe_gpus(engine, ref)
@@ -123,6 +125,18 @@ def registry_compression(registry: RegistryReader, ref: str) -> str | None:
         return compression_of(media for _, media in registry.blobs(ref).values())
     except (RegistryError, InvalidReference, ValueError, OSError):
         return None
+
+
+def registry_has(registry: RegistryReader, ref: str) -> bool:
+    """Whether `ref`'s registry names a digest under it: a pull of such an image that failed with
+    "not found" (a blob or manifest it advertises and cannot deliver) is the registry's fault, not
+    a request for nothing (exit 1, not 2). False where it says no, or cannot be asked."""
+    try:
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
+            return False
+        return registry.digest(ref) is not None
+    except (RegistryError, InvalidReference, ValueError, OSError):
+        return False
 
 
 def registry_built_from(registry: RegistryReader, ref: str) -> BuiltFrom | None:
