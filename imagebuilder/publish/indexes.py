@@ -140,6 +140,16 @@ def _platform_of(registry: IndexRegistry, ref: str, digest: str, platform: str) 
     return f"{config.get('os') or '?'}/{config.get('architecture') or '?'}"
 
 
+def _gone(registry: IndexRegistry, children: Sequence[IndexChild]) -> str:
+    """Which of an index's children the registry does not have now (a HEAD of each by digest,
+    just before the PUT), said as a reason; "" when it has them all."""
+    missing = [c for c in children if c.digest is None or registry.digest(pinned(c.ref, c.digest)) != c.digest]
+    if not missing:
+        return ""
+    names = ", ".join(f"{parse_reference(c.ref).reference} ({c.digest})" for c in missing)
+    return f"{names} {'is' if len(missing) == 1 else 'are'} not in the registry"
+
+
 def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
                   signer: Signer | None = None) -> tuple[IndexOutcome, ...]:
     """Write every planned index (planned with nothing pending); a tag that cannot be written
@@ -155,6 +165,11 @@ def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
         if step.action == WRITE:
             assert step.body, f"{step.ref}: plan the indexes again once the platform images are pushed"
             try:
+                gone = _gone(registry, step.children)
+                if gone:  # an index over a manifest the registry lacks would name an image nobody can pull
+                    outcomes.append(IndexOutcome(step, SKIPPED, f"{gone} since the plan; rerun --merge-only "
+                                                                 "once it is published again"))
+                    continue
                 status, digest = WRITTEN, registry.put_index(step.ref, step.body)
             except ImageBuilderError as e:
                 outcomes.append(IndexOutcome(step, FAILED, f"the index PUT failed: {e}"))

@@ -5,10 +5,8 @@ report document, and the one failure that names every image (or index) that did 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from ..atomic import write_json
 from ..build import ProgressPrinter
 from ..engine.api import Builder, Engine, Progress
 from ..errors import ImageBuilderError
@@ -16,6 +14,7 @@ from ..reference import parse_reference
 from ..registry import Registry
 from ..table import format_table
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
+from .ledger import Ledger
 from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, RunOptions, Step, short
 from .run import publish_all
 
@@ -30,41 +29,39 @@ class PublishFailed(ImageBuilderError):
 
 def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
                    registry: Registry, options: RunOptions, multi: bool, merge: bool,
-                   index_platforms: Mapping[str, Sequence[str]], base: str, report: Path | None,
+                   index_platforms: Mapping[str, Sequence[str]], ledger: Ledger,
                    events: EventPrinter, echo: Callable[[str], None]) -> None:
     """`publish`: publish_all() with a line per outcome and index on `events`, the summary on
-    `echo` and the --report written however the run ends; raises when any image failed, or
-    any tag could not be made an index."""
-    outcomes: list[Outcome] = []
-    indexes: list[IndexOutcome] = []
+    `echo`, each outcome kept in `ledger` (the --report, written as the run goes and however it
+    ends: Ledger.kept); raises when any image failed, or any tag could not be made an index."""
+    def on_event(phase: str, step: Step) -> None:
+        ledger.began(phase, step)
+        events.on_event(phase, step)
+
     try:
         for done in publish_all(plans, engine=engine, builder=builder, registry=registry, options=options,
                                 multi=multi, merge=merge, index_platforms=index_platforms,
-                                on_event=events.on_event, on_progress=events.on_progress):
+                                on_event=on_event, on_progress=events.on_progress):
+            ledger.record(done)
             if isinstance(done, IndexOutcome):
-                indexes.append(done)
                 events.line(format_indexes([done]))
             else:
-                outcomes.append(done)
                 events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
     finally:
         events.close()
-        if outcomes:
-            echo(format_summary(outcomes, signing=options.signer is not None))
-        if report is not None:
-            planned = [step for _, steps in plans for step in steps]
-            write_json(report, report_document(base, options.push, False, planned, outcomes, indexes))
-    raise_if_failed(outcomes, indexes)
+        if ledger.outcomes:
+            echo(format_summary(ledger.outcomes, signing=options.signer is not None))
+    ledger.write()
+    raise_if_failed(ledger.outcomes, ledger.indexes)
 
 
-def report_indexes(indexes: Sequence[IndexStep | IndexOutcome], planned: Sequence[Step], *, base: str, push: bool,
-                   dry_run: bool, report: Path | None, echo: Callable[[str], None]) -> None:
+def report_indexes(indexes: Sequence[IndexStep | IndexOutcome], ledger: Ledger, echo: Callable[[str], None]) -> None:
     """A publish that builds nothing (the dry run, --merge-only): the indexes it planned or
     wrote on `echo`, the --report, then a failure naming each tag left without an index."""
     if indexes:
         echo(format_indexes(indexes))
-    if report is not None:
-        write_json(report, report_document(base, push, dry_run, planned, (), indexes))
+    ledger.indexes = list(indexes)
+    ledger.write()
     raise_if_failed((), indexes)
 
 
@@ -156,18 +153,6 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
     headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
     layers = [f"{o.step.image.tags[0]} layers: {o.layers.summary()}" for o in outcomes if o.layers is not None]
     return "\n".join((format_table(headers, rows), *layers))
-
-
-def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],
-                    outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome]) -> dict[str, Any]:
-    """`publish --report`: what was planned, and what became of each image and index; of a dry
-    run, the plan (`images` empty, `indexes` as planned, `ok` true)."""
-    unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
-    ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
-    return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
-            "images": [o.to_json() for o in outcomes],
-            "indexes": [i.to_json() for i in indexes],
-            "planned": [step.to_json() for step in planned]}
 
 
 def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:
