@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import REPO_ROOT, imagebuilder, put_blob, put_manifest, throwaway_registry
@@ -26,6 +26,8 @@ from test_publish_runner import images
 
 from imagebuilder import http_retry, publish
 from imagebuilder.cosign import Cosign, CosignTimedOut
+from imagebuilder.engine import BuildRequest
+from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.errors import PushFailed, push_cause
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.http_retry import RetryPolicy
@@ -33,6 +35,9 @@ from imagebuilder.manifests import OCI_MANIFEST
 from imagebuilder.registry import RegistryTimeout
 from imagebuilder.signature_check import SIGNED, UNKNOWN, UNSIGNED, check_image
 from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, pinned, signature_tag
+
+if TYPE_CHECKING:
+    from imagebuilder.engine import DockerEngine
 
 PLAN = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12",
         "--variant", "runtime", "--builder", "buildkit", "--dry-run")
@@ -351,3 +356,40 @@ def test_the_report_records_each_images_last_state_when_ctrl_c_ends_the_run(tmp_
                         *[(s.image.ref, "not run") for s in steps[2:]]]
     assert document["images"][1]["reason"] == "interrupted during push: interrupted (Ctrl-C)"
     assert document["images"][1]["pushed"] == {}  # nothing the registry did not confirm
+
+
+# --------------------------------------------------------------------------- the daemon behind the proxy
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_push_whose_blob_upload_fails_says_the_status_not_a_login(docker_engine: DockerEngine, base_image: str,
+                                                                     image_repo: str, upstream: str,
+                                                                     proxy: FaultProxy, tmp_path: Path) -> None:
+    ref = f"{proxy.address}/{image_repo}:1"
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN echo {image_repo} > /pushed\n")
+    ClassicBuilder(docker_engine).build(BuildRequest(tmp_path, (ref,), {}))
+    # Every blob upload's last request (the PUT that names the digest, or the PATCH before it) fails.
+    proxy.inject(Fault("PUT", r"/blobs/uploads/", status=500, times=None),
+                 Fault("PATCH", r"/blobs/uploads/", status=500, times=None))
+    with pytest.raises(PushFailed) as failed:
+        docker_engine.push_counted(ref, retries=1)
+    line = str(failed.value)
+    assert "500" in line and "_state" not in line and "logged in" not in line and "\n" not in line, line
+    assert _tag_digest(upstream, image_repo, "1") is None  # nothing landed under the tag
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_registry_that_cannot_deliver_what_it_advertises_is_exit_1(docker_engine: DockerEngine, upstream: str,
+                                                                      proxy: FaultProxy, image_repo: str) -> None:
+    _image(upstream, image_repo, "v")
+    ref = f"{proxy.address}/{image_repo}:v"
+    proxy.inject(Fault("GET", r"/blobs/sha256:", status=404, body=b'{"errors": [{"code": "BLOB_UNKNOWN"}]}',
+                       times=None))
+    done = imagebuilder("verify", ref, "--allow-no-gpu", timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (error,) = error_lines(done.stderr)
+    assert ref in error and "could not deliver it" in error and "Traceback" not in done.stderr
+    assert proxy.asked("HEAD", r"/manifests/v$")  # the registry named a digest under the tag
+    assert not docker_engine.image_exists(ref)

@@ -98,9 +98,12 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
             engine.pull(ref)
             pulled = True
         except PullFailed as e:
-            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
-                                         "build it or check the reference and `docker login`",
-                             image_not_found=names_nothing(e.detail) and not registry_has(registry, ref))
+            # "not found" from a registry that names a digest under the tag is its fault, not the request's.
+            undelivered = names_nothing(e.detail) and registry_has(registry, ref)
+            todo = ("the registry names the image but could not deliver it: try again later, or tell whoever runs "
+                    "it" if undelivered else "build it or check the reference and `docker login`")
+            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; {todo}",
+                             image_not_found=names_nothing(e.detail) and not undelivered)
     labels = engine.image_labels(ref)
     info: Mapping[str, Any] = engine.info()
     probe = probe_gpus(engine, ref)
