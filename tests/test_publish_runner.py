@@ -116,6 +116,10 @@ class CannedRegistry:
     put: list[tuple[str, str]] = field(default_factory=list)
 
     def digest(self, ref: str) -> str | None:
+        pinned = ref.partition("@")[2]
+        if pinned:  # a manifest by digest: there while a tag names it
+            named = {*self.answers.values(), *(self.engine.digests.values() if self.engine else ())}
+            return pinned if pinned in named else None
         if ref in self.answers:
             return self.answers[ref]
         return self.engine.digests.get(ref) if self.engine else None
@@ -695,12 +699,6 @@ class IndexingRegistry(CannedRegistry):
 
     platforms: dict[str, str] = field(default_factory=dict)
     configs_read: list[tuple[str, str | None]] = field(default_factory=list)
-
-    def digest(self, ref: str) -> str | None:
-        pinned = ref.partition("@")[2]
-        if pinned:  # a manifest by digest: there while a tag names it
-            return pinned if pinned in self.answers.values() else None
-        return super().digest(ref)
 
     def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
         return json.dumps([ref, *children]).encode()

@@ -32,6 +32,7 @@ from imagebuilder.engine.errors import PushFailed, push_cause
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.http_retry import RetryPolicy
 from imagebuilder.manifests import OCI_MANIFEST
+from imagebuilder.publish.push import incomplete
 from imagebuilder.registry import RegistryTimeout
 from imagebuilder.signature_check import SIGNED, UNKNOWN, UNSIGNED, check_image
 from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, pinned, signature_tag
@@ -196,6 +197,20 @@ def test_an_index_is_written_only_over_children_the_registry_has(upstream: str, 
     proxy.inject()
     (written,) = publish.write_indexes(client, steps)
     assert written.status == publish.WRITTEN and _tag_digest(upstream, "ns/pytorch", "m") == written.digest
+
+
+@pytest.mark.registry
+def test_only_a_whole_digest_is_signed(upstream: str, proxy: FaultProxy) -> None:
+    amd64 = _image(upstream, "ns/pytorch", "w-amd64")
+    arm64 = _image(upstream, "ns/pytorch", "w-arm64", architecture="arm64")
+    client = HttpRegistry(config={}, policy=RetryPolicy(first_wait_s=0.05))
+    ref = f"{proxy.address}/ns/pytorch:w"
+    index = client.put_index(ref, client.index_for(ref, [(amd64, "linux/amd64"), (arm64, "linux/arm64")]))
+    assert incomplete(client, pinned(ref, index)) is None
+    proxy.inject(Fault("HEAD", rf"/manifests/{arm64}$", status=404, times=None))
+    assert incomplete(client, pinned(ref, index)) == f"its index lists {arm64}, which the registry does not have"
+    missing = "sha256:" + "0" * 64
+    assert incomplete(client, pinned(ref, missing)) == f"the registry has no manifest {missing}"
 
 
 # --------------------------------------------------------------------------- signatures

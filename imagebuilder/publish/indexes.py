@@ -177,6 +177,10 @@ def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
         signed = None
         target = pinned(step.ref, digest)
         if signer is not None and (status == WRITTEN or not has_signature(registry, target)):
+            gone = _gone(registry, step.children) if status == UNCHANGED else ""  # (a written one was just checked)
+            if gone:
+                outcomes.append(IndexOutcome(step, FAILED, f"{status} {digest}, but not signed: {gone}", digest))
+                continue
             try:
                 signed = signer.sign(target, None)
             except ImageBuilderError as e:

@@ -107,6 +107,19 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     return str(digest) if digest else None
 
 
+def incomplete(registry: Registry, target: str) -> str | None:
+    """Why `target` (REPOSITORY@DIGEST) is not whole in the registry, or None: its manifest answers
+    a HEAD by digest and, of an index, so does every manifest it lists (a registry takes an image
+    manifest only once it has its blobs). Asked right before signing: a signature marks a whole image."""
+    digest = target.partition("@")[2]
+    if registry.digest(target) != digest:
+        return f"the registry has no manifest {digest}"
+    found = registry.manifest(target)
+    entries = (found[0].get("manifests") or []) if found is not None else []
+    missing = [str(e.get("digest")) for e in entries if registry.digest(pinned(target, str(e.get("digest")))) is None]
+    return f"its index lists {', '.join(missing)}, which the registry does not have" if missing else None
+
+
 def sign_pushed(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer) -> tuple[Signed, ...]:
     """Sign each digest the registry confirmed (one, unless a tag's push went astray), with the
     SBOM the pushed image carries attested; that SBOM must be the one its label names."""
@@ -116,6 +129,10 @@ def sign_pushed(engine: Engine, image: RenderedImage, pushed: Mapping[str, str],
         raise SbomNotTheImages(target=image.ref, path=SBOM_PATH, found=found if sbom else "missing",
                                label=SBOM_DIGEST, labelled=labelled or "missing")
     return tuple(signer.sign(pinned(image.ref, digest), sbom) for digest in dict.fromkeys(pushed.values()))
+
+
+class NotWhole(ImageBuilderError):
+    template = "{target} is not whole in the registry ({why}); nothing was signed: rerun to push it again"
 
 
 @dataclass
