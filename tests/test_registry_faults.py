@@ -29,6 +29,7 @@ from imagebuilder.cosign import Cosign, CosignTimedOut
 from imagebuilder.engine import BuildRequest
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.errors import PushFailed, push_cause
+from imagebuilder.errors import BadRequest
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.http_retry import RetryPolicy
 from imagebuilder.manifests import OCI_MANIFEST
@@ -408,3 +409,11 @@ def test_a_registry_that_cannot_deliver_what_it_advertises_is_exit_1(docker_engi
     assert ref in error and "could not deliver it" in error and "Traceback" not in done.stderr
     assert proxy.asked("HEAD", r"/manifests/v$")  # the registry named a digest under the tag
     assert not docker_engine.image_exists(ref)
+
+
+def test_a_wrong_request_found_during_the_run_writes_no_report(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    ledger = publish.Ledger(report, "127.0.0.1:5999/ml", push=True, planned=publish.plan(images(), {}))
+    with pytest.raises(BadRequest), ledger.kept():
+        raise BadRequest("--base-image says debian12, --os ubuntu22.04")  # (read through the daemon, in the plan)
+    assert not report.exists() and list(tmp_path.iterdir()) == []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_json
+from ..errors import BadRequest, ImageBuilderError
 from .indexes import IndexOutcome, IndexStep
 from .plan import CACHE, FAILED, INTERRUPTED, NOT_RUN, SKIPPED, Outcome, Step
 
@@ -89,7 +90,8 @@ class Ledger:
 
     @contextmanager
     def kept(self) -> Iterator[Ledger]:
-        """The report written also when an error or Ctrl-C (SIGTERM: cli.main) ends the block."""
+        """The report written also when an error or Ctrl-C (SIGTERM: cli.main) ends the block; not
+        for a wrong request (exit 2), which leaves nothing behind."""
         try:
             yield self
         except KeyboardInterrupt:
@@ -97,6 +99,7 @@ class Ledger:
                 self.ended("interrupted (Ctrl-C)", interrupted=True)
             raise
         except Exception as e:
-            if not self.closed:
+            wrong_request = isinstance(e, ImageBuilderError) and e.exit_status == BadRequest.exit_code
+            if not self.closed and not wrong_request:
                 self.ended(str(e).splitlines()[0] if str(e) else type(e).__name__, interrupted=False)
             raise

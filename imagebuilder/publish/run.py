@@ -28,7 +28,7 @@ from .blobs import published_layers
 from .indexes import IndexOutcome, plan_indexes, write_indexes
 from .plan import (BUILD, CACHE, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, RunOptions,
                    Step, short)
-from .push import NotWhole, Pushing, export_for, incomplete, layers_of, push_image, put_tag, sign_pushed
+from .push import Pushing, export_for, layers_of, push_image, put_tag, sign_pushed
 
 Event = Callable[[str, Step], None]
 """Called with "build", "verify", "push" or "retag" before that phase of a step starts."""
@@ -185,11 +185,7 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
         on_event("sign", step)
         started = time.monotonic()
         try:
-            for target in dict.fromkeys(pinned(step.image.ref, d) for d in done.pushed.values()):
-                why = incomplete(registry, target)
-                if why is not None:
-                    raise NotWhole(target=target, why=why)
-            signed = sign_pushed(engine, step.image, done.pushed, options.signer)
+            signed = sign_pushed(engine, registry, step.image, done.pushed, options.signer)
         except ImageBuilderError as e:
             return Outcome(step, FAILED, f"pushed, but not signed (the next run rebuilds and signs it): {e}",
                            built=built, verify=report, pushed=done.pushed, timings=timings,
