@@ -351,11 +351,14 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     if local or tag is None:  # options checked the combinations
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
+        from .cosign import Cosign
         from .engine.docker import DockerEngine
         from .http_registry import HttpRegistry
 
+        # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
+        cosign = Cosign(timeout=registry_policy.timeout_s, say=progress, timeout_option=registry_policy.timeout_option)
         report = verify_published(DockerEngine(), tag, registry=HttpRegistry(policy=registry_policy), key=key,
-                                  signature_only=signature_only, live=live,
+                                  cosign=cosign, signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
@@ -415,50 +418,53 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
     pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
                            wanted, multi=multi, merge_only=merge_only, compression=compression)
-    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
-    # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
-    decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
-    engine = None if dry_run or merge_only else DockerEngine()
-    if engine is not None:
-        engine.ping()
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
-    registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
-    today = day.date() if day is not None else datetime.now(timezone.utc).date()
-    plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
-                                 read_os_release=engine.os_release if engine else None,
-                                 registry=registry, force=force, day=today, merge_only=merge_only, note=note,
-                                 signing=signer is not None)
-    for platform, steps in plan.steps:
-        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
-    if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
-        merged = plan.indexes(registry, merge=merge_only or (merge and push),
-                              signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
-        publish.report_indexes(merged, plan.planned, base=target.base, push=push, dry_run=dry_run, report=report,
-                               echo=click.echo)
-        return
-    hook = None
-    if squashfs:  # its tools are checked before anything is built
-        from .publish.squashfs import SquashfsPublisher, with_squashfs
-        from .squashfs.make import require_tools
+    # The dry run is the run's plan: a key the run would refuse is refused here too (exit 2).
+    signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
+    # From here the --report records what happens, also when an error or Ctrl-C ends the run.
+    with publish.Ledger(report, target.base, push, dry_run).kept() as ledger:
+        # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
+        decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
+        engine = None if dry_run or merge_only else DockerEngine()
+        if engine is not None:
+            engine.ping()
+        opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
+        registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
+        today = day.date() if day is not None else datetime.now(timezone.utc).date()
+        plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
+                                     read_os_release=engine.os_release if engine else None,
+                                     registry=registry, force=force, day=today, merge_only=merge_only, note=note,
+                                     signing=signer is not None)
+        ledger.planned = plan.planned
+        for platform, steps in plan.steps:
+            click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
+        if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
+            merged = plan.indexes(registry, merge=merge_only or (merge and push),
+                                  signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
+            publish.report_indexes(merged, ledger, echo=click.echo)
+            return
+        hook = None
+        if squashfs:  # its tools are checked before anything is built
+            from .publish.squashfs import SquashfsPublisher, with_squashfs
+            from .squashfs.make import require_tools
 
-        require_tools()
-        hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
-    builder = make_builder(decision, engine)
-    buildkit = decision.kind == "buildkit"
-    # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
-    export = choose(compression, buildkit=buildkit, provenance=True,
-                    image_store=buildkit and engine.keeps_compressed_layers())
-    if not quiet:
-        click.echo(f"builder: {builder.describe()}", err=True)
-        click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
-    run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
-                                     allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull, export=export,
-                                     cache_registry=target if export is not None else None,
-                                     signer=signer, squashfs=hook)
-    publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
-                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=target.base, report=report,
-                           events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
+            require_tools()
+            hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
+        builder = make_builder(decision, engine)
+        buildkit = decision.kind == "buildkit"
+        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
+        export = choose(compression, buildkit=buildkit, provenance=True,
+                        image_store=buildkit and engine.keeps_compressed_layers())
+        if not quiet:
+            click.echo(f"builder: {builder.describe()}", err=True)
+            click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
+        run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
+                                         allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
+                                         pull=pull, export=export,
+                                         cache_registry=target if export is not None else None,
+                                         signer=signer, squashfs=hook)
+        publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
+                               multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
+                               events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
 
 
 # --- squashfs -------------------------------------------------------------------------------

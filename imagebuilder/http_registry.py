@@ -28,7 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -332,17 +332,23 @@ class HttpRegistry:
         if not is_insecure_by_default(host):
             self._schemes[host] = "https"
             return "https"
-        try:
-            # One try, not send(): any failure means "not over TLS", and the call after it retries.
+        def probe() -> None:
             self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._policy.timeout_s).close()
+
+        try:
+            # One try (any failure means "not over TLS", and the call after it retries), through
+            # send() for its line every 15 s while a registry that accepts and never answers stalls it.
+            send(probe, request=f"GET https://{host}/v2/", policy=replace(self._policy, attempts=1, stalled_attempts=1),
+                 idempotent=True, say=self._say)
             scheme = "https"
-        except urllib.error.HTTPError:
-            scheme = "https"  # it answered over TLS (401 wants a login)
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
-            scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
+        except HttpFault as e:
+            if isinstance(e.error, urllib.error.HTTPError):
+                scheme = "https"  # it answered over TLS (401 wants a login)
+            else:
+                reason = getattr(e.error, "reason", e.error)
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
+                scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
         self._schemes[host] = scheme
         return scheme
 

@@ -93,6 +93,11 @@ class DualRegistry:
     def digest(self, ref: str) -> str | None:
         return self.tags.get(ref)
 
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        digest = ref.partition("@")[2] or self.tags.get(ref)
+        document = self.documents.get(digest or "")
+        return (document, OCI_INDEX) if document is not None else None
+
     def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
         entries = []
         for digest, platform in children:

@@ -37,8 +37,8 @@ CACHE = "cache"
 """The event, every 15 s, of a push (or the end of a --no-push step) waiting for the image's registry cache export."""
 
 # Outcome statuses.
-PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
-    "pushed", "retagged", "skipped", "verified", "failed", "not run")
+PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN, INTERRUPTED = (
+    "pushed", "retagged", "skipped", "verified", "failed", "not run", "interrupted")
 
 
 # --------------------------------------------------------------------------- plan (pure)
@@ -199,7 +199,7 @@ class Outcome:
 
     @property
     def failed(self) -> bool:
-        return self.status in (FAILED, NOT_RUN)
+        return self.status in (FAILED, NOT_RUN, INTERRUPTED)
 
     def to_json(self) -> dict[str, Any]:
         image = self.step.image

@@ -1,7 +1,8 @@
 """One image to the registry, through the declared Engine and Registry protocols: ask which of
 its layer blobs the repository has (for the report: blobs.py), mount the layers its build cache
 holds, push each tag and confirm it, keep a registry image that is this very image, point tags,
-sign the pushed digests.
+sign the pushed digests, each once the registry has it whole (its manifest, and every manifest an
+index of it lists, answer a HEAD by digest).
 
 A tag counts as pushed only once the registry itself answers with the digest the push
 reported: a registry that goes away mid-run never leaves an image reported as published.
@@ -38,6 +39,9 @@ class PushedOtherContent(ImageBuilderError):
                 "changed the image after the check (recompressed it?); nothing pushed counts as published: "
                 "rerun on an engine with the containerd image store, or with --compression gzip")
 
+
+class NotWhole(ImageBuilderError):
+    template = "{target} is not whole in the registry ({why}); nothing was signed: rerun to push it again"
 
 
 def put_tag(registry: Registry, ref: str, digest: str) -> str:
@@ -109,17 +113,35 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     return str(digest) if digest else None
 
 
-def sign_pushed(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer,
-                also: Sequence[str] = ()) -> tuple[Signed, ...]:
+def incomplete(registry: Registry, target: str) -> str | None:
+    """Why `target` (REPOSITORY@DIGEST) is not whole in the registry, or None: its manifest answers
+    a HEAD by digest and, of an index, so does every manifest it lists (a registry takes an image
+    manifest only once it has its blobs). Asked right before signing: a signature marks a whole image."""
+    digest = target.partition("@")[2]
+    if registry.digest(target) != digest:
+        return f"the registry has no manifest {digest}"
+    found = registry.manifest(target)
+    entries = (found[0].get("manifests") or []) if found is not None else []
+    missing = [str(e.get("digest")) for e in entries if registry.digest(pinned(target, str(e.get("digest")))) is None]
+    return f"its index lists {', '.join(missing)}, which the registry does not have" if missing else None
+
+
+def sign_pushed(engine: Engine, registry: Registry, image: RenderedImage, pushed: Mapping[str, str],
+                signer: Signer, also: Sequence[str] = ()) -> tuple[Signed, ...]:
     """Sign each digest the registry confirmed (one, unless a tag's push went astray), and `also`
-    (gzip+zstd: the image manifests its index lists), with the SBOM the pushed image carries
-    attested; that SBOM must be the one its label names."""
+    (gzip+zstd: the image manifests its index lists), once each is whole there (incomplete()),
+    with the SBOM the pushed image carries attested; that SBOM must be the one its label names."""
+    targets = [pinned(image.ref, digest) for digest in dict.fromkeys([*pushed.values(), *also])]
+    for target in targets:
+        why = incomplete(registry, target)
+        if why is not None:
+            raise NotWhole(target=target, why=why)
     sbom = engine.read_file(image.ref, SBOM_PATH) or b""
     found, labelled = "sha256:" + hashlib.sha256(sbom).hexdigest(), engine.image_labels(image.ref).get(SBOM_DIGEST)
     if found != labelled:
         raise SbomNotTheImages(target=image.ref, path=SBOM_PATH, found=found if sbom else "missing",
                                label=SBOM_DIGEST, labelled=labelled or "missing")
-    return tuple(signer.sign(pinned(image.ref, digest), sbom) for digest in dict.fromkeys([*pushed.values(), *also]))
+    return tuple(signer.sign(target, sbom) for target in targets)
 
 
 @dataclass

@@ -119,18 +119,6 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
     return "\n".join((format_table(headers, rows), *layers, *squashfs))
 
 
-def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],
-                    outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome]) -> dict[str, Any]:
-    """`publish --report`: what was planned, and what became of each image and index; of a dry
-    run, the plan (`images` empty, `indexes` as planned, `ok` true)."""
-    unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
-    ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
-    return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
-            "images": [o.to_json() for o in outcomes],
-            "indexes": [i.to_json() for i in indexes],
-            "planned": [step.to_json() for step in planned]}
-
-
 def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:
     """Fail naming the images that failed, else the tags left without an index (a dry run's
     planned skips are no failure)."""

@@ -187,7 +187,7 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
         on_event("sign", step)
         started = time.monotonic()
         try:
-            signed = sign_pushed(engine, step.image, done.pushed, options.signer, done.instances)
+            signed = sign_pushed(engine, registry, step.image, done.pushed, options.signer, done.instances)
         except ImageBuilderError as e:
             return Outcome(step, FAILED, f"pushed, but not signed (the next run rebuilds and signs it): {e}",
                            built=built, verify=report, pushed=done.pushed, timings=timings,

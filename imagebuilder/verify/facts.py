@@ -101,9 +101,12 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
             engine.pull(ref)
             pulled = True
         except PullFailed as e:
-            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
-                                         "build it or check the reference and `docker login`",
-                             image_not_found=names_nothing(e.detail))
+            # "not found" from a registry that names a digest under the tag is its fault, not the request's.
+            undelivered = names_nothing(e.detail) and registry_has(registry, ref)
+            todo = ("the registry names the image but could not deliver it: try again later, or tell whoever runs "
+                    "it" if undelivered else "build it or check the reference and `docker login`")
+            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; {todo}",
+                             image_not_found=names_nothing(e.detail) and not undelivered)
     labels = engine.image_labels(ref)
     info: Mapping[str, Any] = engine.info()
     probe = probe_gpus(engine, ref)
@@ -142,6 +145,18 @@ def gzip_instead(registry: RegistryReader, ref: str) -> str | None:
         return gzip_ref(ref) if registry.digest(gzip_ref(ref)) is not None else None
     except (RegistryError, InvalidReference, ValueError, OSError):
         return None
+
+
+def registry_has(registry: RegistryReader, ref: str) -> bool:
+    """Whether `ref`'s registry names a digest under it: a pull of such an image that failed with
+    "not found" (a blob or manifest it advertises and cannot deliver) is the registry's fault, not
+    a request for nothing (exit 1, not 2). False where it says no, or cannot be asked."""
+    try:
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
+            return False
+        return registry.digest(ref) is not None
+    except (RegistryError, InvalidReference, ValueError, OSError):
+        return False
 
 
 def registry_built_from(registry: RegistryReader, ref: str) -> BuiltFrom | None:
