@@ -25,9 +25,9 @@ from .atomic import write_json
 from .cache_export import CacheExport, can_start, start_cache_export
 from .engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
-from .engine.export import Export
+from .engine.export import Export, gzip_ref
 from .image_contents import SBOM_PATH
-from .labels import CREATED, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
+from .labels import CREATED, CUDA_RUNTIME, CUDA_TOOLKIT, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
 from .render import RenderedImage
 from .sbom import DIGEST_LINE
 
@@ -67,6 +67,8 @@ class Built:
     refs: tuple[str, ...]
     cache_export: CacheExport | None = field(default=None, compare=False)
     """The registry cache's export, still running (build_image's background_cache)."""
+    gzip: BuildResult | None = None
+    """--compression gzip+zstd: the same image exported as gzip, tagged gzip_ref(image.ref)."""
 
     def to_json(self) -> dict[str, Any]:
         spec = self.image.spec
@@ -140,6 +142,22 @@ def build_labels(engine: ImageStore, image: RenderedImage, matrix_path: Path) ->
         pass
     if image.lock is not None:
         labels[LOCK] = f"locks/{image.lock.filename} sha256:{hashlib.sha256(image.lock.text().encode()).hexdigest()}"
+    labels.update(cuda_labels(image))
+    return labels
+
+
+def cuda_labels(image: RenderedImage) -> dict[str, str]:
+    """Which CUDA is which: the runtime the locked wheels bring, and in devel images the toolkit
+    nvcc comes from. Build-time labels, like the lock's: they follow from inputs the inputs hash
+    already covers. A jupyter image has none of its own: it is FROM its parent, whose it keeps."""
+    labels: dict[str, str] = {}
+    if image.spec.parent is not None:
+        return labels
+    runtime = image.lock.cuda_runtime() if image.lock is not None else None
+    if runtime is not None:
+        labels[CUDA_RUNTIME] = str(runtime)
+    if image.spec.toolchain != "none":
+        labels[CUDA_TOOLKIT] = str(image.spec.cuda.version)
     return labels
 
 
@@ -236,6 +254,7 @@ def build_image(
                                        nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log,
                                        export=image_export)
             result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
+            gzip = _export_gzip(builder, image, request, on_progress, result.seconds)
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
         if later and export is not None and isinstance(builder, BackgroundBuilder):
@@ -246,7 +265,21 @@ def build_image(
     finally:
         if exporting is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Built(image, result, image.refs, exporting)
+    return Built(image, result, image.refs, exporting, gzip)
+
+
+def _export_gzip(builder: Builder, image: RenderedImage, request: BuildRequest,
+                 on_progress: OnProgress | None, offset: float) -> BuildResult | None:
+    """gzip+zstd: the labelled build again, every step cached, exported as gzip under
+    gzip_ref(); None for any other compression."""
+    export = request.export
+    also = export.compression.also if export is not None and export.compression is not None else None
+    if export is None or also is None:
+        return None
+    log = request.log_path.with_name(request.log_path.stem + "-gzip.log") if request.log_path else None
+    gzip_request = replace(request, tags=(gzip_ref(image.ref),), log_path=log,
+                           export=replace(export, compression=also, cache_to=None))
+    return builder.build(gzip_request, None if on_progress is None else _activities_only(on_progress, offset))
 
 
 def intermediate_tag(ref: str) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 from .errors import BadRequest
 
 
-class RenderError(BadRequest):
-    """The render request cannot be carried out (an unreadable --ca-bundle, say)."""
+class CertificateError(BadRequest):
+    """A CA file (--ca-bundle, --registry-ca) that cannot be read, or holds no certificate OpenSSL reads."""
 
 
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
@@ -23,13 +23,13 @@ def read_certificates(path: Path, option: str, advice: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise RenderError(f"cannot read {option} {path}: {e.strerror}; {advice}") from e
+        raise CertificateError(f"cannot read {option} {path}: {e.strerror}; {advice}") from e
     if PEM_CERTIFICATE not in data:
-        raise RenderError(f"{option} {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); {advice}")
+        raise CertificateError(f"{option} {path} holds no PEM certificate ({PEM_CERTIFICATE.decode()} ...); {advice}")
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii", "replace"))
     except ssl.SSLError as e:
-        raise RenderError(f"{option} {path} holds a PEM block that is not a certificate OpenSSL can read "
+        raise CertificateError(f"{option} {path} holds a PEM block that is not a certificate OpenSSL can read "
                           f"({e.reason or e.strerror or e}); {advice}") from e
     return data
 

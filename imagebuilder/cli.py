@@ -253,12 +253,12 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
     opts = pipeline.render_options(ctx.matrix, rendering, kind)
     if render_all:
-        count, files = contexts.render_tree(ctx.matrix, settle_os(ctx.matrix, selection, None, note), opts)
+        count, files = contexts.render_tree(ctx.matrix, selection, opts, note)
         assert output is not None
         for line in contexts.write_all(output, count, files):
             click.echo(line)
         return
-    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, kind, None, lambda ref: False, note)
+    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, None, lambda ref: False, note)
     image = pipeline.requested(plan)
     if dry_run:
         click.echo(image.dockerfile, nl=False)
@@ -304,7 +304,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
-    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice))
+    pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice), compression,
+                         cache_from_registry is not None)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
@@ -315,7 +316,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
-    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, decision.kind, engine.os_release,
+    plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
         return report_plan(plan, report=report, echo=click.echo)
@@ -349,11 +350,14 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     if local or tag is None:  # options checked the combinations
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
+        from .cosign import Cosign
         from .engine.docker import DockerEngine
         from .http_registry import HttpRegistry
 
+        # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
+        cosign = Cosign(timeout=registry_policy.timeout_s, say=progress, timeout_option=registry_policy.timeout_option)
         report = verify_published(DockerEngine(), tag, registry=HttpRegistry(policy=registry_policy), key=key,
-                                  signature_only=signature_only, live=live,
+                                  cosign=cosign, signature_only=signature_only, live=live,
                                   allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
     for notice in report.notices:
         click.echo(notice, err=True)
@@ -374,13 +378,16 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @options.report
 @options.publishing
 @options.compression
+@click.option("--squashfs", is_flag=True,
+              help="Beside each published image, its root as a squashfs (zstd, 1 MiB blocks, enroot's config "
+                   "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md).")
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
-                registry_policy: RetryPolicy) -> None:
+                registry_policy: RetryPolicy, squashfs: bool) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -409,44 +416,91 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     # A wrong request is refused before any daemon or registry is asked (deciding the builder may probe one).
     known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
     pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
-                           wanted, multi=multi, kind=known, merge_only=merge_only)
-    signer = key_signer(sign_key, try_key=not dry_run) if sign_key is not None else None
-    # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
-    decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
-    engine = None if dry_run or merge_only else DockerEngine()
-    if engine is not None:
-        engine.ping()
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
-    registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
-    today = day.date() if day is not None else datetime.now(timezone.utc).date()
-    plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
-                                 kind=decision.kind, read_os_release=engine.os_release if engine else None,
-                                 registry=registry, force=force, day=today, merge_only=merge_only, note=note,
-                                 signing=signer is not None)
-    for platform, steps in plan.steps:
-        click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
-    if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
-        merged = plan.indexes(registry, merge=merge_only or (merge and push),
-                              signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
-        publish.report_indexes(merged, plan.planned, base=target.base, push=push, dry_run=dry_run, report=report,
-                               echo=click.echo)
-        return
-    builder = make_builder(decision, engine)
-    buildkit = decision.kind == "buildkit"
-    # export.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
-    export = choose(compression, buildkit=buildkit, provenance=True,
-                    image_store=buildkit and engine.keeps_compressed_layers())
-    if not quiet:
-        click.echo(f"builder: {builder.describe()}", err=True)
-        click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
-    run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
-                                     allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                     pull=pull, export=export,
-                                     cache_registry=target if export is not None else None,
-                                     signer=signer)
-    publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
-                           multi=multi, merge=merge, index_platforms=plan.index_platforms, base=target.base, report=report,
-                           events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
+                           wanted, multi=multi, merge_only=merge_only, compression=compression)
+    # The dry run is the run's plan: a key the run would refuse is refused here too (exit 2).
+    signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
+    # From here the --report records what happens, also when an error or Ctrl-C ends the run.
+    with publish.Ledger(report, target.base, push, dry_run).kept() as ledger:
+        # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
+        decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
+        engine = None if dry_run or merge_only else DockerEngine()
+        if engine is not None:
+            engine.ping()
+        opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
+        registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
+        today = day.date() if day is not None else datetime.now(timezone.utc).date()
+        plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
+                                     read_os_release=engine.os_release if engine else None,
+                                     registry=registry, force=force, day=today, merge_only=merge_only, note=note,
+                                     signing=signer is not None)
+        ledger.planned = plan.planned
+        for platform, steps in plan.steps:
+            click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
+        if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
+            merged = plan.indexes(registry, merge=merge_only or (merge and push),
+                                  signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
+            publish.report_indexes(merged, ledger, echo=click.echo)
+            return
+        hook = None
+        if squashfs:  # its tools are checked before anything is built
+            from .publish.squashfs import SquashfsPublisher, with_squashfs
+            from .squashfs.make import require_tools
+
+            require_tools()
+            hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
+        builder = make_builder(decision, engine)
+        buildkit = decision.kind == "buildkit"
+        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
+        export = choose(compression, buildkit=buildkit, provenance=True,
+                        image_store=buildkit and engine.keeps_compressed_layers())
+        if not quiet:
+            click.echo(f"builder: {builder.describe()}", err=True)
+            click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
+        run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
+                                         allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
+                                         pull=pull, export=export,
+                                         cache_registry=target if export is not None else None,
+                                         signer=signer, squashfs=hook)
+        publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
+                               multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
+                               events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
+
+
+# --- squashfs -------------------------------------------------------------------------------
+
+
+@cli.command("squashfs")
+@click.argument("image")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="Where to write the squashfs (atomically: a temp file beside it, renamed).")
+@click.option("--key", metavar="PUB", default=None,
+              help="Check the artifact's cosign signature with this public key before downloading it.")
+@click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
+              help="The image of a multi-platform tag whose squashfs to fetch.")
+@options.registry_timeout
+def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, registry_policy: RetryPolicy) -> None:
+    """Fetch the squashfs `publish --squashfs` pushed beside IMAGE into FILE, for pyxis/enroot.
+
+    Exit 1 when the registry has none for the image's digest.
+
+    \b
+    Examples:
+      imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /scratch/torch.sqfs
+      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
+    """
+    from .http_registry import HttpRegistry
+    from .platforms import parse_platforms
+    from .reference import parse_reference
+    from .signing import key_reference
+    from .squashfs.fetch import check_output, fetch_squashfs
+
+    parse_reference(image)
+    (platform,) = parse_platforms(platform)
+    check_output(output)
+    pub = key_reference(key, "--key") if key is not None else None
+    fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
+                             say=progress)
+    progress(f"wrote {fetched.path} ({fetched.size} bytes, the squashfs of {fetched.image}) in {fetched.seconds:.1f} s")
 
 
 def main() -> None:

@@ -12,11 +12,12 @@ from typing import Any
 
 from .install_steps import SECRET_SOURCES
 from .matrix import Matrix
-from .output import write_tree
+from .context_folder import write_tree
 from .platforms import arch, host_platform
 from .render import RenderedImage
 from .render_options import RenderOptions
-from .selection import NothingSelected, Selection, render_selected
+from .per_platform import Reading, each_platform
+from .selection import Note, Selection
 
 Folder = tuple[str, str | None, RenderedImage]  # (folder, platform when several, image)
 
@@ -42,12 +43,13 @@ def context_files(entries: Sequence[Folder]) -> dict[str, bytes]:
     return files
 
 
-def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions) -> tuple[int, dict[str, bytes]]:
+def render_tree(matrix: Matrix, selection: Selection, options: RenderOptions,
+                note: Note) -> tuple[int, dict[str, bytes]]:
     """`render --all`: every selected image's build context in a folder named for it, and an
     index.json of them all; (the number of images, the files by relative name)."""
-    images = render_selected(matrix, selection, options)
-    if not images:
-        raise NothingSelected()
+    (selected,) = each_platform(matrix, selection, options, [host_platform()], Reading(request=False, parents=False, builds=False),
+                                read_os_release=None, note=note)
+    images = selected.images
     return len(images), context_files([(image.spec.key, None, image) for image in images])
 
 

@@ -14,12 +14,14 @@ import json
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import BadRequest, ImageBuilderError
+from .http_retry import HEARTBEAT_S
 from .reference import parse_reference
 from .registry_auth import is_insecure_by_default
 
@@ -75,6 +77,10 @@ class Cosign:
 
     binary: str = "cosign"
     timeout: float = COSIGN_TIMEOUT
+    say: Callable[[str], None] | None = None
+    """Told every HEARTBEAT_S while a command runs; None: nothing is said."""
+    timeout_option: str = ""
+    """The option that set `timeout`, for the lines that name it (verify: --registry-timeout)."""
 
     def require(self) -> Cosign:
         """Fail now, before an hour of building, when there is no cosign to sign with."""
@@ -90,8 +96,7 @@ class Cosign:
         insecure = ["--allow-http-registry", "--allow-insecure-registry"] if is_insecure_by_default(host) else []
         command = [self.binary, action, *args, *insecure, target]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, errors="replace",
-                                  timeout=self.timeout, stdin=subprocess.DEVNULL, check=False)
+            done = self._bounded(command, f"cosign {action} {target}")
         except FileNotFoundError as e:
             raise CosignMissing(binary=self.binary) from e
         except subprocess.TimeoutExpired as e:
@@ -106,8 +111,7 @@ class Cosign:
         """Read the private key as signing would (its password, its KMS), and sign nothing:
         a wrong key or COSIGN_PASSWORD fails here, not after hours of building and pushing."""
         try:
-            done = subprocess.run([self.binary, "public-key", "--key", key], capture_output=True, text=True,
-                                  errors="replace", timeout=self.timeout, stdin=subprocess.DEVNULL, check=False)
+            done = self._bounded([self.binary, "public-key", "--key", key], f"cosign public-key --key {key}")
         except FileNotFoundError as e:
             raise CosignMissing(binary=self.binary) from e
         except subprocess.TimeoutExpired as e:
@@ -118,6 +122,30 @@ class Cosign:
             hint = ("; give the private key (not the .pub) and its password in COSIGN_PASSWORD" if asked
                     else _hint(detail))
             raise KeyUnusable(option=option, key=key, detail=detail, hint=hint)
+
+    def _bounded(self, command: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
+        """Run `command` without a prompt, saying every HEARTBEAT_S that it still runs (a stalled
+        registry is never silence); TimeoutExpired past `timeout`; killed on Ctrl-C too."""
+        process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   errors="replace", stdin=subprocess.DEVNULL)
+        started = time.monotonic()
+        try:
+            while True:
+                left = self.timeout - (time.monotonic() - started)
+                try:
+                    out, err = process.communicate(timeout=max(0.01, min(HEARTBEAT_S, left)))
+                    return subprocess.CompletedProcess(list(command), process.returncode, out, err)
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - started
+                    if elapsed >= self.timeout:
+                        raise
+                    if self.say is not None:
+                        self.say(f"{what}: still running after {elapsed:.0f} s (gives up at {self.timeout:g} s"
+                                 f"{self.timeout_option and ': ' + self.timeout_option})")
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
 
     # -- the four commands imagebuilder uses
 

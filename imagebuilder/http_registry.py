@@ -22,14 +22,15 @@ import base64
 import hashlib
 import json
 import re
+import shutil
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .http_retry import REGISTRY_POLICY, HttpFault, RetryPolicy, send, stderr
 from .manifests import ACCEPT, DOCKER_MANIFEST, INDEXES, OCI_INDEX, index_document, pick_manifest, platform_entries
@@ -243,6 +244,55 @@ class HttpRegistry:
         r = parse_reference(ref)
         return self._manifest(r, r.reference)
 
+    # -- artifacts (squashfs/artifact.py): a blob up and down as a stream, a manifest, referrers
+
+    def download_blob(self, ref: str, digest: str, out: IO[bytes]) -> None:
+        """Blob `digest` of `ref`'s repository into `out`, streamed (a retry starts `out` again)."""
+        r = parse_reference(ref)
+        if self._request("GET", r, f"blobs/{digest}", {}, sink=out) is None:
+            raise RegistryProtocolError(url=self._url(r, f"blobs/{digest}"), detail="the blob is not there")
+
+    def upload_blob(self, ref: str, digest: str, source: IO[bytes], size: int) -> None:
+        """Blob `digest` (`size` bytes read from `source`) into `ref`'s repository, unless it is
+        there: an upload session, then one PUT of the whole blob."""
+        r = parse_reference(ref)
+        if self._request("HEAD", r, f"blobs/{digest}", {}) is not None:
+            return
+        got = self._request("POST", r, "blobs/uploads/", {"Content-Length": "0"}, b"", push=True)
+        location = (got.headers.get("Location") or "") if got is not None else ""
+        session = location.split(f"/v2/{r.repository}/", 1)
+        if len(session) != 2:
+            raise RegistryProtocolError(url=self._url(r, "blobs/uploads/"), detail=f"no upload location ({location!r})")
+        path = session[1] + ("&" if "?" in session[1] else "?") + urllib.parse.urlencode({"digest": digest})
+        self._request("PUT", r, path, {"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+                      source, push=True)
+
+    def put_manifest(self, ref: str, body: bytes, media_type: str) -> Mapping[str, str]:
+        """PUT `body` as the manifest `ref` names (a tag or its digest); the answer's headers
+        (OCI-Subject says the registry indexed its subject for the referrers API)."""
+        r = parse_reference(ref)
+        got = self._request("PUT", r, f"manifests/{r.reference}", {"Content-Type": media_type}, body, push=True)
+        return got.headers if got is not None else {}
+
+    def descriptor(self, ref: str) -> dict[str, Any] | None:
+        """The OCI descriptor (mediaType, digest, size) of the manifest `ref` names, from a HEAD."""
+        r = parse_reference(ref)
+        got = self._request("HEAD", r, f"manifests/{r.reference}", {"Accept": ACCEPT})
+        if got is None:
+            return None
+        digest = got.headers.get("Docker-Content-Digest") or self.digest(ref)
+        return {"mediaType": got.headers.get("Content-Type", "").split(";")[0], "digest": digest,
+                "size": int(got.headers.get("Content-Length") or 0)}
+
+    def referrers(self, ref: str, digest: str) -> dict[str, Any] | None:
+        """The referrers API's index of the manifests whose subject is `digest`; None where the
+        registry has no such API (it answers 404: use the tag-schema fallback)."""
+        r = parse_reference(ref)
+        got = self._request("GET", r, f"referrers/{digest}", {"Accept": OCI_INDEX})
+        if got is None or not got.headers.get("Content-Type", "").startswith(OCI_INDEX):
+            return None
+        return self._json(r, f"referrers/{digest}", got)
+
     # -- plumbing
 
     def _manifest(self, r: Reference, reference: str) -> tuple[dict[str, Any], str] | None:
@@ -282,24 +332,32 @@ class HttpRegistry:
         if not is_insecure_by_default(host):
             self._schemes[host] = "https"
             return "https"
-        try:
-            # One try, not send(): any failure means "not over TLS", and the call after it retries.
+        def probe() -> None:
             self._opener(host).open(urllib.request.Request(f"https://{host}/v2/"), timeout=self._policy.timeout_s).close()
+
+        try:
+            # One try (any failure means "not over TLS", and the call after it retries), through
+            # send() for its line every 15 s while a registry that accepts and never answers stalls it.
+            send(probe, request=f"GET https://{host}/v2/", policy=replace(self._policy, attempts=1, stalled_attempts=1),
+                 idempotent=True, say=self._say)
             scheme = "https"
-        except urllib.error.HTTPError:
-            scheme = "https"  # it answered over TLS (401 wants a login)
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
-            scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
+        except HttpFault as e:
+            if isinstance(e.error, urllib.error.HTTPError):
+                scheme = "https"  # it answered over TLS (401 wants a login)
+            else:
+                reason = getattr(e.error, "reason", e.error)
+                if isinstance(reason, ssl.SSLCertVerificationError):
+                    raise RegistryTlsError(url=f"https://{host}/v2/", host=host, detail=str(reason)) from e
+                scheme = "http"  # plain http (TLS handshake refused) or nothing there: say so over http
         self._schemes[host] = scheme
         return scheme
 
     def _request(self, method: str, r: Reference, path: str, headers: Mapping[str, str],
-                 data: bytes | None = None, push: bool = False, also: str = "") -> _Response | None:
+                 data: bytes | IO[bytes] | None = None, push: bool = False, also: str = "",
+                 sink: IO[bytes] | None = None) -> _Response | None:
         """One API call; None on 404. Authenticates on a 401 challenge and asks once more.
-        `also`: another scope the call needs (a mount's pull of its source repository)."""
+        `also`: another scope the call needs (a mount's pull of its source repository). `data`
+        may be a file (sent from its start on each try); `sink` takes the answer's body."""
         url = self._url(r, path)
         scope = f"repository:{r.repository}:{'pull,push' if push else 'pull'}" + (f" {also}" if also else "")
         auth = self._tokens.get((r.api_host, scope))
@@ -308,7 +366,7 @@ class HttpRegistry:
             if auth:
                 request.add_header("Authorization", auth)
             try:
-                return self._send(request, r.api_host)
+                return self._send(request, r.api_host, sink, None if isinstance(data, bytes) else data)
             except HttpFault as e:
                 if e.status == 404:
                     return None
@@ -318,10 +376,18 @@ class HttpRegistry:
                 raise self._fault(request, r.api_host, e) from e
         raise AssertionError("unreachable")
 
-    def _send(self, request: urllib.request.Request, host: str) -> _Response:
+    def _send(self, request: urllib.request.Request, host: str, sink: IO[bytes] | None = None,
+              body: IO[bytes] | None = None) -> _Response:
         def once() -> _Response:
+            if body is not None:
+                body.seek(0)
             with self._opener(host).open(request, timeout=self._policy.timeout_s) as response:
-                return _Response(response.status, dict(response.headers.items()), response.read())
+                if sink is None:
+                    return _Response(response.status, dict(response.headers.items()), response.read())
+                sink.seek(0)
+                sink.truncate()
+                shutil.copyfileobj(response, sink, 1 << 20)
+                return _Response(response.status, dict(response.headers.items()), b"")
 
         # A POST (a mount, which may open an upload session) is repeated only where the registry
         # said it did nothing; a manifest PUT sends bytes whose digest is fixed, so repeating it

@@ -1,8 +1,8 @@
 """Pure: what an image holds, computed from its BuildSpec: its user and paths, OS packages,
 environment, constraint pins, manifest, and the nvcc check of a devel image on a --base-image.
 
-render.py hands these values to the templates, which only lay them out; build, publish, the
-tests and the benchmarks name the image's paths from here (SBOM_PATH, VENV, COMPILE_CACHE).
+image_plan.py and render.py hand these values to the templates, which only lay them out; build,
+publish, the tests and the benchmarks name the image's paths from here (SBOM_PATH, VENV, COMPILE_CACHE).
 """
 
 from __future__ import annotations

@@ -393,14 +393,19 @@ def pinned(reqs: tuple[Requirement, ...], name: str, python: Version, platform: 
     return None
 
 
+CUDA_RUNTIME_PACKAGES = ("nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13",
+                         "nvidia-cuda-runtime", "cuda-toolkit")
+"""The packages through which a torch wheel pins its CUDA runtime, first match wins: 2.11 and later
+pin it through the cuda-toolkit meta-package."""
+
+
 def cuda_pins(reqs: tuple[Requirement, ...], python: Version, platform: str = "linux/amd64") -> dict[str, Version | None]:
     """CUDA runtime, cuDNN and NCCL as a torch wheel's Requires-Dist pins them (all None for
     a CPU wheel). 2.11 and later pin the runtime through the cuda-toolkit meta-package."""
     def first(*names: str) -> Version | None:
         return next((v for n in names if (v := pinned(reqs, n, python, platform)) is not None), None)
 
-    cuda = first("nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13",
-                 "nvidia-cuda-runtime", "cuda-toolkit")
+    cuda = first(*CUDA_RUNTIME_PACKAGES)
     major = f"cu{cuda.major}" if cuda else ""
     return {
         "cuda": cuda,

@@ -25,6 +25,15 @@ TORCH = f"{PREFIX}.torch"
 TORCH_CUDA = f"{PREFIX}.torch.cuda"
 WHEEL = f"{PREFIX}.wheel"
 CUDA = f"{PREFIX}.cuda"
+"""The CUDA release of the block the image was built for: its base image's (12.1.1). Where the
+wheels bring another CUDA runtime (cu124 wheels on the 12.1 image), CUDA_RUNTIME says which."""
+CUDA_RUNTIME = f"{PREFIX}.cuda.runtime"
+"""The CUDA runtime the torch wheels bring: cudart's own number as the lock pins it
+(nvidia-cuda-runtime-cu12 12.4.127; nvidia-cuda-runtime 13.0.96 under 2.13's cuda-toolkit 13.0.3).
+Its major.minor is torch.version.cuda and the tag's CUDA where the block and the wheels agree."""
+CUDA_TOOLKIT = f"{PREFIX}.cuda.toolkit"
+"""Devel images only: the CUDA toolkit release nvcc comes from (the base image's, or the PyPI
+toolchain's of that update where the block installs nvcc from PyPI)."""
 CUDNN = f"{PREFIX}.cudnn"
 NCCL = f"{PREFIX}.nccl"
 PYTHON = f"{PREFIX}.python"

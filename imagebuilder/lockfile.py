@@ -29,6 +29,7 @@ from packaging.version import Version
 from .atomic import os_reason, write_atomic
 from .base_pin import BasePin
 from .errors import BadRequest, ImageBuilderError
+from .index import CUDA_RUNTIME_PACKAGES
 from .matrix import Matrix
 from .resolve import BuildSpec
 from .variants import variant
@@ -200,6 +201,11 @@ class Lock:
     def version_of(self, name: str) -> Version | None:
         wanted = canonicalize_name(name)
         return next((p.version for p in self.pins if p.name == wanted), None)
+
+    def cuda_runtime(self) -> Version | None:
+        """The CUDA runtime the locked torch wheels bring: cudart's version where the lock pins it
+        (the cuda-toolkit meta-package's only where it does not: CUDA_RUNTIME_PACKAGES' order)."""
+        return next((v for name in CUDA_RUNTIME_PACKAGES if (v := self.version_of(name)) is not None), None)
 
     def constraints(self) -> str:
         """The in-image constraint file: torch and the CUDA stack stay as installed."""

@@ -15,6 +15,9 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 ACCEPT = ", ".join((DOCKER_MANIFEST, OCI_MANIFEST, DOCKER_LIST, OCI_INDEX))
 INDEXES = (DOCKER_LIST, OCI_INDEX)
 REFERENCE_DIGEST = "vnd.docker.reference.digest"  # an attestation manifest's image, in an index
+# containers/image's mark on an index entry whose layers are zstd: Podman and CRI-O prefer such an
+# entry of their platform; engines that do not read it take the first entry of their platform.
+ZSTD_ANNOTATION = "io.github.containers.compression.zstd"
 
 
 def pick_manifest(index: Mapping[str, Any], platform: str = "linux/amd64") -> str:
@@ -54,6 +57,9 @@ def index_document(manifests: Sequence[Mapping[str, Any]]) -> bytes:
     """An OCI image index over these descriptors (platform_entries of each platform's image).
 
     Canonical JSON (sorted keys, no spaces): the same children always give the same digest,
-    so a rerun that changes nothing writes the same index."""
-    document = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": list(manifests)}
+    so a rerun that changes nothing writes the same index. Entries marked zstd (ZSTD_ANNOTATION)
+    go last, in their order, as containers/image writes an index: every platform's first entry
+    is then one an engine without zstd can pull."""
+    ordered = sorted(manifests, key=lambda m: (m.get("annotations") or {}).get(ZSTD_ANNOTATION) == "true")
+    document = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": ordered}
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()

@@ -19,12 +19,12 @@ import click
 from packaging.version import InvalidVersion, Version
 
 from .certificates import read_ca_bundle, read_certificates
-from .engine.export import COMPRESSIONS, Compression
+from .engine.export import DUAL, Compression
 from .errors import BadRequest
 from .http_retry import REGISTRY_POLICY, RetryPolicy
 from .index_url import parse_index_url
 from .matrix import VARIANTS
-from .output import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
+from .context_folder import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
 from .platforms import parse_base_images
 from .reference import RegistryTarget, check_repository, parse_reference
 from .render_options import RenderOptions
@@ -415,15 +415,17 @@ def _compression(compression: str | None, compression_level: int | None) -> Comp
 def compression(f: F) -> F:
     """Handed to the command as `compression: Compression | None` (None: neither option given)."""
     return _stack(
-        click.option("--compression", metavar="|".join(COMPRESSIONS), default=None,
+        click.option("--compression", metavar="|".join(Compression.NAMES), default=None,
                      help="Export the layers with this compression into Docker's containerd image store "
                           "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
                           "current Kubernetes nodes. estargz: gzip that nodes running containerd's stargz "
                           "snapshotter pull lazily (a container starts before its image has arrived; slower "
-                          "to export: gzip speed). Default: publish, zstd where BuildKit exports into the "
+                          "to export: gzip speed). gzip+zstd: each image twice, in one index, a gzip manifest first for "
+                          "engines without zstd (Docker < 23, enroot < 4.0) and a zstd one marked for Podman "
+                          "and CRI-O (docs/publish.md). Default: publish, zstd where BuildKit exports into the "
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
-                     help="zstd 0-22, gzip or estargz 0-9. Default: BuildKit's (zstd 3, gzip 6)."),
+                     help=f"{Compression.levels_help()} (none for {DUAL}). Default: BuildKit's (zstd 3, gzip 6)."),
         _collect("compression", _compression, ("compression", "compression_level")),
     )(f)

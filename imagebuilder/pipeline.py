@@ -14,17 +14,18 @@ from datetime import date
 from typing import TYPE_CHECKING
 
 from .engine.api import BuilderKind
+from .engine.export import Compression, check_asked
 from .errors import BadRequest
 from .matrix import Matrix
 from . import lock as locking
 from .base_pin import DigestSource, pin_base
 from .lockfile import LockSet, load_locks, locks_dir, parse_extras
-from .platforms import for_platforms, host_platform, platform_image
+from .per_platform import Exists, Reading, each_platform, never
+from .platforms import host_platform
 from .registry import Registry
 from .render import RenderedImage
 from .render_options import RenderOptions
-from .selection import (NothingSelected, Note, ReadOsRelease, Selection, render_request, render_selected, select_specs,
-                        settle_os, with_parents)
+from .selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
 from .uv_compile import UvCompile, default_uv
 
 # publish (verify, signing) and engine.docker are imported inside the functions that use them:
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from . import publish
     from .publish import IndexRegistry
     from .signing import Signer
-
-Exists = Callable[[str], bool]  # image reference -> whether the engine has it
 
 
 # --------------------------------------------------------------------------- rendering options
@@ -73,33 +72,28 @@ def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
 
 
 def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
-               kind: BuilderKind, read_os_release: ReadOsRelease | None, exists: Exists,
-               note: Note) -> list[tuple[str, RenderedImage]]:
+               read_os_release: ReadOsRelease | None, exists: Exists, note: Note) -> list[tuple[str, RenderedImage]]:
     """`build` (and `render`, which shows it): (platform, image) in build order, every
     platform's images resolved and checked (wheels for the platform; BuildKit for a foreign
     one; no --base-image PLATFORM=IMAGE for a platform not asked for) before anything builds."""
-
-    selection.check_platform_bases(platforms)
-    planned: list[tuple[str, RenderedImage]] = []
-    for platform in platforms:
-        chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        own = _for_platform(options, platform)
-        images = render_request(matrix, chosen, own, note, exists=exists)
-        planned += [(platform, image) for image in
-                    for_platforms(matrix, images, platform, buildkit=kind == "buildkit")]
-    return planned
+    per_platform = each_platform(matrix, selection, options, platforms, Reading(request=True, notices=True),
+                                 read_os_release=read_os_release, note=note, exists=exists)
+    return [(each.platform, image) for each in per_platform for image in each.images]
 
 
 def check_build(matrix: Matrix, selection: Selection, asked: RenderOptions, platforms: Sequence[str],
-                kind: BuilderKind = "buildkit") -> None:
+                kind: BuilderKind = "buildkit", compression: Compression | None = None,
+                cache_from_registry: bool = False) -> None:
     """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):
     a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
     also where no daemon answers. `kind`: the builder as far as it is known before probing
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
-    one refuses waits for the decided builder."""
+    one refuses waits for the decided builder; the classic builder asked for refuses an export
+    (--compression, --cache-from-registry) here."""
+    check_asked(compression, buildkit=kind == "buildkit", cache_from_registry=cache_from_registry)
     options = render_options(matrix, asked, kind)
     _check_for_any_os(matrix, selection, lambda chosen: plan_build(
-        matrix, chosen, options, platforms, kind, None, lambda ref: False, lambda text: None))
+        matrix, chosen, options, platforms, None, never, lambda text: None))
 
 
 def _check_for_any_os(matrix: Matrix, selection: Selection, check: Callable[[Selection], object]) -> None:
@@ -147,7 +141,7 @@ class PublishPlan:
 
 
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
-                 multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, registry: Registry,
+                 multi: bool, read_os_release: ReadOsRelease | None, registry: Registry,
                  force: bool, day: date, merge_only: bool, note: Note, signing: bool = False) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
     platform, each compared with what the registry holds (skip, retag or build; `signing`: an
@@ -156,7 +150,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
 
     # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
     # the run reads it, when a daemon answers: the plan is the run's.
-    per_platform, index_platforms = publish_images(matrix, selection, options, platforms, multi=multi, kind=kind,
+    per_platform, index_platforms = publish_images(matrix, selection, options, platforms, multi=multi,
                                                    read_os_release=read_os_release or base_os_reader(selection),
                                                    merge_only=merge_only, note=note)
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
@@ -167,50 +161,31 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
 
 
 def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
-                   multi: bool, kind: BuilderKind, read_os_release: ReadOsRelease | None, merge_only: bool,
+                   multi: bool, read_os_release: ReadOsRelease | None, merge_only: bool,
                    note: Note) -> tuple[list[tuple[str, list[RenderedImage]]], dict[str, list[str]]]:
-    """The images `publish` selects per platform, each checked for its platform (not with
+    """The images `publish` selects per platform, each checked for its platform (none with
     --merge-only: it builds nothing), and each plain ref -> the platforms its index joins.
     Asks no registry, and no daemon but through `read_os_release`."""
-    selection.check_platform_bases(platforms)
-    per_platform: list[tuple[str, list[RenderedImage]]] = []
+    reading = Reading(request=False, multi=multi, builds=not merge_only)
+    per_platform = each_platform(matrix, selection, options, platforms, reading, read_os_release=read_os_release,
+                                 note=note)
     index_platforms: dict[str, list[str]] = {}
-    for platform in platforms:
-        chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
-        own = _for_platform(options, platform)
-        images = with_parents(render_selected(matrix, chosen, own), matrix, own)
-        if not images:
-            raise NothingSelected()
-        if multi:
-            # Filters, not a request: a release without CUDA wheels for this platform is left out.
-            images = [image for image in images if platform in image.spec.torch.platforms]
-            if not images:
-                note(f"no selected release has CUDA wheels for {platform}; nothing to publish for it")
-                continue
-        for image in images:
-            for ref in image.refs:
-                index_platforms.setdefault(ref, []).append(platform)
-        if not merge_only:
-            checked = for_platforms(matrix, images, platform, buildkit=kind == "buildkit")
-            images = [platform_image(image, platform) for image in images] if multi else checked
-        per_platform.append((platform, images))
-    return per_platform, index_platforms
+    for each in per_platform:
+        for ref in each.plain_refs:
+            index_platforms.setdefault(ref, []).append(each.platform)
+    return [(each.platform, list(each.images)) for each in per_platform], index_platforms
 
 
 def check_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
-                  multi: bool, kind: BuilderKind, merge_only: bool) -> None:
+                  multi: bool, merge_only: bool, compression: Compression | None = None) -> None:
     """What `plan_publish` refuses without asking a daemon or a registry, checked before either
     is asked (issue 29), as `check_build` does for `build`: `options` rendered for the builder
-    as far as it is known before probing for one."""
+    as far as it is known before probing for one (--merge-only builds nothing, so exports nothing)."""
+    if not merge_only:
+        check_asked(compression, buildkit=options.buildkit)
     _check_for_any_os(matrix, selection, lambda chosen: publish_images(
-        matrix, chosen, options, platforms, multi=multi, kind=kind, read_os_release=None, merge_only=merge_only,
+        matrix, chosen, options, platforms, multi=multi, read_os_release=None, merge_only=merge_only,
         note=lambda text: None))
-
-
-def _for_platform(options: RenderOptions, platform: str) -> RenderOptions:
-    """Each platform builds from its own lock; a foreign one says so (its wheels install natively)."""
-    return replace(options, locks=options.locks.for_platform(platform),
-                   foreign_platform=None if platform == host_platform() else platform)
 
 
 def base_os_reader(selection: Selection) -> ReadOsRelease | None:

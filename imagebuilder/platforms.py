@@ -3,19 +3,18 @@
 `--platform linux/amd64,linux/arm64` and `--base-image [PLATFORM=]IMAGE` (repeatable) are
 parsed here; whether a release has CUDA wheels for a platform is matrix data
 (`TorchRelease.platforms`). The host's platform keeps an image's plain tags; an image for
-another platform gets `-{arch}` after each tag, since one local tag holds one image.
+another platform gets `-{arch}` after each tag, since one local tag holds one image
+(image_plan decides an image's tags and base on its platform).
 """
 
 from __future__ import annotations
 
 import platform as _host
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from .errors import BadRequest
 from .matrix import PLATFORMS, Matrix, TorchRelease
 from .reference import parse_reference
-from .render import RenderedImage
 
 _MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
@@ -91,38 +90,6 @@ def check_platform(matrix: Matrix, torch: TorchRelease, platform: str) -> None:
                               first=newer[0].key if newer else None)
 
 
-def for_platform(image: RenderedImage, platform: str, host: str | None = None) -> RenderedImage:
-    """The image as built for `platform`: other than the host's, its tags end in -{arch}."""
-    if platform == (host or host_platform()):
-        return image
-    return platform_image(image, platform)
-
-
-def platform_image(image: RenderedImage, platform: str) -> RenderedImage:
-    """The image under its platform's tags; a jupyter image then starts FROM its runtime
-    image's tag of the same platform (the Dockerfile's BASE_IMAGE default names it)."""
-    tags = platform_tags(image.tags, platform)
-    # The header names the tags the image gets (render shows it): the platform's.
-    dockerfile = image.dockerfile.replace(f"# Tags: {', '.join(image.tags)}\n", f"# Tags: {', '.join(tags)}\n", 1)
-    if image.spec.parent is None:
-        return replace(image, tags=tags, dockerfile=dockerfile)
-    base = f"{image.base_image}-{arch(platform)}"
-    dockerfile = dockerfile.replace(f"ARG BASE_IMAGE={image.base_image}\n", f"ARG BASE_IMAGE={base}\n", 1)
-    return replace(image, tags=tags, base_image=base, dockerfile=dockerfile)
-
-
 def platform_tags(tags: Sequence[str], platform: str) -> tuple[str, ...]:
     """One platform's tags: publish pushes each platform under these before an index joins them."""
     return tuple(f"{tag}-{arch(platform)}" for tag in tags)
-
-
-def for_platforms(matrix: Matrix, images: Sequence[RenderedImage], platform: str, *, buildkit: bool,
-                  host: str | None = None) -> list[RenderedImage]:
-    """`images` as built for `platform`, after checking that they can be: the release has
-    CUDA wheels for it, and another platform than the host's is built by BuildKit."""
-    host = host or host_platform()
-    for image in images:
-        check_platform(matrix, image.spec.torch, platform)
-        if platform != host and not buildkit:
-            raise BadRequest(f"building for {platform} on a {host} host needs --builder buildkit")
-    return [for_platform(image, platform, host) for image in images]

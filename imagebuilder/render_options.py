@@ -31,3 +31,8 @@ class RenderOptions:
     # The image's platform when BuildKit builds it on a host of another (linux/arm64 on an amd64
     # host): its wheels install on the host, natively, instead of under emulation.
     foreign_platform: str | None = None
+    # The platform the image is built for: its release's CUDA wheels are checked for it (None:
+    # the host's, unchecked); `platform_tags`: its tags end in -{arch} (another platform than
+    # the host's, or every platform of publish --platform).
+    platform: str | None = None
+    platform_tags: bool = False

@@ -1,5 +1,5 @@
-"""Filters or a request -> the images they select, resolved and rendered (Selection): one
-reading of the coordinates that render, build, matrix, lock and publish share.
+"""Filters or a request -> the images they select, resolved (Selection): one reading of the
+coordinates that render, build, matrix, lock and publish share (per_platform renders them).
 
 Two readings of the coordinates (torch, CUDA, Python, variant, OS):
 - a *request* (`build`, `render`): one image per variant, defaults filled in;
@@ -15,11 +15,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from .build import build_order
 from .errors import BadRequest
 from .matrix import VARIANTS, Matrix
-from .render import RenderedImage, render
-from .render_options import RenderOptions
 from .resolve import BuildSpec, Request, check_filters, enumerate_matrix, find_cuda, find_torch, resolve
 
 ALL = "all"  # --variant all: runtime, devel, then jupyter and devel-jupyter FROM those two
@@ -151,36 +148,3 @@ def _resolve_each(matrix: Matrix, selection: Selection) -> list[BuildSpec]:
                 if exact:
                     raise
     return specs
-
-
-def with_parents(images: list[RenderedImage], matrix: Matrix, options: RenderOptions,
-                 exists: Callable[[str], bool] = lambda ref: False) -> list[RenderedImage]:
-    """`images` plus, before each jupyter image, the runtime or devel image it is built FROM
-    when that one is neither selected nor (per `exists`) already there."""
-    refs = {image.ref for image in images}
-    out: list[RenderedImage] = []
-    for image in images:
-        parent = image.spec.parent
-        if parent is not None and image.depends_on not in refs and not exists(image.depends_on or ""):
-            out.append(render(parent, matrix, options))
-            refs.add(out[-1].ref)
-        out.append(image)
-    return out
-
-
-def render_selected(matrix: Matrix, selection: Selection, options: RenderOptions) -> list[RenderedImage]:
-    """Filters -> rendered images (matrix listing, render --all, publish)."""
-    return [render(spec, matrix, options) for spec in select_specs(matrix, selection)]
-
-
-def render_request(matrix: Matrix, selection: Selection, options: RenderOptions, note: Note,
-                   exists: Callable[[str], bool] = lambda ref: False) -> list[RenderedImage]:
-    """A request -> the images it builds, in build order: each variant asked for (`all`:
-    every variant), and a jupyter image's parent image first when it is missing.
-    Everything resolves before anything builds, so a bad request fails at once."""
-    specs = [resolve(matrix, selection.request(variant)) for variant in selection.variants]
-    images = [render(spec, matrix, options) for spec in specs]
-    # The image's notices: the spec's, and what its lock and base pin leave unpinned.
-    for notice in dict.fromkeys(n for image in images for n in image.notices):
-        note(notice)
-    return build_order(with_parents(images, matrix, options, exists))

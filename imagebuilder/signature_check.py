@@ -17,7 +17,7 @@ from .labels import INPUTS_HASH, SBOM_DIGEST
 from .manifests import INDEXES, pick_manifest
 from .reference import parse_reference
 from .registry import RegistryError
-from .signing import ATTESTATION_MANIFEST, pinned, sbom_digest, signature_tag, torch_of
+from .signing import ATTESTATION_MANIFEST, has_signature, pinned, sbom_digest, signature_tag, torch_of
 
 # check_image() statuses
 VERIFIED, SIGNED, UNSIGNED, RETAGGED, OTHER_KEY, NO_ATTESTATION, SBOM_MISMATCH, NOT_PUBLISHED, NOT_CHECKED = (
@@ -112,7 +112,7 @@ def _check(ref: str, key: str | None, store: Store, cosign: Cosign) -> Signature
     target = pinned(ref, digest)
     manifest = store.manifest(target)
     provenance = has_provenance(manifest)
-    signed = store.digest(signature_tag(target)) is not None
+    signed = has_signature(store, target)
     found = SignatureCheck(ref, SIGNED if signed else UNSIGNED, "", digest, key, provenance=provenance)
 
     def judged(status: str, detail: str, **more: Any) -> SignatureCheck:

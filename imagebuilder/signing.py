@@ -30,6 +30,9 @@ KEY_SCHEMES = ("env://", "awskms://", "gcpkms://", "azurekms://", "hashivault://
 """Key references cosign resolves itself; anything else is a key file."""
 ATTESTATION_MANIFEST = "attestation-manifest"
 """BuildKit's provenance: an index entry whose vnd.docker.reference.type says so."""
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+"""The media type of a cosign signature layer (its payload names the signed digest)."""
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 
 
 class KeyNotFound(BadRequest):
@@ -86,6 +89,24 @@ def signature_tag(target: str, suffix: str = "sig") -> str:
     if not digest.startswith("sha256:"):
         raise ValueError(f"not a digest reference: {target}")
     return f"{os.environ.get('COSIGN_REPOSITORY') or repository}:sha256-{digest.removeprefix('sha256:')}.{suffix}"
+
+
+class Manifests(Protocol):
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None: ...
+
+
+def has_signature(store: Manifests, target: str) -> bool:
+    """Whether cosign's signature tag of `target` (REPOSITORY@DIGEST) holds a signature manifest
+    with at least one signature layer: an answer under the tag is not enough (a proxy's page, an
+    emptied manifest). An answer that cannot be read raises the registry's error, a fault said as
+    one, never "not signed" nor "signed"."""
+    found = store.manifest(signature_tag(target))
+    if found is None:
+        return False
+    layers = found[0].get("layers")
+    return isinstance(layers, list) and any(
+        isinstance(layer, dict) and layer.get("mediaType") == SIMPLE_SIGNING
+        and SIGNATURE_ANNOTATION in (layer.get("annotations") or {}) for layer in layers)
 
 
 # --------------------------------------------------------------------------- publish's side

@@ -1,8 +1,8 @@
 """The runtimes multi-GPU training starts images with, for real on this host (all Debian packages):
 
 - rootless Podman, run by a non-root host user;
-- the image's root flattened into a squashfs as enroot makes it (`mksquashfs` with enroot's
-  default ENROOT_SQUASH_OPTIONS, `-comp lzo -noD`, every file owned by root), mounted by
+- the image's root as a squashfs, the one `publish --squashfs` pushes beside it (every file
+  root's, enroot's configuration files in it; docs/clusters-squashfs.md), mounted by
   `squashfuse` and run by `bubblewrap` as the host user with the host's home bound and the
   image's environment: Apptainer's model (`apptainer exec`: a read-only root, the host's uid,
   no ENTRYPOINT);
@@ -34,11 +34,6 @@ from pathlib import Path
 TOOLS = {"podman": "podman", "bwrap": "bubblewrap", "squashfuse": "squashfuse", "mksquashfs": "squashfs-tools",
          "srun": "slurm-wlm", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "munged": "munge",
          "newuidmap": "uidmap", "fusermount3": "fuse3"}
-# What enroot's own import passes mksquashfs by default (enroot.conf: ENROOT_SQUASH_OPTIONS).
-ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
-# Mount points the runtime binds the host's files over; a read-only root must have them (an
-# image's build never leaves them: Docker adds its own at each run).
-MOUNT_POINTS = ("etc/hosts", "etc/resolv.conf")
 
 
 DATA = Path(__file__).parent / "data"
@@ -141,27 +136,6 @@ def rootless_podman(user: HostUser) -> Iterator[None]:
         yield
     finally:
         user.run(["podman", "system", "reset", "--force"], timeout=300)
-
-
-def image_config(user: HostUser, ref: str) -> dict[str, object]:
-    """The image's config (Env, WorkingDir, User, Entrypoint) as Podman stored it."""
-    done = user.run(["podman", "image", "inspect", ref, "--format", "{{json .Config}}"])
-    assert done.returncode == 0, done.stderr
-    config: dict[str, object] = json.loads(done.stdout)
-    return config
-
-
-def flatten(user: HostUser, ref: str, squashfs: Path) -> None:
-    """ref's root (its layers applied in order, whiteouts honoured: the image as Podman mounts
-    it) into squashfs, as enroot converts an image: mksquashfs with its default options, every
-    file owned by root."""
-    pseudo = [arg for point in MOUNT_POINTS for arg in ("-p", f"{point} f 644 0 0 true")]
-    script = ('root=$(podman image mount "$1") && shift && mksquashfs "$root" "$@"; status=$?; '
-              'podman image unmount "$REF" >/dev/null; exit $status')
-    done = user.run(["podman", "unshare", "sh", "-c", script, "flatten", ref, str(squashfs), "-all-root",
-                     *ENROOT_SQUASH_OPTIONS, "-noappend", "-no-progress", "-quiet", *pseudo], env={"REF": ref},
-                    timeout=900)
-    assert done.returncode == 0, f"mksquashfs failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
 
 
 @contextmanager

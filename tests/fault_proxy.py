@@ -106,6 +106,15 @@ class FaultProxy:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
+            def handle(self) -> None:
+                # A TLS handshake (dockerd's and containerd's first try at a registry) is answered as
+                # a Go registry answers one: in plain HTTP, which makes them fall back to http.
+                if self.connection.recv(1, socket.MSG_PEEK) == b"\x16":
+                    self.connection.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n"
+                                            b"Client sent an HTTP request to an HTTPS server.\n")
+                    return
+                super().handle()
+
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""

@@ -202,9 +202,12 @@ def _stop(process: subprocess.Popen[bytes], stop: signal.Signals = signal.SIGTER
 
 
 @contextmanager
-def remote_engine(registry_port: int | None = None, lazy: bool = False) -> Iterator[RemoteEngine]:
+def remote_engine(registry_port: int | None = None, lazy: bool = False,
+                  dockerd: str = "dockerd") -> Iterator[RemoteEngine]:
     """Start the engine (lazy: on the stargz snapshotter); yield it; tear everything down,
-    whatever happened."""
+    whatever happened. `dockerd`: another daemon's binary (Docker 20.10's, unpacked by
+    .ci/docker-20.10.sh), run on the classic image store (it has no containerd store), with its
+    package's helpers (docker-proxy, docker-init) first on its PATH."""
     tag = uuid.uuid4().hex[:6]
     netns, host_if, ns_if = f"ib-remote-{tag}", f"ibh{tag}", f"ibn{tag}"
     subnet = random.randrange(0, 250)
@@ -233,7 +236,7 @@ def remote_engine(registry_port: int | None = None, lazy: bool = False) -> Itera
             "hosts": [f"unix://{root}/docker.sock", f"tcp://{ns_ip}:2376"],
             "tlsverify": True, "tlscacert": str(root / "tls" / "ca.pem"),
             "tlscert": str(root / "tls" / "server-cert.pem"), "tlskey": str(root / "tls" / "server-key.pem"),
-            "features": {"containerd-snapshotter": True},
+            **({"features": {"containerd-snapshotter": True}} if dockerd == "dockerd" else {}),
             "bip": "172.31.254.1/24",  # its own docker0, inside its own namespace
         }
         if lazy:
@@ -243,9 +246,12 @@ def remote_engine(registry_port: int | None = None, lazy: bool = False) -> Itera
         log = root / "dockerd.log"
         with log.open("wb") as out:
             # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup mounts.
-            daemon = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "dockerd",
+            package = Path(dockerd).parent.parent  # DIR/usr of an unpacked package
+            path = f"{package / 'sbin'}:{package / 'bin'}:{os.environ.get('PATH', '')}"
+            daemon = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", dockerd,
                                        "--config-file", str(root / "daemon.json")],
-                                      stdout=out, stderr=out, start_new_session=True)
+                                      stdout=out, stderr=out, start_new_session=True,
+                                      env={**os.environ, "PATH": path} if dockerd != "dockerd" else None)
         if registry_port is not None:
             # host veth -> the registry on this host's loopback; inside: loopback -> host veth.
             for argv in (["python3", "-c", FORWARDER, host_ip, str(registry_port), "127.0.0.1", str(registry_port)],

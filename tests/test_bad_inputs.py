@@ -122,7 +122,7 @@ ROWS = {
     "publish --merge-only --no-merge": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--platform", "linux/amd64,linux/arm64",
                                             "--merge-only", "--no-merge"), 2, "--merge-only writes the indexes that --no-merge leaves out"),
     "build --compression-level alone": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--compression-level", "3"), 2,
-                                           "give --compression zstd, gzip or estargz with it"),
+                                           "give --compression zstd, gzip, estargz or gzip+zstd with it"),
     # issue 46, item 2: --compression and its level parsed into one value before any
     # daemon or registry is asked, in a dry run too
     "build --compression-level out of range, no daemon": Row((*BUILD, "--compression", "gzip", "--compression-level", "10"),
@@ -132,10 +132,14 @@ ROWS = {
     "publish --dry-run --compression-level -1": Row((*PUBLISH, "--dry-run", "--compression", "zstd",
                                                      "--compression-level", "-1"), 2,
                                                     "--compression-level -1 is not a zstd level; zstd takes 0..22"),
+    # issue 43, part 4: gzip+zstd exports each of its two at BuildKit's default level
+    "publish --dry-run --compression gzip+zstd with a level": Row((*PUBLISH, "--dry-run", "--compression", "gzip+zstd",
+                                                                   "--compression-level", "3"), 2,
+                                                                  "gzip+zstd exports each at BuildKit's default"),
     "build --compression lz4": Row((*BUILD, "--compression", "lz4"), 2,
-                                   "--compression 'lz4' is not a compression; give zstd, gzip or estargz"),
+                                   "--compression 'lz4' is not a compression; give zstd, gzip, estargz or gzip+zstd"),
     "publish --dry-run --compression ZSTD": Row((*PUBLISH, "--dry-run", "--compression", "ZSTD"), 2,
-                                                "--compression 'ZSTD' is not a compression; give zstd, gzip or estargz"),
+                                                "--compression 'ZSTD' is not a compression; give zstd, gzip, estargz or gzip+zstd"),
     "build --cache-from-registry with a scheme, no daemon": Row((*BUILD, "--cache-from-registry", "https://ghcr.io/acme"), 2,
                                                                 "--cache-from-registry 'https://ghcr.io/acme': no scheme"),
     "build --dry-run --cache-from-registry uppercase": Row((*BUILD, "--dry-run", "--cache-from-registry", "ghcr.io/Acme"), 2,
@@ -144,6 +148,18 @@ ROWS = {
                                                   "--cache-from-registry 'acme': 'acme' is not a registry host"),
     "build --cache-from-registry port 0": Row((*BUILD, "--cache-from-registry", "127.0.0.1:0/ns"), 2,
                                               "the port is not a number from 1 to 65535"),
+    # ... and what the classic builder asked for cannot export, refused before any daemon is asked
+    "build --builder classic --compression zstd, no daemon": Row((*BUILD, "--builder", "classic", "--compression", "zstd"), 2,
+                                                                 "--compression zstd needs BuildKit: the classic builder"),
+    "build --dry-run --builder classic --cache-from-registry": Row((*BUILD, "--dry-run", "--builder", "classic",
+                                                                   "--cache-from-registry", "127.0.0.1:5000/ns"), 2,
+                                                                  "--cache-from-registry needs BuildKit"),
+    "publish --dry-run --builder classic --compression zstd": Row((*PUBLISH, "--dry-run", "--builder", "classic",
+                                                                   "--compression", "zstd"), 2,
+                                                                  "--compression zstd needs BuildKit: the classic builder"),
+    "publish --dry-run --builder classic --compression-level": Row((*PUBLISH, "--dry-run", "--builder", "classic",
+                                                                    "--compression", "gzip", "--compression-level", "3"),
+                                                                   2, "--compression-level needs BuildKit"),
     "publish --registry with a scheme": Row(("publish", "--registry", "https://ghcr.io/acme", "--dry-run"), 2,
                                             "--registry 'https://ghcr.io/acme': no scheme"),
     "render --dry-run -o": Row((*RENDER, "--dry-run", "-o", "out"), 2, "or --dry-run to print the Dockerfile (not both)"),
@@ -306,7 +322,7 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "each_platform", interrupted)
     result = CliRunner().invoke(cli, ["--matrix", str(SMALL), *RENDER, "--dry-run"])
     assert result.exit_code == 130 and result.stderr.strip() == "interrupted"
 

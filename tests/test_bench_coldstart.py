@@ -21,7 +21,7 @@ from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer,
 from imagebuilder.layers import GROUPS
 from imagebuilder.lockfile import load_locks
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path

@@ -8,7 +8,7 @@ from pathlib import Path
 from imagebuilder.build import ProgressPrinter, build_order, human_size
 from imagebuilder.engine import Progress
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.resolve import Request, resolve
 
 M = load_matrix(Path(__file__).parent / "data" / "matrix-small.yaml")

@@ -24,13 +24,13 @@ from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make
 from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, EngineError, Progress
 from imagebuilder.install_steps import CA_CONTEXT, CA_SECRET_PATH
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 
-from conftest import (REPO_ROOT, TEST_REPOSITORY_PREFIX, family_build, imagebuilder, released_after_last_use,
-                      session_ca,
-                      remove_local_tags)
+from support.build_cache import family_build, released_after_last_use
+from support.cleanup import remove_local_tags
+from support.real_images import REPO_ROOT, TEST_REPOSITORY_PREFIX, imagebuilder, session_ca
 
 HERE = Path(__file__).parent
 M = load_matrix(HERE / "data" / "matrix-small.yaml")
@@ -451,13 +451,13 @@ def test_buildkit_without_a_ca_trusts_the_system_store():
 
 # CUDA 13: devel gets nvcc from PyPI, so a devel image builds on the plain Debian base (a CUDA 12
 # devel image needs nvidia/cuda's nvcc, and the build's nvcc check refuses a base without it).
-E2E = ("--torch", "2.13", "--cuda", "13.0", "--os", "debian12")  # conftest's DEVEL_TORCH, DEVEL_CUDA
+E2E = ("--torch", "2.13", "--cuda", "13.0", "--os", "debian12")  # support.real_images' DEVEL_TORCH, DEVEL_CUDA
 
 
 @pytest.fixture(scope="module")
 def buildkit_cli(docker_engine):
     """The BuildKit CLI this host has; skips (or fails in CI) where there is none."""
-    from conftest import _unavailable
+    from support.unavailable import _unavailable
 
     cli, tried = detect_buildkit()
     if cli is None:
@@ -467,7 +467,7 @@ def buildkit_cli(docker_engine):
 
 @pytest.fixture(scope="module")
 def marked_ca() -> tuple[Path, bytes]:
-    """The session's CA bundle with its marker line (conftest.session_ca): what every build
+    """The session's CA bundle with its marker line (support.real_images.session_ca): what every build
     of the session trusts, so the family's other users are served from these builds' layers."""
     return session_ca()
 
@@ -485,7 +485,7 @@ def buildkit_images(docker_engine, base_image, buildkit_cli, marked_ca, tmp_path
     """torch 2.13 runtime, then the devel image that needs the same wheels, both with BuildKit
     and --ca-bundle on the local Debian base. Removed after the last test that uses them.
 
-    The family's real builds (conftest's IMAGE_FAMILIES): its other users (the session's devel
+    The family's real builds (support.policy's IMAGE_FAMILIES): its other users (the session's devel
     image, test_publish_buildkit's publishes) run after this module and are served from these
     layers. --no-cache, both: every step runs here with the marked CA (BuildKit keeps secrets out
     of the cache key; through buildx its bytes are in it, and --no-cache makes sure), and the devel install step
@@ -738,7 +738,8 @@ EM_AARCH64 = "b7 00"  # ELF e_machine 183, little-endian
 def arm64_image(docker_engine, buildkit_cli, tmp_path_factory, request):
     """torch 2.11 (the first release with aarch64 CUDA wheels) runtime for linux/arm64, built
     under QEMU on the local arm64 Debian base (.ci/arm64-base.sh). Removed after."""
-    from conftest import _unavailable, ca_bundle_args
+    from support.real_images import ca_bundle_args
+    from support.unavailable import _unavailable
 
     if not docker_engine.image_exists(ARM64_BASE):
         _unavailable(f"{ARM64_BASE} does not exist; create it with .ci/arm64-base.sh {ARM64_BASE}")
@@ -906,7 +907,7 @@ def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_im
     OCI index through the registry API; the index's digests resolve to each platform's image."""
     import urllib.request
 
-    from conftest import _unavailable
+    from support.unavailable import _unavailable
 
     from imagebuilder.manifests import ACCEPT, OCI_INDEX
     from imagebuilder.resources import default_matrix_path

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TickingBuild
+from support.fakes import TickingBuild
 
 from imagebuilder import cache_export
 from imagebuilder.cache_export import CacheExport

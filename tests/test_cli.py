@@ -119,7 +119,7 @@ def test_ctrl_c_exits_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "render_request", interrupted)
+    monkeypatch.setattr(pipeline, "each_platform", interrupted)
     code, _, err = run("render", "--torch", "2.6", "--cuda", "12.4", "--dry-run")
     assert code == 130 and "interrupted" in err
 
@@ -167,7 +167,6 @@ def test_matrix_and_publish_take_a_torch_cuda_request_as_build_does():
     assert f"# Tags: {tag}," in build_request
 
 
-@pytest.mark.docker
 @pytest.mark.registry
 def test_publish_dry_run_plans_the_image_build_makes(registry):
     code, out, err = run("publish", "--torch", "2.6", "--cuda", "12.1", "--variant", "runtime", "--os",

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from cluster_runtimes import (ALLREDUCE, CONTRACT, IMAGE_CACHE, PROBE, HostUser, Slurm, assert_the_contract_held,
-                              assert_the_contract_holds_under_docker, bwrap_argv, flatten, host_user, image_config,
+                              assert_the_contract_holds_under_docker, bwrap_argv, host_user,
                               missing_tools, one_node_slurm, probe_result, rootless_podman, run_container,
                               slurm_task_script, squashfs_mounted)
-from conftest import _unavailable
+from support.unavailable import _unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -124,18 +124,53 @@ def test_rootless_podman_runs_the_published_image_under_the_contract(cluster_use
 
 
 @pytest.fixture(scope="module")
-def flattened(cluster_user: HostUser, podman_image: str) -> Iterator[tuple[Path, dict[str, str], str]]:
-    """The image's root as enroot makes it (a squashfs, lzo, no data compression, all root's),
-    mounted by squashfuse; yields the mount, the image's environment and its working folder."""
-    config = image_config(cluster_user, podman_image)
-    env = dict(item.split("=", 1) for item in config["Env"])
+def flattened(cluster_user: HostUser, signed_publish: dict) -> Iterator[tuple[Path, dict[str, str], str]]:
+    """The published image's squashfs as `publish --squashfs` pushes it (publish's own hook, from
+    the registry's blobs) and `imagebuilder squashfs` fetches it, mounted by squashfuse; yields
+    the mount, the environment pyxis gives a task (its /etc/environment, enroot's) and the
+    image's working folder."""
+    import time
+
+    from imagebuilder.http_registry import HttpRegistry
+    from imagebuilder.publish.squashfs import SquashfsPublisher
+    from imagebuilder.squashfs.fetch import fetch_squashfs
+
+    ref = signed_publish["image"]["ref"]
+    registry = HttpRegistry(config={})
+    started = time.monotonic()
+    made = SquashfsPublisher(registry, say=print, workdir=cluster_user.home).ensure(ref, "linux/amd64")
+    assert made.created, made
     squashfs = cluster_user.home / "image.sqfs"
-    flatten(cluster_user, podman_image, squashfs)
+    fetched = fetch_squashfs(registry, ref, squashfs, say=print)
+    image_bytes = sum(size for size, _ in registry.blobs(ref).values())
+    print(f"SQUASHFS made in {made.seconds:.1f} s ({made.unpacked_bytes} bytes unpacked, {made.size} bytes, the "
+          f"image's blobs {image_bytes} bytes), fetched in {fetched.seconds:.1f} s, "
+          f"{time.monotonic() - started:.1f} s in all")
+    config = registry.image_config(ref)
+    assert config is not None
     try:
         with squashfs_mounted(squashfs) as root:
-            yield root, env, str(config.get("WorkingDir") or "/")
+            env = dict(line.split("=", 1) for line in (root / "etc" / "environment").read_text().splitlines())
+            assert list(env.items()) == [tuple(item.split("=", 1)) for item in config[0]["config"]["Env"]]
+            yield root, env, str(config[0]["config"].get("WorkingDir") or "/")
     finally:
         squashfs.unlink(missing_ok=True)
+
+
+@pytest.mark.registry  # the published image comes from the session's registry
+def test_the_published_squashfs_imports_torch_as_the_image_s_user_with_its_env(cluster_user, flattened):
+    """pyxis's view: the image's root read-only, the environment its /etc/environment holds, the
+    image's own user (its passwd's uid), no entrypoint."""
+    root, env, workdir = flattened
+    user = next(line.split(":") for line in (root / "etc" / "passwd").read_text().splitlines()
+                if line.split(":")[2] != "0" and line.split(":")[5].startswith("/home/"))
+    argv = bwrap_argv(root, cluster_user.home, env, workdir)
+    script = "import os, torch; print('TORCH', os.getuid(), torch.__version__, os.environ['PYTORCH_VERSION'])"
+    done = cluster_user.run([*argv, "--uid", user[2], "--gid", user[3], "python", "-c", script])
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("TORCH ")]
+    _, uid, version, pytorch = line.split()
+    assert uid == user[2] and version.split("+")[0] == pytorch, line
 
 
 @pytest.mark.registry  # the published image comes from the session's registry

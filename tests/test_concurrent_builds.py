@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.real_images import REPO_ROOT
 from imagebuilder.image_contents import SBOM_PATH
 from imagebuilder.lockfile import load_locks
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 

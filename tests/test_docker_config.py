@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.real_images import REPO_ROOT
 
 STALE = "stale.example:5000"
 GOOD = "127.0.0.1:5000"

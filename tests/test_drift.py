@@ -54,3 +54,18 @@ def test_releases_on_the_index_that_the_matrix_lacks_are_reported(index):
     assert missing_releases(index, matrix) == []
     without_newest = dataclasses.replace(matrix, torches={k: v for k, v in matrix.torches.items() if k != "2.15"})
     assert missing_releases(index, without_newest) == [Version("2.15.0")]
+
+
+@pytest.mark.parametrize(("torch", "stated", "pinned"), [
+    ("2.6", "12.6", "12.4"),  # nvidia-cuda-runtime-cu12==12.4.127
+    ("2.15", "13.0", "13.2"),  # the cuda-toolkit meta-package (2.11 and later)
+])
+def test_a_block_whose_cuda_runtime_differs_from_its_wheels_is_named(index, torch, stated, pinned):
+    """Issue 45, part 7: the wheel variant's stated CUDA against the runtime its wheel pins."""
+    release = load_matrix(default_matrix_path()).torches[torch]
+    wrong = tuple(
+        dataclasses.replace(v, cuda=Version(stated)) if v.name == release.pypi_variant else v for v in release.variants
+    )
+    drifts = release_drift(index, dataclasses.replace(release, variants=wrong))
+    assert drifts == [f"torch {release.version} ({release.pypi_variant}) cuda: matrix.yaml has {stated}, "
+                      f"the index's wheel pins {pinned}"]

@@ -18,16 +18,18 @@ import uuid
 
 import pytest
 
-from conftest import (TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder, put_blob,
-                      put_manifest, remove_local_tags)
+from support.cleanup import remove_local_tags
+from support.real_images import TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args, imagebuilder
+from support.registry import put_blob, put_manifest
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 PROBE = """
-import json, os, shutil, torch
+import importlib.metadata, json, os, shutil, torch
 print(json.dumps({
     "torch": torch.__version__,
     "cuda": torch.version.cuda,
+    "cudart": importlib.metadata.version("nvidia-cuda-runtime-cu12"),
     "cudnn": torch.backends.cudnn.version(),
     "nccl": ".".join(map(str, torch.cuda.nccl.version())),
     "cxx": shutil.which("g++"),
@@ -57,6 +59,9 @@ def test_runtime_image_has_what_its_labels_say(docker_engine, runtime_image):
     assert out["torch"].split("+")[0] == labels["io.imagebuilder.torch"] == "2.6.0"
     assert out["cuda"] == labels["io.imagebuilder.torch.cuda"] == "12.4"  # cu124 wheels on a 12.1 image
     assert labels["io.imagebuilder.cuda"] == "12.1.1"
+    # Which CUDA is which (issue 45, part 7): the runtime the wheels brought, as installed.
+    assert labels["io.imagebuilder.cuda.runtime"] == out["cudart"] == "12.4.127"
+    assert "io.imagebuilder.cuda.toolkit" not in labels  # no nvcc in a runtime image
     cudnn = labels["io.imagebuilder.cudnn"].split(".")
     assert out["cudnn"] == int(cudnn[0]) * 10000 + int(cudnn[1]) * 100 + int(cudnn[2])  # 9.1.0 -> 90100
     assert labels["io.imagebuilder.cudnn"].startswith("9.1.")
@@ -281,6 +286,9 @@ def test_jupyter_runs_as_non_root_with_a_token(docker_engine, runtime_image, jup
     assert jupyter["spec"]["variant"] == "jupyter"
     assert jupyter["spec"]["base_image"] == runtime_image["tags"][0]  # built FROM the runtime image
     assert len(jupyter_image["images"]) == 1  # the runtime image was there: not built again
+    # Its CUDA labels are its parent's, inherited through FROM.
+    labels = docker_engine.image_labels(jupyter["tags"][0])
+    assert labels["io.imagebuilder.cuda.runtime"] == "12.4.127"
     client = docker.from_env()
     # A None port is "any free one" to docker-py; types-docker's ports type leaves it out.
     container = client.containers.run(jupyter["tags"][0], detach=True,

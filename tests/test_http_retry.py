@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import imagebuilder, put_blob, put_manifest, throwaway_registry
+from support.real_images import imagebuilder
+from support.registry import put_blob, put_manifest, throwaway_registry
 from fault_proxy import Fault, FaultProxy
 
 from imagebuilder.http_registry import HttpRegistry

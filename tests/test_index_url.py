@@ -11,7 +11,8 @@ import pytest
 from imagebuilder.index_url import BadIndexUrl, IndexUrl, netrc, parse_index_url
 from imagebuilder.install_steps import NETRC_SECRET_ID
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import CredentialsNeedBuildKit, render
+from imagebuilder.image_plan import CredentialsNeedBuildKit
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO_ROOT
+from support.real_images import REPO_ROOT
 
 # main() as cli.py runs it, around a command whose clean-up takes a minute (a daemon that is
 # slow to remove a container): the first Ctrl-C starts it, the second must not wait for it.

@@ -21,13 +21,13 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from conftest import REPO_ROOT, imagebuilder
+from support.real_images import REPO_ROOT, imagebuilder
 from imagebuilder import lock as locking
 from imagebuilder.base_pin import BasePin, pin_base
 from imagebuilder.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
                                    parse_extras, parse_lock)
 from imagebuilder.matrix_load import load_matrix, parse_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.uv_compile import ResolutionFailed
@@ -255,9 +255,9 @@ def test_the_hash_is_the_content_not_the_names(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr("imagebuilder.render.__version__", "99.0")
     assert render(spec, MATRIX, RenderOptions(locks=LOCKS)).inputs_hash == base.inputs_hash
     # Editing the smoke tests rebuilds nothing: publish lends the current ones at verify time.
-    import imagebuilder.render as r
-    files = r._smoke_test_files() + (("imagebuilder/smoke_tests/new_check.py", b"pass\n"),)
-    monkeypatch.setattr(r, "_smoke_test_files", lambda: files)
+    import imagebuilder.resources as r
+    files = {**r.carried_files(), "imagebuilder/smoke_tests/new_check.py": b"pass\n"}
+    monkeypatch.setattr(r, "carried_files", lambda: files)
     assert render(spec, MATRIX, RenderOptions(locks=LOCKS)).inputs_hash == base.inputs_hash
 
 
@@ -337,7 +337,7 @@ def _copy_matrix(tmp_path: Path) -> Path:
 def _uv() -> str:
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists() and shutil.which("uv") is None:
-        from conftest import _unavailable
+        from support.unavailable import _unavailable
 
         _unavailable("uv is not installed (pip install uv==<matrix.yaml tools.uv>)")
     return str(uv) if uv.exists() else "uv"

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from packaging.version import Version
 
-from conftest import remove_block
+from support.matrix_text import remove_block
 from imagebuilder.cli import cli
 from imagebuilder.index import PackageIndex
 from imagebuilder.matrix_load import load_matrix, parse_matrix

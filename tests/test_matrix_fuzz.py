@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import fuzz_examples
+from support.fuzz import fuzz_examples
 
 from imagebuilder.errors import BadRequest
 from imagebuilder.matrix import MatrixError

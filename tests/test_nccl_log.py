@@ -10,7 +10,7 @@ import textwrap
 from typing import Any
 
 import pytest
-from conftest import require_module
+from support.unavailable import require_module
 
 from smoke_tests.nccl_log import DEBUG_ENV, Transport, parse_transport
 

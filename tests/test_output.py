@@ -15,9 +15,9 @@ import certifi
 import pytest
 from click.testing import CliRunner
 
-from imagebuilder import atomic, output
+from imagebuilder import atomic, context_folder
 from imagebuilder.cli import cli
-from imagebuilder.output import OUTPUT_LIST, write_tree
+from imagebuilder.context_folder import OUTPUT_LIST, write_tree
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 RENDER = ("--matrix", str(SMALL), "render", "--torch", "2.6", "--cuda", "12.4", "--os", "debian12")
@@ -88,11 +88,11 @@ def test_an_interrupted_write_into_an_empty_folder_leaves_it_ours(tmp_path: Path
         written.append(path)
         return real(path, data, mode)
 
-    monkeypatch.setattr(output, "write_atomic", full_disk_after_two)
-    with pytest.raises(output.OutputFailed):
+    monkeypatch.setattr(context_folder, "write_atomic", full_disk_after_two)
+    with pytest.raises(context_folder.OutputFailed):
         write_tree(folder, {"a": b"1", "b": b"2", "c": b"3"})
-    monkeypatch.setattr(output, "write_atomic", real)
-    assert output.owned_files(folder) == {"a", "b", "c"}, "the folder is no longer recognisably ours"
+    monkeypatch.setattr(context_folder, "write_atomic", real)
+    assert context_folder.owned_files(folder) == {"a", "b", "c"}, "the folder is no longer recognisably ours"
     write_tree(folder, {"a": b"1"})  # the next render takes it, and removes what it no longer writes
     assert sorted(p.name for p in folder.iterdir()) == [OUTPUT_LIST, "a"]
 

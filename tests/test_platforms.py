@@ -3,7 +3,9 @@ and the tags an image gets per platform. Pure; no Docker."""
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,10 +13,13 @@ from click.testing import CliRunner
 
 from imagebuilder.cli import cli
 from imagebuilder.errors import BadRequest
+from imagebuilder.matrix import VARIANTS
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, for_platforms,
-                                    parse_base_images, parse_platforms, platform_image)
-from imagebuilder.render import RenderedImage, render
+from imagebuilder.per_platform import platform_options
+from imagebuilder.per_platform import render_spec as render
+from imagebuilder.platforms import NoWheelsForPlatform, UnknownPlatform, check_platform, parse_base_images, parse_platforms
+from imagebuilder.render import RenderedImage
+from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
@@ -79,22 +84,69 @@ def test_cli_arm64_for_2_6_is_exit_2_before_anything_builds(docker_engine):
                                             "the first release that has them is torch 2.11")
 
 
+def _on(platform: str, *, buildkit: bool = True) -> RenderOptions:
+    return platform_options(RenderOptions(buildkit=buildkit), platform, host="linux/amd64")
+
+
 def test_another_platform_gets_its_own_tags_and_needs_buildkit():
-    runtime = render(resolve(M, Request("2.11", "13.0", os="debian12")), M)
-    (same,) = for_platforms(M, [runtime], "linux/amd64", buildkit=False, host="linux/amd64")
-    assert same is runtime
-    (arm,) = for_platforms(M, [runtime], "linux/arm64", buildkit=True, host="linux/amd64")
-    assert arm.tags == tuple(f"{t}-arm64" for t in runtime.tags) and arm.inputs_hash == runtime.inputs_hash
+    spec = resolve(M, Request("2.11", "13.0", os="debian12"))
+    runtime = render(spec, M)
+    same = render(spec, M, _on("linux/amd64", buildkit=False))
+    assert same.tags == runtime.tags and same.dockerfile == runtime.dockerfile
+    arm = render(spec, M, _on("linux/arm64"))
+    assert arm.tags == tuple(f"{t}-arm64" for t in runtime.tags)
+    assert f"# Tags: {', '.join(arm.tags)}\n" in arm.dockerfile
+    # The tags name the image; they are no input: the same content, the same hash.
+    assert arm.inputs_hash == render(spec, M, replace(_on("linux/arm64"), platform_tags=False)).inputs_hash
     with pytest.raises(BadRequest, match="needs --builder buildkit"):
-        for_platforms(M, [runtime], "linux/arm64", buildkit=False, host="linux/amd64")
+        render(spec, M, _on("linux/arm64", buildkit=False))
 
 
 def test_a_platform_jupyter_image_starts_from_that_platforms_runtime():
-    jupyter = render(resolve(M, Request("2.11", "13.0", os="debian12", variant="jupyter")), M)
-    arm = platform_image(jupyter, "linux/arm64")
-    assert arm.depends_on == f"{jupyter.depends_on}-arm64"
-    assert f"ARG BASE_IMAGE={jupyter.depends_on}-arm64\n" in arm.dockerfile
+    """Its FROM, its base label and its manifest.json all name the runtime image of its own
+    platform (issue 46: the label and manifest.json named the host's)."""
+    spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="jupyter"))
+    jupyter, arm = render(spec, M), render(spec, M, _on("linux/arm64"))
+    assert spec.parent is not None
+    runtime_arm = render(spec.parent, M, _on("linux/arm64"))
+    assert arm.depends_on == runtime_arm.ref == f"{jupyter.depends_on}-arm64"
+    assert f"ARG BASE_IMAGE={runtime_arm.ref}\n" in arm.dockerfile
     assert all(tag.endswith("-arm64") for tag in arm.tags)
+    assert arm.labels["org.opencontainers.image.base.name"] == runtime_arm.ref
+    assert f'org.opencontainers.image.base.name="{runtime_arm.ref}"' in arm.dockerfile
+    manifest = json.loads(arm.files["imagebuilder/manifest.json"])
+    assert manifest["base_image"] == runtime_arm.ref and manifest["tags"] == list(arm.tags)
+    # Its FROM is another image than the host's jupyter image's: another inputs hash.
+    assert arm.inputs_hash != jupyter.inputs_hash
+
+
+def test_a_jupyter_parent_is_rendered_once_per_command_and_platform(monkeypatch):
+    """`build --variant all` on two platforms: runtime and devel are each rendered once per
+    platform, although jupyter and devel-jupyter need their inputs hashes too."""
+    from imagebuilder import per_platform
+    from imagebuilder.selection import ALL, Selection
+
+    rendered: list[tuple[str, str | None]] = []
+    real = per_platform.render  # type: ignore[attr-defined]
+
+    def counting(plan):
+        rendered.append((plan.spec.variant, plan.tags[0]))
+        return real(plan)
+
+    monkeypatch.setattr(per_platform, "render", counting)
+    selection = Selection("2.11", "13.0", os="debian12", variant=ALL)
+    planned = per_platform.each_platform(M, selection, RenderOptions(buildkit=True), ["linux/amd64", "linux/arm64"],
+                                         per_platform.Reading(request=True), read_os_release=None, note=print,
+                                         host="linux/amd64")
+    assert [[image.spec.variant for image in each.images] for each in planned] == [list(VARIANTS)] * 2
+    assert len(rendered) == 8 and len(set(rendered)) == 8
+    # A jupyter image alone brings its parent along: still one render of it.
+    rendered.clear()
+    one = per_platform.each_platform(M, replace(selection, variant="jupyter"), RenderOptions(), ["linux/amd64"],
+                                     per_platform.Reading(request=True), read_os_release=None, note=print,
+                                     host="linux/amd64")
+    assert [image.spec.variant for image in one[0].images] == ["runtime", "jupyter"]
+    assert [variant for variant, _ in rendered] == ["runtime", "jupyter"]
 
 
 def _arm64_runtime(**options: Any) -> RenderedImage:
@@ -150,13 +202,13 @@ def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated(
 
 
 def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
-    from imagebuilder import pipeline
+    from imagebuilder import per_platform
     from imagebuilder.render_options import RenderOptions
 
-    monkeypatch.setattr(pipeline, "host_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(per_platform, "host_platform", lambda: "linux/amd64")
     options = RenderOptions(buildkit=True)
-    assert pipeline._for_platform(options, "linux/amd64").foreign_platform is None
-    assert pipeline._for_platform(options, "linux/arm64").foreign_platform == "linux/arm64"
+    assert per_platform.platform_options(options, "linux/amd64").foreign_platform is None
+    assert per_platform.platform_options(options, "linux/arm64").foreign_platform == "linux/arm64"
 
 
 def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt_cache():
@@ -165,3 +217,19 @@ def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt
     assert "--mount=type=cache,id=imagebuilder-apt,target=" in stage
     assert "--mount=type=cache,id=imagebuilder-apt-arm64,target=" in image and "id=imagebuilder-apt," not in image
     assert "id=imagebuilder-apt," in _arm64_runtime().dockerfile  # the host's own platform: one cache, as before
+
+
+def test_what_builds_nothing_checks_no_platforms_wheels():
+    """render --all (and publish --merge-only) build nothing: on an arm64 host, the matrix's 2.6
+    images render under their plain tags, as they did, where a build of them is refused."""
+    from imagebuilder import per_platform
+    from imagebuilder.selection import Selection
+
+    selection = Selection(torch="2.6", cuda="12.4", variant="runtime", os="ubuntu22.04")
+    (listed,) = per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"],
+                                           per_platform.Reading(request=False, parents=False, builds=False),
+                                           read_os_release=None, note=print, host="linux/arm64")
+    assert [image.tags for image in listed.images] == [render(resolve(M, Request("2.6", "12.4")), M).tags]
+    with pytest.raises(NoWheelsForPlatform):
+        per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"], per_platform.Reading(request=True),
+                                   read_os_release=None, note=print, host="linux/arm64")

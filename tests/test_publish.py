@@ -1,9 +1,10 @@
-"""publish: the planner as tables; the runner and registry client against the real daemon and a
-real local registry (Debian's docker-registry).
+"""publish: the planner as tables; the runner against the real daemon and a real local registry
+(Debian's docker-registry), end to end. The registry HTTP client's own tests are in
+tests/test_registry_http.py.
 
 The integration tests publish one real torch image with BuildKit (what `--builder auto` picks on
 Docker 26): torch 2.6 for CUDA 12.4 on debian12, on the local Debian base, with the host's CA
-bundle; its install steps are served from the main job's layers (conftest's IMAGE_FAMILIES).
+bundle; its install steps are served from the main job's layers (support.policy's IMAGE_FAMILIES).
 The smoke tests run on it once per module (CPU mode); the later runs that need a verdict reuse
 that recorded one. The classic builder's runner is tested on small images (its torch build took
 8 minutes).
@@ -11,13 +12,10 @@ that recorded one. The classic builder's runner is tested on small images (its t
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -31,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, _unavailable, ca_bundle_args, imagebuilder, remove_local_tags,
-                      installed_torch, put_blob, put_manifest, require_module, session_ca_bundle)
+from support.cleanup import remove_local_tags
+from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch,
+                                 session_ca_bundle)
+from support.registry import LocalRegistry, put_blob, put_manifest, running_registry
+from support.unavailable import _unavailable
 
 from imagebuilder import publish
 from imagebuilder.labels import INPUTS_HASH as HASH
 from imagebuilder.engine.classic import ClassicBuilder
-from imagebuilder.errors import BadRequest, ImageBuilderError
 from imagebuilder.layers import wheel_groups
 from imagebuilder.lockfile import load_locks, locks_dir
 from imagebuilder.matrix_load import load_matrix
@@ -45,11 +45,9 @@ from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED
 from imagebuilder.reference import parse_reference
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest
-from imagebuilder.reference import RegistryTarget
-from imagebuilder.registry import RegistryUnavailable
-from imagebuilder.registry_auth import credentials_for, parse_challenge, is_insecure_by_default
 from imagebuilder.image_contents import SBOM_PATH
-from imagebuilder.render import RenderedImage, render
+from imagebuilder.per_platform import render_spec as render
+from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
@@ -58,7 +56,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = REPO_ROOT / "tests" / "data" / "matrix-small.yaml"
 # tests/test_e2e.py builds 2.6/12.1/debian12: the same wheels stage and final layers but the last.
 TORCH, CUDA, OS = "2.6", "12.4", "debian12"
-REGISTRY_BIN = Path("/usr/bin/docker-registry")
 
 
 # --------------------------------------------------------------------------- planner tables
@@ -167,162 +164,6 @@ def test_a_plan_without_push_plans_no_push() -> None:
     assert text.count("build and verify; push nothing (--no-push)") == 2
 
 
-# --------------------------------------------------------------------------- registry tables
-
-
-@pytest.mark.parametrize("ref, expected", [
-    ("127.0.0.1:5000/ml/pytorch:2.6-runtime", ("127.0.0.1:5000", "ml/pytorch", "2.6-runtime")),
-    ("ghcr.io/acme/pytorch", ("ghcr.io", "acme/pytorch", "latest")),
-    ("localhost/pytorch@sha256:" + "a" * 64, ("localhost", "pytorch", "sha256:" + "a" * 64)),
-    ("localhost/pytorch:1@sha256:" + "a" * 64, ("localhost", "pytorch", "sha256:" + "a" * 64)),
-    ("pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime", ("docker.io", "pytorch/pytorch", "2.6.0-cuda12.4-cudnn9-runtime")),
-    ("ubuntu:22.04", ("docker.io", "library/ubuntu", "22.04")),
-])
-def test_parse_reference(ref: str, expected: tuple[str, str, str]) -> None:
-    r = parse_reference(ref)
-    assert (r.host, r.repository, r.reference) == expected
-
-
-@pytest.mark.parametrize("text, expected, base", [
-    ("127.0.0.1:5000/ib", RegistryTarget("127.0.0.1:5000", "ib"), "127.0.0.1:5000/ib"),
-    ("ghcr.io/acme/ml/", RegistryTarget("ghcr.io", "acme/ml"), "ghcr.io/acme/ml"),
-    ("localhost:5000", RegistryTarget("localhost:5000", ""), "localhost:5000"),
-    ("acme", BadRequest, None),  # a Docker Hub user: not a host
-    ("https://ghcr.io/acme", BadRequest, None),
-    ("ghcr.io/Acme", BadRequest, None),
-])
-def test_registry_target(text: str, expected: Any, base: str | None) -> None:
-    if expected is BadRequest:
-        with pytest.raises(BadRequest, match="--cache-from-registry .* HOST\\[:PORT\\]/NAMESPACE"):
-            RegistryTarget.parse(text, "--cache-from-registry")
-    else:
-        target = RegistryTarget.parse(text)
-        assert target == expected and target.base == base and target.repository("pytorch") == f"{base}/pytorch"
-
-
-@pytest.mark.parametrize("host, scheme", [
-    ("127.0.0.1:5000", "http"), ("127.8.0.1", "http"), ("localhost:5000", "http"), ("[::1]:5000", "http"),
-    ("ghcr.io", "https"), ("10.0.0.5:5000", "https"), ("registry.local:443", "https"),
-])
-def test_scheme(host: str, scheme: str) -> None:
-    """Loopback registries may fall back to http, as dockerd lets them; all others are https only."""
-    assert ("http" if is_insecure_by_default(host) else "https") == scheme
-
-
-def _auth(user: str, password: str) -> dict[str, str]:
-    return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
-
-
-@pytest.mark.parametrize("config, host, expected", [
-    ({"auths": {"ghcr.io": _auth("bot", "s3:cret")}}, "ghcr.io", ("bot", "s3:cret")),
-    ({"auths": {"https://reg.example:5000": _auth("a", "b")}}, "reg.example:5000", ("a", "b")),
-    ({"auths": {"https://index.docker.io/v1/": _auth("hub", "pw")}}, "docker.io", ("hub", "pw")),
-    ({}, "ghcr.io", None),
-])
-def test_credentials_for(config: dict[str, Any], host: str, expected: tuple[str, str] | None) -> None:
-    assert credentials_for(config, host) == expected
-
-
-def test_credentials_come_from_the_credential_helper_docker_would_run(tmp_path: Path, monkeypatch: Any) -> None:
-    """A real credential helper (the docker-credential-* protocol: `get`, server on stdin)."""
-    helper = tmp_path / "docker-credential-ibtest"
-    helper.write_text('#!/bin/sh\n[ "$1" = get ] || exit 1\nread server\n'
-                      'printf \'{"ServerURL":"%s","Username":"robot","Secret":"from-helper"}\' "$server"\n')
-    helper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    assert credentials_for({"credsStore": "ibtest"}, "reg.example:5000") == ("robot", "from-helper")
-    assert credentials_for({"credHelpers": {"ghcr.io": "ibtest"}}, "ghcr.io") == ("robot", "from-helper")
-    with pytest.raises(ImageBuilderError, match="credential helper"):
-        credentials_for({"credsStore": "not-installed-anywhere"}, "ghcr.io")
-
-
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    cert, key = tmp_path / "registry.crt", tmp_path / "registry.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
-
-
-@pytest.mark.registry
-def test_https_on_loopback_with_the_ca_dockerd_would_trust(tmp_path: Path, free_port: int) -> None:
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    cert, key = _self_signed(tmp_path)
-    reg = LocalRegistry(tmp_path / "registry", free_port, tls=(cert, key))
-    reg.start()
-    try:
-        ref = f"{reg.address}/ml/pytorch:2.6-runtime"
-        with pytest.raises(ImageBuilderError, match="does not trust") as e:
-            HttpRegistry(config={}).digest(ref)
-        assert "--registry-ca" in str(e.value) and f"/etc/docker/certs.d/{reg.address}/ca.crt" in str(e.value)
-        assert HttpRegistry(config={}, ca_file=cert).digest(ref) is None  # it answered over https: no such tag
-        certs = tmp_path / "certs.d" / reg.address
-        certs.mkdir(parents=True)
-        (certs / "ca.crt").write_bytes(cert.read_bytes())
-        assert HttpRegistry(config={}, certs_root=tmp_path / "certs.d").digest(ref) is None
-    finally:
-        reg.stop()
-
-
-def test_parse_challenge_and_pick_manifest() -> None:
-    assert parse_challenge('Bearer realm="https://a.io/token",service="a.io",scope="repository:x:pull"') == (
-        "bearer", {"realm": "https://a.io/token", "service": "a.io", "scope": "repository:x:pull"})
-    index = {"manifests": [{"digest": "sha256:arm", "platform": {"os": "linux", "architecture": "arm64"}},
-                           {"digest": "sha256:amd", "platform": {"os": "linux", "architecture": "amd64"}}]}
-    assert pick_manifest(index) == "sha256:amd"
-    assert pick_manifest({"manifests": index["manifests"][:1]}) == "sha256:arm"
-
-
-# --------------------------------------------------------------------------- a registry we can stop
-
-
-class LocalRegistry:
-    """Debian's docker-registry on 127.0.0.1:PORT that can be stopped and started again with its
-    storage kept (.ci/registry.sh stop throws the storage away)."""
-
-    def __init__(self, root: Path, port: int, htpasswd: Path | None = None,
-                 tls: tuple[Path, Path] | None = None) -> None:
-        self.root = root
-        self.port = port
-        self.address = f"127.0.0.1:{port}"
-        self.scheme = "https" if tls else "http"
-        self.process: subprocess.Popen[bytes] | None = None
-        (root / "data").mkdir(parents=True, exist_ok=True)
-        auth = f"auth:\n  htpasswd: {{realm: imagebuilder-test, path: '{htpasswd}'}}\n" if htpasswd else ""
-        tls_config = f", tls: {{certificate: '{tls[0]}', key: '{tls[1]}'}}" if tls else ""
-        (root / "config.yml").write_text(
-            f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {root / 'data'}}}\n"
-            f"  delete: {{enabled: true}}\nhttp: {{addr: '{self.address}'{tls_config}}}\n{auth}")
-
-    def start(self) -> None:
-        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
-        self.process = subprocess.Popen([str(REGISTRY_BIN), "serve", str(self.root / "config.yml")],
-                                        stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{self.address}/v2/", timeout=2).close()
-                return
-            except urllib.error.HTTPError:
-                return  # it answers (401 when it wants a login; 400 when it speaks only TLS)
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    self.stop()
-                    pytest.fail(f"docker-registry did not answer on {self.address}: "
-                                f"{(self.root / 'registry.log').read_text()[-2000:]}")
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
-
 
 def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
     return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime", "--builder", "buildkit",
@@ -332,21 +173,9 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
 
 @pytest.fixture(scope="module")
 def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry"), port)
-    reg.start()
-    try:
+    """A registry for the module that a test may stop and start again (its storage removed after)."""
+    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
         yield reg
-    finally:
-        reg.stop()
-        # Its blobs are GBs (a torch image), and pytest keeps a run's temporary directories.
-        shutil.rmtree(reg.root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +207,7 @@ def test_first_run_builds_verifies_and_pushes_every_tag(first_run: dict[str, Any
         assert _head(ref) == digest
     labels = HttpRegistry(config={}).labels(image["ref"])
     assert labels is not None and labels[HASH] == image["inputs_hash"]
-    # Its family's (conftest's IMAGE_FAMILIES): the main job's layers (CUDA 12.1, the same cu124
+    # Its family's (support.policy's IMAGE_FAMILIES): the main job's layers (CUDA 12.1, the same cu124
     # lock) served every install step; only what follows the image's own files ran.
     assert "imagebuilder-uv" in Path(image["build"]["log"]).read_text(), "no install step in the log"
     assert not installed_torch(image["build"]["log"]), "the install steps ran again"
@@ -684,123 +513,6 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     assert not docker_engine.image_exists(failed_build["Id"]) and not docker_engine.image_exists(failed_build["Parent"])
 
 
-@pytest.mark.registry
-def test_basic_auth_with_docker_login_credentials(tmp_path: Path, free_port: int) -> None:
-    # docker-registry's htpasswd accepts bcrypt entries only; the bcrypt package comes with
-    # paramiko (docker[ssh], imagebuilder's own dependency). Python 3.13 has no crypt module.
-    bcrypt = require_module("bcrypt", "it makes the registry's bcrypt htpasswd entry")
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    htpasswd = tmp_path / "htpasswd"
-    htpasswd.write_text(f"bot:{bcrypt.hashpw(b's3cret', bcrypt.gensalt()).decode()}\n")
-    reg = LocalRegistry(tmp_path / "registry", free_port, htpasswd=htpasswd)
-    reg.start()
-    try:
-        ref = f"{reg.address}/ml/pytorch:2.6-runtime"
-        with pytest.raises(ImageBuilderError, match=f"docker login {reg.address}"):
-            HttpRegistry(config={}).digest(ref)
-        logged_in = HttpRegistry(config={"auths": {reg.address: _auth("bot", "s3cret")}})
-        assert logged_in.digest(ref) is None and logged_in.labels(ref) is None  # in, and nothing there
-        with pytest.raises(ImageBuilderError, match="HTTP 401"):
-            HttpRegistry(config={"auths": {reg.address: _auth("bot", "wrong")}}).digest(ref)
-    finally:
-        reg.stop()
-
-
-@pytest.mark.registry
-def test_a_blob_is_mounted_from_another_repository_not_uploaded(tmp_path: Path, free_port: int) -> None:
-    """publish mounts the layers its cache export uploaded into the image's repository; a blob
-    the source repository does not have is not mounted, and the upload session the registry
-    opened instead is cancelled."""
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    reg = LocalRegistry(tmp_path / "registry", free_port)
-    reg.start()
-    try:
-        blob = os.urandom(4096)
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        base = f"http://{reg.address}/v2/ml"
-        started = urllib.request.urlopen(urllib.request.Request(f"{base}/imagebuilder-cache/blobs/uploads/",
-                                                                method="POST", data=b""))
-        location = started.headers["Location"]
-        put = f"{location}{'&' if '?' in location else '?'}digest={digest}"
-        urllib.request.urlopen(urllib.request.Request(
-            put if put.startswith("http") else f"http://{reg.address}{put}", method="PUT", data=blob,
-            headers={"Content-Type": "application/octet-stream"}))
-
-        def has(repository: str, what: str) -> bool:
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"{base}/{repository}/blobs/{what}", method="HEAD"))
-                return True
-            except urllib.error.HTTPError:
-                return False
-
-        registry = HttpRegistry(config={})
-        cache = f"{reg.address}/ml/imagebuilder-cache:k"
-        image = f"{reg.address}/ml/pytorch:2.6-runtime"
-        assert not has("pytorch", digest)
-        # has_blob (what the report's layers ask before a push) answers for one repository.
-        assert (registry.has_blob(image, digest), registry.has_blob(cache, digest)) == (False, True)
-        assert registry.mount(image, digest, cache) is True
-        assert has("pytorch", digest) and registry.has_blob(image, digest)
-        other = "sha256:" + "0" * 64
-        assert registry.mount(f"{reg.address}/ml/pytorch:2.6-runtime", other, cache) is False
-        assert not has("pytorch", other)
-        # The refused mount's upload session is cancelled: docker-registry drops its start time
-        # and data (it keeps an empty hash state), so it is no session any more.
-        sessions = list((tmp_path / "registry" / "data").rglob("_uploads/*/startedat"))
-        assert sessions == [], sessions
-    finally:
-        reg.stop()
-
-
-def test_a_blob_head_that_the_registry_redirects_stays_a_head() -> None:
-    """A registry may answer a blob's HEAD with a redirect to its storage (S3, a CDN); urllib
-    follows a redirected HEAD with a GET, so has_blob would download the blob (GBs of a torch
-    layer) to learn that it exists."""
-    import http.server
-    import threading
-
-    asked: list[tuple[str, str]] = []
-
-    class Storage(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self) -> None:
-            asked.append(("HEAD", self.path))
-            if self.path.startswith("/v2/"):
-                self.send_response(307)
-                self.send_header("Location", "/storage/blob")
-            else:
-                self.send_response(200)
-                self.send_header("Content-Length", "1000000")
-            self.end_headers()
-
-        def do_GET(self) -> None:
-            asked.append(("GET", self.path))
-            self.send_response(404 if self.path.startswith("/v2/") else 200)
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Storage)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        digest = "sha256:" + "a" * 64
-        assert HttpRegistry(config={}).has_blob(f"127.0.0.1:{server.server_port}/ml/pytorch:x", digest) is True
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert asked == [("HEAD", f"/v2/ml/pytorch/blobs/{digest}"), ("HEAD", "/storage/blob")]
-
-
-def test_an_unreachable_registry_is_reported_before_anything_is_built(free_port: int) -> None:
-    done = imagebuilder("--matrix", str(SMALL), "publish", "--torch", "2.6", "--cuda", "12.4",
-                         "--registry", f"127.0.0.1:{free_port}/ml", "--dry-run")
-    assert done.returncode == 1
-    assert f"http://127.0.0.1:{free_port}/v2/" in done.stderr and "did not answer" in done.stderr
-    with pytest.raises(RegistryUnavailable):
-        HttpRegistry(config={}).digest(f"127.0.0.1:{free_port}/ml/pytorch:x")
-
 
 # --------------------------------------------------------------------------- failures in the runner
 
@@ -842,15 +554,9 @@ BOTH = ("linux/amd64", "linux/arm64")
 
 
 @pytest.fixture
-def fresh_registry(tmp_path: Path, free_port: int) -> Iterator[LocalRegistry]:
-    if not REGISTRY_BIN.exists():
-        _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry")
-    reg = LocalRegistry(tmp_path / "registry", free_port)
-    reg.start()
-    try:
+def fresh_registry(tmp_path: Path) -> Iterator[LocalRegistry]:
+    with running_registry(tmp_path / "registry") as reg:
         yield reg
-    finally:
-        reg.stop()
 
 
 def _storage(reg: LocalRegistry) -> dict[str, str]:
@@ -912,12 +618,14 @@ def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | 
 
 def _merge_images(registry: str) -> list[RenderedImage]:
     """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
-    from imagebuilder.selection import Selection, render_selected, with_parents
+    from imagebuilder.per_platform import Reading, each_platform
+    from imagebuilder.selection import Selection
 
     matrix = load_matrix(default_matrix_path())
     opts = RenderOptions(repository=f"{registry}/pytorch")
-    images = with_parents(render_selected(matrix, Selection(torch="2.11", cuda="13.0", python="3.11", os="debian12"),
-                                          opts), matrix, opts)
+    (selected,) = each_platform(matrix, Selection(torch="2.11", cuda="13.0", python="3.11", os="debian12"), opts,
+                                ["linux/amd64"], Reading(request=False), read_os_release=None, note=print, host="linux/amd64")
+    images = list(selected.images)
     assert len(images) == 4
     return images
 
@@ -1095,7 +803,7 @@ def test_merge_only_dry_run_lists_the_plan_and_leaves_the_registry_byte_identica
 @pytest.mark.registry
 def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_plan(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
-    from imagebuilder.platforms import platform_image
+    from imagebuilder.platforms import platform_tags
 
     registry = f"{fresh_registry.address}/ns"
     (runtime,) = [image for image in _merge_images(registry) if image.spec.variant == "runtime"]
@@ -1111,7 +819,7 @@ def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_p
     assert document["dry_run"] is True and document["images"] == []
     planned = {entry["ref"]: entry for entry in document["planned"]}
     for platform in BOTH:
-        image = platform_image(runtime, platform)
+        image = replace(runtime, tags=platform_tags(runtime.tags, platform))
         dated = publish.dated_ref(image, day)
         # Every tag it pushes, the day's dated one included, is on the plan and in the report.
         for ref in (*image.refs, dated):

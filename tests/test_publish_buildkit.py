@@ -4,7 +4,7 @@ build caches through the registry, a republish that uploads nothing, and a build
 engine (its own network namespace and bridge, TCP with TLS) through --buildx-builder.
 
 Two real torch images (2.13 runtime and devel for CUDA 13.0 on the local Debian base: the
-family of conftest's IMAGE_FAMILIES whose layers test_buildkit built) are published once for
+family of support.policy's IMAGE_FAMILIES whose layers test_buildkit built) are published once for
 the module; the remote engine imports their cache instead of building.
 """
 
@@ -22,8 +22,13 @@ from typing import Any
 
 import pytest
 
-from conftest import (REPO_ROOT, _free_port, _unavailable, ca_bundle_args, family_build, imagebuilder,
-                      prune_session_build_cache, remove_local_tags)
+from support.build_cache import family_build, prune_session_build_cache
+from support.cleanup import remove_local_tags
+from support.real_images import REPO_ROOT, ca_bundle_args, imagebuilder
+from support.registry import throwaway_registry
+from support.unavailable import _unavailable
+from support.replay import cli_replaying, verify_replaying
+
 from imagebuilder.engine.export import cache_ref
 from imagebuilder.reference import RegistryTarget
 from imagebuilder.http_registry import HttpRegistry
@@ -32,15 +37,19 @@ from imagebuilder.signing import pinned
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 
-TORCH, CUDA, OS = "2.13", "13.0", "debian12"  # conftest's DEVEL_TORCH, DEVEL_CUDA: one family
+TORCH, CUDA, OS = "2.13", "13.0", "debian12"  # support.real_images' DEVEL_TORCH, DEVEL_CUDA: one family
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+
+def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
+    return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--base-image", base_image,
+            *ca_bundle_args(), "--builder", "buildkit", "--allow-no-gpu", "--registry", registry,
+            "--report", str(report), *extra]
 
 
 def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dict[str, str] | None = None,
              ) -> dict[str, Any]:
-    args = ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--base-image", base_image,
-            *ca_bundle_args(), "--builder", "buildkit", "--allow-no-gpu", "--registry", registry,
-            "--report", str(report), *extra]
+    args = _publish_args(base_image, registry, report, *extra)
     if env is None:
         done = imagebuilder(*args)
     else:
@@ -53,22 +62,15 @@ def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dic
 
 
 @pytest.fixture(scope="module")
-def local_registry(docker_engine: Any) -> Iterator[str]:
-    port = str(_free_port())
-    script = REPO_ROOT / ".ci" / "registry.sh"
-    started = subprocess.run([str(script), "start", port], capture_output=True, text=True, timeout=90)
-    if started.returncode != 0:
-        _unavailable(f"could not start a local registry: {started.stderr.strip()}")
-    try:
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        subprocess.run([str(script), "stop", port], capture_output=True, timeout=30, check=False)
+def local_registry() -> Iterator[str]:
+    with throwaway_registry() as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
 def bk_published(docker_engine: Any, base_image: str, local_registry: str,
                  tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """The family's publishes (conftest's IMAGE_FAMILIES): test_buildkit, which runs first, built
+    """The family's publishes (support.policy's IMAGE_FAMILIES): test_buildkit, which runs first, built
     these layers; this exports them (zstd), verifies and pushes."""
     registry = f"{local_registry}/imagebuilder-test/bk-{uuid.uuid4().hex[:8]}"
     reports = tmp_path_factory.mktemp("publish-buildkit")
@@ -89,7 +91,7 @@ def test_what_is_pushed_is_the_image_verify_ran_in_zstd(bk_published: dict[str, 
     for variant in ("runtime", "devel"):
         image = bk_published[variant]
         assert (image["status"], image["verified"]) == ("pushed", True), image["reason"]
-        # The family's publishes build from test_buildkit's layers (conftest's IMAGE_FAMILIES):
+        # The family's publishes build from test_buildkit's layers (support.policy's IMAGE_FAMILIES):
         # every step but the FROM is CACHED, so no prune in between made BuildKit forget them.
         build = image["build"]
         assert build["cached_steps"] == build["steps"] - 1, (build["cached_steps"], build["steps"])
@@ -194,12 +196,20 @@ def test_the_published_image_carries_provenance_of_where_it_was_built_from(bk_pu
     assert any("imagebuilder-base" in base for base in found.base)
 
 
-def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(bk_published: dict[str, Any], base_image: str) -> None:
+def test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag(bk_published: dict[str, Any], base_image: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The rebuild is the same image (its config, so every layer); BuildKit's new index would
     differ only in its provenance's timestamps (pushed, it was 29,723 bytes and a new digest
-    under every tag): publish keeps the published one, and nothing goes up."""
-    again = _publish(base_image, bk_published["registry"], bk_published["reports"] / "again.json",
-                     "--variant", "runtime", "--force")
+    under every tag): publish keeps the published one, and nothing goes up. The publish runs in
+    this process: the same layers bk_published smoke-tested, so the smoke-test container answers
+    with that run's verdict (support.replay) and the rest (build, verify's preflight, the
+    registry) is real."""
+    report = bk_published["reports"] / "again.json"
+    result, replayed = cli_replaying(monkeypatch, bk_published["runtime"]["verify"], *_publish_args(
+        base_image, bk_published["registry"], report, "--variant", "runtime", "--force"))
+    assert result.exit_code == 0, f"publish failed:\n{result.stdout}\n{result.stderr[-6000:]}"
+    (again,) = json.loads(report.read_text())["images"]
+    assert [image for image, _ in replayed.asked] == [again["ref"]] and again["verified"] is True
     assert again["status"] == "pushed" and "kept, nothing uploaded" in again["reason"]
     assert again["pushed_bytes"] == 0
     # The report lists the kept image's layers, each one the registry had already.
@@ -233,7 +243,7 @@ def remote(docker_engine: Any, local_registry: str) -> Iterator[Any]:
 
 
 def test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_pushes(
-        bk_published: dict[str, Any], remote: Any, base_image: str) -> None:
+        bk_published: dict[str, Any], remote: Any, base_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     env = remote.env()
     # The base image is all it has: no image of ours, no build cache.
     subprocess.run(f"docker save {base_image} | DOCKER_HOST={remote.host} DOCKER_TLS_VERIFY=1 "
@@ -253,8 +263,15 @@ def test_an_empty_remote_engine_builds_from_the_registry_cache_verifies_and_push
     assert not re.findall(r"Download(?:ed|ing) (?:torch|nvidia)", log)
     # Its layers were in the registry already: the push uploaded config and attestations only.
     assert image["pushed_bytes"] < 10_000_000
-    # The image is on the remote engine, and verify checks it there.
-    done = subprocess.run([sys.executable, "-m", "imagebuilder", "verify", image["ref"], "--allow-no-gpu"],
-                          capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert f"built from: revision {'0' * 40}" in done.stdout
+    # The image is on the remote engine, and verify checks it there, saying where it was built
+    # from. The publish above ran the smoke tests on this very image on that engine (verified:
+    # True): verify runs for real on the remote engine (preflight reads the image there, the
+    # provenance comes from the registry) but for the smoke-test container, whose output is the
+    # publish's recorded verdict (support.replay).
+    for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONFIG"):
+        monkeypatch.setenv(name, env[name])
+    result, replayed = verify_replaying(monkeypatch, image["verify"], image["ref"], "--allow-no-gpu")
+    assert result.exit_code == 0, result.output[-3000:]
+    assert f"built from: revision {'0' * 40}" in result.stdout
+    assert replayed.base_url == remote.host
+    assert replayed.asked == [(image["ref"], ["python3", "-m", "smoke_tests", "--json", "--allow-no-gpu"])]

@@ -15,14 +15,17 @@ from typing import Any
 
 import pytest
 
-from conftest import TickingBuild
+from support.fakes import TickingBuild
 
 from imagebuilder import publish
 from imagebuilder.engine import (NO_ACCESS, BuildRequest, BuildResult, BuilderKind, HostAccess, OnProgress, Pushed,
                                  PushFailed, RunResult)
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.selection import Selection, render_selected, with_parents
+from imagebuilder.manifests import OCI_MANIFEST
+from imagebuilder.per_platform import Reading, each_platform
+from imagebuilder.selection import Selection
+from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING
 from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.verify import PreflightItem, VerifyReport
@@ -36,7 +39,9 @@ OPTIONS = publish.RunOptions(matrix_path=SMALL, push_retries=1, push_backoff=0)
 def images(variant: str | None = "runtime") -> list[RenderedImage]:
     opts = RenderOptions(repository="127.0.0.1:5999/ml/pytorch")
     selection = Selection(torch="2.6", cuda="12.4", os="ubuntu22.04", variant=variant)
-    return with_parents(render_selected(M, selection, opts), M, opts)
+    (selected,) = each_platform(M, selection, opts, ["linux/amd64"], Reading(request=False), read_os_release=None,
+                                note=print, host="linux/amd64")
+    return list(selected.images)
 
 
 @dataclass
@@ -46,6 +51,7 @@ class CannedEngine:
     fail_build: set[str] = field(default_factory=set)
     fail_push: set[str] = field(default_factory=set)
     digests: dict[str, str] = field(default_factory=dict)
+    contents: dict[str, str] = field(default_factory=dict)  # tag -> the id of the image it names
     built: list[str] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
@@ -83,7 +89,9 @@ class CannedEngine:
             raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
                               tail=("boom",), log_path=None)
         self.built.append(ref)
-        return BuildResult(f"sha256:{len(self.built):064x}", req.tags, 1, 1.0, 9, 0, 9, None)
+        image_id = f"sha256:{len(self.built):064x}"
+        self.contents.update(dict.fromkeys(req.tags, image_id))
+        return BuildResult(image_id, req.tags, 1, 1.0, 9, 0, 9, None)
 
     def read_file(self, image: str, path: str) -> bytes | None:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
@@ -95,7 +103,10 @@ class CannedEngine:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
         self.pushed.append(ref)
-        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(ref.encode()).hexdigest())
+        # As a registry answers: the digest of what the tag names, one for every tag of one image
+        # (a tag this engine did not build names content of its own).
+        content = self.contents.get(ref, ref)
+        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(content.encode()).hexdigest())
 
     def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
         return Pushed(self.push(ref, retries=retries, backoff=backoff), frozenset())
@@ -114,6 +125,10 @@ class CannedRegistry:
     put: list[tuple[str, str]] = field(default_factory=list)
 
     def digest(self, ref: str) -> str | None:
+        pinned = ref.partition("@")[2]
+        if pinned:  # a manifest by digest: there while a tag names it
+            named = {*self.answers.values(), *(self.engine.digests.values() if self.engine else ())}
+            return pinned if pinned in named else None
         if ref in self.answers:
             return self.answers[ref]
         return self.engine.digests.get(ref) if self.engine else None
@@ -138,6 +153,9 @@ class CannedRegistry:
         return {}
 
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        if ref.endswith(".sig") and self.digest(ref):  # cosign's signature manifest, one signature layer
+            layer = {"mediaType": SIMPLE_SIGNING, "annotations": {SIGNATURE_ANNOTATION: "MEUCIQ..."}}
+            return {"schemaVersion": 2, "layers": [layer]}, OCI_MANIFEST
         return None
 
     def has_blob(self, ref: str, digest: str) -> bool:
@@ -526,7 +544,7 @@ def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_
 
 # --------------------------------------------------------------------------- the report's layers
 
-from imagebuilder.manifests import OCI_INDEX, OCI_MANIFEST  # noqa: E402
+from imagebuilder.manifests import OCI_INDEX  # noqa: E402
 from imagebuilder.registry import RegistryUnavailable  # noqa: E402
 
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
@@ -760,7 +778,7 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
 
     import imagebuilder.http_registry
     from imagebuilder.cli import cli
-    from imagebuilder.render import render
+    from imagebuilder.per_platform import render_spec as render
     from imagebuilder.resolve import Request, resolve
     from imagebuilder.resources import default_matrix_path
 
@@ -778,3 +796,48 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert f"1 of {len(refs)} tags could not be made indexes" in error and tag in error
     assert refs[0] not in dict(registry.put) and all(ref in dict(registry.put) for ref in refs[1:])
+
+
+@dataclass
+class DualBlobs(CannedBlobs):
+    """Takes the index of a gzip+zstd publish: each pushed digest is an image manifest."""
+
+    indexes: list[tuple[str, bytes]] = field(default_factory=list)
+    signed: list[str] = field(default_factory=list)
+
+    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
+        from imagebuilder.manifests import index_document, platform_entries
+
+        return index_document([e for digest, platform in children
+                               for e in platform_entries(platform, "application/vnd.oci.image.manifest.v1+json", 9,
+                                                         digest, {})])
+
+    def put_index(self, ref: str, body: bytes) -> str:
+        self.indexes.append((ref, body))
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def test_gzip_zstd_exports_gzip_after_the_verified_zstd_image_and_pushes_one_index_over_both() -> None:
+    from imagebuilder.engine.export import gzip_ref
+    from imagebuilder.manifests import ZSTD_ANNOTATION
+
+    engine = CannedStore()
+    (image,) = images()
+    registry = DualBlobs(engine=engine)
+    (outcome,) = run(publish.plan([image], {}), engine, registry,
+                     export=Export(Compression("gzip+zstd"), provenance=True), platform="linux/amd64")
+    assert outcome.status == publish.PUSHED, outcome.reason
+    first, labelled, gzip = engine.requests
+    assert first.export is not None and first.export.compression == Compression("gzip+zstd")  # BuildKit: zstd
+    assert labelled.tags == image.refs
+    assert gzip.tags == (gzip_ref(image.ref),) and gzip.export == Export(Compression("gzip"), provenance=True)
+    # The gzip image first, then the zstd one under the tag, then the index over both.
+    assert engine.pushed == [gzip_ref(image.ref), image.ref]
+    ((ref, body),) = registry.indexes
+    entries = json.loads(body)["manifests"]
+    assert ref == image.ref and [e["digest"] for e in entries] == [engine.ids[gzip_ref(image.ref)],
+                                                                    engine.ids[image.ref]]
+    assert ZSTD_ANNOTATION not in entries[0].get("annotations", {}) and entries[1]["annotations"][ZSTD_ANNOTATION] == "true"
+    index = "sha256:" + hashlib.sha256(body).hexdigest()
+    assert {outcome.pushed[r] for r in image.refs} == {index}
+    assert outcome.pushed[gzip_ref(image.ref)] == engine.ids[gzip_ref(image.ref)]

@@ -9,11 +9,11 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from conftest import TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
+from support.real_images import TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
 from imagebuilder.build import python_download_hint
 from imagebuilder.cli import cli
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
@@ -124,7 +124,7 @@ def test_a_debian13_image_runs_on_the_os_python(docker_engine, tmp_path):
     """Debian 13 packages Python 3.13, which torch 2.6 ships wheels for: the venv is made from
     /usr/bin/python3.13, nothing is downloaded besides the wheels (no /opt/python)."""
     if not docker_engine.image_exists(TRIXIE_BASE):
-        from conftest import _unavailable
+        from support.unavailable import _unavailable
 
         _unavailable(f"{TRIXIE_BASE} does not exist; create it with .ci/base-image.sh {TRIXIE_BASE} trixie")
     repository = f"{TEST_REPOSITORY_PREFIX}/trixie-{uuid.uuid4().hex[:8]}"

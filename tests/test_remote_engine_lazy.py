@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from conftest import _unavailable, remove_images
+from support.cleanup import remove_images
+from support.unavailable import _unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 

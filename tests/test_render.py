@@ -14,11 +14,11 @@ import pytest
 
 from packaging.version import Version
 
-from imagebuilder.certificates import RenderError, read_ca_bundle
+from imagebuilder.certificates import CertificateError, read_ca_bundle
 from imagebuilder.matrix import VARIANTS, driver_key
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.output import ForeignFolder, write_tree
-from imagebuilder.render import render
+from imagebuilder.context_folder import ForeignFolder, write_tree
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
@@ -174,7 +174,7 @@ def test_ca_bundle_is_trusted_in_the_build_stage_only(tmp_path):
 
 
 def test_a_missing_ca_bundle_is_a_clear_error(tmp_path):
-    with pytest.raises(RenderError, match="cannot read --ca-bundle"):
+    with pytest.raises(CertificateError, match="cannot read --ca-bundle"):
         read_ca_bundle(tmp_path / "nope.pem")
 
 
@@ -373,3 +373,20 @@ def test_every_image_carries_the_cluster_run_contract():
             start = image.files[f"imagebuilder/{PYTHON_START}.py"].decode()
             assert f'IMAGE_CACHE = "{COMPILE_CACHE}"' in start
             compile(start, PYTHON_START, "exec")  # it is Python, whatever the template left in it
+
+
+def test_the_templates_read_a_small_context_and_every_key_of_it():
+    """Issue 46: the plan decides, the templates lay it out from at most 30 names (related
+    values grouped into small frozen values read by attribute), each of them used."""
+    import re
+
+    from imagebuilder.image_plan import plan_image
+    from imagebuilder.render import DRAFT, _context
+    from imagebuilder.resources import carried_files, templates_dir
+
+    spec = resolve(M, Request("2.6", "12.4", variant="devel"))
+    context = _context(plan_image(spec, M, RenderOptions(), carried_files()), DRAFT, "")
+    assert len(context) <= 30, sorted(context)
+    text = "\n".join(p.read_text() for p in templates_dir().glob("*.j2"))
+    unread = [key for key in context if not re.search(rf"(?<![\w.]){key}\b", text)]
+    assert unread == []

@@ -38,6 +38,7 @@ from smoke_tests.expected import NOTHING_EXPECTED, Expected, ManifestError, load
 from smoke_tests.result import Result
 from smoke_tests.toolchain import NO_COMPILER, Compiler, CompilerProblem, find_cxx
 from smoke_tests.versions import decode_cudnn, decode_nccl, release_matches, torch_matches
+from support.host_runs import host_manifest, host_smoke_run, smoke_env
 
 REPO = Path(__file__).resolve().parent.parent
 CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
@@ -45,32 +46,16 @@ CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 
 @pytest.fixture(scope="module")
 def torch() -> Any:
-    from conftest import require_module
+    from support.unavailable import require_module
 
     return require_module("torch", "the smoke tests run on this host's torch (.ci/setup installs the CPU build)")
 
 
-def correct_manifest() -> Dict[str, Any]:
-    """What an imagebuilder manifest for this very torch would say."""
-    import torch
-
-    return {
-        "torch": torch.__version__.split("+")[0],
-        "torch_cuda": torch.version.cuda,  # None: this host's torch is a CPU build
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "variant": "runtime",
-        "unrelated_key": [1, 2, 3],
-    }
+correct_manifest = host_manifest  # support.host_runs': what a manifest for this very torch says
 
 
 def cli_env(env: Optional[Dict[str, str]]) -> Dict[str, str]:
-    base = dict(os.environ)
-    base["PYTHONPATH"] = str(REPO)
-    # One compile worker: spawning Inductor's worker pool costs more than it saves here.
-    base.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    base.pop(FAULT_ENV, None)
-    base.update(env or {})
-    return base
+    return smoke_env(env)
 
 
 def run_cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -322,11 +307,10 @@ def test_report_round_trip_and_table() -> None:
 # ---------------------------------------------------------------- the CLI, end to end
 
 @pytest.fixture(scope="module")
-def full_run(torch: Any, tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
-    """Every check through `python -m smoke_tests --json`, with a correct manifest."""
-    manifest = tmp_path_factory.mktemp("manifest") / "manifest.json"
-    manifest.write_text(json.dumps(correct_manifest()))
-    return run_cli("--json", env={"SMOKE_TESTS_MANIFEST": str(manifest)})
+def full_run(torch: Any) -> subprocess.CompletedProcess:
+    """Every check through `python -m smoke_tests --json`, with a correct manifest: the session's
+    one run of them on this host (support.host_runs; test_verify's `verify --local --json` reads it too)."""
+    return host_smoke_run()
 
 
 @pytest.mark.slow
@@ -486,7 +470,7 @@ def compile_library(tmp_path: Path, name: str, source: str, **macros: object) ->
     """A stand-in for an NVIDIA library, so that the real ctypes calls run without a driver."""
     cc = find_cxx({"PATH": os.environ["PATH"]})
     if isinstance(cc, CompilerProblem):
-        from conftest import _unavailable
+        from support.unavailable import _unavailable
 
         _unavailable(cc.reason)
     c_file = tmp_path / f"{name}.c"

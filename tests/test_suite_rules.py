@@ -10,6 +10,12 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
+
+def sources() -> list[tuple[str, Path]]:
+    """Every Python file of the suite, by its name under tests/ (support's as support/NAME.py)."""
+    paths = sorted(TESTS.glob("*.py")) + sorted(TESTS.glob("support/*.py"))
+    return [(path.relative_to(TESTS).as_posix(), path) for path in paths]
+
 # A skip that is a condition of the host, not a tool CI installs: (file, the skip's text).
 HOST_CONDITIONS = {
     ("test_bad_inputs.py", 'pytest.skip(f"needs a {python} without torch")'),  # a host whose system Python has torch
@@ -18,17 +24,17 @@ HOST_CONDITIONS = {
 
 
 def test_every_missing_tool_goes_through_the_one_helper():
-    """A test that lacks what it needs calls conftest's _unavailable (or require_module), which
+    """A test that lacks what it needs calls support.unavailable's _unavailable (or require_module), which
     fails under IMAGEBUILDER_REQUIRE_DOCKER=1: CI, which installs every such tool, cannot pass by
     skipping. A bare pytest.skip or importorskip would skip there too."""
     found = []
-    for path in sorted(TESTS.glob("*.py")):
-        if path.name in ("conftest.py", Path(__file__).name):
+    for name, path in sources():
+        if name in ("support/unavailable.py", Path(__file__).name):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"pytest\.(skip|importorskip)\(", line) and (path.name, line.strip()) not in HOST_CONDITIONS:
-                found.append(f"{path.name}:{number}: {line.strip()}")
-    assert not found, "use conftest._unavailable / require_module:\n" + "\n".join(found)
+            if re.search(r"pytest\.(skip|importorskip)\(", line) and (name, line.strip()) not in HOST_CONDITIONS:
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "use support.unavailable: _unavailable / require_module:\n" + "\n".join(found)
 
 
 # --- every real torch build is a listed decision -----------------------------------------
@@ -36,6 +42,14 @@ def test_every_missing_tool_goes_through_the_one_helper():
 # Calls that build (or publish) a real torch image whatever their arguments say.
 BUILD_HELPERS = {"build_cli", "build_floor", "_build", "_publish"}
 NOT_BUILDING = {"--dry-run", "--merge-only", "--help"}
+# Calls that run the CLI with the arguments they are given: in a subprocess (conftest's), or in
+# this process with a recorded smoke-test verdict (support.replay's).
+CLI_CALLS = {"imagebuilder", "cli_replaying"}
+
+
+def _is_publish_args(node: ast.AST) -> bool:
+    """A call of a test module's _publish_args (the argument list of a real publish)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_publish_args"
 
 
 def _strings(node: ast.AST, assigned: Mapping[str, ast.AST]) -> set[str]:
@@ -45,8 +59,8 @@ def _strings(node: ast.AST, assigned: Mapping[str, ast.AST]) -> set[str]:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
             found.add(sub.value)
-        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "_publish_args":
-            found.add("publish")  # test_publish's argument list of a publish
+        elif _is_publish_args(sub):
+            found.add("publish")  # test_publish's (or test_publish_buildkit's) argument list of a publish
         elif isinstance(sub, ast.Starred) and isinstance(sub.value, ast.Name) and sub.value.id in assigned:
             found |= _strings(assigned[sub.value.id], {})
     return found
@@ -56,37 +70,37 @@ def real_builds() -> set[tuple[str, str]]:
     """(file, function) of every function in tests/ that runs `imagebuilder build|publish` for
     real (not a dry run, not a merge of what is in a registry) or calls a build helper."""
     found = set()
-    for path in sorted(TESTS.glob("*.py")):
+    for file, path in sources():
         tree = ast.parse(path.read_text())
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             assigned = {target.id: node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
                         for target in node.targets if isinstance(target, ast.Name)
-                        and isinstance(node.value, (ast.List, ast.Tuple))}
+                        and (isinstance(node.value, (ast.List, ast.Tuple)) or _is_publish_args(node.value))}
             for call in ast.walk(function):
                 if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
                     continue
-                name = call.func.id
-                if name in BUILD_HELPERS and name != function.name:
-                    found.add((path.name, function.name))
-                elif name == "imagebuilder":
+                called = call.func.id
+                if called in BUILD_HELPERS and called != function.name:
+                    found.add((file, function.name))
+                elif called in CLI_CALLS:
                     words = _strings(ast.Tuple(elts=list(call.args), ctx=ast.Load()), assigned)
                     if {"build", "publish"} & words and not NOT_BUILDING & words:
-                        found.add((path.name, function.name))
+                        found.add((file, function.name))
     return found
 
 
 def test_every_real_torch_build_is_a_listed_decision():
     """A real torch image costs minutes of CI's 40 (docs/development.md): a new one is added to
-    conftest's OTHER_REAL_BUILDS (or reuses a family of IMAGE_FAMILIES) on purpose, never by
+    support.policy's OTHER_REAL_BUILDS (or reuses a family of IMAGE_FAMILIES) on purpose, never by
     accident; a listed one that is gone is taken off the list."""
-    from conftest import OTHER_REAL_BUILDS
+    from support.policy import OTHER_REAL_BUILDS
 
     found = real_builds()
     assert found, "the scan finds no build at all: it no longer reads the tests"
     new = sorted(found - set(OTHER_REAL_BUILDS))
-    assert not new, ("real torch builds outside conftest's OTHER_REAL_BUILDS and IMAGE_FAMILIES (reuse a family's "
+    assert not new, ("real torch builds outside support.policy's OTHER_REAL_BUILDS and IMAGE_FAMILIES (reuse a family's "
                      f"image, or list it with what it costs): {new}")
     gone = sorted(set(OTHER_REAL_BUILDS) - found)
     assert not gone, f"listed in OTHER_REAL_BUILDS but no longer building: {gone}"

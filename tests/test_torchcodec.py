@@ -10,11 +10,11 @@ from packaging.version import Version
 
 from imagebuilder.lockfile import parse_lock, requirements
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
-from conftest import DEVEL_CUDA, DEVEL_TORCH
+from support.real_images import DEVEL_CUDA, DEVEL_TORCH
 
 M = load_matrix(default_matrix_path())
 FFMPEG = {"debian12": "libavcodec59", "debian13": "libavcodec61", "ubuntu22.04": "libavcodec58",
@@ -111,7 +111,7 @@ def test_a_built_image_saves_and_loads_a_wav_and_decodes_a_jpeg(docker_engine, d
     assert (DEVEL_TORCH, DEVEL_CUDA) == (CODEC_TORCH, CODEC_CUDA)
     spec = resolve(M, Request(CODEC_TORCH, CODEC_CUDA, os="debian12", variant="devel"))
     assert any(r.startswith("torchcodec==") for r in requirements(spec, M))
-    # The session's devel image is its family's (conftest's IMAGE_FAMILIES): test_buildkit's
+    # The session's devel image is its family's (support.policy's IMAGE_FAMILIES): test_buildkit's
     # layers served every step but the FROM, though modules ran and finished in between.
     assert devel_image["cached_steps"] == devel_image["steps"] - 1, (devel_image["cached_steps"], devel_image["steps"])
     ref = devel_image["tags"][0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_module
+from support.unavailable import require_module
 
 require_module("torch", "the checks import torch (.ci/setup installs the CPU build)")
 

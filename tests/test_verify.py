@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import host_verify, start_host_verify
+from support.host_runs import host_verify
 
 from imagebuilder.engine import NO_ACCESS, BuildRequest, ContainerFailed, GpuUnavailable, HostAccess, RunResult
 from imagebuilder.engine.classic import ClassicBuilder
@@ -59,6 +59,12 @@ class OfflineRegistry:
         raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
 
     def provenance(self, ref: str) -> dict[str, Any] | None:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
+
+    def digest(self, ref: str) -> str | None:
         raise RegistryUnavailable(url=f"https://{ref.partition('/')[0]}/v2/", detail="offline")
 
 
@@ -631,14 +637,10 @@ def test_local_fake_report_passes(tmp_path: Path, cpu_host: None) -> None:
 
 @pytest.fixture(scope="module")
 def local_runs() -> dict[str, tuple[int, str, str]]:
-    """`verify --local --allow-no-gpu` as a table and as JSON, run side by side (each takes
-    a minute or two on a CPU host: a real gloo all-reduce and a real Inductor compile). The
-    table's argv is docs/verify.md's: conftest runs each argv once per session, so the
-    documented command's run is this one."""
-    argvs = {"table": ("--local", "--allow-no-gpu"), "json": ("--local", "--allow-no-gpu", "--json")}
-    for args in argvs.values():
-        start_host_verify(*args)
-    return {name: host_verify(*args) for name, args in argvs.items()}
+    """`verify --local --allow-no-gpu` as a table (a minute or two on a CPU host: a real gloo
+    all-reduce and a real Inductor compile). Its argv is docs/verify.md's: conftest runs each
+    argv once per session, so the documented command's run is this one."""
+    return {"table": host_verify("--local", "--allow-no-gpu")}
 
 
 @pytest.mark.slow
@@ -651,13 +653,33 @@ def test_cli_local_cpu_mode_passes(local_runs: dict[str, tuple[int, str, str]]) 
 
 
 @pytest.mark.slow
-def test_cli_local_json_parses(local_runs: dict[str, tuple[int, str, str]]) -> None:
-    code, stdout, stderr = local_runs["json"]
-    assert code == 0, stdout + stderr
-    data = json.loads(stdout)
+def test_cli_local_json_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`verify --local --allow-no-gpu --json`: this host's preflight for real, and the smoke suite's
+    verdict on this host's torch read from the session's one run of it (support.host_runs, which
+    test_smoke_tests' CLI tests read too) instead of a third run; the table's run above is the
+    real subprocess path. The command verify would have run is the one asserted."""
+    from click.testing import CliRunner
+    from support.host_runs import host_smoke_run
+
+    from imagebuilder.cli import cli
+    from imagebuilder.verify import run as verify_run
+
+    smoke = host_smoke_run()
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr[-3000:]
+    asked: list[list[str]] = []
+
+    def replayed(command: Sequence[str], **_: Any) -> tuple[str, int | None, bool]:
+        asked.append(list(command))
+        return smoke.stdout + smoke.stderr, smoke.returncode, False
+
+    monkeypatch.setattr(verify_run, "run_process", replayed)
+    result = CliRunner().invoke(cli, ["verify", "--local", "--allow-no-gpu", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
     assert data["ok"] is True and data["mode"] == "local" and data["error"] is None
     assert [c["name"] for c in data["checks"]] == ["environment", "cuda", "nccl", "cache", "compile", "cuda_graph"]
     assert data["torch"].startswith("2.")
+    assert asked == [[sys.executable, "-m", "smoke_tests", "--json", "--require-gpu" if HOST_HAS_GPU else "--allow-no-gpu"]]
 
 
 @pytest.mark.skipif(HOST_HAS_GPU, reason="this host has GPUs")

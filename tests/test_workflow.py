@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import _unavailable, remove_block
+from support.matrix_text import remove_block
+from support.unavailable import _unavailable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "publish.yml"
@@ -154,18 +155,20 @@ def test_the_plan_job_groups_images_by_combination(generated: dict[str, Any]) ->
 
 
 def test_each_job_publishes_its_combination_runtime_first(workflow: dict[str, Any], generated: dict[str, Any],
-                                                          tmp_path: Path) -> None:
+                                                          signing_keys: dict[str, Path], tmp_path: Path) -> None:
     """The publish step's exact command line, for a generated entry, is accepted by imagebuilder
-    and plans that combination's images (--dry-run --force: no registry, nothing built)."""
+    and plans that combination's images (--dry-run --force: no registry, nothing built). The
+    secrets are a real key, as on the runner: the dry run tries the key as the run does."""
     job = workflow["jobs"]["publish"]
     (step,) = [s for s in job["steps"] if s.get("name") == "Publish"]
     combos = generated["matrix"]["include"]
     entry = next(c for c in combos
                  if {i["variant"] for i in generated["images"] if all(i[k] == c[k] for k in PUBLISH_KEYS)} >= {"runtime", "jupyter"})
     env = {name.upper(): entry[name] for name in PUBLISH_KEYS}
-    assert set(step["env"]) == {*env, "FORCE", *SIGNING_ENV}
+    assert set(step["env"]) == {*env, "FORCE", "SQUASHFS", *SIGNING_ENV}
     assert all(step["env"][name] == f"${{{{ matrix.{name.lower()} }}}}" for name in env)
-    env.update(FORCE="", REGISTRY="127.0.0.1:1/ci", PATH=f"{_shim(tmp_path / 'bin', '--dry-run --force')}:{os.environ['PATH']}")
+    env.update(COSIGN_PRIVATE_KEY=signing_keys["key"].read_text(), COSIGN_PASSWORD="")
+    env.update(FORCE="", SQUASHFS="--squashfs", REGISTRY="127.0.0.1:1/ci", PATH=f"{_shim(tmp_path / 'bin', '--dry-run --force')}:{os.environ['PATH']}")
     done = _run_step(step["run"], env, tmp_path)
     assert done.returncode == 0, done.stderr
     wanted = [i for i in generated["images"] if all(i[k] == entry[k] for k in PUBLISH_KEYS)]

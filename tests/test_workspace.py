@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
+from support.real_images import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
 from imagebuilder.image_contents import ENTRYPOINT
 from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.render import render
+from imagebuilder.per_platform import render_spec as render
 from imagebuilder.render_options import RenderOptions
 from imagebuilder.resolve import Request, resolve
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, shm_bytes, shm_too_small
@@ -64,11 +64,14 @@ def test_variant_all_and_the_matrix_include_devel_jupyter():
     from click.testing import CliRunner
 
     from imagebuilder.cli import cli
-    from imagebuilder.selection import ALL, Selection, render_request
+    from imagebuilder.per_platform import Reading, each_platform
+    from imagebuilder.selection import ALL, Selection
 
     assert JUPYTER_PARENTS == {"jupyter": "runtime", "devel-jupyter": "devel"}
     # What `build --variant all` builds, parents before the jupyter images made FROM them.
-    planned = render_request(M, Selection("2.12", "13.0", variant=ALL, os="debian12"), RenderOptions(), note=print)
+    (each,) = each_platform(M, Selection("2.12", "13.0", variant=ALL, os="debian12"), RenderOptions(), ["linux/amd64"],
+                            Reading(request=True), read_os_release=None, note=print, host="linux/amd64")
+    planned = each.images
     assert [image.spec.variant for image in planned] == ["runtime", "devel", "jupyter", "devel-jupyter"]
     out = CliRunner().invoke(cli, ["--matrix", str(HERE / "data" / "matrix-small.yaml"), "matrix", "--torch", "2.12",
                                    "--cuda", "13.0", "--os", "debian12", "--format", "json"])
@@ -332,7 +335,7 @@ def test_the_devel_image_keeps_the_run_contract_without_its_entrypoint(devel_ima
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_verify_proves_the_devel_image_compiles_a_cuda_extension(devel_image):
+def test_verify_proves_the_devel_image_compiles_a_cuda_extension(docker_engine, devel_image):
     """verify runs the devel check in a devel image: nvcc of the image's CUDA at CUDA_HOME, and
     a CUDA extension built and loaded against torch, without a GPU."""
     done = imagebuilder("verify", devel_image["tags"][0], "--allow-no-gpu", "--json", timeout=1500)
@@ -342,6 +345,11 @@ def test_verify_proves_the_devel_image_compiles_a_cuda_extension(devel_image):
     assert devel["status"] == "pass", devel
     assert devel["measurements"]["nvcc"] == devel["measurements"]["expected_cuda"] == "13.0"
     assert devel["measurements"]["cuda_home"].endswith("/nvidia/cu13")
+    # The toolkit label names the update of the nvcc verify just ran (issue 45, part 7).
+    labels = docker_engine.image_labels(devel_image["tags"][0])
+    assert labels["io.imagebuilder.cuda.toolkit"] == "13.0.2"
+    assert labels["io.imagebuilder.cuda.toolkit"].startswith(devel["measurements"]["nvcc"] + ".")
+    assert labels["io.imagebuilder.cuda.runtime"] == "13.0.96"
     assert "jupyter" not in checks
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .docker_config import lenient_docker_config
 from .api import NO_ACCESS, HostAccess, Pushed, RunResult
 from .errors import (BadDaemonAddress, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
-                     PushFailed, base_image_missing, daemon_address_problem, refuses_gpus)
+                     PushFailed, base_image_missing, push_cause, daemon_address_problem, refuses_gpus)
 
 if TYPE_CHECKING:
     import docker
@@ -380,7 +380,7 @@ class DockerEngine:
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=ref) from e
             except docker.errors.APIError as e:
-                digest, detail = None, short(e)
+                digest, detail = None, push_cause(str(e) or type(e).__name__)
             if digest:
                 return Pushed(digest, frozenset(uploaded))
             if _PERMANENT_PUSH_ERROR.search(detail):
@@ -394,7 +394,7 @@ class DockerEngine:
         for event in self.client.api.push(repository, tag=tag, stream=True, decode=True):
             if "errorDetail" in event or "error" in event:
                 detail = event.get("errorDetail") or {}
-                return None, short_text(str(detail.get("message") or event.get("error")))
+                return None, push_cause(str(detail.get("message") or event.get("error")))
             if event.get("status") == "Pushed" and event.get("id"):
                 uploaded.add(str(event["id"]))
             aux = event.get("aux")

@@ -194,8 +194,27 @@ class PushFailed(EngineError):
     ref: str
     attempts: int
     detail: str
-    template = ("pushing {ref} failed after {attempts} attempt(s): {detail}; check that the "
-                "registry answers and that you are logged in (`docker login <registry>`)")
+
+    def describe(self) -> str:
+        # A login is the cure only where the registry refused one (401, 403); a 5xx or a reset
+        # is the registry's or the network's, and a rerun skips what landed.
+        todo = ("check that you are logged in (`docker login <registry>`) with an account that may push there"
+                if _REFUSED.search(self.fields["detail"]) else
+                "check that the registry answers, then rerun (what was pushed is skipped)")
+        return (f"pushing {self.fields['ref']} failed after {self.fields['attempts']} attempt(s): "
+                f"{self.fields['detail']}; {todo}")
+
+
+_REFUSED = re.compile(r"denied|unauthorized|authentication required|\b40[13]\b|forbidden", re.I)
+_URL_QUERY = re.compile(r"(\bhttps?://[^\s\"'?]+)\?[^\s\"']*")
+
+
+def push_cause(message: str, limit: int = 300) -> str:
+    """The daemon's words for a failed push, in one line that keeps its cause: an upload URL's
+    query (its `_state` token runs to hundreds of characters) is dropped, so the status (500)
+    or the reset that follows the URL survives the shortening."""
+    text = " ".join(_URL_QUERY.sub(r"\1", message).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class PullFailed(EngineError):

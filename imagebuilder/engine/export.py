@@ -10,22 +10,19 @@ recompresses them with gzip), so there compression is not ours to choose.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import BadRequest
 from ..reference import RegistryTarget
 
-COMPRESSIONS = ("zstd", "gzip", "estargz")
-# BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
-# eStargz is gzip, each file's chunks a gzip member of their own, with a table of contents at
-# the end: a node whose containerd runs the stargz snapshotter mounts it and fetches what is
-# read, when it is read (lazy pulling); any other puller pulls it as gzip.
-LEVELS = {"zstd": range(0, 23), "gzip": range(0, 10), "estargz": range(0, 10)}
-# What build and publish export when nothing is asked, where BuildKit exports into the
-# containerd store: pulled by Docker >= 23 and containerd >= 1.5 (every current Kubernetes
-# node), and compressed with every core where `--load`'s gzip uses one.
-DEFAULT = "zstd"
+DUAL = "gzip+zstd"
+# gzip+zstd: every platform's image twice, a gzip manifest first and a zstd one after it in one
+# index (publish/dual.py), for engines that pull no zstd (Docker < 23, enroot < 4.0: they take
+# the first entry of their platform) beside ones that prefer zstd (Podman, CRI-O: containers/image
+# reads the zstd entry's annotation). BuildKit exports the zstd image into the store (what verify
+# runs), then the same build again, every step cached, as gzip (GZIP_SUFFIX's tag).
 CACHE_REPOSITORY = "imagebuilder-cache"
 
 
@@ -35,7 +32,7 @@ def _either(names: tuple[str, ...]) -> str:
 
 class UnknownCompression(BadRequest):
     compression: str
-    template = "--compression {compression!r} is not a compression; give " + _either(COMPRESSIONS)
+    template = "--compression {compression!r} is not a compression; give {known}"
 
 
 class BadCompression(BadRequest):
@@ -44,25 +41,46 @@ class BadCompression(BadRequest):
     template = "--compression-level {level} is not a {compression} level; {compression} takes {low}..{high}"
 
 
+class LevelOfDual(BadRequest):
+    level: int
+    template = ("--compression-level {level} sets one compression's level; " + DUAL + " exports each "
+                "at BuildKit's default: drop --compression-level, or give gzip or zstd")
+
+
 class LevelWithoutCompression(BadRequest):
     level: int
-    template = ("--compression-level {level} sets the level of --compression: give --compression "
-                + _either(COMPRESSIONS) + " with it")
+    template = "--compression-level {level} sets the level of --compression: give --compression {known} with it"
 
 
 @dataclass(frozen=True)
 class Compression:
     """The layers' compression: the one home of its names, levels and default."""
 
+    # BuildKit's own defaults: zstd level 3 ("default" in klauspost/compress), gzip level 6.
+    # eStargz is gzip, each file's chunks a gzip member of their own, with a table of contents at
+    # the end: a node whose containerd runs the stargz snapshotter mounts it and fetches what is
+    # read, when it is read (lazy pulling); any other puller pulls it as gzip.
+    LEVELS: ClassVar[Mapping[str, range]] = {"zstd": range(0, 23), "gzip": range(0, 10), "estargz": range(0, 10)}
+    NAMES: ClassVar[tuple[str, ...]] = (*LEVELS, DUAL)
+    # What build and publish export when nothing is asked, where BuildKit exports into the
+    # containerd store: pulled by Docker >= 23 and containerd >= 1.5 (every current Kubernetes
+    # node), and compressed with every core where `--load`'s gzip uses one.
+    DEFAULT: ClassVar[str] = "zstd"
+    PUSHED: ClassVar[str] = "gzip"  # what `docker push` compresses with, where the store keeps no blobs
+
     kind: str
-    """"zstd", "gzip" or "estargz" (COMPRESSIONS)."""
+    """"zstd", "gzip", "estargz" or "gzip+zstd" (NAMES)."""
     level: int | None = None
     """None: BuildKit's default for `kind`."""
 
     def __post_init__(self) -> None:
-        if self.kind not in COMPRESSIONS:
-            raise UnknownCompression(compression=self.kind)
-        levels = LEVELS[self.kind]
+        if self.kind not in self.NAMES:
+            raise UnknownCompression(compression=self.kind, known=_either(self.NAMES))
+        if self.kind == DUAL:
+            if self.level is not None:
+                raise LevelOfDual(level=self.level)
+            return
+        levels = self.LEVELS[self.kind]
         if self.level is not None and self.level not in levels:
             raise BadCompression(compression=self.kind, level=self.level, low=levels.start, high=levels.stop - 1)
 
@@ -72,14 +90,40 @@ class Compression:
         runs too); None when neither is given: the engine's default (`choose`)."""
         if kind is None:
             if level is not None:
-                raise LevelWithoutCompression(level=level)
+                raise LevelWithoutCompression(level=level, known=_either(cls.NAMES))
             return None
         return cls(kind, level)
 
+    @classmethod
+    def levels_help(cls) -> str:
+        """The levels each takes, as --compression-level's help says them: "zstd 0-22, gzip 0-9, ..."."""
+        return ", ".join(f"{name} {r.start}-{r.stop - 1}" for name, r in cls.LEVELS.items())
+
+    @property
+    def exported(self) -> Compression:
+        """What BuildKit exports into the image store, verify runs and the registry cache
+        keeps: zstd for gzip+zstd, else this."""
+        return Compression("zstd") if self.kind == DUAL else self
+
+    @property
+    def also(self) -> Compression | None:
+        """The second export of gzip+zstd (gzip, tagged gzip_ref()); None: one export."""
+        return Compression("gzip") if self.kind == DUAL else None
+
     @property
     def media_suffix(self) -> str:
-        """How its layers' media types end: eStargz layers are gzip ones."""
-        return "+gzip" if self.kind == "estargz" else f"+{self.kind}"
+        """How its exported layers' media types end: eStargz layers are gzip ones."""
+        kind = self.exported.kind
+        return "+gzip" if kind == "estargz" else f"+{kind}"
+
+
+GZIP_SUFFIX = "-gzip"
+
+
+def gzip_ref(ref: str) -> str:
+    """The tag of gzip+zstd's gzip image, locally and in the registry (TAG-gzip): the registry
+    API cannot drop a tag and keep its manifest, so the tag stays, naming the gzip image alone."""
+    return ref + GZIP_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -127,7 +171,7 @@ def output_args(export: Export | None) -> list[str]:
     elif export.compression is None:
         args.append("--load")
     else:
-        c = export.compression
+        c = export.compression.exported
         output = f"type=image,compression={c.kind},force-compression=true,oci-mediatypes=true"
         if c.level is not None:
             output += f",compression-level={c.level}"
@@ -144,7 +188,7 @@ def output_args(export: Export | None) -> list[str]:
         # layer. mode=max would compress and upload the venv stage's own multi-GB layer as well.
         # force-compression: the base's layers too (without it the cache keeps their gzip blobs).
         # ignore-error: an image build does not fail for its cache; a cache-only build is its cache.
-        compression = export.compression.kind if export.compression is not None else DEFAULT
+        compression = export.compression.exported.kind if export.compression is not None else Compression.DEFAULT
         args += ["--cache-to", f"type=registry,ref={ref},mode=min,oci-mediatypes=true,image-manifest=true,"
                  f"compression={compression},force-compression=true"
                  + (",ignore-error=true" if export.image else "") + (",registry.insecure=true" if _insecure(ref) else "")]
@@ -158,6 +202,23 @@ class CompressionUnavailable(BadRequest):
                 "recompresses on push with gzip: drop the option, or use such an engine")
 
 
+class ExportNeedsBuildKit(BadRequest):
+    asked: str
+    template = ("{asked} needs BuildKit: the classic builder exports nothing of its own (docker push compresses "
+                "with gzip at its level); drop the option, or use --builder buildkit")
+
+
+def check_asked(asked: Compression | None, *, buildkit: bool, cache_from_registry: bool = False) -> None:
+    """What `choose` refuses that is known before any daemon is asked (dry runs too): the
+    classic builder (asked for) exports nothing of ours, so it takes no --compression but
+    docker push's own (gzip, at its level) and no --cache-from-registry."""
+    try:
+        choose(asked, buildkit=buildkit, image_store=True, provenance=False,
+               cache_from=("--cache-from-registry",) if cache_from_registry else ())
+    except CompressionUnavailable as e:
+        raise ExportNeedsBuildKit(asked=e.fields["asked"]) from None
+
+
 def choose(asked: Compression | None, *, buildkit: bool, image_store: bool, provenance: bool,
            cache_from: tuple[str, ...] = ()) -> Export | None:
     """The export for a build: what was asked (else the DEFAULT) where the image store keeps
@@ -166,7 +227,7 @@ def choose(asked: Compression | None, *, buildkit: bool, image_store: bool, prov
     does), unless something was asked that only such an engine gives."""
     if not (buildkit and image_store):
         wanted = []
-        if asked is not None and asked.kind != "gzip":  # what docker push compresses with
+        if asked is not None and asked.kind != Compression.PUSHED:
             wanted.append(f"--compression {asked.kind}")
         if asked is not None and asked.level is not None:
             wanted.append("--compression-level")
@@ -175,7 +236,7 @@ def choose(asked: Compression | None, *, buildkit: bool, image_store: bool, prov
         if wanted:
             raise CompressionUnavailable(asked=" and ".join(wanted))
         return None
-    return Export(asked or Compression(DEFAULT), provenance=provenance, cache_from=cache_from)
+    return Export(asked or Compression(Compression.DEFAULT), provenance=provenance, cache_from=cache_from)
 
 
 def choose_for_build(asked: Compression | None, cache: RegistryTarget | None, buildkit: bool,
@@ -206,7 +267,7 @@ ZSTD_DOCKER = "23.0"  # moby/moby#41759: dockerd pulls zstd layers from Docker 2
 def compression_of(media_types: Iterable[str]) -> str | None:
     """"zstd" when any layer is zstd-compressed, "gzip" when all compressed ones are gzip."""
     kinds = {m.rsplit("+", 1)[1] for m in media_types
-             if "layer" in m and "+" in m and m.rsplit("+", 1)[1] in COMPRESSIONS}
+             if "layer" in m and "+" in m and m.rsplit("+", 1)[1] in Compression.NAMES}
     if "zstd" in kinds:
         return "zstd"
     if "gzip" in kinds or any(m.endswith(".tar.gzip") for m in media_types):
@@ -214,9 +275,9 @@ def compression_of(media_types: Iterable[str]) -> str | None:
     return None
 
 
-def cannot_pull(compression: str | None, server_version: str | None) -> str | None:
+def cannot_pull(compression: str | None, server_version: str | None, instead: str | None = None) -> str | None:
     """Why a daemon of `server_version` cannot pull layers of `compression`; None: it can
-    (or there is nothing to judge)."""
+    (or there is nothing to judge). `instead`: a gzip image of the same to name (gzip_ref())."""
     from packaging.version import InvalidVersion, Version
 
     if compression != "zstd" or not server_version:
@@ -228,5 +289,6 @@ def cannot_pull(compression: str | None, server_version: str | None) -> str | No
     if version >= Version(ZSTD_DOCKER):
         return None
     return (f"the image's layers are zstd-compressed and this daemon (Docker {server_version}) pulls only "
-            f"gzip ones (zstd needs Docker >= {ZSTD_DOCKER} or containerd >= 1.5): upgrade the engine, or "
-            "publish the image with --compression gzip")
+            f"gzip ones (zstd needs Docker >= {ZSTD_DOCKER} or containerd >= 1.5): "
+            + (f"pull {instead} instead (its gzip image), " if instead else "")
+            + f"upgrade the engine, or publish the image with --compression {DUAL}")

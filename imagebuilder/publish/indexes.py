@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ..errors import ImageBuilderError
 from ..platforms import platform_tags
 from ..reference import parse_reference
-from ..signing import Signed, Signer, pinned, signature_tag
+from ..signing import Signed, Signer, has_signature, pinned
 from .plan import FAILED, SKIP, SKIPPED
 
 # Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).
@@ -86,6 +86,8 @@ class IndexRegistry(Protocol):
 
     def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None: ...
 
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None: ...
+
 
 def plan_indexes(registry: IndexRegistry, wanted: Mapping[str, Sequence[str]],
                  pending: Collection[str] = frozenset()) -> tuple[IndexStep, ...]:
@@ -138,6 +140,16 @@ def _platform_of(registry: IndexRegistry, ref: str, digest: str, platform: str) 
     return f"{config.get('os') or '?'}/{config.get('architecture') or '?'}"
 
 
+def _gone(registry: IndexRegistry, children: Sequence[IndexChild]) -> str:
+    """Which of an index's children the registry does not have now (a HEAD of each by digest,
+    just before the PUT), said as a reason; "" when it has them all."""
+    missing = [c for c in children if c.digest is None or registry.digest(pinned(c.ref, c.digest)) != c.digest]
+    if not missing:
+        return ""
+    names = ", ".join(f"{parse_reference(c.ref).reference} ({c.digest})" for c in missing)
+    return f"{names} {'is' if len(missing) == 1 else 'are'} not in the registry"
+
+
 def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
                   signer: Signer | None = None) -> tuple[IndexOutcome, ...]:
     """Write every planned index (planned with nothing pending); a tag that cannot be written
@@ -153,13 +165,22 @@ def write_indexes(registry: IndexRegistry, steps: Sequence[IndexStep],
         if step.action == WRITE:
             assert step.body, f"{step.ref}: plan the indexes again once the platform images are pushed"
             try:
+                gone = _gone(registry, step.children)
+                if gone:  # an index over a manifest the registry lacks would name an image nobody can pull
+                    outcomes.append(IndexOutcome(step, SKIPPED, f"{gone} since the plan; rerun --merge-only "
+                                                                 "once it is published again"))
+                    continue
                 status, digest = WRITTEN, registry.put_index(step.ref, step.body)
             except ImageBuilderError as e:
                 outcomes.append(IndexOutcome(step, FAILED, f"the index PUT failed: {e}"))
                 continue
         signed = None
         target = pinned(step.ref, digest)
-        if signer is not None and (status == WRITTEN or registry.digest(signature_tag(target)) is None):
+        if signer is not None and (status == WRITTEN or not has_signature(registry, target)):
+            gone = _gone(registry, step.children) if status == UNCHANGED else ""  # (a written one was just checked)
+            if gone:
+                outcomes.append(IndexOutcome(step, FAILED, f"{status} {digest}, but not signed: {gone}", digest))
+                continue
             try:
                 signed = signer.sign(target, None)
             except ImageBuilderError as e:

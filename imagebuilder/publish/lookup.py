@@ -9,7 +9,7 @@ from datetime import date
 from ..labels import INPUTS_HASH
 from ..registry import Registry
 from ..render import RenderedImage
-from ..signing import pinned, signature_tag
+from ..signing import has_signature, pinned
 from .plan import Remote, dated_ref
 
 # --------------------------------------------------------------------------- lookup (I/O)
@@ -29,7 +29,7 @@ def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None
             # By digest: the labels of exactly the image whose digest we compare.
             labels = registry.labels(pinned(image.ref, primary))
             if signing:
-                signed = registry.digest(signature_tag(pinned(image.ref, primary))) is not None
+                signed = has_signature(registry, pinned(image.ref, primary))
         remotes[image.ref] = Remote(digests, (labels or {}).get(INPUTS_HASH), signed)
     return remotes
 

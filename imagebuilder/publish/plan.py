@@ -17,7 +17,7 @@ RunOptions and Outcome are what a run (run.py) is told and what it says of each 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
@@ -37,8 +37,8 @@ CACHE = "cache"
 """The event, every 15 s, of a push (or the end of a --no-push step) waiting for the image's registry cache export."""
 
 # Outcome statuses.
-PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN = (
-    "pushed", "retagged", "skipped", "verified", "failed", "not run")
+PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN, INTERRUPTED = (
+    "pushed", "retagged", "skipped", "verified", "failed", "not run", "interrupted")
 
 
 # --------------------------------------------------------------------------- plan (pure)
@@ -169,6 +169,9 @@ class RunOptions:
     """The registry and namespace whose imagebuilder-cache repository holds the build caches."""
     signer: Signer | None = None
     """Signs every pushed digest (signing.KeySigner); None: nothing is signed."""
+    squashfs: Callable[[Outcome, str], Outcome] | None = None
+    """`--squashfs`: a published image's outcome (and its platform) -> the same with its squashfs
+    artifact, or failed for it (squashfs.with_squashfs); None: no squashfs."""
 
 
 @dataclass(frozen=True)
@@ -188,13 +191,15 @@ class Outcome:
     registry cache's export, which ran beside verify (push_s includes any wait for it)."""
     pushed_bytes: int | None = None
     """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
+    squashfs: Mapping[str, Any] | None = None
+    """`--squashfs`: its squashfs artifact (squashfs.SquashfsOutcome.to_json()); None: none asked."""
     layers: Layers | None = None
     """The image's layers as published (pushed, kept, re-pointed or skipped) and which of them the
     registry had before; None: it was not published (failed, not run, --no-push)."""
 
     @property
     def failed(self) -> bool:
-        return self.status in (FAILED, NOT_RUN)
+        return self.status in (FAILED, NOT_RUN, INTERRUPTED)
 
     def to_json(self) -> dict[str, Any]:
         image = self.step.image
@@ -216,6 +221,7 @@ class Outcome:
             **{phase: round(self.timings[phase], 2) if phase in self.timings else None
                for phase in ("build_s", "verify_s", "push_s", "sign_s", "cache_export_s")},
             "pushed_bytes": self.pushed_bytes,
+            "squashfs": dict(self.squashfs) if self.squashfs is not None else None,
             **(self.layers or Layers(None, f"not read: the image is {self.status}, not published")).to_json(),
             "build": self.built.to_json() if self.built else None,
             "verify": self.verify.to_json() if self.verify else None,

@@ -1,7 +1,8 @@
 """One image to the registry, through the declared Engine and Registry protocols: ask which of
 its layer blobs the repository has (for the report: blobs.py), mount the layers its build cache
 holds, push each tag and confirm it, keep a registry image that is this very image, point tags,
-sign the pushed digests.
+sign the pushed digests, each once the registry has it whole (its manifest, and every manifest an
+index of it lists, answer a HEAD by digest).
 
 A tag counts as pushed only once the registry itself answers with the digest the push
 reported: a registry that goes away mid-run never leaves an image reported as published.
@@ -10,20 +11,22 @@ reported: a registry that goes away mid-run never leaves an image reported as pu
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..build import Built
 from ..engine.api import Engine
-from ..engine.export import Export, cache_ref
+from ..engine.export import DUAL, Export, cache_ref, gzip_ref
 from ..errors import ImageBuilderError
 from ..image_contents import SBOM_PATH
 from ..labels import SBOM_DIGEST
+from ..platforms import host_platform
 from ..registry import Registry
 from ..render import RenderedImage
 from ..signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
 from .blobs import Before, Layers, check_before, published_layers, pushed_layers
+from .dual import dual_index
 from .plan import RunOptions, Step
 
 class PushNotConfirmed(ImageBuilderError):
@@ -36,6 +39,9 @@ class PushedOtherContent(ImageBuilderError):
                 "changed the image after the check (recompressed it?); nothing pushed counts as published: "
                 "rerun on an engine with the containerd image store, or with --compression gzip")
 
+
+class NotWhole(ImageBuilderError):
+    template = "{target} is not whole in the registry ({why}); nothing was signed: rerun to push it again"
 
 
 def put_tag(registry: Registry, ref: str, digest: str) -> str:
@@ -90,7 +96,7 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     verified: the same layers (uncompressed digests), compressed as asked, and the same
     runtime settings and labels. None where it is not, or where the registry cannot tell."""
     compression = options.export.compression if options.export is not None else None
-    if compression is None:
+    if compression is None or compression.kind == DUAL:  # (its index holds two images: pushed again)
         return None
     found = registry.image_config(image.ref, options.platform)
     if found is None or not all(m.endswith(compression.media_suffix) for m in found[1]):
@@ -107,15 +113,35 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     return str(digest) if digest else None
 
 
-def sign_pushed(engine: Engine, image: RenderedImage, pushed: Mapping[str, str], signer: Signer) -> tuple[Signed, ...]:
-    """Sign each digest the registry confirmed (one, unless a tag's push went astray), with the
-    SBOM the pushed image carries attested; that SBOM must be the one its label names."""
+def incomplete(registry: Registry, target: str) -> str | None:
+    """Why `target` (REPOSITORY@DIGEST) is not whole in the registry, or None: its manifest answers
+    a HEAD by digest and, of an index, so does every manifest it lists (a registry takes an image
+    manifest only once it has its blobs). Asked right before signing: a signature marks a whole image."""
+    digest = target.partition("@")[2]
+    if registry.digest(target) != digest:
+        return f"the registry has no manifest {digest}"
+    found = registry.manifest(target)
+    entries = (found[0].get("manifests") or []) if found is not None else []
+    missing = [str(e.get("digest")) for e in entries if registry.digest(pinned(target, str(e.get("digest")))) is None]
+    return f"its index lists {', '.join(missing)}, which the registry does not have" if missing else None
+
+
+def sign_pushed(engine: Engine, registry: Registry, image: RenderedImage, pushed: Mapping[str, str],
+                signer: Signer, also: Sequence[str] = ()) -> tuple[Signed, ...]:
+    """Sign each digest the registry confirmed (one, unless a tag's push went astray), and `also`
+    (gzip+zstd: the image manifests its index lists), once each is whole there (incomplete()),
+    with the SBOM the pushed image carries attested; that SBOM must be the one its label names."""
+    targets = [pinned(image.ref, digest) for digest in dict.fromkeys([*pushed.values(), *also])]
+    for target in targets:
+        why = incomplete(registry, target)
+        if why is not None:
+            raise NotWhole(target=target, why=why)
     sbom = engine.read_file(image.ref, SBOM_PATH) or b""
     found, labelled = "sha256:" + hashlib.sha256(sbom).hexdigest(), engine.image_labels(image.ref).get(SBOM_DIGEST)
     if found != labelled:
         raise SbomNotTheImages(target=image.ref, path=SBOM_PATH, found=found if sbom else "missing",
                                label=SBOM_DIGEST, labelled=labelled or "missing")
-    return tuple(signer.sign(pinned(image.ref, digest), sbom) for digest in dict.fromkeys(pushed.values()))
+    return tuple(signer.sign(target, sbom) for target in targets)
 
 
 @dataclass
@@ -132,6 +158,8 @@ class Pushing:
     """What the image's repository held before anything was mounted or pushed into it."""
     mounted: dict[str, str] = field(default_factory=dict)
     """Blob digest -> the repository it was mounted from (the build cache's) before the push."""
+    instances: tuple[str, ...] = ()
+    """gzip+zstd: the gzip and the zstd image manifests the pushed index lists (signed too)."""
 
 
 def push_image(step: Step, built: Built, export: Export | None, engine: Engine, registry: Registry,
@@ -152,8 +180,13 @@ def push_image(step: Step, built: Built, export: Export | None, engine: Engine, 
         done.before = check_before(registry, image.ref, (cache, image.ref, image.depends_on))
         if cache is not None:
             done.mounted = _mount_from_cache(image.ref, engine, registry, cache, done.before.had)
-        for ref in image.refs:
-            done.pushed[ref] = _push_tag(ref, built, engine, registry, options, done)
+        if built.gzip is not None:
+            push_dual(image.refs, built.result.image_id, built.gzip.image_id, engine, registry, options, done)
+            # Its gzip blobs are in the registry now; here they would only double the image's disk.
+            engine.remove_image(gzip_ref(image.ref), force=False)
+        else:
+            for ref in image.refs:
+                done.pushed[ref] = _push_tag(ref, built.result.image_id, engine, registry, options, done)
     if step.dated and registry.digest(step.dated) is None:  # (asked again: --force plans blind)
         # A manifest PUT of the image just pushed: the dated tag needs no local tag.
         done.pushed[step.dated] = put_tag(registry, step.dated, done.pushed[image.ref])
@@ -166,16 +199,32 @@ def layers_of(image: RenderedImage, registry: Registry, done: Pushing) -> Layers
     return pushed_layers(registry, pinned(image.ref, done.pushed[image.ref]), done.before, done.mounted)
 
 
-def _push_tag(ref: str, built: Built, engine: Engine, registry: Registry, options: RunOptions, done: Pushing) -> str:
-    """`docker push` one tag; the digest, once the registry answers with it."""
+def push_dual(refs: Sequence[str], zstd_id: str, gzip_id: str, engine: Engine, registry: Registry,
+              options: RunOptions, done: Pushing) -> str:
+    """gzip+zstd: the gzip image (`gzip_id`, tagged gzip_ref() of the first ref) and the zstd one
+    (`zstd_id`, under the first ref) pushed, then the index over both (dual.py) under every ref;
+    its digest. Each push and tag is confirmed and recorded in `done` as it is."""
+    first, *others = refs
+    gzip = done.pushed[gzip_ref(first)] = _push_tag(gzip_ref(first), gzip_id, engine, registry, options, done)
+    zstd = _push_tag(first, zstd_id, engine, registry, options, done)
+    body, done.instances = dual_index(registry, first, gzip, zstd, options.platform or host_platform())
+    index = done.pushed[first] = registry.put_index(first, body)
+    for ref in others:
+        done.pushed[ref] = put_tag(registry, ref, index)
+    return index
+
+
+def _push_tag(ref: str, verified: str, engine: Engine, registry: Registry, options: RunOptions, done: Pushing) -> str:
+    """`docker push` one tag; the digest, once the registry answers with it. `verified`: the
+    image id the engine built (with the containerd store, the digest the push must store)."""
     result = engine.push_counted(ref, retries=options.push_retries, backoff=options.push_backoff)
     digest = result.digest
     done.uploaded += result.uploaded_bytes(registry.blobs(f"{ref.rsplit(':', 1)[0]}@{digest}"))
     # With the containerd image store the image id is the digest of the index BuildKit
     # exported: the push must store exactly that, or it is not the image verify ran.
     same_bytes = options.export is not None and options.export.compression is not None
-    if same_bytes and digest != built.result.image_id:
-        raise PushedOtherContent(ref=ref, pushed=digest, verified=built.result.image_id)
+    if same_bytes and digest != verified:
+        raise PushedOtherContent(ref=ref, pushed=digest, verified=verified)
     confirmed = registry.digest(ref)
     if confirmed != digest:
         raise PushNotConfirmed(ref=ref, pushed=digest, registry_has=confirmed or "no such tag")

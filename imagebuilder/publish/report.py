@@ -1,23 +1,21 @@
 """For people and for --report: the plan, a line per phase and outcome, the summary, the
 report document, and the one failure that names every image (or index) that did not make it.
+command.py drives the command's run with them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from ..atomic import write_json
-from ..build import ProgressPrinter
-from ..engine.api import Builder, Engine, Progress
+from ..build import ProgressPrinter, human_size
+from ..engine.api import Progress
 from ..errors import ImageBuilderError
 from ..reference import parse_reference
-from ..registry import Registry
 from ..table import format_table
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
-from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, RunOptions, Step, short
-from .run import publish_all
+from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, Step, short
+
 
 class PublishFailed(ImageBuilderError):
     def describe(self) -> str:
@@ -26,46 +24,6 @@ class PublishFailed(ImageBuilderError):
         return (f"{len(failures)} of {self.fields['total']} images failed: {what}; the images the summary "
                 "shows as pushed are in the registry, rerun after fixing the rest (published images are skipped)")
 
-
-
-def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,
-                   registry: Registry, options: RunOptions, multi: bool, merge: bool,
-                   index_platforms: Mapping[str, Sequence[str]], base: str, report: Path | None,
-                   events: EventPrinter, echo: Callable[[str], None]) -> None:
-    """`publish`: publish_all() with a line per outcome and index on `events`, the summary on
-    `echo` and the --report written however the run ends; raises when any image failed, or
-    any tag could not be made an index."""
-    outcomes: list[Outcome] = []
-    indexes: list[IndexOutcome] = []
-    try:
-        for done in publish_all(plans, engine=engine, builder=builder, registry=registry, options=options,
-                                multi=multi, merge=merge, index_platforms=index_platforms,
-                                on_event=events.on_event, on_progress=events.on_progress):
-            if isinstance(done, IndexOutcome):
-                indexes.append(done)
-                events.line(format_indexes([done]))
-            else:
-                outcomes.append(done)
-                events.line(f"{done.status} {done.step.image.ref}: {done.reason}")
-    finally:
-        events.close()
-        if outcomes:
-            echo(format_summary(outcomes, signing=options.signer is not None))
-        if report is not None:
-            planned = [step for _, steps in plans for step in steps]
-            write_json(report, report_document(base, options.push, False, planned, outcomes, indexes))
-    raise_if_failed(outcomes, indexes)
-
-
-def report_indexes(indexes: Sequence[IndexStep | IndexOutcome], planned: Sequence[Step], *, base: str, push: bool,
-                   dry_run: bool, report: Path | None, echo: Callable[[str], None]) -> None:
-    """A publish that builds nothing (the dry run, --merge-only): the indexes it planned or
-    wrote on `echo`, the --report, then a failure naming each tag left without an index."""
-    if indexes:
-        echo(format_indexes(indexes))
-    if report is not None:
-        write_json(report, report_document(base, push, dry_run, planned, (), indexes))
-    raise_if_failed((), indexes)
 
 
 # --------------------------------------------------------------------------- presenting
@@ -155,19 +113,10 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
         rows.append(row[:4] + ((mark(bool(o.signed) if o.pushed else None),) if signing else ()) + row[4:])
     headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
     layers = [f"{o.step.image.tags[0]} layers: {o.layers.summary()}" for o in outcomes if o.layers is not None]
-    return "\n".join((format_table(headers, rows), *layers))
-
-
-def report_document(registry: str, push: bool, dry_run: bool, planned: Sequence[Step],
-                    outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome]) -> dict[str, Any]:
-    """`publish --report`: what was planned, and what became of each image and index; of a dry
-    run, the plan (`images` empty, `indexes` as planned, `ok` true)."""
-    unmerged = any(isinstance(i, IndexOutcome) and i.status in (SKIPPED, FAILED) for i in indexes)
-    ok = dry_run or (len(outcomes) == len(planned) and not any(o.failed for o in outcomes) and not unmerged)
-    return {"ok": ok, "dry_run": dry_run, "registry": registry, "push": push,
-            "images": [o.to_json() for o in outcomes],
-            "indexes": [i.to_json() for i in indexes],
-            "planned": [step.to_json() for step in planned]}
+    squashfs = [f"{o.step.image.tags[0]} squashfs: {human_size(o.squashfs['size'])} "
+                f"{'pushed' if o.squashfs['created'] else 'already published'} ({o.squashfs['artifact']})"
+                for o in outcomes if o.squashfs is not None]
+    return "\n".join((format_table(headers, rows), *layers, *squashfs))
 
 
 def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:

@@ -63,6 +63,8 @@ def publish(steps: Sequence[Step], *, engine: Engine, builder: Builder, registry
             started = time.monotonic()
             outcome = _run(step, engine, builder, registry, options, local, on_event or _quiet, on_progress, verifier)
             outcome = replace(outcome, seconds=time.monotonic() - started)
+            if options.squashfs is not None and options.push:
+                outcome = options.squashfs(outcome, options.platform or host_platform())
         if outcome.built is not None:
             local.add(image.ref)
         if outcome.status == FAILED:
@@ -185,7 +187,7 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
         on_event("sign", step)
         started = time.monotonic()
         try:
-            signed = sign_pushed(engine, step.image, done.pushed, options.signer)
+            signed = sign_pushed(engine, registry, step.image, done.pushed, options.signer, done.instances)
         except ImageBuilderError as e:
             return Outcome(step, FAILED, f"pushed, but not signed (the next run rebuilds and signs it): {e}",
                            built=built, verify=report, pushed=done.pushed, timings=timings,

@@ -17,8 +17,9 @@ from smoke_tests.expected import ManifestError, load_expected
 
 from ..engine.api import Runner
 from ..engine.errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, PullFailed, names_nothing
-from ..engine.export import cannot_pull, compression_of
+from ..engine.export import cannot_pull, compression_of, gzip_ref
 from ..errors import BadRequest
+from ..platforms import host_platform
 from ..provenance import BuiltFrom, built_from
 from ..reference import InvalidReference, names_domain, parse_reference
 from ..registry import RegistryError
@@ -32,6 +33,10 @@ class RegistryReader(Protocol):
     """What verify reads from a registry (http_registry.HttpRegistry is one)."""
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]: ...
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None: ...
+
+    def digest(self, ref: str) -> str | None: ...
 
     def provenance(self, ref: str) -> dict[str, Any] | None: ...
 
@@ -89,16 +94,19 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
         # Before the pull: a daemon that cannot pull zstd fails it with an obscure error.
         compression = registry_compression(registry, ref)
         version = str(engine.info().get("ServerVersion") or "") or None
-        why = cannot_pull(compression, version)
+        why = cannot_pull(compression, version, gzip_instead(registry, ref) if compression == "zstd" else None)
         if why is not None:
             return HostFacts(compression=compression, compression_error=why)
         try:
             engine.pull(ref)
             pulled = True
         except PullFailed as e:
-            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; "
-                                         "build it or check the reference and `docker login`",
-                             image_not_found=names_nothing(e.detail))
+            # "not found" from a registry that names a digest under the tag is its fault, not the request's.
+            undelivered = names_nothing(e.detail) and registry_has(registry, ref)
+            todo = ("the registry names the image but could not deliver it: try again later, or tell whoever runs "
+                    "it" if undelivered else "build it or check the reference and `docker login`")
+            return HostFacts(image_error=f"image {ref} is not here and could not be pulled: {e.detail}; {todo}",
+                             image_not_found=names_nothing(e.detail) and not undelivered)
     labels = engine.image_labels(ref)
     info: Mapping[str, Any] = engine.info()
     probe = probe_gpus(engine, ref)
@@ -116,13 +124,39 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
 
 
 def registry_compression(registry: RegistryReader, ref: str) -> str | None:
-    """The layer compression of `ref` in its registry; None: not a registry image, or unknown."""
+    """The layer compression of the image a daemon pulls for `ref` from its registry: of an
+    index, its first entry for this host's platform (what Docker takes; gzip, in a gzip+zstd
+    index); None: not a registry image, or unknown."""
     try:
         if "/" not in ref or not names_domain(parse_reference(ref).host):
             return None
-        return compression_of(media for _, media in registry.blobs(ref).values())
+        found = registry.image_config(ref, host_platform())
+        return None if found is None else compression_of(found[1])
     except (RegistryError, InvalidReference, ValueError, OSError):
         return None
+
+
+def gzip_instead(registry: RegistryReader, ref: str) -> str | None:
+    """The gzip image a gzip+zstd publish left beside the tag `ref` (gzip_ref()), where the
+    registry has it; None: none (or `ref` names a digest)."""
+    try:
+        if parse_reference(ref).reference.startswith("sha256:"):
+            return None
+        return gzip_ref(ref) if registry.digest(gzip_ref(ref)) is not None else None
+    except (RegistryError, InvalidReference, ValueError, OSError):
+        return None
+
+
+def registry_has(registry: RegistryReader, ref: str) -> bool:
+    """Whether `ref`'s registry names a digest under it: a pull of such an image that failed with
+    "not found" (a blob or manifest it advertises and cannot deliver) is the registry's fault, not
+    a request for nothing (exit 1, not 2). False where it says no, or cannot be asked."""
+    try:
+        if "/" not in ref or not names_domain(parse_reference(ref).host):
+            return False
+        return registry.digest(ref) is not None
+    except (RegistryError, InvalidReference, ValueError, OSError):
+        return False
 
 
 def registry_built_from(registry: RegistryReader, ref: str) -> BuiltFrom | None:

@@ -1,0 +1,141 @@
+"""`imagebuilder squashfs IMAGE -o FILE`: the squashfs published beside an image, onto a node.
+
+The tag is resolved to its digest (an index to its image for the platform), the artifact found
+through the referrers API or its fallback tag (artifact.py), its signature checked with `--key`
+before a byte of it is downloaded, the blob streamed into a temp file beside FILE (a line every
+15 s), checked against its digest, and renamed over FILE: a reader sees no file or the whole one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from ..cosign import Cosign
+from ..errors import BadRequest, ImageBuilderError
+from ..manifests import INDEXES
+from ..signing import pinned
+from .artifact import ArtifactRegistry, find_artifact
+from .make import HEARTBEAT_S, every, human
+
+
+class FetchError(ImageBuilderError):
+    """The squashfs could not be fetched."""
+
+
+class NoImage(BadRequest):
+    template = "the registry has no image {image}; check the name and the tag"
+
+
+class NoPlatform(FetchError):
+    template = "{image} has no {platform} image; give the platform it has with --platform"
+
+
+class NoSquashfs(FetchError):
+    template = ("no squashfs was published for {image} ({digest}); publish it with `imagebuilder publish "
+                "--squashfs`, or import the image with enroot")
+
+
+class Corrupt(FetchError):
+    template = "the squashfs of {image} arrived with digest {actual}, not {digest}; try again"
+
+
+class OutputIsFolder(BadRequest):
+    template = "-o {path} is a folder; give the squashfs file's path"
+
+
+class NoOutputFolder(BadRequest):
+    template = "-o {path}: the folder {folder} does not exist"
+
+
+class FetchRegistry(ArtifactRegistry, Protocol):
+    def download_blob(self, ref: str, digest: str, out: IO[bytes]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path
+    image: str
+    """REPOSITORY@DIGEST of the image the squashfs is of."""
+    artifact: str
+    size: int
+    seconds: float
+    annotations: Mapping[str, str]
+
+
+def check_output(path: Path) -> None:
+    """-o's value, refused before any registry is asked."""
+    if path.is_dir():
+        raise OutputIsFolder(path=path)
+    if not path.parent.is_dir():
+        raise NoOutputFolder(path=path, folder=path.parent)
+
+
+def image_digest(registry: FetchRegistry, image: str, platform: str) -> str:
+    """REPOSITORY@DIGEST of the image manifest `image` names for `platform`."""
+    found = registry.manifest(image)
+    if found is None:
+        raise NoImage(image=image)
+    document, media_type = found
+    if media_type in INDEXES or document.get("mediaType") in INDEXES:
+        wanted = dict(zip(("os", "architecture", "variant"), platform.split("/")))
+        for entry in document.get("manifests") or []:
+            described = entry.get("platform") or {}
+            if all(described.get(key) == value for key, value in wanted.items()):
+                return pinned(image, str(entry["digest"]))
+        raise NoPlatform(image=image, platform=platform)
+    descriptor = registry.descriptor(image)
+    if descriptor is None:
+        raise NoImage(image=image)
+    return pinned(image, str(descriptor["digest"]))
+
+
+def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
+                   platform: str = "linux/amd64", cosign: Cosign | None = None,
+                   say: Callable[[str], None]) -> Fetched:
+    started = time.monotonic()
+    target = image_digest(registry, image, platform)
+    found = find_artifact(registry, target)
+    if found is None:
+        raise NoSquashfs(image=image, digest=target.partition("@")[2])
+    artifact, layer = found
+    if key is not None:
+        (cosign or Cosign().require()).verify(key, artifact)
+        say(f"{artifact}: signature verified with {key}")
+    digest, size = str(layer["digest"]), int(layer.get("size") or 0)
+    manifest = registry.manifest(artifact)
+    annotations: Mapping[str, Any] = (manifest[0].get("annotations") or {}) if manifest else {}
+    say(f"{image}: downloading its squashfs ({human(size)}, {artifact.rpartition('@')[2][:19]})")
+    fd, temp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".part", dir=output.parent)
+    part = Path(temp)
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            def progress() -> None:
+                done = part.stat().st_size if part.exists() else 0
+                say(f"{image}: {human(done)} of {human(size)} after {time.monotonic() - started:.0f} s")
+
+            with every(HEARTBEAT_S, progress):
+                registry.download_blob(target, digest, out)
+        actual = _sha256(part)
+        if actual != digest:
+            raise Corrupt(image=image, actual=actual, digest=digest)
+        part.chmod(0o644)
+        os.replace(part, output)
+    finally:
+        part.unlink(missing_ok=True)
+    return Fetched(output, target, artifact, size, time.monotonic() - started,
+                   {str(k): str(v) for k, v in annotations.items()})
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
