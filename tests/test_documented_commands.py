@@ -306,6 +306,9 @@ def test_every_documented_publish_dry_run_succeeds_against_a_registry(doc, tmp_p
     """A publish dry run asks the registry, never the daemon: the fast tier runs these."""
     argv = with_local_registry(cheap(ARGVS[doc]), docs_registry)
     _give_the_reader_their_key(tmp_path, argv)
+    # The dry run tries --sign-key as the run would: the reader's key has its password (none) in
+    # COSIGN_PASSWORD, as docs/signing.md says.
+    monkeypatch.setenv("COSIGN_PASSWORD", "")
     code, output = run_in(tmp_path, argv, monkeypatch)
     _check_outcome(doc, argv, code, output)
 

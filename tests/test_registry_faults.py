@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import REPO_ROOT, imagebuilder, put_blob, put_manifest, throwaway_registry
+from support.real_images import REPO_ROOT, imagebuilder
+from support.registry import put_blob, put_manifest, throwaway_registry
 from fault_proxy import Fault, FaultProxy
 from test_publish_runner import images
 
