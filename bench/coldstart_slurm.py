@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench.bench_publish import say, sh  # noqa: E402
 from bench.manifests import Image  # noqa: E402
-from imagebuilder.squashfs.enroot import enroot_files  # noqa: E402
+from imagebuilder.squashfs.enroot import MOUNT_POINTS, enroot_files  # noqa: E402
 from cluster_runtimes import bwrap_argv, squashfs_mounted  # noqa: E402
 
 ENROOT, PUBLISHED = "enroot", "published"
@@ -156,10 +156,13 @@ def unpack(blobs: list[tuple[Path, str]], folder: Path) -> list[Path]:
         return list(pool.map(one, enumerate(blobs)))
 
 
-def configure(folder: Path, config: Mapping[str, Any]) -> Path:
-    """enroot's top folder "0": its files from the image config."""
+def configure(folder: Path, config: Mapping[str, Any], layers: list[Path]) -> Path:
+    """enroot's top folder "0": its files from the image config, and the files the runtime binds
+    the host's over, empty where no layer has them (a squashfuse root is read-only, and bwrap
+    cannot make them there; the published squashfs has them the same way)."""
     top = folder / "0"
-    for relative, text in enroot_files(config).items():
+    missing = {relative: "" for relative in MOUNT_POINTS if not any((layer / relative).exists() for layer in layers)}
+    for relative, text in {**missing, **enroot_files(config)}.items():
         (top / relative).parent.mkdir(parents=True, exist_ok=True)
         (top / relative).write_text(text)
     return top
@@ -196,7 +199,7 @@ def enroot_start(engine: Any, image: Image, rate: str, work: Path, sent: Any) ->
         start.bytes = sent(engine.link) - before
         with timer.step("unpack (tar, whiteouts)"):
             folders = unpack(blobs, layers_folder)
-            folders.append(configure(layers_folder, image.config))
+            folders.append(configure(layers_folder, image.config, folders))
         with timer.step("mksquashfs -comp lzo -noD"):
             with overlay(folders, work / "rootfs") as rootfs:
                 sh("mksquashfs", str(rootfs), str(squashfs), "-all-root", "-no-progress", *ENROOT_SQUASH_OPTIONS,
@@ -274,8 +277,18 @@ def report(starts: list[SlurmStart], image_bytes: int, squashfs_bytes: int | Non
         + [(start.rate, start.path, "TOTAL", f"{start.total:.1f}") for start in starts]))
     print(format_table(("rate", "path", "bytes through the link"),
                        [(start.rate, start.path, f"{start.bytes:,}") for start in starts]))
-    for rate in dict.fromkeys(start.rate for start in starts):
-        found = {start.path: start for start in starts if start.rate == rate}
+    for (rate, a), b in pairs(starts):
         target = " (target <= 0.4x)" if rate == "1gbit" else ""
-        print(f"  Slurm at {rate}: published / enroot, fetch to import torch: "
-              f"{ratio(found.get(PUBLISHED), found.get(ENROOT))}{target}")
+        print(f"  Slurm at {rate}: published / enroot, fetch to import torch: {ratio(b, a)}{target}")
+
+
+def pairs(starts: list[SlurmStart]) -> list[tuple[tuple[str, SlurmStart | None], SlurmStart | None]]:
+    """((rate, enroot's start), the published start that followed it) in the order they ran; a
+    rate given twice (--rates 1gbit,200mbit,1gbit,200mbit) is a pair per pass."""
+    found: list[tuple[tuple[str, SlurmStart | None], SlurmStart | None]] = []
+    for start in starts:
+        if start.path == ENROOT or not found or found[-1][1] is not None or found[-1][0][0] != start.rate:
+            found.append(((start.rate, start if start.path == ENROOT else None), None))
+        if start.path == PUBLISHED:
+            found[-1] = (found[-1][0], start)
+    return found

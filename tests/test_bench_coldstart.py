@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench.bench_coldstart import link_bytes_per_s, parse_rates
-from bench.coldstart_slurm import SlurmStart, layer_tar_filter, overlay_options, ratio, whiteout_target
+from bench.coldstart_slurm import SlurmStart, layer_tar_filter, overlay_options, pairs, ratio, whiteout_target
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer, wheel_group_layers
 from imagebuilder.layers import GROUPS
 from imagebuilder.lockfile import load_locks
@@ -211,3 +211,13 @@ def test_a_path_s_total_is_its_steps_and_the_ratio_is_published_over_enroot() ->
     assert (enroot.total, published.total) == (200.0, 50.0)
     assert ratio(published, enroot) == "0.25x"
     assert ratio(published, None) == ratio(None, enroot) == ratio(published, SlurmStart("enroot", "1gbit")) == "-"
+
+
+def test_each_pass_at_a_rate_pairs_enroot_with_the_published_start_after_it() -> None:
+    runs = [SlurmStart(path, rate, [("s", seconds)]) for path, rate, seconds in (
+        ("enroot", "1gbit", 100.0), ("published", "1gbit", 30.0), ("enroot", "200mbit", 200.0),
+        ("published", "200mbit", 120.0), ("enroot", "1gbit", 110.0), ("published", "1gbit", 33.0),
+        ("published", "200mbit", 1.0))]
+    assert [(rate, a.total if a else None, b.total if b else None) for (rate, a), b in pairs(runs)] == [
+        ("1gbit", 100.0, 30.0), ("200mbit", 200.0, 120.0), ("1gbit", 110.0, 33.0), ("200mbit", None, 1.0)]
+    assert pairs(runs[:1]) == [(("1gbit", runs[0]), None)]
