@@ -241,7 +241,8 @@ def _mount_and_import(timer: Timer, squashfs: Path, work: Path) -> None:
 
 def slurm_starts(engine: Any, image: Image, rate: str, sent: Any) -> list[SlurmStart]:
     """Both paths at `rate` (the link already shaped), in a temp folder removed afterwards."""
-    work = Path(tempfile.mkdtemp(prefix="ib-bench-slurm-", dir="/var/tmp"))
+    # Under /tmp: bwrap binds the home over its own tmpfs /tmp (the image root is read-only).
+    work = Path(tempfile.mkdtemp(prefix="ib-bench-slurm-", dir="/tmp"))
     try:
         return [enroot_start(engine, image, rate, work, sent), published_start(engine, image, rate, work, sent)]
     finally:
