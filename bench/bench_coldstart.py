@@ -29,9 +29,15 @@ whose downloads cross a veth pair shaped with tc's token bucket (`tbf rate RATE 
      mounts the layers and fetches their tables of contents, then `import torch` fetches what it
      reads as it reads it. (a) and (b) as in 2, and the bytes through the link by (b).
 
+  5. Unless --skip-slurm: the Slurm path (bench/coldstart_slurm.py; the groups 2.6 image is published
+     with --squashfs): for each rate, (a) enroot's import today (curl the layers through the link,
+     unpack, mksquashfs -comp lzo -noD), squashfuse, import torch; (b) `imagebuilder squashfs` through
+     the link, squashfuse, import torch. Each step's seconds, and the registry bytes the squashfs
+     adds. `--only slurm` runs this step alone (one publish, no one-layer variants, no docker pulls).
+
 Targets (against one-layer): cold start, pull to import torch, <= 0.7x at 1 Gbit/s (and shown at
 200 Mbit/s), for groups and for lazy; 2.5 after 2.6 with groups: registry bytes added <= 0.5x
-2.6's, bytes pulled <= 0.4x 2.5's.
+2.6's, bytes pulled <= 0.4x 2.5's. Slurm: (b) <= 0.4x (a) at 1 Gbit/s.
 
 The one-layer image (bench/manifests.py): the groups image with its wheel-group layers (eight;
 seven for 2.5) replaced, in their place, by one layer of /opt/venv; the base, the apt layer, the
@@ -52,7 +58,7 @@ the provenance attestation, nor the registry cache that publish writes to anothe
 
 Run, as root (ip netns, tc, nsenter, a second dockerd), alone on the daemon (the BuildKit records
 it prunes at the end are all those added while it ran):
-    .venv/bin/python bench/bench_coldstart.py [--rates 1gbit,200mbit] [--skip-25]
+    .venv/bin/python bench/bench_coldstart.py [--rates 1gbit,200mbit] [--skip-25] [--only slurm]
 Needs the daemon with the containerd image store, buildx, imagebuilder-base:bookworm (.ci/setup),
 docker-registry and, behind a TLS-intercepting proxy, SSL_CERT_FILE. About 20 minutes on 2 cores
 (estimated: the two publishes ~6 min, the one-layer variants ~3 min, the pulls the rest) and ~45 GB
@@ -88,6 +94,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # remote_engine (the empty engine behind the link), build_records
 
 from bench.bench_publish import say, sh  # noqa: E402
+from bench.coldstart_slurm import SlurmStart, slurm_starts, squashfs_bytes  # noqa: E402
+from bench.coldstart_slurm import report as slurm_report  # noqa: E402
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer  # noqa: E402
 from imagebuilder.image_contents import USER_ID, VENV  # noqa: E402
 from imagebuilder.reference import parse_reference  # noqa: E402
@@ -142,7 +150,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def publish(registry: str, torch: str, compression: str = "zstd") -> str:
+def publish(registry: str, torch: str, compression: str = "zstd", squashfs: bool = False) -> str:
     """Publish the runtime image of `torch` into `registry`; its ref there."""
     ca = os.environ.get("SSL_CERT_FILE")
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,7 +158,7 @@ def publish(registry: str, torch: str, compression: str = "zstd") -> str:
         sh(sys.executable, "-m", "imagebuilder", "publish", "--torch", torch, "--cuda", CUDA, "--os", OS,
            "--python", PYTHON, "--variant", "runtime", "--base-image", BASE, *(("--ca-bundle", ca) if ca else ()),
            "--builder", "buildkit", "--allow-no-gpu", "--compression", compression, "--registry", registry,
-           "--report", str(report), "--quiet", env={**os.environ, "GITHUB_SHA": "0" * 40}, timeout=PUBLISH_TIMEOUT_S)
+           "--report", str(report), "--quiet", *(("--squashfs",) if squashfs else ()), env={**os.environ, "GITHUB_SHA": "0" * 40}, timeout=PUBLISH_TIMEOUT_S)
         return str(json.loads(report.read_text())["images"][0]["ref"])
 
 
@@ -289,6 +297,11 @@ class Results:
     """layout -> 2.5's pull on the engine holding 2.6, at the first rate."""
     lazy: Layout | None = None
     """The eStargz image (2.6), pulled by an engine whose containerd runs the stargz snapshotter."""
+    slurm: list[SlurmStart] = field(default_factory=list)
+    """The Slurm path's starts, (a) and (b) at each rate."""
+    squashfs_bytes: int | None = None
+    """Registry bytes the squashfs artifact of groups 2.6 adds (its blob and manifest)."""
+    slurm_image: Image | None = None
 
 
 def lazy_starts(port: int, results: Results, layout: Layout) -> None:
@@ -307,6 +320,16 @@ def lazy_starts(port: int, results: Results, layout: Layout) -> None:
                 f"{cold.ready_bytes:,} bytes through the link by then")
 
 
+def slurm_path(port: int, results: Results, image: Image) -> None:
+    """The Slurm path at each rate (bench/coldstart_slurm.py), on a new namespace behind the link."""
+    say("starting the empty node behind the link (the Slurm path)")
+    with remote_engine(port) as engine:
+        for rate in results.rates:
+            limit_rate(engine.link, None if rate == "none" else rate)
+            say(f"{rate}: the Slurm path, (a) enroot's import, (b) the published squashfs")
+            results.slurm.extend(slurm_starts(engine, image, rate, sent))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=parse_rates, default=parse_rates(RATES),
@@ -314,18 +337,36 @@ def main() -> None:
     parser.add_argument("--skip-25", action="store_true", help="skip torch 2.5: no shared-layer numbers")
     parser.add_argument("--skip-lazy", action="store_true",
                         help="skip the eStargz image pulled lazily (containerd's stargz snapshotter)")
+    parser.add_argument("--skip-slurm", action="store_true",
+                        help="skip the Slurm path (enroot's import against the squashfs publish --squashfs pushes)")
+    parser.add_argument("--only", choices=("slurm",),
+                        help="run one step alone: slurm, the Slurm path (one publish, no docker pulls)")
     args = parser.parse_args()
+    if args.only and args.skip_slurm:
+        parser.error("--only slurm and --skip-slurm contradict each other")
     before = build_cache_records("docker")
     port = free_port()
     results = Results(args.rates)
     try:
         address = sh(str(ROOT / ".ci" / "registry.sh"), "start", str(port)).stdout.strip().splitlines()[-1]
         registry = HttpRegistry(config={})
+        if args.only == "slurm":
+            say(f"publishing the torch {FIRST} / CUDA {CUDA} runtime image with --squashfs")
+            results.slurm_image = read_image(registry, publish(f"{address}/{NAMESPACE}", FIRST, squashfs=True))
+            results.squashfs_bytes = squashfs_bytes(registry, results.slurm_image)
+            remove_ours()
+            prune_records("docker", before, keep_cache_mounts=False)
+            slurm_path(port, results, results.slurm_image)
+            return
         releases = (FIRST,) if args.skip_25 else (FIRST, SECOND)
         groups: dict[str, Image] = {}
         for torch in releases:
             say(f"publishing the torch {torch} / CUDA {CUDA} runtime image (wheel-group layers, zstd)")
-            groups[torch] = read_image(registry, publish(f"{address}/{NAMESPACE}", torch))
+            squashfs = torch == FIRST and not args.skip_slurm
+            groups[torch] = read_image(registry, publish(f"{address}/{NAMESPACE}", torch, squashfs=squashfs))
+            if squashfs:
+                results.slurm_image = groups[torch]
+                results.squashfs_bytes = squashfs_bytes(registry, groups[torch])
             say(f"  {groups[torch].describe()}")
         one: dict[str, Image] = {}
         for torch in releases:
@@ -362,6 +403,8 @@ def main() -> None:
                         say(f"  pull {after.seconds:.1f}s, {after.bytes:,} bytes through the link")
         if results.lazy is not None:
             lazy_starts(port, results, results.lazy)
+        if results.slurm_image is not None:
+            slurm_path(port, results, results.slurm_image)
     finally:
         remove_ours()
         subprocess.run([str(ROOT / ".ci" / "registry.sh"), "stop", str(port)], capture_output=True, check=False)
@@ -378,6 +421,8 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def report(results: Results) -> None:
     """Every number measured, also when a later step failed; then the ratios and their targets."""
+    if results.slurm_image is not None:
+        slurm_report(results.slurm, results.slurm_image.bytes, results.squashfs_bytes)
     if not results.layouts:
         return
     _images(results.layouts + ([results.lazy] if results.lazy is not None else []))

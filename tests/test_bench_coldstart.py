@@ -1,5 +1,6 @@
 """bench/bench_coldstart.py's pure parts (no Docker): the one-layer variant spliced from an image's
-manifest and config (bench/manifests.py), the bytes one image adds to another, the link's rates.
+manifest and config (bench/manifests.py), the bytes one image adds to another, the link's rates;
+the Slurm path's layer and whiteout rules and its arithmetic (bench/coldstart_slurm.py).
 
 The images here are what BuildKit would write for the real rendered Dockerfiles of the 2.6 and
 2.5 cu124 runtime images: one history entry per instruction of the final stage, RUNs recorded
@@ -12,11 +13,13 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.bench_coldstart import link_bytes_per_s, parse_rates
+from bench.coldstart_slurm import SlurmStart, layer_tar_filter, overlay_options, pairs, ratio, whiteout_target
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer, wheel_group_layers
 from imagebuilder.layers import GROUPS
 from imagebuilder.lockfile import load_locks
@@ -171,3 +174,50 @@ def test_a_rate_tc_would_read_otherwise_is_refused(text: str) -> None:
 @pytest.mark.parametrize("rate, per_s", [("1gbit", 125e6), ("200mbit", 25e6), ("800kbit", 1e5), ("none", None)])
 def test_the_link_passes_the_rate_in_bytes(rate: str, per_s: float | None) -> None:
     assert link_bytes_per_s(rate) == per_s
+
+
+# --- the Slurm path (bench/coldstart_slurm.py) ----------------------------------------------
+
+
+@pytest.mark.parametrize(("media_type", "flag"), [
+    (ZSTD, "--zstd"),
+    ("application/vnd.oci.image.layer.v1.tar+gzip", "--gzip"),
+    ("application/vnd.docker.image.rootfs.diff.tar.gzip", "--gzip"),
+    ("application/vnd.oci.image.layer.v1.tar", ""),
+])
+def test_each_layer_is_unpacked_with_its_media_type_s_decompressor(media_type: str, flag: str) -> None:
+    assert layer_tar_filter(media_type) == flag
+
+
+def test_a_layer_tar_cannot_read_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a tar layer"):
+        layer_tar_filter("application/vnd.oci.image.layer.v1.tar+lz4")
+
+
+@pytest.mark.parametrize(("name", "target"), [
+    (".wh.gone", "gone"), (".wh..wh..opq", None), ("keep", None), ("a.wh.b", None), (".wh..hidden", ".hidden")])
+def test_an_aufs_whiteout_names_the_file_it_hides(name: str, target: str | None) -> None:
+    assert whiteout_target(name) == target
+
+
+def test_overlayfs_gets_the_top_layer_first(tmp_path: Path) -> None:
+    layers = [tmp_path / "1", tmp_path / "2", tmp_path / "0"]  # bottom to top, enroot's "0" on top
+    assert overlay_options(layers) == f"lowerdir={tmp_path}/0:{tmp_path}/2:{tmp_path}/1"
+
+
+def test_a_path_s_total_is_its_steps_and_the_ratio_is_published_over_enroot() -> None:
+    enroot = SlurmStart("enroot", "1gbit", [("fetch", 30.0), ("unpack", 50.0), ("mksquashfs", 120.0)])
+    published = SlurmStart("published", "1gbit", [("fetch", 40.0), ("squashfuse", 0.5), ("import torch", 9.5)])
+    assert (enroot.total, published.total) == (200.0, 50.0)
+    assert ratio(published, enroot) == "0.25x"
+    assert ratio(published, None) == ratio(None, enroot) == ratio(published, SlurmStart("enroot", "1gbit")) == "-"
+
+
+def test_each_pass_at_a_rate_pairs_enroot_with_the_published_start_after_it() -> None:
+    runs = [SlurmStart(path, rate, [("s", seconds)]) for path, rate, seconds in (
+        ("enroot", "1gbit", 100.0), ("published", "1gbit", 30.0), ("enroot", "200mbit", 200.0),
+        ("published", "200mbit", 120.0), ("enroot", "1gbit", 110.0), ("published", "1gbit", 33.0),
+        ("published", "200mbit", 1.0))]
+    assert [(rate, a.total if a else None, b.total if b else None) for (rate, a), b in pairs(runs)] == [
+        ("1gbit", 100.0, 30.0), ("200mbit", 200.0, 120.0), ("1gbit", 110.0, 33.0), ("200mbit", None, 1.0)]
+    assert pairs(runs[:1]) == [(("1gbit", runs[0]), None)]
