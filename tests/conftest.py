@@ -63,6 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 "tests/support/policy.py):\n  " + "\n  ".join(missing))
     _group_the_families(items)
 
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     yield
@@ -113,6 +114,7 @@ def image_repo(docker_engine: DockerEngine, request: pytest.FixtureRequest) -> I
 def free_port() -> int:
     """A loopback TCP port nothing listens on (right now)."""
     return _free_port()
+
 
 @pytest.fixture
 def registry() -> Iterator[str]:
@@ -177,6 +179,7 @@ def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: 
         entry = json.loads(report.read_text())["images"][0]
         entry["repository"] = repository
         yield entry
+
 
 @pytest.fixture(scope="session")
 def signing_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

@@ -216,28 +216,64 @@ def _give_the_reader_their_key(folder: Path, argv: list[str]) -> None:
                     (folder / f"cosign{suffix}").rename(folder / f"{stem}{suffix}")
 
 
-# Why a documented docker-tier command that cannot succeed on this machine fails: an example
-# registry's host (ghcr.io/acme, registry.example.com) or a mirror's base image that this
-# machine cannot reach, an image the reader built or pulled, a GPU. Anything else must exit 0.
+# Why a documented docker-tier command that cannot succeed on this machine fails, each pattern the
+# error line the CLI prints for that reason and no other: an example registry's host (ghcr.io/acme,
+# registry.example.com) that this machine cannot reach, or that refuses an anonymous reader; an
+# image the reader built or pulled; a mirror's base image; a GPU.
 EXPECTED_FAILURES = {
-    "unreachable registry": r"^error: the registry at \S+ did not answer",
-    "registry refuses": r"^error: .*(?:HTTP 40[134]|unauthorized|denied|not found|no such)",
-    "image not here": r"is not here and could not be pulled",
+    "unreachable registry": r"^error: the registry at https?://\S+ did not answer ",
+    "registry refuses": r"^error: the registry refused (?:[A-Z]+ )?https?://\S+ \(HTTP 40[13]: ",
+    "image not here": r"^error: \S+ failed verification: image: image \S+ is not here and could not be pulled",
     "mirror base image": r"^error: base image \S+ is not available locally and could not be pulled",
-    "no GPU": r"no NVIDIA GPU visible on this host",
+    "no GPU": r"^error: local \S+ failed verification: gpu: no NVIDIA GPU visible on this host",
 }
+HOST_HAS_GPU = shutil.which("nvidia-smi") is not None
+
+
+def _registry_host(ref: str) -> str | None:
+    """The registry host a reference names (None: Docker Hub's, which the daemon pulls from)."""
+    first, slash, _ = ref.partition("/")
+    return first if slash and ("." in first or ":" in first or first == "localhost") else None
+
+
+def _resolves(host: str) -> bool:
+    """Whether this machine can look `host` up (CI's and the developers' machines reach no registry)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host.rsplit(":", 1)[0], 443)
+    except OSError:
+        return False
+    return True
 
 
 def must_succeed(argv: list[str]) -> bool:
     """Whether this documented command must exit 0 here: every dry run (build on a base image
     that is local or the default; publish against docs_registry) and a CPU-allowed local verify."""
+    return expected(argv) == (0, None)
+
+
+def expected(argv: list[str]) -> tuple[int, str | None]:
+    """The exit status this documented command has on this machine, and the EXPECTED_FAILURES
+    reason its error line gives (None: it succeeds). Raises for a command nobody decided about."""
     words = subcommand(argv)
-    if words[:1] == ["build"]:
+    if words[:1] == ["build"] and "--dry-run" in argv:
         base = argv[argv.index("--base-image") + 1] if "--base-image" in argv[:-1] else None
-        return base is None or not re.match(r"^[\w.-]+\.[\w-]+(?::\d+)?/", base)  # no registry host: local
-    if words[:1] == ["publish"]:
-        return True
-    return words == ["verify"] and "--local" in argv and "--allow-no-gpu" in argv
+        if base is not None and _registry_host(base) is not None:
+            return 1, "mirror base image"  # a mirror's name, which no machine here resolves
+        return 0, None  # the default base, or one that is local
+    if words[:1] == ["publish"] and "--dry-run" in argv:
+        return 0, None  # against docs_registry
+    if words == ["verify"] and "--local" in argv:
+        return (0, None) if "--allow-no-gpu" in argv or HOST_HAS_GPU else (1, "no GPU")
+    if words == ["verify"]:
+        ref = next(arg for arg in argv[1:] if not arg.startswith("-") and argv[argv.index(arg) - 1] not in
+                   ("--key", "--timeout", "--manifest"))
+        host = _registry_host(ref)
+        if host is None:
+            return 1, "image not here"  # an image the reader built or pulled, not here
+        return 1, "registry refuses" if _resolves(host) else "unreachable registry"
+    raise AssertionError(f"no expected outcome for `imagebuilder {' '.join(argv)}`: add it to expected()")
 
 
 def with_local_registry(argv: list[str], registry: str) -> list[str]:
@@ -261,13 +297,11 @@ def docs_registry() -> Iterator[str]:
 def _check_outcome(doc: Documented, argv: list[str], code: int, output: str) -> None:
     shown = f"{doc.where}: `imagebuilder {' '.join(argv)}` exited {code}:\n{output[-2000:]}"
     assert "Traceback" not in output, shown
-    if must_succeed(argv):
-        assert code == 0, shown
-        return
-    assert code == 1, shown
-    assert re.search(r"^error: ", output, re.M), f"exit 1 without an error line: {shown}"
-    reasons = [name for name, pattern in EXPECTED_FAILURES.items() if re.search(pattern, output, re.M)]
-    assert reasons, f"failed for a reason none of EXPECTED_FAILURES names: {shown}"
+    want, reason = expected(argv)
+    assert code == want, f"expected exit {want}: {shown}"
+    if reason is not None:
+        reasons = [name for name, pattern in EXPECTED_FAILURES.items() if re.search(pattern, output, re.M)]
+        assert reasons == [reason], f"expected the reason {reason!r}, found {reasons}: {shown}"
 
 
 PUBLISH_DOCS = [d for d in DOCKER_DOCS if subcommand(ARGVS[d])[:1] == ["publish"]]
@@ -281,6 +315,53 @@ def test_the_docker_tier_has_commands_that_must_succeed():
     assert must_succeed(["build", "--base-image", "imagebuilder-base:bookworm", "--dry-run"])
     assert with_local_registry(["publish", "--registry", "ghcr.io/acme", "--dry-run"], "127.0.0.1:5") == [
         "publish", "--registry", "127.0.0.1:5/acme", "--dry-run"]
+
+
+def test_every_documented_docker_command_has_one_expected_outcome():
+    """Each documented build and verify has one outcome on this machine, decided here: exit 0, or
+    exit 1 for one named reason (no command may fail for any reason in a list)."""
+    outcomes = {" ".join(cheap(ARGVS[d])): expected(cheap(ARGVS[d])) for d in BUILD_VERIFY_DOCS + PUBLISH_DOCS}
+    assert all(code in (0, 1) and (code == 0) == (reason is None) for code, reason in outcomes.values()), outcomes
+    assert {reason for _, reason in outcomes.values()} - {None} <= set(EXPECTED_FAILURES)
+    assert expected(["verify", "ghcr.io/acme/pytorch:2.6", "--key", "cosign.pub"])[1] in (
+        "unreachable registry", "registry refuses")
+    assert expected(["verify", "pytorch:2.6.0-cuda12.4-cudnn9-runtime", "--allow-no-gpu", "--json"]) == (
+        1, "image not here")
+
+
+# The lines the CLI printed for these commands on this project's machine (2026-12-04), and lines
+# that a reason's pattern must not take for its own.
+SAID = {
+    "unreachable registry": "error: the registry at https://ghcr.io/v2/ did not answer HEAD /v2/acme/pytorch/manifests/"
+                            "2.6.0-cuda12.4-cudnn9-runtime ([Errno -2] Name or service not known); check that it runs "
+                            "and that this machine can reach it",
+    "registry refuses": "error: the registry refused HEAD https://ghcr.io/v2/acme/pytorch/manifests/2.6 (HTTP 401: "
+                        "unauthorized); log in with `docker login ghcr.io` (imagebuilder uses docker's stored "
+                        "credentials)",
+    "image not here": "error: pytorch:2.6.0-cuda12.4-cudnn9-runtime failed verification: image: image "
+                      "pytorch:2.6.0-cuda12.4-cudnn9-runtime is not here and could not be pulled: failed to resolve "
+                      "reference \"docker.io/library/pytorch:2.6.0-cuda12.4-cudnn9-runtime\"",
+    "mirror base image": "error: base image mirror.local/ubuntu:22.04 is not available locally and could not be "
+                         "pulled (failed to resolve reference \"mirror.local/ubuntu:22.04\")",
+    "no GPU": "error: local /usr/bin/python3 failed verification: gpu: no NVIDIA GPU visible on this host "
+              "(nvidia-smi not found: no NVIDIA driver installed); run on a GPU host, or pass --allow-no-gpu",
+}
+NOT_A_REFUSAL = [
+    "error: lock file locks/torch2.6.0-cu124-py3.11-runtime.txt not found; run imagebuilder lock",
+    "error: cosign.pub: no such file; give a cosign key file",
+    "error: the base image's python3 not found",
+    "error: torch 2.6.0 is published for CUDA 12.4 (HTTP 404 page)",
+]
+
+
+@pytest.mark.parametrize("reason", list(EXPECTED_FAILURES))
+def test_each_reason_takes_its_own_line_and_no_other(reason):
+    assert [name for name, pattern in EXPECTED_FAILURES.items() if re.search(pattern, SAID[reason], re.M)] == [reason]
+
+
+@pytest.mark.parametrize("line", NOT_A_REFUSAL)
+def test_a_line_that_says_not_found_is_no_refusal_of_the_registry(line):
+    assert not any(re.search(pattern, line, re.M) for pattern in EXPECTED_FAILURES.values()), line
 
 
 @pytest.mark.docker

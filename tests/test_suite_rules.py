@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -20,21 +22,47 @@ def sources() -> list[tuple[str, Path]]:
 HOST_CONDITIONS = {
     ("test_bad_inputs.py", 'pytest.skip(f"needs a {python} without torch")'),  # a host whose system Python has torch
     ("test_variant_checks.py", 'pytest.skip("this torch is a CUDA build")'),  # a GPU host's torch
+    ("test_verify.py", '@pytest.mark.skipif(HOST_HAS_GPU, reason="this host has GPUs")'),  # a GPU host
 }
+# What skips a test or excuses its failure: pytest.skip/importorskip/xfail calls and the skip,
+# skipif and xfail marks (as decorators, in pytestmark, or in a pytest.param's marks).
+SKIPPING = re.compile(r"pytest\.(?:skip|importorskip|xfail)\(|\bmark\.(?:skip|skipif|xfail)\b")
+
+
+def skips_in(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of each line of `text` that skips a test or excuses its failure."""
+    return [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if SKIPPING.search(line)]
 
 
 def test_every_missing_tool_goes_through_the_one_helper():
-    """A test that lacks what it needs calls support.unavailable's _unavailable (or require_module), which
-    fails under IMAGEBUILDER_REQUIRE_DOCKER=1: CI, which installs every such tool, cannot pass by
-    skipping. A bare pytest.skip or importorskip would skip there too."""
+    """A test that lacks what it needs calls support.unavailable's _unavailable (or require_module),
+    which fails under IMAGEBUILDER_REQUIRE_DOCKER=1: CI, which installs every such tool, cannot pass
+    by skipping. A bare pytest.skip, importorskip, skipif or xfail would skip (or pass as expected
+    to fail) there too; only a condition of the host (HOST_CONDITIONS) may skip."""
     found = []
     for name, path in sources():
         if name in ("support/unavailable.py", Path(__file__).name):
             continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"pytest\.(skip|importorskip)\(", line) and (name, line.strip()) not in HOST_CONDITIONS:
-                found.append(f"{name}:{number}: {line.strip()}")
+        found += [f"{name}:{number}: {line}" for number, line in skips_in(path.read_text())
+                  if (name, line) not in HOST_CONDITIONS]
     assert not found, "use support.unavailable: _unavailable / require_module:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("line, skips", [
+    ('pytest.skip("no docker")', True),
+    ('docker = pytest.importorskip("docker")', True),
+    ('@pytest.mark.skipif(sys.platform == "darwin", reason="linux only")', True),
+    ('pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")', True),
+    ('@pytest.mark.skip(reason="later")', True),
+    ('@pytest.mark.xfail(reason="known bug")', True),
+    ('pytest.xfail("the classic builder rebuilds")', True),
+    ('pytest.param("x", marks=pytest.mark.xfail(strict=True))', True),
+    ('_unavailable("cosign is missing")', False),
+    ("# an xfail would hide it; skipif too", False),
+    ('assert "skip" in statuses', False),
+])
+def test_the_rule_sees_every_way_to_skip(line, skips):
+    assert bool(skips_in(line)) is skips
 
 
 # --- every real torch build is a listed decision -----------------------------------------

@@ -17,6 +17,7 @@ def fuzz_examples(n: int) -> int:
     """A fuzzer's max_examples: `n` in CI and the fast run, FUZZ_SCALE times that in a deep run."""
     return n * FUZZ_SCALE if FUZZ_DEEP else n
 
+
 def hypothesis_profiles() -> None:
     from hypothesis import settings
 
