@@ -485,7 +485,7 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, regis
 
     \b
     Examples:
-      imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /scratch/torch.sqfs
+      imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /tmp/torch.sqfs
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
     """
     from .http_registry import HttpRegistry
