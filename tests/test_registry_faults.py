@@ -418,3 +418,80 @@ def test_a_wrong_request_found_during_the_run_writes_no_report(tmp_path: Path) -
     with pytest.raises(BadRequest), ledger.kept():
         raise BadRequest("--base-image says debian12, --os ubuntu22.04")  # (read through the daemon, in the plan)
     assert not report.exists() and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- Ctrl-C while indexes are written and signed
+
+MERGE = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12", "--variant", "runtime",
+         "--platform", "linux/amd64,linux/arm64", "--merge-only")
+
+
+def _merge_stand_ins(upstream: str, address: str) -> list[str]:
+    """Each platform's tiny image under every tag of the runtime image `publish MERGE` merges, as
+    the per-platform jobs would have pushed them; the tags (no repository)."""
+    from test_publish import BOTH, _merge_images, _platform_ref
+
+    from imagebuilder.reference import parse_reference
+
+    refs = [ref for image in _merge_images(f"{address}/ns") if image.spec.variant == "runtime" for ref in image.refs]
+    for ref in refs:
+        for platform in BOTH:
+            _image(upstream, "ns/pytorch", parse_reference(_platform_ref(ref, platform)).reference,
+                   architecture=platform.rpartition("/")[2])
+    return [parse_reference(ref).reference for ref in refs]
+
+
+def _interrupt_when(proxy: FaultProxy, method: str, pattern: str, argv: list[str]) -> tuple[int, str, float]:
+    """Run `imagebuilder ARGV` in its own process group, send that group SIGINT once the proxy
+    has held a `method` request on `pattern`; (exit status, stderr, seconds from SIGINT to exit).
+    Afterwards no process of the group is left (cosign's included)."""
+    process = subprocess.Popen([sys.executable, "-m", "imagebuilder", *argv], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while "stalled" not in proxy.asked(method, pattern) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    assert "stalled" in proxy.asked(method, pattern), f"never reached {method} {pattern}: {process.communicate()}"
+    sent = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    took = time.monotonic() - sent
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # nothing of the run is left running
+    return process.returncode, stderr, took
+
+
+@pytest.mark.registry
+def test_ctrl_c_while_an_index_is_written_exits_130_and_claims_no_index(upstream: str, proxy: FaultProxy,
+                                                                         tmp_path: Path) -> None:
+    tags = _merge_stand_ins(upstream, proxy.address)
+    proxy.inject(Fault("PUT", r"/manifests/", stall_s=120, times=None))
+    report = tmp_path / "report.json"
+    code, stderr, took = _interrupt_when(proxy, "PUT", r"/manifests/",
+                                         [*MERGE, "--registry", f"{proxy.address}/ns", "--report", str(report)])
+    assert code == 130 and took < 10 and "Traceback" not in stderr, stderr
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == ["interrupted"], stderr
+    assert all(_tag_digest(upstream, "ns/pytorch", tag) is None for tag in tags)  # no index under any tag
+    document = json.loads(report.read_text())
+    assert (document["ok"], document["state"]) == (False, "ended") and "interrupted" in document["error"]
+    assert not [i for i in document["indexes"] if i.get("status") == "written"]
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+@pytest.mark.registry
+def test_ctrl_c_while_an_index_is_signed_exits_130_and_leaves_no_signature(upstream: str, proxy: FaultProxy,
+                                                                            keys: dict[str, Path], tmp_path: Path) -> None:
+    tags = _merge_stand_ins(upstream, proxy.address)
+    proxy.inject(Fault("PUT", r"/manifests/sha256-[0-9a-f]+\.sig$", stall_s=120, times=None))
+    report = tmp_path / "report.json"
+    code, stderr, took = _interrupt_when(proxy, "PUT", r"\.sig$",
+                                         [*MERGE, "--registry", f"{proxy.address}/ns", "--sign-key", str(keys["key"]),
+                                          "--report", str(report)])
+    assert code == 130 and took < 10 and "Traceback" not in stderr, stderr
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == ["interrupted"], stderr
+    indexes = [digest for tag in tags if (digest := _tag_digest(upstream, "ns/pytorch", tag)) is not None]
+    assert indexes, "the run was interrupted while signing, so it had written an index"
+    reader = HttpRegistry(config={})
+    assert [d for d in indexes if reader.digest(signature_tag(f"{upstream}/ns/pytorch@{d}")) is not None] == []
+    document = json.loads(report.read_text())
+    assert (document["ok"], document["state"]) == (False, "ended") and "interrupted" in document["error"]
