@@ -74,3 +74,22 @@ def test_the_docker_sdk_reads_the_config_without_the_unreadable_entries(tmp_path
     # The SDK's own reader is back as it was after the client is made.
     from docker.utils import config as sdk_config
     assert sdk_config.load_general_config.__module__ == "docker.utils.config"
+
+
+def test_clients_made_on_two_threads_at_once_give_the_sdk_its_own_reader_back() -> None:
+    """A build's client and its cache export's are made at once: whichever ends first, the SDK's
+    reader comes back (a swap saved by each user put the lenient one back for good: every later
+    client warned, in CI's full run)."""
+    from docker.utils import config as sdk_config
+
+    from imagebuilder.engine.docker_config import lenient_docker_config
+
+    original = sdk_config.load_general_config
+    first, second = lenient_docker_config(), lenient_docker_config()
+    first.__enter__()
+    second.__enter__()
+    assert sdk_config.load_general_config is not original
+    first.__exit__(None, None, None)
+    assert sdk_config.load_general_config is not original  # the second client is still being made
+    second.__exit__(None, None, None)
+    assert sdk_config.load_general_config is original

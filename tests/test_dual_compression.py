@@ -31,7 +31,7 @@ import pytest
 
 from support.cleanup import remove_images
 from support.real_images import REPO_ROOT
-from support.registry import throwaway_registry
+from support.registry import access_log, throwaway_registry
 from support.unavailable import _unavailable
 from remote_engine import remote_engine  # type: ignore[import-not-found]
 
@@ -115,8 +115,7 @@ def published(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFact
             docker_engine.push(zstd_only)
             seconds["push zstd"] = time.monotonic() - started
             yield {"repo": repo, "dual": dual, "zstd_only": zstd_only, "index": index, "done": done,
-                   "seconds": seconds, "log": Path(tempfile.gettempdir()) / f"imagebuilder-registry-"
-                   f"{address.rsplit(':', 1)[1]}" / "registry.log"}
+                   "seconds": seconds, "log": access_log(address)}
         finally:
             remove_images(docker_engine, made)
 

@@ -340,7 +340,9 @@ def test_a_release_with_common_pins_shares_their_layers_and_uploads_none_of_them
     assert {"cuda-libraries", "cublas", "cudnn", "nccl"} <= set(shared), shared
 
     address = first_run["address"]
-    log = Path(os.environ.get("TMPDIR") or "/tmp") / f"imagebuilder-registry-{address.rsplit(':', 1)[1]}" / "registry.log"
+    from support.registry import access_log
+
+    log = access_log(address)
     offset = log.stat().st_size
     report = tmp_path / "other.json"
     done = imagebuilder("publish", "--torch", OTHER_TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
+import threading
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -48,22 +49,38 @@ def warn_once(path: str, hosts: list[str], stream: TextIO | None = None) -> None
                   f"user:password; `docker login {host}` again if this run needs them", file=stream or sys.stderr)
 
 
+_SWAP = threading.Lock()
+_USERS = 0
+_ORIGINAL: Any = None
+
+
 @contextmanager
 def lenient_docker_config() -> Iterator[None]:
-    """While docker-py makes a client: the config file read as above (docker-py reads it then)."""
+    """While docker-py makes a client: the config file read as above (docker-py reads it then).
+    Clients are made on several threads at once (a build beside its cache export): the SDK's
+    reader is swapped by the first user and put back by the last, so it is always the SDK's own
+    that comes back."""
+    global _USERS, _ORIGINAL
     from docker.utils import config as docker_utils_config
 
-    original = docker_utils_config.load_general_config
+    with _SWAP:
+        if _USERS == 0:
+            _ORIGINAL = docker_utils_config.load_general_config
+            original = _ORIGINAL
 
-    def load(config_path: Any = None) -> dict[str, Any]:
-        found = original(config_path)
-        bad = unreadable_auths(found)
-        if bad:
-            warn_once(str(docker_utils_config.find_config_file(config_path)), bad)
-        return without_unreadable_auths(found)
+            def load(config_path: Any = None) -> dict[str, Any]:
+                found = original(config_path)
+                bad = unreadable_auths(found)
+                if bad:
+                    warn_once(str(docker_utils_config.find_config_file(config_path)), bad)
+                return without_unreadable_auths(found)
 
-    docker_utils_config.load_general_config = load
+            docker_utils_config.load_general_config = load
+        _USERS += 1
     try:
         yield
     finally:
-        docker_utils_config.load_general_config = original
+        with _SWAP:
+            _USERS -= 1
+            if _USERS == 0:
+                docker_utils_config.load_general_config = _ORIGINAL

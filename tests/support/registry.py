@@ -35,6 +35,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ACCESS_LOGS: dict[str, Path] = {}
+"""Each running LocalRegistry's access log, by address (127.0.0.1:PORT)."""
+
+
+def access_log(address: str) -> Path:
+    """The access log of the LocalRegistry serving `address` (tests read which requests it got)."""
+    return ACCESS_LOGS[address]
+
+
 class LocalRegistry:
     """Debian's docker-registry on 127.0.0.1:PORT, its config and storage under `root`, that can
     be stopped and started again with its storage kept; over TLS (`tls`: certificate and key) or
@@ -59,6 +68,7 @@ class LocalRegistry:
         if not REGISTRY_BIN.exists():
             _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry (.ci/setup does)")
         log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
+        ACCESS_LOGS[self.address] = self.root / "registry.log"
         self.process = subprocess.Popen([str(REGISTRY_BIN), "serve", str(self.root / "config.yml")],
                                         stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 30
