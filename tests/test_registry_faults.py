@@ -422,6 +422,7 @@ def test_a_wrong_request_found_during_the_run_writes_no_report(tmp_path: Path) -
 
 # --------------------------------------------------------------------------- Ctrl-C while indexes are written and signed
 
+NS = "interrupted"  # a namespace of their own: the module's registry holds other tests' images under ns/
 MERGE = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12", "--variant", "runtime",
          "--platform", "linux/amd64,linux/arm64", "--merge-only")
 
@@ -433,10 +434,10 @@ def _merge_stand_ins(upstream: str, address: str) -> list[str]:
 
     from imagebuilder.reference import parse_reference
 
-    refs = [ref for image in _merge_images(f"{address}/ns") if image.spec.variant == "runtime" for ref in image.refs]
+    refs = [ref for image in _merge_images(f"{address}/{NS}") if image.spec.variant == "runtime" for ref in image.refs]
     for ref in refs:
         for platform in BOTH:
-            _image(upstream, "ns/pytorch", parse_reference(_platform_ref(ref, platform)).reference,
+            _image(upstream, f"{NS}/pytorch", parse_reference(_platform_ref(ref, platform)).reference,
                    architecture=platform.rpartition("/")[2])
     return [parse_reference(ref).reference for ref in refs]
 
@@ -468,10 +469,10 @@ def test_ctrl_c_while_an_index_is_written_exits_130_and_claims_no_index(upstream
     proxy.inject(Fault("PUT", r"/manifests/", stall_s=120, times=None))
     report = tmp_path / "report.json"
     code, stderr, took = _interrupt_when(proxy, "PUT", r"/manifests/",
-                                         [*MERGE, "--registry", f"{proxy.address}/ns", "--report", str(report)])
+                                         [*MERGE, "--registry", f"{proxy.address}/{NS}", "--report", str(report)])
     assert code == 130 and took < 10 and "Traceback" not in stderr, stderr
     assert [line for line in stderr.splitlines() if "interrupted" in line] == ["interrupted"], stderr
-    assert all(_tag_digest(upstream, "ns/pytorch", tag) is None for tag in tags)  # no index under any tag
+    assert all(_tag_digest(upstream, f"{NS}/pytorch", tag) is None for tag in tags)  # no index under any tag
     document = json.loads(report.read_text())
     assert (document["ok"], document["state"]) == (False, "ended") and "interrupted" in document["error"]
     assert not [i for i in document["indexes"] if i.get("status") == "written"]
@@ -485,13 +486,13 @@ def test_ctrl_c_while_an_index_is_signed_exits_130_and_leaves_no_signature(upstr
     proxy.inject(Fault("PUT", r"/manifests/sha256-[0-9a-f]+\.sig$", stall_s=120, times=None))
     report = tmp_path / "report.json"
     code, stderr, took = _interrupt_when(proxy, "PUT", r"\.sig$",
-                                         [*MERGE, "--registry", f"{proxy.address}/ns", "--sign-key", str(keys["key"]),
+                                         [*MERGE, "--registry", f"{proxy.address}/{NS}", "--sign-key", str(keys["key"]),
                                           "--report", str(report)])
     assert code == 130 and took < 10 and "Traceback" not in stderr, stderr
     assert [line for line in stderr.splitlines() if "interrupted" in line] == ["interrupted"], stderr
-    indexes = [digest for tag in tags if (digest := _tag_digest(upstream, "ns/pytorch", tag)) is not None]
+    indexes = [digest for tag in tags if (digest := _tag_digest(upstream, f"{NS}/pytorch", tag)) is not None]
     assert indexes, "the run was interrupted while signing, so it had written an index"
     reader = HttpRegistry(config={})
-    assert [d for d in indexes if reader.digest(signature_tag(f"{upstream}/ns/pytorch@{d}")) is not None] == []
+    assert [d for d in indexes if reader.digest(signature_tag(f"{upstream}/{NS}/pytorch@{d}")) is not None] == []
     document = json.loads(report.read_text())
     assert (document["ok"], document["state"]) == (False, "ended") and "interrupted" in document["error"]
