@@ -21,7 +21,6 @@ import http.client
 import random
 import ssl
 import sys
-import threading
 import time
 import urllib.error
 from collections.abc import Callable, Iterator, Mapping
@@ -29,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TypeVar
+
+from .heartbeat import every
 
 T = TypeVar("T")
 
@@ -222,19 +223,12 @@ def _heartbeat(request: str, policy: RetryPolicy, say: Callable[[str], None]) ->
     if policy.timeout_s <= HEARTBEAT_S:
         yield
         return
-    done = threading.Event()
+    started = time.monotonic()
+    option = f": {policy.timeout_option}" if policy.timeout_option else ""
 
     def beat() -> None:
-        started = time.monotonic()
-        while not done.wait(HEARTBEAT_S):
-            option = f": {policy.timeout_option}" if policy.timeout_option else ""
-            say(f"{request}: no answer yet after {time.monotonic() - started:.0f} s "
-                f"(gives up at {policy.timeout_s:g} s{option})")
+        say(f"{request}: no answer yet after {time.monotonic() - started:.0f} s "
+            f"(gives up at {policy.timeout_s:g} s{option})")
 
-    thread = threading.Thread(target=beat, name="http-heartbeat", daemon=True)
-    thread.start()
-    try:
+    with every(HEARTBEAT_S, beat, name="http-heartbeat"):
         yield
-    finally:
-        done.set()
-        thread.join()

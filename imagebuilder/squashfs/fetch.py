@@ -22,7 +22,8 @@ from ..errors import BadRequest, ImageBuilderError
 from ..manifests import INDEXES
 from ..signing import pinned
 from .artifact import ArtifactRegistry, find_artifact
-from .make import HEARTBEAT_S, every, human
+from ..heartbeat import every
+from .make import HEARTBEAT_S, human
 
 
 class FetchError(ImageBuilderError):
@@ -120,7 +121,7 @@ def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: st
                 done = part.stat().st_size if part.exists() else 0
                 say(f"{image}: {human(done)} of {human(size)} after {time.monotonic() - started:.0f} s")
 
-            with every(HEARTBEAT_S, progress):
+            with every(HEARTBEAT_S, progress, name="squashfs-heartbeat"):
                 registry.download_blob(target, digest, out)
         actual = _sha256(part)
         if actual != digest:

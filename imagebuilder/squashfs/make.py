@@ -17,15 +17,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ..errors import ImageBuilderError
+from ..heartbeat import every
 from .enroot import MOUNT_POINTS, enroot_files
 from .layers import Applied, apply_layer, finish
 
@@ -121,7 +120,7 @@ def make_squashfs(registry: LayerRegistry, ref: str, output: Path, *, level: int
         root.mkdir()
         applied = Applied()
         step = [f"{ref.partition('@')[0]}: layer 1/{len(layers)}"]  # the heartbeat's line names the layer at hand
-        with every(HEARTBEAT_S, functools.partial(_unpacking, say, step, applied)):
+        with every(HEARTBEAT_S, functools.partial(_unpacking, say, step, applied), name="squashfs-heartbeat"):
             for number, (digest, size) in enumerate(layers, 1):
                 step[0] = f"{ref.partition('@')[0]}: layer {number}/{len(layers)} ({human(size)})"
                 _apply_blob(registry, ref, digest, work / "blob", root, applied)
@@ -197,7 +196,7 @@ def _squash(root: Path, squashfs: Path, options: tuple[str, ...], say: Callable[
         size = squashfs.stat().st_size if squashfs.exists() else 0
         say(f"mksquashfs: {time.monotonic() - started:.0f} s, {human(size)} written")
 
-    with every(HEARTBEAT_S, progress):
+    with every(HEARTBEAT_S, progress, name="squashfs-heartbeat"):
         done = subprocess.run(["mksquashfs", str(root), str(squashfs), *options], capture_output=True, text=True)
     if done.returncode != 0:
         raise ToolFailed(tool="mksquashfs", status=done.returncode, detail=(done.stderr or done.stdout).strip()[-300:])
@@ -217,19 +216,3 @@ def _sha256(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-@contextmanager
-def every(seconds: float, call: Callable[[], None]) -> Iterator[None]:
-    """`call` every `seconds` while the body runs: long work is never silent."""
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(seconds):
-            call()
-
-    thread = threading.Thread(target=beat, name="squashfs-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
