@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]
+from fault_proxy import FaultProxy
 from support.build_cache import (_SESSION_CACHE, _buildkit_cli, after_test, family_build,
                                  released_after_last_use)
 from support.cleanup import remove_images, remove_local_tags
@@ -122,6 +123,20 @@ def registry() -> Iterator[str]:
     test `registry`); yields that address."""
     with throwaway_registry() as address:
         yield address
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[str]:
+    """A registry for one test module, for tests that put a fault proxy in front of it."""
+    with throwaway_registry() as address:
+        yield address
+
+
+@pytest.fixture
+def proxy(upstream: str) -> Iterator[FaultProxy]:
+    """tests/fault_proxy.py in front of `upstream`, for one test: inject() its faults."""
+    with FaultProxy(upstream) as running:
+        yield running
+
 
 # --- real images, built once per test session (support.policy's families) ----------------
 

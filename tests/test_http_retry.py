@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.real_images import imagebuilder
-from support.registry import put_blob, put_manifest, throwaway_registry
+from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
 
 from imagebuilder.http_registry import HttpRegistry
@@ -124,21 +124,6 @@ def test_a_long_retry_after_is_waited_out_with_a_line_every_15_s() -> None:
 
 def _raise_429() -> None:
     raise urllib.error.HTTPError("u", 429, "slow down", {"Retry-After": "40"}, None)  # type: ignore[arg-type]
-
-
-# --------------------------------------------------------------------------- a real registry behind the proxy
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[str]:
-    with throwaway_registry() as address:
-        yield address
-
-
-@pytest.fixture
-def proxy(upstream: str) -> Iterator[FaultProxy]:
-    with FaultProxy(upstream) as running:
-        yield running
 
 
 def _image(upstream: str, repository: str, tag: str) -> str:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from support.real_images import REPO_ROOT, imagebuilder
-from support.registry import put_blob, put_manifest, throwaway_registry
+from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
 from test_publish_runner import images
 
@@ -76,21 +76,6 @@ def test_a_failed_push_keeps_its_status_or_reset_and_says_login_only_when_refuse
     assert ("logged in" in line) is refused, line
     if not refused:
         assert "rerun" in line
-
-
-# --------------------------------------------------------------------------- a real registry behind the proxy
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[str]:
-    with throwaway_registry() as address:
-        yield address
-
-
-@pytest.fixture
-def proxy(upstream: str) -> Iterator[FaultProxy]:
-    with FaultProxy(upstream) as running:
-        yield running
 
 
 def _image(upstream: str, repository: str, tag: str, labels: dict[str, str] | None = None,
