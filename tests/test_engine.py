@@ -138,6 +138,36 @@ def test_network_hint_names_the_host_and_skips_ca_advice_when_a_ca_was_given() -
     assert "--ca-bundle" in network_hint(tail, ca_bundle_given=False)
 
 
+def test_a_listing_the_daemon_answers_with_404_while_another_build_removes_an_image_is_retried() -> None:
+    """The containerd image store answers `GET /images/json?all=1` with a 404 when an image it
+    lists is removed meanwhile (another build's clean-up on the shared daemon; seen in CI)."""
+    import docker
+
+    class Api:
+        calls = 0
+
+        def images(self, all: bool) -> list[dict[str, str]]:  # noqa: A002 (the SDK's name)
+            Api.calls += 1
+            if Api.calls < 3:
+                raise docker.errors.NotFound("404 Client Error: Not Found for url: .../images/json")
+            return [{"Id": "sha256:a", "ParentId": ""}]
+
+    class Client:
+        api = Api()
+
+    class Engine:
+        client = Client()
+
+    builder = ClassicBuilder(Engine())  # type: ignore[arg-type]
+    builder._hooked = True  # no response hook on a fake client
+    assert builder._listed_images() == [{"Id": "sha256:a", "ParentId": ""}]
+    assert Api.calls == 3
+
+    Api.calls = -10  # a 404 that stays is the daemon's fault, said as one
+    with pytest.raises(docker.errors.NotFound):
+        builder._listed_images()
+
+
 def test_importing_the_engine_does_not_import_docker() -> None:
     code = "import sys, imagebuilder.engine; sys.exit('docker' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, timeout=60).returncode == 0

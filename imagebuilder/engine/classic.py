@@ -271,7 +271,7 @@ class ClassicBuilder:
         removed: list[str] = []
         with self.engine.daemon_errors():
             children: dict[str, set[str]] = {}
-            for listed in self._client.api.images(all=True):
+            for listed in self._listed_images():
                 children.setdefault(str(listed.get("ParentId", "")), set()).add(str(listed["Id"]))
             pending = list(dict.fromkeys(candidates))
             while pending:
@@ -291,6 +291,19 @@ class ClassicBuilder:
                     children.get(parent, set()).discard(image_id)
                     pending.append(parent)
         return tuple(removed)
+
+    def _listed_images(self) -> list[dict[str, Any]]:
+        """Every image, step images too. The containerd image store answers the listing with a
+        404 when an image it is listing is removed meanwhile (another build's clean-up on the
+        shared daemon): list again, a few times, before calling that a fault."""
+        import docker
+
+        for attempt in range(4):
+            try:
+                return list(self._client.api.images(all=True))
+            except docker.errors.NotFound:
+                time.sleep(0.2 * (attempt + 1))
+        return list(self._client.api.images(all=True))  # a fifth 404 is a fault
 
     def _stream_build(self, req: BuildRequest, state: BuildState, log: IO[str] | None) -> str | None:
         """Feed the build's stream to `state` and the log; the daemon's error, if any."""
