@@ -35,7 +35,7 @@ from support.ssh_host import SSHD, SshDockerHost
 from support.unavailable import _unavailable
 
 if TYPE_CHECKING:
-    from imagebuilder.engine import DockerEngine
+    from imagebuilder.engine.docker import DockerEngine
 
 hypothesis_profiles()
 
@@ -76,7 +76,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.fixture(scope="session")
 def docker_engine() -> DockerEngine:
     """A DockerEngine whose daemon answers; skips (or fails in CI) otherwise."""
-    from imagebuilder.engine import DaemonUnavailable, DockerEngine
+    from imagebuilder.engine.errors import DaemonUnavailable
+    from imagebuilder.engine.docker import DockerEngine
 
     engine = DockerEngine()
     try:

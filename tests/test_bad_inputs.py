@@ -341,7 +341,7 @@ BRIDGE_GONE = ("failed to create endpoint quirky_hopper on network bridge: addin
 ])
 def test_only_a_gpu_refusal_is_blamed_on_the_nvidia_toolkit(said: str, blames_toolkit: bool) -> None:
     from imagebuilder.engine.errors import refuses_gpus
-    from imagebuilder.verify import read_gpu_probe
+    from imagebuilder.verify.preflight import read_gpu_probe
 
     probe = read_gpu_probe(said)
     assert ("NVIDIA Container Toolkit" in (probe.error or "")) is blames_toolkit
@@ -351,7 +351,7 @@ def test_only_a_gpu_refusal_is_blamed_on_the_nvidia_toolkit(said: str, blames_to
 
 
 def test_verify_local_without_torch_names_the_python_it_checked() -> None:
-    from imagebuilder.verify import verify_local
+    from imagebuilder.verify.run import verify_local
 
     python = "/usr/bin/python3"
     if not Path(python).exists() or subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from imagebuilder.build import ProgressPrinter, build_order, human_size
-from imagebuilder.engine import Progress
+from imagebuilder.engine.api import Progress
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.per_platform import render_spec as render
 from imagebuilder.resolve import Request, resolve

@@ -21,7 +21,8 @@ from imagebuilder.engine.export import Compression, Export
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
-from imagebuilder.engine import BaseImageMissing, BuildFailed, BuildRequest, EngineError, Progress
+from imagebuilder.engine.errors import BaseImageMissing, BuildFailed, EngineError
+from imagebuilder.engine.api import BuildRequest, Progress
 from imagebuilder.install_steps import CA_CONTEXT, CA_SECRET_PATH
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.per_platform import render_spec as render
@@ -700,7 +701,8 @@ def test_ctrl_c_stops_a_buildkit_build_and_leaves_nothing(docker_engine, base_im
     script = (
         "import sys; from pathlib import Path\n"
         "from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli\n"
-        "from imagebuilder.engine import BuildRequest, DockerEngine\n"
+        "from imagebuilder.engine.api import BuildRequest\n"
+        "from imagebuilder.engine.docker import DockerEngine\n"
         f"cli = BuildKitCli({buildkit_cli.command!r}, buildkit_env={buildkit_cli.buildkit_env!r})\n"
         f"BuildKitBuilder(cli, DockerEngine()).build(BuildRequest(context=Path({str(tmp_path)!r}), "
         f"tags=({tag!r},), log_path=Path({str(log)!r})))\n"

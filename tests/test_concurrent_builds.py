@@ -31,7 +31,7 @@ E2E = Request("2.6", "12.1", None, "runtime", "debian12")
 def test_two_no_cache_builds_of_one_tag_at_once_both_succeed(docker_engine: Any, base_image: str, image_repo: str,
                                                               tmp_path: Path) -> None:
     from imagebuilder.build import build_image
-    from imagebuilder.engine import DockerEngine
+    from imagebuilder.engine.docker import DockerEngine
     from imagebuilder.engine.classic import ClassicBuilder
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=load_locks(REPO_ROOT / "locks")))

@@ -35,13 +35,14 @@ from support.registry import access_log, throwaway_registry
 from support.unavailable import _unavailable
 from remote_engine import remote_engine  # type: ignore[import-not-found]
 
-from imagebuilder.engine import BuildRequest, DockerEngine
+from imagebuilder.engine.api import BuildRequest
+from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.engine.export import Compression, Export, gzip_ref
 from imagebuilder.engine.select import detect_buildkit
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.manifests import ZSTD_ANNOTATION
-from imagebuilder.publish import RunOptions
+from imagebuilder.publish.plan import RunOptions
 from imagebuilder.publish.push import Pushing, push_dual
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]

@@ -18,7 +18,7 @@ from imagebuilder.engine.api import Pushed
 from imagebuilder.engine.export import Compression, CompressionUnavailable, Export, choose, gzip_ref, output_args
 from imagebuilder.errors import BadRequest
 from imagebuilder.manifests import OCI_INDEX, ZSTD_ANNOTATION, index_document, platform_entries
-from imagebuilder.publish import RunOptions
+from imagebuilder.publish.plan import RunOptions
 from imagebuilder.publish.dual import dual_index, images_of, marked_zstd
 from imagebuilder.publish.push import Pushing, push_dual
 from imagebuilder.verify.facts import gzip_instead, registry_compression

@@ -126,7 +126,7 @@ def test_strict_refuses_the_cuda_121_fallback_before_anything_is_built(docker_en
 def test_smoke_tests_travel_with_the_image(docker_engine, runtime_image):
     result = docker_engine.run(runtime_image["tags"][0], ["python", "-m", "smoke_tests", "--json",
                                                           "--checks", "environment"], timeout=300)
-    from imagebuilder.verify import parse_output
+    from imagebuilder.verify.output import parse_output
 
     parsed = parse_output(result.output, result.exit_code)
     assert result.exit_code == 0, result.output[-2000:]
@@ -518,7 +518,7 @@ def test_a_cuda_image_without_a_gpu_is_not_green(docker_engine, runtime_image):
     """`docker run IMAGE python -m smoke_tests` without --gpus: a CUDA image fails, saying how
     to skip on purpose; with --allow-no-gpu the summary counts the skips, not passes.
     The runtime guard admits the drivers the wheels run on (minor-version compatibility)."""
-    from imagebuilder.verify import parse_output
+    from imagebuilder.verify.output import parse_output
 
     ref = runtime_image["tags"][0]
     checks = ["python", "-m", "smoke_tests", "--checks", "environment,cuda"]

@@ -19,18 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from imagebuilder.engine import (
-    BaseImageMissing,
-    BuildFailed,
-    BuildRequest,
-    BuildTimedOut,
-    DaemonUnavailable,
-    DockerEngine,
-    ImageMissing,
-    Progress,
-    PushFailed,
-    TagFailed,
-)
+from imagebuilder.engine.errors import (BaseImageMissing, BuildFailed, BuildTimedOut, DaemonUnavailable, ImageMissing,
+                                        PushFailed, TagFailed)
+from imagebuilder.engine.api import BuildRequest, Progress
+from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.errors import classify_failure
 
@@ -379,7 +371,8 @@ def test_build_over_its_timeout_is_stopped_and_cleaned_up(
 _INTERRUPT_DRIVER = """
 import sys
 from pathlib import Path
-from imagebuilder.engine import BuildRequest, DockerEngine
+from imagebuilder.engine.api import BuildRequest
+from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.classic import ClassicBuilder
 
 def progress(p):

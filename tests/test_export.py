@@ -13,7 +13,7 @@ from imagebuilder.engine.export import (Compression, CompressionUnavailable, Exp
                                  compression_of, output_args)
 from imagebuilder.provenance import built_from
 from imagebuilder.reference import RegistryTarget
-from imagebuilder.verify import HostFacts, preflight
+from imagebuilder.verify.preflight import HostFacts, preflight
 
 CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-runtime"
 

@@ -552,7 +552,7 @@ class RecordingEngine:
         return None
 
     def build(self, req, on_progress=None):
-        from imagebuilder.engine import BuildResult
+        from imagebuilder.engine.api import BuildResult
 
         self.builds.append((req.tags, (req.context / "Dockerfile").read_text()))
         return BuildResult(f"sha256:{len(self.builds)}", req.tags, 1, 1.0, 2, 0, 2, None)

@@ -35,13 +35,17 @@ from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle
 from support.registry import LocalRegistry, put_blob, put_manifest, running_registry
 from support.unavailable import _unavailable
 
-from imagebuilder import publish
+from imagebuilder.publish.plan import dated_ref, plan, RunOptions, Step
+from imagebuilder.publish.report import format_plan, format_summary, PublishFailed, raise_if_failed
+from imagebuilder.publish.lookup import lookup
+from imagebuilder.publish.run import publish
+from imagebuilder.publish.blobs import check_before, published_layers
 from imagebuilder.labels import INPUTS_HASH as HASH
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.layers import wheel_groups
 from imagebuilder.lockfile import load_locks, locks_dir
 from imagebuilder.matrix_load import load_matrix
-from imagebuilder.publish import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
+from imagebuilder.publish.plan import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
 from imagebuilder.reference import parse_reference
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest
@@ -115,7 +119,7 @@ PLAN_CASES = [
 @pytest.mark.parametrize("name, remotes, force, expected", PLAN_CASES, ids=[c[0] for c in PLAN_CASES])
 def test_plan(name: str, remotes: dict[str, Remote], force: bool, expected: list[tuple[Any, str, str]]) -> None:
     # Jupyter first on purpose: the plan orders runtime before the image built FROM it.
-    steps = publish.plan([JUPYTER, RUNTIME], remotes, force=force)
+    steps = plan([JUPYTER, RUNTIME], remotes, force=force)
     assert [(s.image, s.action) for s in steps] == [(image, action) for image, action, _ in expected]
     for step, (_, _, reason) in zip(steps, expected):
         assert reason in step.reason
@@ -129,37 +133,37 @@ DAY = date(2026, 11, 30)
 
 
 def test_dated_tags_are_added_once_a_day_and_never_moved() -> None:
-    dated = publish.dated_ref(RUNTIME, DAY)
+    dated = dated_ref(RUNTIME, DAY)
     assert dated == f"{RUNTIME.repository}:{RUNTIME.spec.key}-20261130"
     # A new image gets the day's tag with its push.
-    (step,) = publish.plan([RUNTIME], {}, day=DAY)
+    (step,) = plan([RUNTIME], {}, day=DAY)
     assert (step.action, step.dated) == (BUILD, dated)
     # An unchanged image gets it by a re-point: the next day adds only the dated tag.
     remote = published(RUNTIME)
-    (step,) = publish.plan([RUNTIME], {RUNTIME.ref: remote}, day=DAY)
+    (step,) = plan([RUNTIME], {RUNTIME.ref: remote}, day=DAY)
     assert (step.action, step.retag, step.digest) == (RETAG, (dated,), D1)
     # The same day again: nothing to do.
     today = Remote({**remote.digests, dated: D1}, remote.inputs_hash)
-    assert publish.plan([RUNTIME], {RUNTIME.ref: today}, day=DAY)[0].action == SKIP
+    assert plan([RUNTIME], {RUNTIME.ref: today}, day=DAY)[0].action == SKIP
     # Rebuilt the same day: the dated tag keeps naming the image it was first given to.
     changed = Remote({**remote.digests, dated: D2}, "old")
-    (step,) = publish.plan([RUNTIME], {RUNTIME.ref: changed}, day=DAY)
+    (step,) = plan([RUNTIME], {RUNTIME.ref: changed}, day=DAY)
     assert (step.action, step.dated) == (BUILD, None)
     # A stale alias and a missing dated tag are fixed in one re-point.
     stale = published(RUNTIME, missing=(2,))
-    (step,) = publish.plan([RUNTIME], {RUNTIME.ref: stale}, day=DAY)
+    (step,) = plan([RUNTIME], {RUNTIME.ref: stale}, day=DAY)
     assert step.action == RETAG and step.retag == (RUNTIME.refs[2], dated)
 
 
 def test_plan_lists_every_tag_in_order() -> None:
-    text = publish.format_plan(publish.plan([JUPYTER, RUNTIME], {}))
+    text = format_plan(plan([JUPYTER, RUNTIME], {}))
     assert text.index(RUNTIME.ref) < text.index(JUPYTER.ref)
     assert all(tag in text for tag in RUNTIME.tags + JUPYTER.tags)
     assert text.splitlines()[-1] == "plan: 2 to build, 0 to re-point, 0 to skip"
 
 
 def test_a_plan_without_push_plans_no_push() -> None:
-    text = publish.format_plan(publish.plan([JUPYTER, RUNTIME], {}), push=False)
+    text = format_plan(plan([JUPYTER, RUNTIME], {}), push=False)
     assert "push " not in text.replace("push nothing (--no-push)", "")
     assert text.count("build and verify; push nothing (--no-push)") == 2
 
@@ -383,10 +387,10 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
     alias = f"alias-{uuid.uuid4().hex[:6]}"
     with_alias = replace(image, tags=(*image.tags, alias))  # an alias the registry never saw
     registry = HttpRegistry(config={})
-    (step,) = publish.plan([with_alias], publish.lookup(registry, [with_alias]))
+    (step,) = plan([with_alias], lookup(registry, [with_alias]))
     assert (step.action, step.retag) == (RETAG, (with_alias.refs[-1],))
-    (outcome,) = publish.publish([step], engine=docker_engine, builder=ClassicBuilder(docker_engine),
-                                 registry=registry, options=publish.RunOptions(matrix_path=default_matrix_path()))
+    (outcome,) = publish([step], engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                 registry=registry, options=RunOptions(matrix_path=default_matrix_path()))
     assert outcome.status == RETAGGED and outcome.pushed[with_alias.refs[-1]] == digest
     assert _head(with_alias.refs[-1]) == digest
 
@@ -449,7 +453,7 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
     image = _rendered(registry, base_image, buildkit=True)
     assert image.inputs_hash != _rendered(registry, base_image).inputs_hash  # the builder matters
     today = datetime.now(timezone.utc).date()
-    digest = _put_labelled_image([*image.refs, publish.dated_ref(image, today)], {HASH: image.inputs_hash})
+    digest = _put_labelled_image([*image.refs, dated_ref(image, today)], {HASH: image.inputs_hash})
     dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"))
     assert dry.returncode == 0, dry.stderr[-4000:]
     rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
@@ -465,7 +469,7 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
         request: pytest.FixtureRequest) -> None:
     from smoke_tests.result import Result
 
-    from imagebuilder.verify import VerifyReport
+    from imagebuilder.verify.report import VerifyReport
 
     (verified,) = first_run["report"]["images"]
     # The runtime image's plan and tags in a fresh namespace, built from a small Dockerfile of
@@ -479,35 +483,35 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
         f"FROM {base_image}\n"
         f"RUN mkdir -p /opt/imagebuilder && echo '{{\"down\": \"{uuid.uuid4().hex}\"}}' > {SBOM_PATH}\n"))
     registry = HttpRegistry(config={})
-    steps = publish.plan([image], publish.lookup(registry, [image]))
+    steps = plan([image], lookup(registry, [image]))
     assert [s.action for s in steps] == [BUILD]
-    options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=2, push_backoff=0.2)
+    options = RunOptions(matrix_path=default_matrix_path(), push_retries=2, push_backoff=0.2)
 
-    def recorded(engine: Any, registry: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+    def recorded(engine: Any, registry: Any, ref: str, _: RunOptions) -> VerifyReport:
         # The same image the first run smoke-tested (same rendered inputs, same layers): its verdict.
         checks = tuple(Result.from_dict(c) for c in verified["verify"]["checks"])
         return VerifyReport(ref, "docker", (), checks, require_gpu=False)
 
-    def stop_before_push(phase: str, step: publish.Step) -> None:
+    def stop_before_push(phase: str, step: Step) -> None:
         if phase == "push":
             local_registry.stop()
 
     try:
-        outcomes = list(publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+        outcomes = list(publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
                                         registry=registry, options=options, on_event=stop_before_push, verifier=recorded))
     finally:
         local_registry.start()
     (outcome,) = outcomes
     assert outcome.status == FAILED and outcome.pushed == {}
     assert "push failed" in outcome.reason and image.ref in outcome.reason
-    with pytest.raises(publish.PublishFailed, match="1 of 1 images failed"):
-        publish.raise_if_failed(outcomes)
+    with pytest.raises(PublishFailed, match="1 of 1 images failed"):
+        raise_if_failed(outcomes)
     assert all(_head(ref) is None for ref in image.refs)  # the registry is back: nothing is there
 
     # Back up: the same plan completes; every tag names what the push reported. The rebuild
     # (a new creation date) takes the tags and removes the first build, its steps too.
     failed_build = docker_engine.inspect_image(image.ref)
-    (outcome,) = publish.publish(publish.plan([image], publish.lookup(registry, [image])), engine=docker_engine,
+    (outcome,) = publish(plan([image], lookup(registry, [image])), engine=docker_engine,
                                  builder=ClassicBuilder(docker_engine), registry=registry, options=options, verifier=recorded)
     assert outcome.status == PUSHED and set(outcome.pushed) == set(image.refs)
     assert all(_head(ref) == digest for ref, digest in outcome.pushed.items())
@@ -529,10 +533,10 @@ def test_a_failed_runtime_fails_its_jupyter(docker_engine: Any, base_image: str,
     runtime, jupyter = _images(f"{image_repo}/pytorch")
     broken = replace(runtime, dockerfile=f"FROM {base_image}\nRUN echo broken-{uuid.uuid4().hex} && exit 3\n", files={})
     other = replace(runtime, tags=("other",))  # published already: skipped, never built
-    steps = [publish.Step(broken, BUILD, "not in the registry"), publish.Step(jupyter, BUILD, "base image rebuilt"),
-             publish.Step(other, SKIP, "unchanged", D1)]
-    outcomes = list(publish.publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
-                                    registry=HttpRegistry(config={}), options=publish.RunOptions(matrix_path=SMALL, keep_going=keep_going)))
+    steps = [Step(broken, BUILD, "not in the registry"), Step(jupyter, BUILD, "base image rebuilt"),
+             Step(other, SKIP, "unchanged", D1)]
+    outcomes = list(publish(steps, engine=docker_engine, builder=ClassicBuilder(docker_engine),
+                                    registry=HttpRegistry(config={}), options=RunOptions(matrix_path=SMALL, keep_going=keep_going)))
     assert [o.status for o in outcomes] == [FAILED, jupyter_status, other_status]
     assert "build failed" in outcomes[0].reason and "exit code 3" in outcomes[0].reason
     if keep_going:
@@ -540,10 +544,10 @@ def test_a_failed_runtime_fails_its_jupyter(docker_engine: Any, base_image: str,
     else:
         assert "--keep-going" in outcomes[1].reason
     assert not docker_engine.image_exists(runtime.ref) and not docker_engine.image_exists(jupyter.ref)
-    summary = publish.format_summary(outcomes)
+    summary = format_summary(outcomes)
     assert all(o.step.image.tags[0] in summary for o in outcomes)
-    with pytest.raises(publish.PublishFailed):
-        publish.raise_if_failed(outcomes)
+    with pytest.raises(PublishFailed):
+        raise_if_failed(outcomes)
 
 
 # --------------------------------------------------------------------------- the nightly merge and the dry run
@@ -760,15 +764,15 @@ def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a
                  for platform in BOTH}
     registry = HttpRegistry(config={})
     index = registry.put_index(ref, registry.index_for(ref, [(manifests[p], p) for p in BOTH]))
-    found = publish.published_layers(registry, pinned(ref, index))
+    found = published_layers(registry, pinned(ref, index))
     digests = {platform: "sha256:" + hashlib.sha256(layer).hexdigest() for platform, layer in layers.items()}
     assert found.reason is None
     assert [(layer.platform, layer.manifest, layer.digest, layer.size, layer.in_registry_before)
             for layer in found.layers or ()] == [
         (platform, manifests[platform], digests[platform], len(layers[platform]), True) for platform in BOTH]
-    assert publish.check_before(registry, ref, (ref,)).had == dict.fromkeys(digests.values(), True)
+    assert check_before(registry, ref, (ref,)).had == dict.fromkeys(digests.values(), True)
     other = f"{fresh_registry.address}/ns/other:x"
-    assert publish.check_before(registry, other, (ref,)).had == dict.fromkeys(digests.values(), False)
+    assert check_before(registry, other, (ref,)).had == dict.fromkeys(digests.values(), False)
 
 
 @pytest.mark.registry
@@ -822,7 +826,7 @@ def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_p
     planned = {entry["ref"]: entry for entry in document["planned"]}
     for platform in BOTH:
         image = replace(runtime, tags=platform_tags(runtime.tags, platform))
-        dated = publish.dated_ref(image, day)
+        dated = dated_ref(image, day)
         # Every tag it pushes, the day's dated one included, is on the plan and in the report.
         for ref in (*image.refs, dated):
             assert parse_reference(ref).reference in done.stdout, ref

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from imagebuilder.publish import Before, Layer, Layers, check_before, published_layers, pushed_layers
+from imagebuilder.publish.blobs import Before, check_before, Layer, Layers, published_layers, pushed_layers
 from imagebuilder.manifests import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
 
 REPOSITORY = "127.0.0.1:5999/ml/pytorch"

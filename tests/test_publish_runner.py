@@ -17,9 +17,15 @@ import pytest
 
 from support.fakes import TickingBuild
 
-from imagebuilder import publish
-from imagebuilder.engine import (NO_ACCESS, BuildRequest, BuildResult, BuilderKind, HostAccess, OnProgress, Pushed,
-                                 PushFailed, RunResult)
+from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
+                                     Remote, RunOptions, Step)
+from imagebuilder.publish.run import publish
+from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
+from imagebuilder.publish.ledger import report_document
+from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
+from imagebuilder.engine.api import (NO_ACCESS, BuilderKind, BuildRequest, BuildResult, HostAccess, OnProgress, Pushed,
+                                     RunResult)
+from imagebuilder.engine.errors import PushFailed
 from imagebuilder.engine.errors import BuildFailed
 from imagebuilder.matrix_load import load_matrix
 from imagebuilder.manifests import OCI_MANIFEST
@@ -28,12 +34,13 @@ from imagebuilder.selection import Selection
 from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING
 from imagebuilder.render import RenderedImage
 from imagebuilder.render_options import RenderOptions
-from imagebuilder.verify import PreflightItem, VerifyReport
+from imagebuilder.verify.preflight import PreflightItem
+from imagebuilder.verify.report import VerifyReport
 from smoke_tests.result import FAIL, PASS, Result
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 M = load_matrix(SMALL)
-OPTIONS = publish.RunOptions(matrix_path=SMALL, push_retries=1, push_backoff=0)
+OPTIONS = RunOptions(matrix_path=SMALL, push_retries=1, push_backoff=0)
 
 
 def images(variant: str | None = "runtime") -> list[RenderedImage]:
@@ -168,19 +175,19 @@ class CannedRegistry:
         return None
 
 
-def verdict(ok: bool) -> Callable[[Any, Any, str, publish.RunOptions], VerifyReport]:
-    def verifier(engine: Any, registry: Any, ref: str, options: publish.RunOptions) -> VerifyReport:
+def verdict(ok: bool) -> Callable[[Any, Any, str, RunOptions], VerifyReport]:
+    def verifier(engine: Any, registry: Any, ref: str, options: RunOptions) -> VerifyReport:
         check = Result("compile", PASS) if ok else Result("compile", FAIL, "no C++ compiler on PATH")
         return VerifyReport(ref, "docker", (PreflightItem("daemon", PASS, "answers"),), (check,))
 
     return verifier
 
 
-def run(steps: Sequence[publish.Step], engine: CannedEngine, registry: CannedRegistry, ok: bool = True,
-        **options: Any) -> list[publish.Outcome]:
+def run(steps: Sequence[Step], engine: CannedEngine, registry: CannedRegistry, ok: bool = True,
+        **options: Any) -> list[Outcome]:
     from dataclasses import replace
 
-    return list(publish.publish(steps, engine=engine, builder=engine, registry=registry,
+    return list(publish(steps, engine=engine, builder=engine, registry=registry,
                                 options=replace(OPTIONS, **options), verifier=verdict(ok)))
 
 
@@ -188,15 +195,15 @@ def test_every_tag_is_pushed_and_confirmed():
     engine = CannedEngine()
     registry = CannedRegistry(engine=engine)
     (image,) = images()
-    (outcome,) = run(publish.plan([image], {}), engine, registry)
-    assert outcome.status == publish.PUSHED
+    (outcome,) = run(plan([image], {}), engine, registry)
+    assert outcome.status == PUSHED
     assert set(outcome.pushed) == set(image.refs) == set(engine.pushed)
 
 
 def test_a_failed_verification_pushes_nothing():
     engine = CannedEngine()
-    (outcome,) = run(publish.plan(images(), {}), engine, CannedRegistry(engine=engine), ok=False)
-    assert outcome.status == publish.FAILED and "no C++ compiler" in outcome.reason
+    (outcome,) = run(plan(images(), {}), engine, CannedRegistry(engine=engine), ok=False)
+    assert outcome.status == FAILED and "no C++ compiler" in outcome.reason
     assert engine.pushed == [] and outcome.pushed == {}
 
 
@@ -204,59 +211,59 @@ def test_a_push_the_registry_does_not_confirm_is_not_reported_pushed():
     engine = CannedEngine()
     (image,) = images()
     registry = CannedRegistry(answers={image.refs[1]: "sha256:someone-else"}, engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry)
-    assert outcome.status == publish.FAILED and "registry answers sha256:someone-else" in outcome.reason
+    (outcome,) = run(plan([image], {}), engine, registry)
+    assert outcome.status == FAILED and "registry answers sha256:someone-else" in outcome.reason
     assert list(outcome.pushed) == [image.refs[0]]  # only what the registry confirmed
 
 
 def test_a_failed_push_mid_way_keeps_the_confirmed_ones_and_fails():
     (image,) = images()
     engine = CannedEngine(fail_push={image.refs[2]})
-    (outcome,) = run(publish.plan([image], {}), engine, CannedRegistry(engine=engine))
-    assert outcome.status == publish.FAILED and "push failed" in outcome.reason
+    (outcome,) = run(plan([image], {}), engine, CannedRegistry(engine=engine))
+    assert outcome.status == FAILED and "push failed" in outcome.reason
     assert list(outcome.pushed) == list(image.refs[:2])
 
 
 def test_without_keep_going_the_first_failure_stops_the_run_and_its_jupyter_fails():
-    plan = publish.plan(images(variant=None), {})
-    assert [s.image.spec.variant for s in plan][-2:] == ["jupyter", "devel-jupyter"]
-    runtime = next(s.image.ref for s in plan if s.image.spec.variant == "runtime")
+    steps = plan(images(variant=None), {})
+    assert [s.image.spec.variant for s in steps][-2:] == ["jupyter", "devel-jupyter"]
+    runtime = next(s.image.ref for s in steps if s.image.spec.variant == "runtime")
     engine = CannedEngine(fail_build={runtime})
-    outcomes = run(plan, engine, CannedRegistry(engine=engine), keep_going=True)
+    outcomes = run(steps, engine, CannedRegistry(engine=engine), keep_going=True)
     by_variant = {o.step.image.spec.variant: o for o in outcomes}
-    assert by_variant["runtime"].status == publish.FAILED and "step 3/9" in by_variant["runtime"].reason
-    assert by_variant["jupyter"].status == publish.FAILED and runtime in by_variant["jupyter"].reason
-    assert by_variant["devel"].status == publish.PUSHED  # --keep-going: the others ran
-    assert by_variant["devel-jupyter"].status == publish.PUSHED  # its devel parent did not fail
-    stopped = run(plan, CannedEngine(fail_build={runtime}), CannedRegistry())
-    assert [o.status for o in stopped][0] == publish.FAILED
-    assert {o.status for o in stopped[1:]} == {publish.NOT_RUN}
+    assert by_variant["runtime"].status == FAILED and "step 3/9" in by_variant["runtime"].reason
+    assert by_variant["jupyter"].status == FAILED and runtime in by_variant["jupyter"].reason
+    assert by_variant["devel"].status == PUSHED  # --keep-going: the others ran
+    assert by_variant["devel-jupyter"].status == PUSHED  # its devel parent did not fail
+    stopped = run(steps, CannedEngine(fail_build={runtime}), CannedRegistry())
+    assert [o.status for o in stopped][0] == FAILED
+    assert {o.status for o in stopped[1:]} == {NOT_RUN}
 
 
 def test_a_jupyter_image_is_built_from_the_published_runtime_when_that_was_not_rebuilt():
     runtime, jupyter = images(variant="jupyter")
-    published = {runtime.ref: publish.Remote({ref: "sha256:r" for ref in runtime.refs}, runtime.inputs_hash)}
-    plan = publish.plan([runtime, jupyter], published)
-    assert [s.action for s in plan] == [publish.SKIP, publish.BUILD]
+    published = {runtime.ref: Remote({ref: "sha256:r" for ref in runtime.refs}, runtime.inputs_hash)}
+    steps = plan([runtime, jupyter], published)
+    assert [s.action for s in steps] == [SKIP, BUILD]
     engine = CannedEngine()
-    outcomes = run(plan, engine, CannedRegistry(engine=engine))
-    assert engine.pulled == [runtime.ref] and outcomes[-1].status == publish.PUSHED
+    outcomes = run(steps, engine, CannedRegistry(engine=engine))
+    assert engine.pulled == [runtime.ref] and outcomes[-1].status == PUSHED
 
 
 def test_a_retag_the_registry_does_not_confirm_fails():
     (image,) = images()
-    remote = publish.Remote({image.ref: "sha256:r", **{ref: None for ref in image.refs[1:]}}, image.inputs_hash)
-    (step,) = publish.plan([image], {image.ref: remote})
-    assert step.action == publish.RETAG
+    remote = Remote({image.ref: "sha256:r", **{ref: None for ref in image.refs[1:]}}, image.inputs_hash)
+    (step,) = plan([image], {image.ref: remote})
+    assert step.action == RETAG
     registry = CannedRegistry(answers={image.refs[1]: "sha256:other"})
     (outcome,) = run([step], CannedEngine(), registry)
-    assert outcome.status == publish.FAILED and "retag failed" in outcome.reason
+    assert outcome.status == FAILED and "retag failed" in outcome.reason
 
 
 def test_no_push_verifies_and_leaves_the_registry_alone():
     engine = CannedEngine()
-    (outcome,) = run(publish.plan(images(), {}), engine, CannedRegistry(engine=engine), push=False)
-    assert outcome.status == publish.VERIFIED and engine.pushed == []
+    (outcome,) = run(plan(images(), {}), engine, CannedRegistry(engine=engine), push=False)
+    assert outcome.status == VERIFIED and engine.pushed == []
 
 
 # --- the containerd image store: what is pushed is the image verify ran --------------------
@@ -309,8 +316,8 @@ def test_with_the_containerd_store_the_pushed_digest_is_the_verified_image_and_t
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = CannedBlobs(answers={cache: "sha256:" + "c" * 64}, engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
-    assert outcome.status == publish.PUSHED
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
+    assert outcome.status == PUSHED
     assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
     report = outcome.to_json()
     assert report["pushed_bytes"] == 4000  # the layer once; the other tags uploaded nothing
@@ -324,15 +331,15 @@ def test_with_the_containerd_store_the_pushed_digest_is_the_verified_image_and_t
 def test_an_engine_that_pushes_other_bytes_than_it_verified_fails_the_push() -> None:
     engine = CannedStore(recompress=True)
     (image,) = images()
-    (outcome,) = run(publish.plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT)
-    assert outcome.status == publish.FAILED and "the image verify ran is" in outcome.reason
+    (outcome,) = run(plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT)
+    assert outcome.status == FAILED and "the image verify ran is" in outcome.reason
     assert outcome.pushed == {}
 
 
 def test_a_cache_the_registry_does_not_have_yet_is_exported_not_imported() -> None:
     engine = CannedStore()
     (image,) = images()
-    run(publish.plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
+    run(plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     assert [r.export.cache_from for r in engine.requests if r.export] == [(), ()]
     assert engine.requests[-1].export.cache_to == cache  # type: ignore[union-attr]
@@ -370,8 +377,8 @@ def test_the_push_mounts_the_image_s_layers_from_its_build_cache_first() -> None
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = CannedCache(answers={cache: "sha256:" + "c" * 64}, engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
-    assert outcome.status == publish.PUSHED
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
+    assert outcome.status == PUSHED
     assert registry.mounted == [(image.ref, f"sha256:{n * 64}", cache, 0) for n in "ef"]
 
 
@@ -379,8 +386,8 @@ def test_without_a_registry_cache_nothing_is_mounted() -> None:
     engine = CannedStore()
     (image,) = images()
     registry = CannedCache(engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT)
-    assert outcome.status == publish.PUSHED and registry.mounted == []
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == PUSHED and registry.mounted == []
 
 
 @dataclass
@@ -414,7 +421,7 @@ class CannedCacheTimeline(CannedCache):
         return super().mount(ref, digest, source)
 
 
-def _publish_beside(engine: CannedBackground, ok: bool = True) -> tuple[publish.Outcome, list[str], str]:
+def _publish_beside(engine: CannedBackground, ok: bool = True) -> tuple[Outcome, list[str], str]:
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = CannedCacheTimeline(answers={cache: "sha256:" + "c" * 64}, engine=engine)
@@ -425,7 +432,7 @@ def _publish_beside(engine: CannedBackground, ok: bool = True) -> tuple[publish.
         return verdict(ok)(*args)
 
     from dataclasses import replace
-    (outcome,) = publish.publish(publish.plan([image], {}), engine=engine, builder=engine, registry=registry,
+    (outcome,) = publish(plan([image], {}), engine=engine, builder=engine, registry=registry,
                                  options=replace(OPTIONS, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY),
                                  verifier=verifier, on_event=lambda phase, step: events.append(phase))
     return outcome, events, cache
@@ -437,7 +444,7 @@ def test_the_registry_cache_goes_up_beside_verify_and_the_push_mounts_after_it()
     15 s) before mounting the image's layers from it."""
     engine = CannedBackground()
     outcome, events, cache = _publish_beside(engine)
-    assert outcome.status == publish.PUSHED and "failed" not in outcome.reason
+    assert outcome.status == PUSHED and "failed" not in outcome.reason
     first, final = engine.requests
     assert first.export == Export(Compression("zstd"), cache_from=(cache,))
     assert final.export == Export(Compression("zstd"), provenance=True, cache_from=(cache,))  # no cache_to
@@ -455,7 +462,7 @@ def test_the_registry_cache_goes_up_beside_verify_and_the_push_mounts_after_it()
 def test_a_failed_cache_export_leaves_the_layers_to_the_push_and_says_so() -> None:
     engine = CannedBackground(busy=0, rc=1)
     outcome, _, _ = _publish_beside(engine)
-    assert outcome.status == publish.PUSHED
+    assert outcome.status == PUSHED
     assert "registry cache" in outcome.reason and "failed (exit 1" in outcome.reason
     assert "the push uploaded the layers itself" in outcome.reason
     assert len(engine.started) == 2  # run once more before giving up, logged beside the first
@@ -465,7 +472,7 @@ def test_a_failed_cache_export_leaves_the_layers_to_the_push_and_says_so() -> No
 def test_a_failed_verification_stops_the_cache_export() -> None:
     engine = CannedBackground(busy=5)
     outcome, _, _ = _publish_beside(engine, ok=False)
-    assert outcome.status == publish.FAILED and engine.pushed == []
+    assert outcome.status == FAILED and engine.pushed == []
     (running,) = engine.running
     assert running.stopped and not engine.started[0].context.exists()
     assert "cache exported" not in engine.timeline
@@ -475,11 +482,11 @@ def test_a_no_push_run_waits_for_the_cache_export() -> None:
     engine = CannedBackground(busy=1)
     (image,) = images()
     from dataclasses import replace
-    (outcome,) = publish.publish(publish.plan([image], {}), engine=engine, builder=engine,
+    (outcome,) = publish(plan([image], {}), engine=engine, builder=engine,
                                  registry=CannedBlobs(engine=engine), verifier=verdict(True),
                                  options=replace(OPTIONS, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY,
                                                  push=False))
-    assert outcome.status == publish.VERIFIED and engine.timeline[-1] == "cache exported"
+    assert outcome.status == VERIFIED and engine.timeline[-1] == "cache exported"
     assert not engine.running[0].stopped
 
 
@@ -505,8 +512,8 @@ def test_a_republish_of_the_image_the_registry_has_uploads_nothing_and_keeps_its
     engine = CannedStore()
     (image,) = images()
     registry = CannedPublished(answers={image.ref: PUBLISHED}, engine=engine)
-    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
-    assert outcome.status == publish.PUSHED and engine.pushed == []
+    (outcome,) = run([Step(image, BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == PUSHED and engine.pushed == []
     assert outcome.pushed == {ref: PUBLISHED for ref in image.refs} and outcome.pushed_bytes == 0
     assert registry.put == [(ref, PUBLISHED) for ref in image.refs[1:]]
     assert "the registry had this image (dddddddddddd): kept, nothing uploaded" in outcome.reason
@@ -521,8 +528,8 @@ def test_a_registry_image_that_differs_in_config_or_compression_is_pushed_over(p
     engine = CannedStore()
     (image,) = images()
     published.engine, published.answers = engine, {image.ref: PUBLISHED}
-    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, published, export=ZSTD_EXPORT)
-    assert outcome.status == publish.PUSHED, outcome.reason
+    (outcome,) = run([Step(image, BUILD, "--force")], engine, published, export=ZSTD_EXPORT)
+    assert outcome.status == PUSHED, outcome.reason
     assert engine.pushed == list(image.refs)
     assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
 
@@ -537,8 +544,8 @@ def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_
 
     engine = CannedStore()
     (image,) = images()
-    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, Down(engine=engine), export=ZSTD_EXPORT)
-    assert outcome.status == publish.FAILED and outcome.reason.startswith("push failed: the registry at")
+    (outcome,) = run([Step(image, BUILD, "--force")], engine, Down(engine=engine), export=ZSTD_EXPORT)
+    assert outcome.status == FAILED and outcome.reason.startswith("push failed: the registry at")
     assert engine.pushed == [] and outcome.pushed == {}
 
 
@@ -599,7 +606,7 @@ class LayeredRegistry(CannedCache):
         return None
 
 
-def _layers(outcome: publish.Outcome) -> list[tuple[str, int, bool | None, str | None]]:
+def _layers(outcome: Outcome) -> list[tuple[str, int, bool | None, str | None]]:
     listed = outcome.to_json()["layers"]
     assert {(layer["platform"], layer["manifest"], layer["media_type"]) for layer in listed} == {
         ("linux/amd64", PLATFORM_MANIFEST, ZSTD_LAYER)}
@@ -615,8 +622,8 @@ def test_the_report_lists_each_pushed_layer_and_whether_the_repository_had_it_be
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     registry = LayeredRegistry(answers={cache: "sha256:" + "c" * 64}, engine=engine, held={SHARED})
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
-    assert outcome.status == publish.PUSHED
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
+    assert outcome.status == PUSHED
     # Every layer the cache lists was asked about in the image's repository, before any push.
     assert sorted(registry.heads) == sorted((image.ref, d, 0) for d in (SHARED, CACHED, "sha256:" + "9" * 64))
     assert registry.mounted == [(image.ref, CACHED, cache, 0)]
@@ -624,10 +631,10 @@ def test_the_report_lists_each_pushed_layer_and_whether_the_repository_had_it_be
                                 (CACHED, 3000, False, "127.0.0.1:5999/ml/imagebuilder-cache"),
                                 (UNCACHED, 2000, None, None)]
     assert outcome.to_json()["layers_reason"].startswith("1 of 3 layers not checked: no manifest asked before the push")
-    summary = publish.format_summary([outcome]).splitlines()[-1]
+    summary = format_summary([outcome]).splitlines()[-1]
     assert summary == (f"{image.tags[0]} layers: 1 new (3.0 KB; 1 mounted from the build cache), "
                        "1 already in the registry (4.0 KB), 1 not checked (2.0 KB)")
-    document = publish.report_document("127.0.0.1:5999/ml", True, False, [outcome.step], [outcome], ())
+    document = report_document("127.0.0.1:5999/ml", True, False, [outcome.step], [outcome], ())
     assert [layer["digest"] for layer in document["images"][0]["layers"]] == [SHARED, CACHED, UNCACHED]
 
 
@@ -635,13 +642,13 @@ def test_a_skipped_image_lists_its_layers_from_the_registry_all_there_before() -
     (image,) = images()
     published = "sha256:" + "d" * 64
     registry = LayeredRegistry(indexes={published})
-    remote = publish.Remote({ref: published for ref in image.refs}, image.inputs_hash)
-    steps = publish.plan([image], {image.ref: remote})
+    remote = Remote({ref: published for ref in image.refs}, image.inputs_hash)
+    steps = plan([image], {image.ref: remote})
     (outcome,) = run(steps, CannedEngine(), registry)
-    assert outcome.status == publish.SKIPPED and registry.heads == []  # its manifest says they are there
+    assert outcome.status == SKIPPED and registry.heads == []  # its manifest says they are there
     assert _layers(outcome) == [(SHARED, 4000, True, None), (CACHED, 3000, True, None), (UNCACHED, 2000, True, None)]
     assert outcome.to_json()["layers_reason"] is None
-    assert publish.format_summary([outcome]).splitlines()[-1] == (
+    assert format_summary([outcome]).splitlines()[-1] == (
         f"{image.tags[0]} layers: 0 new (0 B), 3 already in the registry (9.0 KB)")
 
 
@@ -654,8 +661,8 @@ def test_a_republish_the_registry_keeps_lists_every_layer_as_there_before() -> N
     engine = CannedStore()
     (image,) = images()
     registry = KeptRegistry(answers={image.ref: PUBLISHED}, engine=engine, indexes={PUBLISHED})
-    (outcome,) = run([publish.Step(image, publish.BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
-    assert outcome.status == publish.PUSHED and "kept, nothing uploaded" in outcome.reason
+    (outcome,) = run([Step(image, BUILD, "--force")], engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == PUSHED and "kept, nothing uploaded" in outcome.reason
     assert [had for _, _, had, _ in _layers(outcome)] == [True, True, True]
 
 
@@ -665,13 +672,13 @@ def test_a_registry_that_cannot_list_the_layers_fails_no_publish_and_the_report_
     engine = CannedStore()
     (image,) = images()
     registry = LayeredRegistry(engine=engine, down=True)
-    (outcome,) = run(publish.plan([image], {}), engine, registry, export=ZSTD_EXPORT)
-    assert outcome.status == publish.PUSHED, outcome.reason
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT)
+    assert outcome.status == PUSHED, outcome.reason
     report = outcome.to_json()
     assert report["layers"] is None
     assert report["layers_reason"].startswith(f"could not read {image.repository}@")
     assert "did not answer" in report["layers_reason"]
-    summary = publish.format_summary([outcome]).splitlines()[-1]
+    summary = format_summary([outcome]).splitlines()[-1]
     assert summary.startswith(f"{image.tags[0]} layers: not listed: could not read")
 
     # Up again after the push: every layer listed, none claimed, and why.
@@ -680,9 +687,9 @@ def test_a_registry_that_cannot_list_the_layers_fails_no_publish_and_the_report_
             raise RegistryUnavailable(url="http://127.0.0.1:5999/v2/", detail="connection refused")
 
     engine = CannedStore()
-    (outcome,) = run(publish.plan([image], {}), engine, DownBeforeThePush(engine=engine), export=ZSTD_EXPORT,
+    (outcome,) = run(plan([image], {}), engine, DownBeforeThePush(engine=engine), export=ZSTD_EXPORT,
                      cache_registry=CACHE_REGISTRY)
-    assert outcome.status == publish.PUSHED
+    assert outcome.status == PUSHED
     assert [had for _, _, had, _ in _layers(outcome)] == [None, None, None]
     reason = outcome.to_json()["layers_reason"]
     assert reason.startswith("the registry could not be asked before the push: the registry at")
@@ -690,11 +697,11 @@ def test_a_registry_that_cannot_list_the_layers_fails_no_publish_and_the_report_
 
 def test_an_image_not_published_lists_no_layers() -> None:
     engine = CannedEngine()
-    (outcome,) = run(publish.plan(images(), {}), engine, LayeredRegistry(engine=engine), push=False)
-    assert outcome.status == publish.VERIFIED
+    (outcome,) = run(plan(images(), {}), engine, LayeredRegistry(engine=engine), push=False)
+    assert outcome.status == VERIFIED
     assert (outcome.to_json()["layers"], outcome.to_json()["layers_reason"]) == (
         None, "not read: the image is verified, not published")
-    assert "layers:" not in publish.format_summary([outcome])
+    assert "layers:" not in format_summary([outcome])
 
 
 # --------------------------------------------------------------------------- indexes over platforms
@@ -743,8 +750,8 @@ def _two_platforms(*refs: str, **platforms: str) -> IndexingRegistry:
 def test_an_index_is_written_over_the_images_whose_configs_say_their_platforms() -> None:
     registry = _two_platforms(INDEXED)
     wanted = {INDEXED: ["linux/amd64", "linux/arm64"]}
-    (outcome,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted))
-    assert outcome.status == publish.WRITTEN and registry.put == [(INDEXED, outcome.digest)]
+    (outcome,) = write_indexes(registry, plan_indexes(registry, wanted))
+    assert outcome.status == WRITTEN and registry.put == [(INDEXED, outcome.digest)]
     # Each child's config is read by its digest (what the index lists), for its platform.
     assert registry.configs_read == [(f"127.0.0.1:5999/ml/pytorch@{AMD64[:-1]}0", "linux/amd64"),
                                      (f"127.0.0.1:5999/ml/pytorch@{ARM64[:-1]}0", "linux/arm64")]
@@ -756,18 +763,18 @@ def test_an_amd64_image_under_the_arm64_tag_fails_its_index_and_nothing_is_writt
     other = "127.0.0.1:5999/ml/pytorch:2.11-devel"
     registry = _two_platforms(INDEXED, other, arm64="linux/amd64")
     wanted = {INDEXED: ["linux/amd64", "linux/arm64"], other: ["linux/amd64", "linux/arm64"]}
-    steps = publish.plan_indexes(registry, wanted)
+    steps = plan_indexes(registry, wanted)
     expected = ("2.11-runtime-arm64 is a linux/amd64 image, not linux/arm64 (its image config says so); "
                 "push each platform's own image under its tag")
     # The dry run says so, and writes nothing ...
-    assert publish.format_indexes(steps).splitlines()[0] == f"index {INDEXED}: would fail: {expected}"
-    failed, written = publish.write_indexes(registry, steps)
+    assert format_indexes(steps).splitlines()[0] == f"index {INDEXED}: would fail: {expected}"
+    failed, written = write_indexes(registry, steps)
     # ... the run fails that index, writes the other, and exits 1 naming the tag.
-    assert (failed.status, failed.reason, failed.digest) == (publish.FAILED, expected, None)
-    assert written.status == publish.WRITTEN and registry.put == [(other, written.digest)]
+    assert (failed.status, failed.reason, failed.digest) == (FAILED, expected, None)
+    assert written.status == WRITTEN and registry.put == [(other, written.digest)]
     assert INDEXED not in registry.answers
-    with pytest.raises(publish.MergeIncomplete) as caught:
-        publish.raise_if_failed((), (failed, written))
+    with pytest.raises(MergeIncomplete) as caught:
+        raise_if_failed((), (failed, written))
     assert "1 of 2 tags could not be made indexes" in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -824,9 +831,9 @@ def test_gzip_zstd_exports_gzip_after_the_verified_zstd_image_and_pushes_one_ind
     engine = CannedStore()
     (image,) = images()
     registry = DualBlobs(engine=engine)
-    (outcome,) = run(publish.plan([image], {}), engine, registry,
+    (outcome,) = run(plan([image], {}), engine, registry,
                      export=Export(Compression("gzip+zstd"), provenance=True), platform="linux/amd64")
-    assert outcome.status == publish.PUSHED, outcome.reason
+    assert outcome.status == PUSHED, outcome.reason
     first, labelled, gzip = engine.requests
     assert first.export is not None and first.export.compression == Compression("gzip+zstd")  # BuildKit: zstd
     assert labelled.tags == image.refs

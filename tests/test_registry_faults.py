@@ -25,9 +25,13 @@ from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
 from test_publish_runner import images
 
-from imagebuilder import http_retry, publish
+from imagebuilder import http_retry
+from imagebuilder.publish.indexes import WRITE, WRITTEN, MergeIncomplete, plan_indexes, write_indexes
+from imagebuilder.publish.plan import PUSHED, SKIPPED, Outcome, plan
+from imagebuilder.publish.report import raise_if_failed
+from imagebuilder.publish.ledger import Ledger
 from imagebuilder.cosign import Cosign, CosignTimedOut
-from imagebuilder.engine import BuildRequest
+from imagebuilder.engine.api import BuildRequest
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.errors import PushFailed, push_cause
 from imagebuilder.errors import BadRequest
@@ -40,7 +44,7 @@ from imagebuilder.signature_check import SIGNED, UNKNOWN, UNSIGNED, check_image
 from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, pinned, signature_tag
 
 if TYPE_CHECKING:
-    from imagebuilder.engine import DockerEngine
+    from imagebuilder.engine.docker import DockerEngine
 
 PLAN = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12",
         "--variant", "runtime", "--builder", "buildkit", "--dry-run")
@@ -171,19 +175,19 @@ def test_an_index_is_written_only_over_children_the_registry_has(upstream: str, 
     _image(upstream, "ns/pytorch", "m-arm64", architecture="arm64")
     ref = f"{proxy.address}/ns/pytorch:m"
     client = HttpRegistry(config={}, policy=RetryPolicy(first_wait_s=0.05))
-    steps = publish.plan_indexes(client, {ref: ["linux/amd64", "linux/arm64"]})
-    assert [s.action for s in steps] == [publish.WRITE]
+    steps = plan_indexes(client, {ref: ["linux/amd64", "linux/arm64"]})
+    assert [s.action for s in steps] == [WRITE]
     # Between the plan and the PUT the amd64 image goes (another job deleted it, the registry lost it).
     proxy.inject(Fault("HEAD", rf"/manifests/{amd64}$", status=404, times=None))
-    (outcome,) = publish.write_indexes(client, steps)
-    assert outcome.status == publish.SKIPPED and f"m-amd64 ({amd64}) is not in the registry" in outcome.reason
+    (outcome,) = write_indexes(client, steps)
+    assert outcome.status == SKIPPED and f"m-amd64 ({amd64}) is not in the registry" in outcome.reason
     assert proxy.asked("PUT", r"/manifests/m$") == [] and _tag_digest(upstream, "ns/pytorch", "m") is None
-    with pytest.raises(publish.MergeIncomplete):
-        publish.raise_if_failed((), (outcome,))
+    with pytest.raises(MergeIncomplete):
+        raise_if_failed((), (outcome,))
     # With the children there, the same plan writes it, and the registry has that very index.
     proxy.inject()
-    (written,) = publish.write_indexes(client, steps)
-    assert written.status == publish.WRITTEN and _tag_digest(upstream, "ns/pytorch", "m") == written.digest
+    (written,) = write_indexes(client, steps)
+    assert written.status == WRITTEN and _tag_digest(upstream, "ns/pytorch", "m") == written.digest
 
 
 @pytest.mark.registry
@@ -341,12 +345,12 @@ def test_cosign_reading_a_stalled_registry_says_so_and_stops_at_the_timeout(sile
 
 
 def test_the_report_records_each_images_last_state_when_ctrl_c_ends_the_run(tmp_path: Path) -> None:
-    steps = publish.plan(images(variant=None), {})
+    steps = plan(images(variant=None), {})
     report = tmp_path / "report.json"
-    ledger = publish.Ledger(report, "127.0.0.1:5999/ml", push=True, planned=steps)
+    ledger = Ledger(report, "127.0.0.1:5999/ml", push=True, planned=steps)
     with pytest.raises(KeyboardInterrupt), ledger.kept():
         ledger.began("build", steps[0])
-        ledger.record(publish.Outcome(steps[0], publish.PUSHED, "built", pushed={steps[0].image.ref: "sha256:a"}))
+        ledger.record(Outcome(steps[0], PUSHED, "built", pushed={steps[0].image.ref: "sha256:a"}))
         written = json.loads(report.read_text())
         assert (written["state"], written["ok"], len(written["images"])) == ("running", False, 1)
         ledger.began("push", steps[1])
@@ -399,7 +403,7 @@ def test_a_registry_that_cannot_deliver_what_it_advertises_is_exit_1(docker_engi
 
 def test_a_wrong_request_found_during_the_run_writes_no_report(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
-    ledger = publish.Ledger(report, "127.0.0.1:5999/ml", push=True, planned=publish.plan(images(), {}))
+    ledger = Ledger(report, "127.0.0.1:5999/ml", push=True, planned=plan(images(), {}))
     with pytest.raises(BadRequest), ledger.kept():
         raise BadRequest("--base-image says debian12, --os ubuntu22.04")  # (read through the daemon, in the plan)
     assert not report.exists() and list(tmp_path.iterdir()) == []

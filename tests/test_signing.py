@@ -32,7 +32,12 @@ from support.replay import verify_replaying
 from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
 from test_publish_runner import images as canned_images
 
-from imagebuilder import cosign, publish, signature_check, signing
+from imagebuilder import cosign, signature_check, signing
+from imagebuilder.publish.plan import BUILD, FAILED, PUSHED, SKIP, Outcome, plan, Remote, RunOptions, Step
+from imagebuilder.publish.run import publish, Verifier
+from imagebuilder.publish.report import format_summary, PublishFailed, raise_if_failed
+from imagebuilder.publish.indexes import UNCHANGED, WRITTEN, plan_indexes, write_indexes
+from imagebuilder.publish.lookup import lookup
 from imagebuilder.labels import SBOM_DIGEST
 from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.image_contents import SBOM_PATH
@@ -98,11 +103,11 @@ def test_an_attested_sbom_hashes_to_the_label_the_image_carries(tmp_path: Path) 
 def test_an_unchanged_but_unsigned_image_is_rebuilt_when_signing() -> None:
     (image,) = canned_images()
     digests = {ref: "sha256:" + "1" * 64 for ref in image.refs}
-    unsigned = publish.Remote(digests, image.inputs_hash, signed=False)
-    (step,) = publish.plan([image], {image.ref: unsigned})
-    assert (step.action, step.reason) == (publish.BUILD, "unchanged, but the registry's image is not signed")
+    unsigned = Remote(digests, image.inputs_hash, signed=False)
+    (step,) = plan([image], {image.ref: unsigned})
+    assert (step.action, step.reason) == (BUILD, "unchanged, but the registry's image is not signed")
     for signed in (True, None):  # signed, or not signing (not asked)
-        assert publish.plan([image], {image.ref: replace(unsigned, signed=signed)})[0].action == publish.SKIP
+        assert plan([image], {image.ref: replace(unsigned, signed=signed)})[0].action == SKIP
 
 
 @dataclass
@@ -126,10 +131,10 @@ class RecordingSigner:
                               signing.signature_tag(target, "att"))
 
 
-def _run(signer: RecordingSigner, ok: bool = True) -> tuple[publish.Outcome, CannedEngine]:
+def _run(signer: RecordingSigner, ok: bool = True) -> tuple[Outcome, CannedEngine]:
     engine = LabelledEngine()
-    options = publish.RunOptions(matrix_path=default_matrix_path(), push_retries=1, push_backoff=0, signer=signer)
-    (outcome,) = publish.publish(publish.plan(canned_images(), {}), engine=engine, builder=engine,
+    options = RunOptions(matrix_path=default_matrix_path(), push_retries=1, push_backoff=0, signer=signer)
+    (outcome,) = publish(plan(canned_images(), {}), engine=engine, builder=engine,
                                  registry=CannedRegistry(engine=engine), options=options, verifier=verdict(ok))
     return outcome, engine
 
@@ -139,7 +144,7 @@ def test_the_runner_signs_each_pushed_digest_never_a_tag() -> None:
     is signed once, by digest, however many tags name it."""
     signer = RecordingSigner()
     outcome, _ = _run(signer)
-    assert outcome.status == publish.PUSHED
+    assert outcome.status == PUSHED
     assert len(outcome.pushed) >= 3, outcome.pushed  # several tags ...
     (digest,) = set(outcome.pushed.values())  # ... and one image
     assert [target for target, _ in signer.asked] == [f"{outcome.step.image.repository}@{digest}"]
@@ -150,19 +155,19 @@ def test_the_runner_signs_each_pushed_digest_never_a_tag() -> None:
 
 def test_a_failed_signing_is_a_failed_publish_that_keeps_what_was_pushed() -> None:
     outcome, engine = _run(RecordingSigner(fail=True))
-    assert outcome.status == publish.FAILED and outcome.signed == ()
+    assert outcome.status == FAILED and outcome.signed == ()
     assert outcome.reason.startswith("pushed, but not signed") and "KMS said no" in outcome.reason
     assert set(outcome.pushed) == set(outcome.step.image.refs) == set(engine.pushed)
-    summary = publish.format_summary([outcome], signing=True)
+    summary = format_summary([outcome], signing=True)
     assert "SIGNED" in summary.splitlines()[0] and " no " in summary.splitlines()[1]
-    with pytest.raises(publish.PublishFailed):
-        publish.raise_if_failed([outcome])
+    with pytest.raises(PublishFailed):
+        raise_if_failed([outcome])
 
 
 def test_a_failed_verification_signs_nothing_canned() -> None:
     signer = RecordingSigner()
     outcome, engine = _run(signer, ok=False)
-    assert outcome.status == publish.FAILED and signer.asked == [] and engine.pushed == []
+    assert outcome.status == FAILED and signer.asked == [] and engine.pushed == []
 
 
 def test_the_indexes_written_are_signed_by_their_digest() -> None:
@@ -170,18 +175,18 @@ def test_the_indexes_written_are_signed_by_their_digest() -> None:
     wanted = {ref: ["linux/amd64", "linux/arm64"]}
     registry = IndexingRegistry(answers={f"{ref}-amd64": "sha256:" + "a" * 64, f"{ref}-arm64": "sha256:" + "b" * 64})
     signer = RecordingSigner()
-    (index,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted), signer)
+    (index,) = write_indexes(registry, plan_indexes(registry, wanted), signer)
     # The index alone is signed here; each platform's image was signed, SBOM attested, when pushed.
     target = f"127.0.0.1:5999/ml/pytorch@{index.digest}"
-    assert index.status == publish.WRITTEN and signer.asked == [(target, None)]
+    assert index.status == WRITTEN and signer.asked == [(target, None)]
     # A rerun finds the index there and signed: nothing is written or signed again ...
     registry.answers[signing.signature_tag(target)] = "sha256:" + "5" * 64
-    (again,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted), signer)
-    assert (again.status, again.digest, len(signer.asked)) == (publish.UNCHANGED, index.digest, 1)
+    (again,) = write_indexes(registry, plan_indexes(registry, wanted), signer)
+    assert (again.status, again.digest, len(signer.asked)) == (UNCHANGED, index.digest, 1)
     # ... but an index there without a signature (its signing failed) is signed now.
     del registry.answers[signing.signature_tag(target)]
-    (unsigned,) = publish.write_indexes(registry, publish.plan_indexes(registry, wanted), signer)
-    assert unsigned.status == publish.UNCHANGED and signer.asked == [(target, None)] * 2
+    (unsigned,) = write_indexes(registry, plan_indexes(registry, wanted), signer)
+    assert unsigned.status == UNCHANGED and signer.asked == [(target, None)] * 2
 
 
 @pytest.mark.parametrize("args", [
@@ -239,7 +244,7 @@ def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], keys: dict[str, Path],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     image = signed_run["image"]
-    assert image["status"] == publish.PUSHED
+    assert image["status"] == PUSHED
     assert [s["digest"] for s in image["signed"]] == [signed_run["digest"]] == list(set(image["pushed"].values()))
     assert "SIGNED" in signed_run["stdout"]
     for ref in image["pushed"]:  # every tag, the dated one included, names the signed digest
@@ -308,15 +313,15 @@ def _rebuild(signed_run: dict[str, Any], base_image: str, namespace: str | None 
                      buildkit=True)
 
 
-def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
-    from imagebuilder.verify import VerifyReport
+def _recorded(signed_run: dict[str, Any], ok: bool = True) -> Verifier:
+    from imagebuilder.verify.report import VerifyReport
     from smoke_tests.result import FAIL, Result
 
     checks = tuple(Result.from_dict(c) for c in signed_run["image"]["verify"]["checks"])
     if not ok:
         checks += (Result("compile", FAIL, "no C++ compiler on PATH"),)
 
-    def verifier(engine: Any, registry: Any, ref: str, _: publish.RunOptions) -> VerifyReport:
+    def verifier(engine: Any, registry: Any, ref: str, _: RunOptions) -> VerifyReport:
         # The same layers the first run smoke-tested: its verdict (or a failing one).
         return VerifyReport(ref, "docker", (), checks, require_gpu=False)
 
@@ -324,11 +329,11 @@ def _recorded(signed_run: dict[str, Any], ok: bool = True) -> publish.Verifier:
 
 
 def _publish(docker_engine: Any, builder: BuildKitBuilder, image: RenderedImage, signed_run: dict[str, Any], *,
-             ok: bool = True, signer: signing.Signer | None = None) -> publish.Outcome:
+             ok: bool = True, signer: signing.Signer | None = None) -> Outcome:
     registry = HttpRegistry(config={})
-    steps = publish.plan([image], publish.lookup(registry, [image], signing=signer is not None), force=False)
-    options = publish.RunOptions(matrix_path=default_matrix_path(), signer=signer)
-    (outcome,) = publish.publish(steps, engine=docker_engine, builder=builder,
+    steps = plan([image], lookup(registry, [image], signing=signer is not None), force=False)
+    options = RunOptions(matrix_path=default_matrix_path(), signer=signer)
+    (outcome,) = publish(steps, engine=docker_engine, builder=builder,
                                  registry=registry, options=options, verifier=_recorded(signed_run, ok))
     return outcome
 
@@ -342,7 +347,7 @@ def test_nothing_is_signed_when_verify_failed(docker_engine: Any, base_image: st
     monkeypatch.setenv("COSIGN_PASSWORD", "")
     image = _rebuild(signed_run, base_image, f"imagebuilder-test/failed-{uuid.uuid4().hex[:8]}")
     outcome = _publish(docker_engine, builder, image, signed_run, ok=False, signer=signing.key_signer(str(keys["key"])))
-    assert outcome.status == publish.FAILED and "verification failed" in outcome.reason
+    assert outcome.status == FAILED and "verification failed" in outcome.reason
     # Built from signed_publish's layers (the same lock, the session's CA): torch was not installed again.
     assert outcome.built is not None and outcome.built.result.log_path is not None
     assert not installed_torch(outcome.built.result.log_path), "the install steps ran again"
@@ -359,7 +364,7 @@ def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
     image = _rebuild(signed_run, base_image, f"imagebuilder-test/half-{uuid.uuid4().hex[:8]}")
     monkeypatch.delenv("COSIGN_PASSWORD", raising=False)  # an encrypted key and no password: cosign fails
     outcome = _publish(docker_engine, builder, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
-    assert outcome.status == publish.FAILED and outcome.signed == ()
+    assert outcome.status == FAILED and outcome.signed == ()
     assert outcome.reason.startswith("pushed, but not signed") and "COSIGN_PASSWORD" in outcome.reason
     assert set(outcome.pushed) == set(image.refs)
     done = _verify(image.ref, "--key", str(keys["locked_pub"]), "--signature-only")
@@ -371,7 +376,7 @@ def test_a_failed_signing_fails_the_publish_and_the_next_run_signs(
     monkeypatch.setenv("COSIGN_PASSWORD", "s3cret")
     again = _publish(docker_engine, builder, image, signed_run, signer=signing.key_signer(str(keys["locked"])))
     assert again.step.reason == "unchanged, but the registry's image is not signed"
-    assert again.status == publish.PUSHED and [s.digest for s in again.signed] == [again.pushed[image.ref]]
+    assert again.status == PUSHED and [s.digest for s in again.signed] == [again.pushed[image.ref]]
     assert _verify(image.ref, "--key", str(keys["locked_pub"]), "--signature-only").returncode == 0
 
 
@@ -387,11 +392,11 @@ def test_the_same_image_retagged_from_an_unsigned_build_fails(
     assert image.inputs_hash == signed_run["image"]["inputs_hash"]
     monkeypatch.setenv("GITHUB_SHA", "1" * 40)
     registry = HttpRegistry(config={})
-    options = publish.RunOptions(matrix_path=default_matrix_path())
-    (outcome,) = publish.publish([publish.Step(image, publish.BUILD, "an unsigned rebuild")], engine=docker_engine,
+    options = RunOptions(matrix_path=default_matrix_path())
+    (outcome,) = publish([Step(image, BUILD, "an unsigned rebuild")], engine=docker_engine,
                                  builder=builder, registry=registry, options=options,
                                  verifier=_recorded(signed_run))
-    assert outcome.status == publish.PUSHED and outcome.signed == ()
+    assert outcome.status == PUSHED and outcome.signed == ()
     unsigned = outcome.pushed[image.ref]
     assert unsigned != signed_run["digest"] and registry.digest(image.ref) == unsigned
     done = _verify(image.ref, "--key", str(keys["pub"]), "--signature-only")

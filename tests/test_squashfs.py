@@ -403,7 +403,8 @@ def test_publish_s_hook_lists_the_squashfs_and_a_failed_one_fails_the_image_it_l
 
     from test_publish_runner import CannedEngine, CannedRegistry as Canned, images, run
 
-    from imagebuilder import publish
+    from imagebuilder.publish.plan import FAILED, PUSHED, plan
+    from imagebuilder.publish.report import format_summary
     from imagebuilder.publish.squashfs import SquashfsOutcome, with_squashfs
 
     class Publisher(SquashfsPublisher):
@@ -412,15 +413,15 @@ def test_publish_s_hook_lists_the_squashfs_and_a_failed_one_fails_the_image_it_l
                 raise UnsafeLayer(layer="sha256:ab", detail="x lies under the symbolic link y")
             return SquashfsOutcome(ref, ref.replace("@", "@art-"), "sha256:b1", 3_100_000_000, created=True)
 
-    for level, status in ((3, publish.PUSHED), (0, publish.FAILED)):
+    for level, status in ((3, PUSHED), (0, FAILED)):
         engine = CannedEngine()
         hook = functools.partial(with_squashfs, Publisher(HttpRegistry(config={}), level=level))  # never asked
-        (outcome,) = run(publish.plan(images(), {}), engine, Canned(engine=engine), squashfs=hook)
+        (outcome,) = run(plan(images(), {}), engine, Canned(engine=engine), squashfs=hook)
         assert outcome.status == status and outcome.pushed, outcome.reason
-        if status == publish.PUSHED:
+        if status == PUSHED:
             assert outcome.squashfs is not None and outcome.squashfs["size"] == 3_100_000_000
             assert outcome.to_json()["squashfs"]["image"].endswith("@" + next(iter(outcome.pushed.values())))
-            summary = publish.format_summary([outcome])
+            summary = format_summary([outcome])
             assert "squashfs: 3.1 GB pushed" in summary, summary
         else:
             assert "published, but its squashfs failed: layer sha256:ab is unsafe" in outcome.reason

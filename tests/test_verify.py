@@ -21,31 +21,21 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from support.host_runs import host_verify
 
-from imagebuilder.engine import NO_ACCESS, BuildRequest, ContainerFailed, GpuUnavailable, HostAccess, RunResult
+from imagebuilder.engine.api import NO_ACCESS, BuildRequest, HostAccess, RunResult
+from imagebuilder.engine.errors import ContainerFailed, GpuUnavailable
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.registry import RegistryUnavailable
-from imagebuilder.verify import (
-    NOT_RUN,
-    Gpu,
-    HostFacts,
-    VerificationFailed,
-    VerifyReport,
-    daemon_runtime,
-    expected_from_torch,
-    parse_nvidia_smi,
-    parse_output,
-    preflight,
-    read_gpu_probe,
-    run_process,
-    verify_image,
-    verify_local,
-)
+from imagebuilder.verify.report import NOT_RUN, VerificationFailed, VerifyReport
+from imagebuilder.verify.preflight import daemon_runtime, Gpu, HostFacts, parse_nvidia_smi, preflight, read_gpu_probe
+from imagebuilder.verify.lend import expected_from_torch
+from imagebuilder.verify.output import parse_output
+from imagebuilder.verify.run import run_process, verify_image, verify_local
 from imagebuilder.verify.lend import LENT_MANIFEST, PROBE_PREFIX
 from smoke_tests.result import Result
 
 if TYPE_CHECKING:
-    from imagebuilder.engine import DockerEngine
+    from imagebuilder.engine.docker import DockerEngine
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = Gpu("NVIDIA H100 80GB HBM3", "550.54.15")
@@ -355,7 +345,7 @@ class FakeEngine:
         return self.labels
 
     def pull(self, ref: str) -> None:
-        from imagebuilder.engine import PullFailed
+        from imagebuilder.engine.errors import PullFailed
 
         self.pulled.append(ref)
         raise PullFailed(ref=ref, detail="manifest unknown")
@@ -778,7 +768,7 @@ def test_docker_archives_reach_the_container_as_a_non_root_user(docker_engine: D
                                                                 image_repo: str, tmp_path: Path) -> None:
     """The lent package is readable by the image's user and lands where PYTHONPATH points,
     without touching the image's own directories."""
-    from imagebuilder.verify import smoke_tests_archive
+    from imagebuilder.verify.lend import smoke_tests_archive
 
     ref = build(docker_engine, tmp_path, f"{image_repo}:user", f"""\
         FROM {base_image}
@@ -862,7 +852,7 @@ def test_the_smoke_tests_deadline_holds_over_ssh(docker_engine: DockerEngine, ba
     """A container that never finishes is killed at --timeout over ssh too: docker-py's own ssh
     transport (paramiko) honours the read timeout that ends the wait; its shell-out mode would
     wait for the container."""
-    from imagebuilder.engine import DockerEngine as Engine
+    from imagebuilder.engine.docker import DockerEngine as Engine
 
     ref = build(docker_engine, tmp_path, f"{image_repo}:remote-sleeper", f"""\
         FROM {base_image}
@@ -912,7 +902,7 @@ PROGRESS = [Result("c0", "pass", "why 0", {"seconds": 0.1}), Result("c1", "skip"
 
 
 def test_verify_shows_its_head_at_once_and_a_line_per_check_as_it_ends() -> None:
-    from imagebuilder.verify import CHECK_WIDTH, Live
+    from imagebuilder.verify.report import CHECK_WIDTH, Live
     from smoke_tests.report import check_line, progress_line
 
     shown: list[str] = []
@@ -938,7 +928,7 @@ def test_verify_shows_its_head_at_once_and_a_line_per_check_as_it_ends() -> None
 
 
 def test_an_image_whose_smoke_tests_print_no_progress_gets_its_table_at_the_end() -> None:
-    from imagebuilder.verify import Live
+    from imagebuilder.verify.report import Live
 
     shown: list[str] = []
     live = Live(shown.append)
@@ -951,7 +941,7 @@ def test_an_image_whose_smoke_tests_print_no_progress_gets_its_table_at_the_end(
 
 def test_local_shows_each_check_while_the_smoke_tests_still_run(tmp_path: Path, cpu_host: None) -> None:
     """The fake smoke tests wait (up to 20 s) for the line verify shows of their first check."""
-    from imagebuilder.verify import Live
+    from imagebuilder.verify.report import Live
     from smoke_tests.report import progress_line
 
     seen = tmp_path / "seen"
@@ -981,7 +971,7 @@ def test_the_smoke_tests_print_a_progress_line_per_check_with_json() -> None:
 
 
 def test_live_check_lines_line_up_with_every_check_name() -> None:
-    from imagebuilder.verify import CHECK_WIDTH
+    from imagebuilder.verify.report import CHECK_WIDTH
     from smoke_tests.checks import CHECK_NAMES
 
     assert CHECK_WIDTH == max(len(name) for name in CHECK_NAMES)

@@ -8,8 +8,10 @@ import json
 import pytest
 from test_verify import BUILT_BY_IMAGEBUILDER, OFFLINE, FakeEngine
 
-from imagebuilder.engine import NO_ACCESS, HostAccess, RunResult
-from imagebuilder.verify import HostFacts, Gpu, VerifyReport, preflight, verify_image
+from imagebuilder.engine.api import NO_ACCESS, HostAccess, RunResult
+from imagebuilder.verify.preflight import Gpu, HostFacts, preflight
+from imagebuilder.verify.report import VerifyReport
+from imagebuilder.verify.run import verify_image
 from imagebuilder.verify.rdma import RDMA_ACCESS, RdmaFacts, access_for, rdma_warnings, read_rdma_probe
 from smoke_tests.nccl_log import Transport
 from smoke_tests.result import Result

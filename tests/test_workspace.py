@@ -358,9 +358,9 @@ def test_verify_proves_the_devel_image_compiles_a_cuda_extension(docker_engine, 
 def test_verify_fails_a_devel_image_without_nvcc(docker_engine, devel_image, image_repo, tmp_path):
     """A devel image without nvcc (a CUDA 12 devel on a base without NVIDIA's devel layers)
     fails the devel check that verify, and so publish, runs."""
-    from imagebuilder.engine import BuildRequest
+    from imagebuilder.engine.api import BuildRequest
     from imagebuilder.engine.classic import ClassicBuilder
-    from imagebuilder.verify import parse_output
+    from imagebuilder.verify.output import parse_output
 
     context = tmp_path / "no-nvcc"
     context.mkdir()

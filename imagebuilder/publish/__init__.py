@@ -14,28 +14,21 @@
 
 The modules' own docstrings say the rules (when an image is skipped or re-pointed, the dated
 tags, what counts as pushed, signing).
+
+The names below are what imagebuilder outside this package uses (the CLI and the planner in
+pipeline.py); everything else, tests included, imports from the module that defines it.
 """
 
 from __future__ import annotations
 
-from .blobs import Before, Layer, Layers, check_before, published_layers, pushed_layers
-from .indexes import (UNCHANGED, WRITE, WRITTEN, IndexChild, IndexOutcome, IndexRegistry, IndexStep, MergeIncomplete,
-                      plan_indexes, write_indexes)
-from .ledger import Ledger, report_document
-from .lookup import lookup
-from .plan import (BUILD, FAILED, INTERRUPTED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome,
-                   Remote, RunOptions, Step, dated_ref, plan)
-from .push import PushedOtherContent, PushNotConfirmed, export_for
 from .command import report_indexes, run_and_report
-from .report import EventPrinter, PublishFailed, format_indexes, format_plan, format_summary, raise_if_failed
-from .run import Event, Verifier, publish, publish_all, smoke_test
+from .indexes import IndexOutcome, IndexRegistry, IndexStep, plan_indexes, write_indexes
+from .ledger import Ledger
+from .lookup import lookup
+from .plan import RunOptions, Step, plan
+from .report import EventPrinter, format_plan
 
 __all__ = [
-    "BUILD", "FAILED", "INTERRUPTED", "NOT_RUN", "PUSHED", "RETAG", "RETAGGED", "SKIP", "SKIPPED", "UNCHANGED",
-    "VERIFIED", "WRITE", "WRITTEN", "Before", "Event", "EventPrinter", "IndexChild", "IndexOutcome", "IndexRegistry",
-    "IndexStep", "Layer", "Layers", "Ledger", "MergeIncomplete", "Outcome", "PublishFailed", "PushNotConfirmed",
-    "PushedOtherContent", "Remote", "RunOptions", "Step", "Verifier", "check_before", "dated_ref", "export_for",
-    "format_indexes", "format_plan", "format_summary", "lookup", "plan", "plan_indexes", "publish", "publish_all",
-    "published_layers", "pushed_layers", "raise_if_failed", "report_document", "report_indexes", "run_and_report",
-    "smoke_test", "write_indexes",
+    "EventPrinter", "IndexOutcome", "IndexRegistry", "IndexStep", "Ledger", "RunOptions", "Step", "format_plan",
+    "lookup", "plan", "plan_indexes", "report_indexes", "run_and_report", "write_indexes",
 ]

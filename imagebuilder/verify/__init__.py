@@ -15,25 +15,14 @@ Two steps, each a pure function beside a thin I/O wrapper:
 
 Both return a VerifyReport (report.py); the CLI prints it and `raise_if_failed()` turns a
 failure into VerificationFailed (exit 1). `publish` calls verify_image() once per image.
+
+The names below are what imagebuilder outside this package uses (the CLI and publish/);
+everything else, tests included, imports from the module that defines it.
 """
 
 from __future__ import annotations
 
-from .facts import RegistryReader, collect_facts, collect_local_facts, host_gpus, probe_gpus
-from .lend import expected_from_torch, lend_notice, not_pytorch, probe_torch, smoke_tests_archive
-from .output import SmokeOutput, parse_output, tail
-from .preflight import (INSTALL_TOOLKIT, NO_RUNTIME, Gpu, GpuProbe, HostFacts, Preflight, PreflightItem,
-                        daemon_runtime, parse_nvidia_smi, preflight, read_gpu_probe)
-from .report import CHECK_WIDTH, NOT_RUN, SIGNATURE_ONLY, Live, NotVerifiable, VerificationFailed, VerifyReport
-from .run import (DEFAULT_TIMEOUT, PublishedRegistry, run_process, smoke_command, verify_image, verify_local,
-                  verify_published)
+from .report import Live, VerifyReport
+from .run import DEFAULT_TIMEOUT, verify_image, verify_local, verify_published
 
-__all__ = [
-    "CHECK_WIDTH", "DEFAULT_TIMEOUT", "INSTALL_TOOLKIT", "NOT_RUN", "NO_RUNTIME", "SIGNATURE_ONLY", "Gpu",
-    "GpuProbe", "HostFacts", "Live", "NotVerifiable", "Preflight", "PreflightItem", "PublishedRegistry",
-    "RegistryReader", "SmokeOutput", "VerificationFailed", "VerifyReport", "collect_facts",
-    "collect_local_facts", "daemon_runtime", "expected_from_torch", "host_gpus", "lend_notice", "not_pytorch",
-    "parse_nvidia_smi", "parse_output", "preflight", "probe_gpus", "probe_torch", "read_gpu_probe",
-    "run_process", "smoke_command", "smoke_tests_archive", "tail", "verify_image", "verify_local",
-    "verify_published",
-]
+__all__ = ["DEFAULT_TIMEOUT", "Live", "VerifyReport", "verify_image", "verify_local", "verify_published"]

@@ -6,7 +6,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from imagebuilder.engine import DockerEngine
+    from imagebuilder.engine.docker import DockerEngine
 
 
 def remove_local_tags(docker_engine: DockerEngine, marker: str) -> None:

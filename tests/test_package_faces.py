@@ -1,0 +1,112 @@
+"""Each package's face (its __init__.py) exports what code outside the package uses, and nothing else.
+
+The names used are read from the source with ast (imports from the package, and attributes of the
+package imported as a module), so this cannot drift from the code: a name a caller starts using must
+be added to the face, a name no caller uses any more must leave it. Tests import from the module that
+defines a name, never through a face, so a face stays the callers' interface and not the tests'.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "publish", "verify")
+# The code outside a package that may use its face: the rest of imagebuilder, and bench/.
+CALLERS = (REPO / "imagebuilder", REPO / "bench")
+
+
+def _module_name(path: Path, repo: Path) -> str:
+    parts = list(path.relative_to(repo).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The module a `from ... import` names, for relative imports too."""
+    if level == 0:
+        return target or ""
+    base = module.split(".")[: None if is_package else -1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _face(package: str, repo: Path = REPO) -> tuple[set[str], set[str]]:
+    """The names a package's __init__.py binds, and its submodules' names."""
+    folder = repo / "imagebuilder" / package
+    tree = ast.parse((folder / "__init__.py").read_text())
+    bound = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.level
+             for alias in node.names}
+    submodules = {path.stem for path in folder.glob("*.py") if path.stem != "__init__"}
+    return bound, submodules
+
+
+def _uses(package: str, roots: tuple[Path, ...], repo: Path = REPO) -> dict[str, set[str]]:
+    """name -> the modules (outside the package) that use it through the package's face."""
+    dotted = f"imagebuilder.{package}"
+    bound, submodules = _face(package, repo)
+
+    def through_face(name: str) -> bool:  # a face name, or anything that is not a submodule
+        return name in bound or name not in submodules
+
+    used: dict[str, set[str]] = {}
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        module = _module_name(path, repo)
+        if module == dotted or module.startswith(dotted + "."):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(module, path.name == "__init__.py", node.level, node.module)
+                for alias in node.names:
+                    if source == dotted and through_face(alias.name):
+                        used.setdefault(alias.name, set()).add(module)
+                    elif f"{source}.{alias.name}" == dotted:
+                        aliases.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                aliases.update(alias.asname for alias in node.names if alias.name == dotted and alias.asname)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and through_face(node.attr)):
+                used.setdefault(node.attr, set()).add(module)
+    return used
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_face_exports_exactly_what_callers_outside_the_package_use(package: str) -> None:
+    face = importlib.import_module(f"imagebuilder.{package}")
+    used = _uses(package, CALLERS)
+    assert used, f"nothing outside imagebuilder.{package} uses its face: the scan is broken"
+    assert sorted(face.__all__) == sorted(used), {
+        "unused, remove from the face": sorted(set(face.__all__) - set(used)),
+        "used, add to the face": {name: sorted(used[name]) for name in set(used) - set(face.__all__)},
+    }
+    bound, _ = _face(package)
+    assert bound == set(face.__all__), "the face binds names its __all__ does not list, or the reverse"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_tests_import_from_the_defining_module_not_the_face(package: str) -> None:
+    used = _uses(package, (REPO / "tests",))
+    assert used == {}, f"import these from their imagebuilder.{package}.<module>: {used}"
+
+
+def test_the_scan_sees_imports_relative_absolute_and_as_a_module(tmp_path: Path) -> None:
+    """The scanner itself: each way a caller can reach a face name is counted, a submodule is not."""
+    assert _absolute("imagebuilder.cli", False, 1, "publish") == "imagebuilder.publish"
+    assert _absolute("imagebuilder.publish.run", False, 2, "verify") == "imagebuilder.verify"
+    assert _absolute("imagebuilder.publish", True, 1, "plan") == "imagebuilder.publish.plan"
+    assert _absolute("bench.x", False, 0, "imagebuilder.engine") == "imagebuilder.engine"
+    root = tmp_path / "caller"
+    root.mkdir()
+    (root / "a.py").write_text("from imagebuilder.publish import Ledger, squashfs\n")
+    (root / "b.py").write_text("from imagebuilder import publish\npublish.plan([], {})\npublish.push.x\n")
+    (root / "c.py").write_text("import imagebuilder.publish as p\np.Step\n")
+    (tmp_path / "imagebuilder").mkdir()
+    (tmp_path / "imagebuilder" / "publish").symlink_to(REPO / "imagebuilder" / "publish")
+    assert {name: sorted(modules) for name, modules in _uses("publish", (root,), tmp_path).items()} == {
+        "Ledger": ["caller.a"], "plan": ["caller.b"], "Step": ["caller.c"]}
