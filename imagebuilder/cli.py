@@ -1,80 +1,30 @@
-"""The imagebuilder command line: parse, call one pipeline function, map errors to exit codes.
+"""The imagebuilder command line: parse, call one pipeline function (the `matrix` commands are in
+cli_matrix.py; cli_context.py's Group maps errors to exit codes).
 
 Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag), 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import click
-from packaging.version import Version
 
-from . import __version__, contexts, interrupts, listing, options, pipeline
+from . import __version__, contexts, interrupts, options, pipeline
+from .cli_context import Context, Group, note, pass_context, progress
+from .cli_matrix import matrix
 from .engine.export import Compression
-from .errors import BadRequest, ImageBuilderError
+from .errors import BadRequest
 from .http_retry import RetryPolicy
-from .matrix import Matrix
-from .matrix_load import load_matrix, matrix_file
+from .matrix_load import matrix_file
 from .reference import RegistryTarget
 from .render_options import RenderOptions
-from .resolve import enumerate_matrix
-from .selection import Selection, settle_os
+from .selection import Selection
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
 # `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
-
-
-class Context:
-    def __init__(self, matrix_path: Path) -> None:
-        self.matrix_path = matrix_path
-
-    @functools.cached_property
-    def matrix(self) -> Matrix:
-        return load_matrix(self.matrix_path)
-
-
-pass_context = click.make_pass_decorator(Context)
-
-
-def note(message: str) -> None:
-    click.echo(f"note: {message}", err=True)
-
-
-def progress(message: str) -> None:
-    click.echo(message, err=True)
-
-
-class UserError(click.ClickException):
-    """An ImageBuilderError shown as one `error:` line with its own exit code."""
-
-    def __init__(self, error: ImageBuilderError) -> None:
-        super().__init__(str(error))
-        self.exit_code = error.exit_status  # type: ignore[misc]  # click's is a ClassVar; ours vary per error
-        self.details = error.details()
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
-        for line in self.details:
-            click.echo(line, err=True)
-
-
-class Group(click.Group):
-    """The one place that maps errors to exit codes, for every (sub)command."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ImageBuilderError as e:
-            raise UserError(e) from e
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            raise click.exceptions.Exit(130) from None
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -96,72 +46,7 @@ def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
     click_ctx.obj = Context(matrix_file(matrix_path))
 
 
-# --- matrix ---------------------------------------------------------------------------------
-
-
-@cli.group(cls=Group, invoke_without_command=True)
-@options.selection(required=False)
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "github"]), default="table",
-              show_default=True, help="github: a strategy.matrix for GitHub Actions ({\"include\": [...]}).")
-@pass_context
-@click.pass_context
-def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selection) -> None:
-    """List the images the matrix describes, optionally filtered.
-
-    A --torch and --cuda pair lists the image(s) `build` makes for it, also where the
-    release has no wheels of exactly that CUDA.
-
-    \b
-    Examples:
-      imagebuilder matrix --torch 2.6 --variant runtime
-      imagebuilder matrix --torch 2.6 --cuda 12.1
-      imagebuilder matrix --format github > matrix.json
-      imagebuilder matrix check --online
-    """
-    if click_ctx.invoked_subcommand is not None:
-        return
-    selection = settle_os(ctx.matrix, selection, pipeline.base_os_reader(selection), note)
-    click.echo(listing.format_listing(listing.matrix_rows(ctx.matrix, selection), fmt))
-
-
-@matrix.command("check")
-@click.option("--online", is_flag=True,
-              help="Also compare pins, Pythons and platforms with the index's wheels, and list releases it lacks.")
-@options.index_url
-@pass_context
-def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
-    """Validate matrix.yaml (offline); with --online, report drift from the index."""
-    m = ctx.matrix
-    images = sum(1 for _ in enumerate_matrix(m))
-    click.echo(f"{m.path}: ok: {len(m.torches)} torch releases, {len(m.cudas)} CUDA versions, "
-               f"{len(m.oses)} OSes, {images} images")
-    if online:
-        from .drift import report_drift
-
-        report_drift(m, index_url, echo=click.echo, progress=progress)
-
-
-@matrix.command("add")
-@click.option("--torch", "torch_version", metavar="X.Y.Z", callback=options.release,
-              help="The release to add, e.g. 2.15.0.")
-@click.option("--new", is_flag=True, help="Add every release of a minor the index has and the matrix lacks.")
-@click.option("--cuda-variant", "cuda_variants", multiple=True, metavar="cuXY", callback=options.cuda_variants,
-              help="Also read this variant from PyTorch's own index (needs that index). Repeatable.")
-@click.option("--dry-run", is_flag=True, help="Print the block instead of writing it.")
-@options.index_url
-@pass_context
-def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_variants: tuple[str, ...],
-               dry_run: bool, index_url: str | None) -> None:
-    """Write a torch release's block into the matrix from the index's wheel metadata.
-
-    Comments and order of the file stay; what the metadata does not say is left for you, and
-    `imagebuilder matrix check` names it.
-    """
-    from .matrix_add import add_releases
-
-    if (torch_version is None) != new:
-        raise click.UsageError("give either --torch X.Y.Z or --new")
-    add_releases(ctx.matrix_path, torch_version, index_url, cuda_variants, dry_run, echo=click.echo, note=note)
+cli.add_command(matrix)
 
 
 # --- lock -----------------------------------------------------------------------------------
@@ -401,69 +286,15 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
       imagebuilder publish --torch 2.6 --cuda 12.4 --registry 127.0.0.1:5000/ml --allow-no-gpu
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
-    from . import publish
-    from .engine.docker import DockerEngine
-    from .engine.export import choose
-    from .engine.select import CLASSIC, decide, kind_before_probing, make_builder
-    from .platforms import parse_platforms
-    from .http_registry import HttpRegistry
-    from .signing import key_signer
+    from .publish import publish_command
 
-    repository = target.repository(rendering.repository or ctx.matrix.defaults.repository)
-    wanted = parse_platforms(platforms)
-    # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
-    multi = platforms is not None
-    # A wrong request is refused before any daemon or registry is asked (deciding the builder may probe one).
-    known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
-    pipeline.check_publish(ctx.matrix, selection, pipeline.render_options(ctx.matrix, rendering, known, repository),
-                           wanted, multi=multi, merge_only=merge_only, compression=compression)
-    # The dry run is the run's plan: a key the run would refuse is refused here too (exit 2).
-    signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
-    # From here the --report records what happens, also when an error or Ctrl-C ends the run.
-    with publish.Ledger(report, target.base, push, dry_run).kept() as ledger:
-        # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
-        decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
-        engine = None if dry_run or merge_only else DockerEngine()
-        if engine is not None:
-            engine.ping()
-        opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, repository, buildx=decision.buildx)
-        registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
-        today = day.date() if day is not None else datetime.now(timezone.utc).date()
-        plan = pipeline.plan_publish(ctx.matrix, selection, opts, wanted, multi=multi,
-                                     read_os_release=engine.os_release if engine else None,
-                                     registry=registry, force=force, day=today, merge_only=merge_only, note=note,
-                                     signing=signer is not None)
-        ledger.planned = plan.planned
-        for platform, steps in plan.steps:
-            click.echo((f"{platform}:\n" if multi else "") + publish.format_plan(steps, push))
-        if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
-            merged = plan.indexes(registry, merge=merge_only or (merge and push),
-                                  signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
-            publish.report_indexes(merged, ledger, echo=click.echo)
-            return
-        hook = None
-        if squashfs:  # its tools are checked before anything is built
-            from .publish.squashfs import SquashfsPublisher, with_squashfs
-            from .squashfs.make import require_tools
-
-            require_tools()
-            hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
-        builder = make_builder(decision, engine)
-        buildkit = decision.kind == "buildkit"
-        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
-        export = choose(compression, buildkit=buildkit, provenance=True,
-                        image_store=buildkit and engine.keeps_compressed_layers())
-        if not quiet:
-            click.echo(f"builder: {builder.describe()}", err=True)
-            click.echo(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}", err=True)
-        run_options = publish.RunOptions(matrix_path=ctx.matrix_path, push=push, keep_going=keep_going,
-                                         allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                         pull=pull, export=export,
-                                         cache_registry=target if export is not None else None,
-                                         signer=signer, squashfs=hook)
-        publish.run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
-                               multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
-                               events=publish.EventPrinter(sys.stderr, quiet=quiet), echo=click.echo)
+    publish_command(ctx.matrix, ctx.matrix_path, selection, rendering, target, push=push, dry_run=dry_run,
+                    keep_going=keep_going, force=force, allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
+                    day=day.date() if day is not None else None, quiet=quiet, no_cache=no_cache, pull=pull,
+                    report=report, registry_ca=registry_ca, builder_choice=builder_choice,
+                    buildx_builder=buildx_builder, platforms=platforms, merge=merge, merge_only=merge_only,
+                    compression=compression, sign_key=sign_key, registry_policy=registry_policy, squashfs=squashfs,
+                    echo=click.echo, note=note, progress=progress)
 
 
 # --- squashfs -------------------------------------------------------------------------------

@@ -10,25 +10,23 @@
 - indexes.py: the image indexes over each tag's platform images, planned (reads) then written;
 - report.py: the lines, the summary and the failure that ends a run;
 - ledger.py: the --report document, kept as the run goes and written however it ends;
-- command.py: the command's run and its dry run over them (run_and_report, report_indexes).
+- command.py: the command (publish_command): the checks, the plan, the run or its dry run over them.
 
 The modules' own docstrings say the rules (when an image is skipped or re-pointed, the dated
 tags, what counts as pushed, signing).
 
-The names below are what imagebuilder outside this package uses (the CLI and the planner in
-pipeline.py); everything else, tests included, imports from the module that defines it.
+The names below are what imagebuilder outside this package uses (the CLI's publish_command, the
+planner in pipeline.py); everything else, tests included, imports from the module that defines it.
 """
 
 from __future__ import annotations
 
-from .command import report_indexes, run_and_report
+from .command import publish_command
 from .indexes import IndexOutcome, IndexRegistry, IndexStep, plan_indexes, write_indexes
-from .ledger import Ledger
 from .lookup import lookup
-from .plan import RunOptions, Step, plan
-from .report import EventPrinter, format_plan
+from .plan import Step, plan
 
 __all__ = [
-    "EventPrinter", "IndexOutcome", "IndexRegistry", "IndexStep", "Ledger", "RunOptions", "Step", "format_plan",
-    "lookup", "plan", "plan_indexes", "report_indexes", "run_and_report", "write_indexes",
+    "IndexOutcome", "IndexRegistry", "IndexStep", "Step", "lookup", "plan", "plan_indexes", "publish_command",
+    "write_indexes",
 ]
