@@ -10,24 +10,23 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
 from .atomic import write_json
+from .build_labels import build_labels
 from .cache_export import CacheExport, can_start, start_cache_export
 from .engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from .engine.errors import BuildFailed, EngineError, network_hint
 from .engine.export import Export, gzip_ref
 from .image_contents import SBOM_PATH
-from .labels import CREATED, CUDA_RUNTIME, CUDA_TOOLKIT, INPUTS_HASH, LOCK, MATRIX, REVISION, SBOM_DIGEST
+from .labels import SBOM_DIGEST
 from .render import RenderedImage
 from .sbom import DIGEST_LINE
 
@@ -104,61 +103,6 @@ def build_order(images: Iterable[RenderedImage]) -> list[RenderedImage]:
     ours = {image.ref for image in images}
     first = [i for i in images if i.depends_on is None or i.depends_on not in ours]
     return first + [i for i in images if i not in first]
-
-
-def _revision(matrix_path: Path) -> str | None:
-    for var in ("GITHUB_SHA", "CI_COMMIT_SHA"):
-        if os.environ.get(var):
-            return os.environ[var]
-    try:
-        done = subprocess.run(["git", "-C", str(matrix_path.parent), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def build_labels(engine: ImageStore, image: RenderedImage, matrix_path: Path) -> dict[str, str]:
-    """created and revision, the labels that rendering leaves out to stay deterministic.
-    An image already built from the same inputs keeps its created date, so a rebuild with
-    nothing changed is served whole from the layer cache."""
-    labels: dict[str, str] = {}
-    created = None
-    if engine.image_exists(image.ref):
-        existing = engine.image_labels(image.ref)
-        if existing.get(INPUTS_HASH) == image.inputs_hash:
-            created = existing.get(CREATED)
-    if created is None and os.environ.get("SOURCE_DATE_EPOCH", "").isdigit():
-        created = datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).isoformat()
-    labels[CREATED] = created or datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-    revision = _revision(matrix_path)
-    if revision:
-        labels[REVISION] = revision
-    # What the image was rendered from, by content: in the image's labels and (set at build
-    # time) in its provenance attestation, which `verify` reads back.
-    try:
-        labels[MATRIX] = f"{matrix_path.name} sha256:{hashlib.sha256(matrix_path.read_bytes()).hexdigest()}"
-    except OSError:
-        pass
-    if image.lock is not None:
-        labels[LOCK] = f"locks/{image.lock.filename} sha256:{hashlib.sha256(image.lock.text().encode()).hexdigest()}"
-    labels.update(cuda_labels(image))
-    return labels
-
-
-def cuda_labels(image: RenderedImage) -> dict[str, str]:
-    """Which CUDA is which: the runtime the locked wheels bring, and in devel images the toolkit
-    nvcc comes from. Build-time labels, like the lock's: they follow from inputs the inputs hash
-    already covers. A jupyter image has none of its own: it is FROM its parent, whose it keeps."""
-    labels: dict[str, str] = {}
-    if image.spec.parent is not None:
-        return labels
-    runtime = image.lock.cuda_runtime() if image.lock is not None else None
-    if runtime is not None:
-        labels[CUDA_RUNTIME] = str(runtime)
-    if image.spec.toolchain != "none":
-        labels[CUDA_TOOLKIT] = str(image.spec.cuda.version)
-    return labels
 
 
 def build_image(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from support.real_images import REPO_ROOT
-from imagebuilder.build import cuda_labels
+from imagebuilder.build_labels import cuda_labels
 from imagebuilder.labels import CUDA, CUDA_RUNTIME, CUDA_TOOLKIT
 from imagebuilder.lockfile import load_locks
 from imagebuilder.matrix_load import load_matrix
