@@ -98,7 +98,7 @@ CLASSIC_STREAM = [
 
 
 def test_classic_stream_parser_on_canned_output() -> None:
-    from imagebuilder.engine.classic import BuildState as _BuildState
+    from imagebuilder.engine.classic_stream import BuildState as _BuildState
 
     events: list[Progress] = []
     state = _BuildState(time.monotonic(), events.append)

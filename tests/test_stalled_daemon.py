@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagebuilder.engine import docker as engine_docker
+from imagebuilder.engine import docker_client
 from imagebuilder.engine.errors import DaemonUnavailable
 
 
@@ -44,8 +45,8 @@ def stalled_socket(tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_daemon_that_never_answers_is_said_and_given_up_on(stalled_socket, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(engine_docker, "SAY_AFTER", 0.5)
-    monkeypatch.setattr(engine_docker, "ANSWER_TIMEOUT", 3)
+    monkeypatch.setattr(docker_client, "SAY_AFTER", 0.5)
+    monkeypatch.setattr(docker_client, "ANSWER_TIMEOUT", 3)
     monkeypatch.setenv("DOCKER_HOST", stalled_socket)
     engine = engine_docker.DockerEngine()
     started = time.monotonic()
@@ -65,7 +66,7 @@ def test_a_daemon_that_never_answers_is_said_and_given_up_on(stalled_socket, mon
 
 def test_a_daemon_that_answers_at_once_is_not_waited_on_aloud(monkeypatch, capsys) -> None:
     """The line is for a wait: a refused socket fails at once, and says nothing about waiting."""
-    monkeypatch.setattr(engine_docker, "SAY_AFTER", 0.5)
+    monkeypatch.setattr(docker_client, "SAY_AFTER", 0.5)
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(DaemonUnavailable):
         engine_docker.DockerEngine().ping()

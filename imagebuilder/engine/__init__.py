@@ -3,7 +3,8 @@
 - api.py: the value objects (BuildRequest, BuildResult, RunResult, Progress) and the small
   protocols the rest of imagebuilder sees: Builder (with its `kind`), ImageStore, Runner, Pusher;
 - docker.py: DockerEngine, the Docker SDK adapter behind ImageStore, Runner and Pusher;
-- classic.py: the Engine API's classic builder and the parser of its stream;
+- docker_client.py: the connection to the daemon as docker makes it, a silent daemon said and given up on;
+- classic.py: the Engine API's classic builder; classic_stream.py (pure) the parser of its stream;
 - buildkit.py: BuildKit through the docker CLI, and the parser of its plain progress;
 - background.py: the docker CLI as a process of its own: stopped as a Ctrl-C stops it, and a build
   run in the background (the registry cache's export) waited for against its deadline;

@@ -18,63 +18,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .docker_config import lenient_docker_config
 from .api import NO_ACCESS, HostAccess, Pushed, RunResult
-from .errors import (BadDaemonAddress, ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed,
-                     PushFailed, base_image_missing, push_cause, daemon_address_problem, refuses_gpus)
+from .docker_client import DEFAULT_SOCKET, connect, short, short_text, ssh_errors
+from .errors import (ContainerFailed, DaemonUnavailable, GpuUnavailable, ImageMissing, PullFailed, PushFailed,
+                     base_image_missing, push_cause, refuses_gpus)
 
 if TYPE_CHECKING:
     import docker
-
-DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-
-
-def _client_from_env(timeout: int) -> docker.DockerClient:
-    """docker.from_env, with a TLS daemon (DOCKER_TLS_VERIFY=1) verified by DOCKER_CERT_PATH's CA.
-
-    requests lets REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE), which proxy setups export, replace the
-    CA docker-py gives it: verifying the daemon then failed with "unable to get local issuer
-    certificate". The docker CLI verifies a TLS daemon with DOCKER_CERT_PATH/ca.pem only; so does
-    this client (requests' environment is not read for it: trust_env off)."""
-    import docker
-    from docker.constants import MINIMUM_DOCKER_API_VERSION
-    from docker.utils import kwargs_from_env
-
-    kwargs = kwargs_from_env()
-    tls = kwargs.get("tls")
-    if not (tls and tls.verify and tls.ca_cert):
-        return docker.from_env(timeout=timeout)
-    # The API version is asked for as docker-py would, by a client that already ignores it.
-    probe = docker.APIClient(timeout=timeout, version=MINIMUM_DOCKER_API_VERSION, **kwargs)
-    probe.trust_env = False
-    try:
-        version = probe.version(api_version=False)["ApiVersion"]
-    finally:
-        probe.close()
-    client = docker.DockerClient(timeout=timeout, version=version, **kwargs)
-    client.api.trust_env = False
-    return client
-
-
-ANSWER_TIMEOUT = 30  # seconds the daemon has to answer its first call (GET /version)
-SAY_AFTER = 10.0  # seconds of waiting on it before that is said
-
-
-@contextmanager
-def _said_while_waiting(base_url: str, timeout: int) -> Iterator[None]:
-    """A line on stderr if the daemon has not answered after SAY_AFTER s (no silence over 15 s)."""
-    import sys
-
-    where = "" if os.environ.get("DOCKER_HOST") != base_url else " (DOCKER_HOST)"
-    timer = threading.Timer(SAY_AFTER, lambda: print(
-        f"waiting for the Docker daemon at {base_url}{where} to answer (giving up after {timeout} s)",
-        file=sys.stderr, flush=True))
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
 
 
 def _follow(container: Any, on_output: Callable[[str], None]) -> threading.Thread:
@@ -113,32 +63,7 @@ class DockerEngine:
     def client(self) -> docker.DockerClient:
         """The SDK's client, made on first use (for the classic builder, which drives it)."""
         if self._client_obj is None:
-            import docker
-
-            # (ssh://: the SDK logs in as it is made: no route, an unknown host key, a refused key)
-            problem = daemon_address_problem(self.base_url)
-            if problem is not None:
-                raise BadDaemonAddress(base_url=self.base_url, reason=problem)
-            unreachable: tuple[type[Exception], ...] = (docker.errors.DockerException, *_ssh_errors(self.base_url))
-            # The first call asks the daemon's API version: a daemon answers it at once, so a
-            # socket that takes the connection and says nothing is told within seconds and given
-            # up on after ANSWER_TIMEOUT, not after the long calls' timeout.
-            first = min(int(self._api_timeout), ANSWER_TIMEOUT)
-            try:
-                with lenient_docker_config(), _said_while_waiting(self.base_url, first):
-                    if self._explicit_url:
-                        client = docker.DockerClient(base_url=self._explicit_url, timeout=first)
-                    else:
-                        client = _client_from_env(first)
-            except unreachable as e:
-                reason = short(e)
-                if "timed out" in reason:
-                    where = "" if self._explicit_url else " (DOCKER_HOST)"
-                    reason = (f"it took the connection but gave no answer in {first} s: a hung daemon, or no Docker "
-                              f"daemon at that address{where}")
-                raise DaemonUnavailable(base_url=self.base_url, reason=reason) from e
-            client.api.timeout = int(self._api_timeout)
-            self._client_obj = client
+            self._client_obj = connect(self.base_url, self._explicit_url, self._api_timeout)
         return self._client_obj
 
     @contextmanager
@@ -152,7 +77,7 @@ class DockerEngine:
         # Also a daemon that dies mid-stream: the streamed response breaks off.
         gone: tuple[type[Exception], ...] = (requests.exceptions.ConnectionError,
                                              requests.exceptions.ChunkedEncodingError,
-                                             urllib3.exceptions.ProtocolError, *_ssh_errors(self.base_url))
+                                             urllib3.exceptions.ProtocolError, *ssh_errors(self.base_url))
         try:
             yield
         except gone as e:
@@ -430,16 +355,6 @@ def stores_manifests(info: Mapping[str, Any]) -> bool:
     return status.get("driver-type", "").startswith("io.containerd.snapshotter")
 
 
-def _ssh_errors(base_url: str) -> tuple[type[Exception], ...]:
-    """What docker-py's ssh transport (paramiko, the `docker[ssh]` extra) raises when the far
-    side cannot be reached or refuses the login; nothing for other daemons."""
-    if not base_url.startswith("ssh://"):
-        return ()
-    import paramiko
-
-    return (paramiko.SSHException, OSError)
-
-
 def answering_engine() -> DockerEngine | None:
     """The local engine when its daemon answers (to read base images), else None."""
     engine = DockerEngine()
@@ -464,13 +379,3 @@ def split_ref(ref: str) -> tuple[str, str]:
         repository, _, tag = ref.rpartition(":")
         return repository, tag
     return ref, "latest"
-
-
-
-def short_text(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def short(e: BaseException) -> str:
-    return short_text(str(e) or type(e).__name__)
