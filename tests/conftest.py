@@ -198,6 +198,19 @@ def devel_image(docker_engine: DockerEngine, base_image: str, tmp_path_factory: 
 
 
 @pytest.fixture(scope="session")
+def devel_verdict(devel_image: dict) -> dict:
+    """`imagebuilder verify` of the session's devel image, run once (the devel check: nvcc, a CUDA
+    extension built and loaded, ~60 s): test_workspace judges it, and test_publish_buildkit's devel
+    publish, the same content (its inputs hash, asserted there), replays it (support.replay)."""
+    import json
+
+    done = imagebuilder("verify", devel_image["tags"][0], "--allow-no-gpu", "--json", timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    verdict: dict = json.loads(done.stdout)
+    return verdict
+
+
+@pytest.fixture(scope="session")
 def signing_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three cosign key pairs: ours (no password), another, and one locked with a password."""
     import shutil

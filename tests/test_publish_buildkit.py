@@ -61,6 +61,21 @@ def _publish(base_image: str, registry: str, report: Path, *extra: str, env: dic
     return image
 
 
+def _publish_replaying(base_image: str, registry: str, report: Path, built: dict[str, Any],
+                       verdict: dict[str, Any]) -> dict[str, Any]:
+    """The devel publish, in this process: build, preflight and push real; its smoke-test
+    container answers with `verdict`, the session's verify of `built`, which must be the same
+    content (its inputs hash) and the one image asked for."""
+    with pytest.MonkeyPatch.context() as patch:
+        result, replayed = cli_replaying(patch, verdict, *_publish_args(base_image, registry, report, "--variant", "devel"))
+    assert result.exit_code == 0, f"publish failed:\n{result.stdout}\n{result.stderr[-6000:]}"
+    (image,) = json.loads(report.read_text())["images"]
+    assert image["inputs_hash"] == built["inputs_hash"], "the replayed verdict is of another content"
+    assert [ref for ref, _ in replayed.asked] == [image["ref"]]
+    image["stderr"] = result.stderr
+    return image
+
+
 @pytest.fixture(scope="module")
 def local_registry() -> Iterator[str]:
     with throwaway_registry() as address:
@@ -68,16 +83,18 @@ def local_registry() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def bk_published(docker_engine: Any, base_image: str, local_registry: str,
-                 tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+def bk_published(docker_engine: Any, base_image: str, local_registry: str, devel_image: dict[str, Any],
+                 devel_verdict: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """The family's publishes (support.policy's IMAGE_FAMILIES): test_buildkit, which runs first, built
-    these layers; this exports them (zstd), verifies and pushes."""
+    these layers; this exports them (zstd), verifies and pushes. The devel image's smoke tests are
+    the session's verify of that content (conftest's devel_verdict), replayed."""
     registry = f"{local_registry}/imagebuilder-test/bk-{uuid.uuid4().hex[:8]}"
     reports = tmp_path_factory.mktemp("publish-buildkit")
     try:
         with family_build(request):
             runtime = _publish(base_image, registry, reports / "runtime.json", "--variant", "runtime")
-            devel = _publish(base_image, registry, reports / "devel.json", "--variant", "devel")
+            devel = _publish_replaying(base_image, registry, reports / "devel.json", devel_image, devel_verdict)
         yield {"registry": registry, "runtime": runtime, "devel": devel, "reports": reports}
     finally:
         remove_local_tags(docker_engine, local_registry)

@@ -22,7 +22,7 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     # Real torch images (GBs, minutes): built through the CLI once per module or session.
     **{name: frozenset({"slow"}) for name in (
         "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
-        "arm64_image", "first_run", "signed_run", "bk_published")},
+        "arm64_image", "first_run", "signed_run", "bk_published", "devel_verdict")},
     "signed_publish": frozenset({"slow", "registry"}),
     # Every smoke test for real on this host's torch (a gloo all-reduce, an Inductor compile).
     "local_runs": frozenset({"slow"}),
@@ -66,6 +66,7 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     ("conftest.py", "jupyter_image"): "family: torch 2.6 / CUDA 12.1 (JupyterLab's layer on runtime_image)",
     ("test_e2e.py", "test_a_second_identical_build_is_fully_cached"): "runtime_image again: from the cache",
     ("test_publish_buildkit.py", "_publish"): "the publish of test_publish_buildkit's tests",
+    ("test_publish_buildkit.py", "_publish_replaying"): "bk_published's devel publish (devel_image's content, verdict replayed)",
     ("test_publish_buildkit.py", "bk_published"): "family: torch 2.13 / CUDA 13.0 (from test_buildkit's layers)",
     ("test_publish_buildkit.py", "test_a_republish_of_identical_content_uploads_nothing_and_moves_no_tag"):
         "the family's runtime again: from the cache",
