@@ -5,7 +5,8 @@ re-pointed), its platform image's digest gets the squashfs artifact (squashfs/ar
 unless the registry lists one for that digest already: an image published before the option
 was turned on gets its squashfs from the next run, and a run again costs a lookup. The squashfs
 is made from the registry's own blobs (squashfs/make.py), so it is what was verified and
-pushed, in a temp folder that is removed afterwards; with a signer, the artifact is signed as
+pushed, in a temp folder that is removed afterwards, with its chunk table (the sha256 of each
+1 MiB, squashfs/chunks.py) as a second blob for nodes that read it lazily; with a signer, the artifact is signed as
 the image is. A squashfs that fails fails its image, which stays pushed.
 """
 
@@ -24,6 +25,7 @@ from ..errors import ImageBuilderError
 from ..signing import Signed, Signer, pinned
 from ..squashfs.artifact import (BLOCK_SIZE, COMPRESSION, ENROOT_CONFIG, FLATTENED_BY, ArtifactRegistry, Pushed,
                                  find_artifact, push_artifact)
+from ..squashfs.chunks import table_of
 from ..squashfs.fetch import image_digest
 from ..squashfs.make import BLOCK_SIZE as BLOCK_BYTES
 from ..squashfs.make import COMPRESSION as ZSTD
@@ -83,7 +85,8 @@ class SquashfsPublisher:
             with open(made.path, "rb") as squashfs:
                 pushed = push_artifact(self.registry, image, squashfs, blob, made.size, {
                     COMPRESSION: f"{ZSTD}:{self.level}", BLOCK_SIZE: str(BLOCK_BYTES),
-                    FLATTENED_BY: f"imagebuilder ({made.tool} {' '.join(made.options)})", ENROOT_CONFIG: "true"})
+                    FLATTENED_BY: f"imagebuilder ({made.tool} {' '.join(made.options)})", ENROOT_CONFIG: "true"},
+                    chunk_table=table_of(made.path))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         signed = self.signer.sign(pushed.ref, None) if self.signer is not None else None
