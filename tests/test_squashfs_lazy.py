@@ -133,6 +133,23 @@ def test_range_reads_fetch_only_the_chunks_read_each_checked(lazy_image: dict, p
     assert os.stat(tmp_path / "cache").st_blocks * 512 < 4 * MIB  # sparse: only the chunks fetched
 
 
+@pytest.mark.registry
+def test_readahead_follows_a_read_into_the_next_chunk_and_not_a_jump(lazy_image: dict, upstream: str,
+                                                                     tmp_path: Path) -> None:
+    table, squashfs = _table(lazy_image, upstream)
+    ref = f"{upstream}/{lazy_image['repository']}@{lazy_image['outcome'].blob}"
+    cache = ChunkCache(HttpRegistry(config={}), ref, lazy_image["outcome"].blob, table, tmp_path / "cache",
+                       readahead=2)
+    try:
+        assert cache.pread(10, 10) == squashfs[10:20]  # the first read: no readahead
+        assert cache.pread(20, 10) == squashfs[20:30]  # the same chunk again: none
+        assert cache.pread(5 * MIB, 10) == squashfs[5 * MIB:5 * MIB + 10]  # a jump: none
+        assert cache.pread(MIB - 5, 10) == squashfs[MIB - 5:MIB + 5]  # on into chunk 1: chunks 2 and 3 ahead
+    finally:
+        cache.close()  # waits for the readahead
+    assert (cache.fetched_bytes, cache.requests) == (5 * MIB, 4)
+
+
 # --- nbdkit + nbdfuse + squashfuse ------------------------------------------------------------
 
 

@@ -20,12 +20,14 @@ from typing import Protocol
 
 from .chunks import ChunkTable
 
-READAHEAD = 8
+READAHEAD = 2
 """Chunks fetched ahead of each read (8 MiB: 64 ms at 1 Gbit/s)."""
 WORKERS = 4
 """Range GETs in flight for the readahead."""
 LONGEST_GET = 8
 """Chunks one range GET asks for at most."""
+RECENT = 32
+"""Reads remembered to tell a read in a row (readahead) from a jump (none)."""
 
 
 class RangeReader(Protocol):
@@ -44,6 +46,7 @@ class ChunkCache:
         os.ftruncate(self._fd, table.size)  # sparse: only fetched chunks take disk
         self._have = bytearray(len(table.digests))
         self._pending: dict[int, threading.Event] = {}
+        self._recent: list[int] = []  # the last chunk of each of the latest reads
         self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="squashfs-readahead")
         self.fetched_bytes = 0
@@ -57,12 +60,24 @@ class ChunkCache:
         """Bytes offset..offset+length-1 of the squashfs, each of their chunks checked."""
         wanted = self._table.chunks(offset, length)
         self._ensure(wanted)
-        if wanted and self._readahead:
-            ahead = range(wanted[-1] + 1, min(wanted[-1] + 1 + self._readahead, len(self._table.digests)))
+        window = self._window(wanted)
+        if window:
+            ahead = range(wanted[-1] + 1, min(wanted[-1] + 1 + window, len(self._table.digests)))
             claimed = self._claim(ahead)
             for run in _runs(claimed):
                 self._pool.submit(self._fetch_quietly, run)
         return os.pread(self._fd, min(length, self._table.size - offset), offset)
+
+    def _window(self, wanted: range) -> int:
+        """Chunks to fetch ahead of a read of `wanted`: `readahead` where it continues a recent
+        read (a file read in a row), none where it jumps (a few blocks of a big library)."""
+        if not wanted or not self._readahead:
+            return 0
+        with self._lock:
+            follows = any(wanted[0] - 1 <= last < wanted[-1] for last in self._recent)  # into the next chunk
+            self._recent.append(wanted[-1])
+            del self._recent[:-RECENT]
+        return self._readahead if follows else 0
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
