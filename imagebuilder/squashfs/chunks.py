@@ -56,12 +56,19 @@ class ChunkTable:
 
 def table_of(path: Path, chunk_size: int = CHUNK_SIZE) -> bytes:
     """The chunk table document of the file at `path`."""
-    digests, size = [], 0
+    return digest_and_table(path, chunk_size)[1]
+
+
+def digest_and_table(path: Path, chunk_size: int = CHUNK_SIZE) -> tuple[str, bytes]:
+    """The whole file's digest (sha256:HEX) and its chunk table, in one read of it."""
+    digests, size, whole = [], 0, hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(chunk_size), b""):
             digests.append(hashlib.sha256(chunk).hexdigest())
+            whole.update(chunk)
             size += len(chunk)
-    return json.dumps({"chunk_size": chunk_size, "size": size, "sha256": digests}, separators=(",", ":")).encode()
+    table = json.dumps({"chunk_size": chunk_size, "size": size, "sha256": digests}, separators=(",", ":")).encode()
+    return "sha256:" + whole.hexdigest(), table
 
 
 def parse_table(body: bytes, digest: str, size: int) -> ChunkTable:
