@@ -91,7 +91,11 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
         raise FetchError(f"the chunk table of {image}'s squashfs arrived corrupted; try again")
     parse_table(body.getvalue(), str(table_layer["digest"]), size)  # refused here, not in nbdkit
     folder = work_folder(output)
-    folder.mkdir(mode=0o700)
+    try:
+        folder.mkdir(mode=0o700)
+    except OSError as e:
+        raise FetchError(f"cannot make {folder} beside {output} for its cache: {e.strerror}; give -o a file in a "
+                         "folder you can write") from e
     made = not output.exists()
     try:
         (folder / "chunks.json").write_bytes(body.getvalue())
