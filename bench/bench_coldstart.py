@@ -326,7 +326,7 @@ def slurm_path(port: int, results: Results, image: Image) -> None:
     with remote_engine(port) as engine:
         for rate in results.rates:
             limit_rate(engine.link, None if rate == "none" else rate)
-            say(f"{rate}: the Slurm path, (a) enroot's import, (b) the published squashfs")
+            say(f"{rate}: the Slurm path, (a) enroot's import, (b) the published squashfs, (c) read lazily")
             results.slurm.extend(slurm_starts(engine, image, rate, sent))
 
 

@@ -10,6 +10,10 @@ same tc-shaped link into a network namespace (tests/remote_engine.py; its docker
     (ENROOT_SQUASH_OPTIONS' default); then the file mounted by squashfuse and `import torch` in it.
 (b) "published": `imagebuilder squashfs IMAGE -o FILE` run inside the namespace fetches the squashfs
     that `publish --squashfs` pushed; squashfuse; `import torch` the same way.
+(c) "lazy": `imagebuilder squashfs IMAGE --lazy -o FILE` run in the namespace's network (nsenter:
+    `ip netns exec` would hide nbdfuse's mount in a mount namespace of its own) serves the same
+    squashfs at once through nbdkit and nbdfuse, fetching its chunks as they are read; squashfuse;
+    `import torch` the same way, waiting on the chunks it reads; `squashfs-release` afterwards.
 
 `import torch` as pyxis runs a task: bubblewrap over the mount (tests/cluster_runtimes.py), as the
 image's user (the first passwd entry with a /home folder), with the environment its
@@ -40,7 +44,7 @@ from bench.manifests import Image  # noqa: E402
 from imagebuilder.squashfs.enroot import MOUNT_POINTS, enroot_files  # noqa: E402
 from cluster_runtimes import bwrap_argv, squashfs_mounted  # noqa: E402
 
-ENROOT, PUBLISHED = "enroot", "published"
+ENROOT, PUBLISHED, LAZY = "enroot", "published", "lazy"
 ENROOT_MAX_CONNECTIONS = 10  # enroot's default parallel downloads
 ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")  # enroot's default
 STEP_TIMEOUT_S = 1800
@@ -228,6 +232,22 @@ def published_start(engine: Any, image: Image, rate: str, work: Path, sent: Any)
     return start
 
 
+def lazy_start(engine: Any, image: Image, rate: str, work: Path, sent: Any) -> SlurmStart:
+    start = SlurmStart(LAZY, rate)
+    timer, before = Timer(start), sent(engine.link)
+    squashfs = work / "lazy.sqfs"
+    command = ["nsenter", f"--net=/run/netns/{engine.name}", "--", "env", f"PYTHONPATH={ROOT}", sys.executable, "-m",
+               "imagebuilder"]
+    try:
+        with timer.step("serve squashfs lazily (imagebuilder squashfs --lazy)"):
+            sh(*command, "squashfs", image.ref, "-o", str(squashfs), "--lazy", timeout=STEP_TIMEOUT_S)
+        _mount_and_import(timer, squashfs, work)
+        start.bytes = sent(engine.link) - before  # the chunks import torch read
+    finally:
+        subprocess.run([*command, "squashfs-release", str(squashfs)], capture_output=True, timeout=120, check=False)
+    return start
+
+
 def _mount_and_import(timer: Timer, squashfs: Path, work: Path) -> None:
     home = work / "home"
     home.mkdir(exist_ok=True)
@@ -244,7 +264,8 @@ def slurm_starts(engine: Any, image: Image, rate: str, sent: Any) -> list[SlurmS
     # Under /tmp: bwrap binds the home over its own tmpfs /tmp (the image root is read-only).
     work = Path(tempfile.mkdtemp(prefix="ib-bench-slurm-", dir="/tmp"))
     try:
-        return [enroot_start(engine, image, rate, work, sent), published_start(engine, image, rate, work, sent)]
+        return [enroot_start(engine, image, rate, work, sent), published_start(engine, image, rate, work, sent),
+                lazy_start(engine, image, rate, work, sent)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -272,24 +293,29 @@ def report(starts: list[SlurmStart], image_bytes: int, squashfs_bytes: int | Non
               f"image's {image_bytes:,} ({squashfs_bytes / image_bytes:.2f}x)")
     if not starts:
         return
-    print("\nSlurm cold start: (a) enroot's import today, (b) the squashfs publish --squashfs pushed")
+    print("\nSlurm cold start: (a) enroot's import today, (b) the squashfs publish --squashfs pushed, (c) the same "
+          "read lazily (--lazy)")
     print(format_table(("rate", "path", "step", "s"), [
         (start.rate, start.path, name, f"{seconds:.1f}") for start in starts for name, seconds in start.steps]
         + [(start.rate, start.path, "TOTAL", f"{start.total:.1f}") for start in starts]))
     print(format_table(("rate", "path", "bytes through the link"),
                        [(start.rate, start.path, f"{start.bytes:,}") for start in starts]))
-    for (rate, a), b in pairs(starts):
-        target = " (target <= 0.4x)" if rate == "1gbit" else ""
-        print(f"  Slurm at {rate}: published / enroot, fetch to import torch: {ratio(b, a)}{target}")
+    for path in (PUBLISHED, LAZY):
+        for (rate, a), b in pairs(starts, path):
+            target = " (target <= 0.4x)" if rate == "1gbit" else ""
+            print(f"  Slurm at {rate}: {path} / enroot, fetch to import torch: {ratio(b, a)}{target}")
 
 
-def pairs(starts: list[SlurmStart]) -> list[tuple[tuple[str, SlurmStart | None], SlurmStart | None]]:
-    """((rate, enroot's start), the published start that followed it) in the order they ran; a
+def pairs(starts: list[SlurmStart], path: str = PUBLISHED) -> list[tuple[tuple[str, SlurmStart | None],
+                                                                            SlurmStart | None]]:
+    """((rate, enroot's start), the start of `path` that followed it) in the order they ran; a
     rate given twice (--rates 1gbit,200mbit,1gbit,200mbit) is a pair per pass."""
     found: list[tuple[tuple[str, SlurmStart | None], SlurmStart | None]] = []
     for start in starts:
+        if start.path not in (ENROOT, path):
+            continue
         if start.path == ENROOT or not found or found[-1][1] is not None or found[-1][0][0] != start.rate:
             found.append(((start.rate, start if start.path == ENROOT else None), None))
-        if start.path == PUBLISHED:
+        if start.path == path:
             found[-1] = (found[-1][0], start)
     return found

@@ -308,8 +308,13 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
               help="Check the artifact's cosign signature with this public key before downloading it.")
 @click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
               help="The image of a multi-platform tag whose squashfs to fetch.")
+@click.option("--lazy", is_flag=True,
+              help="Serve FILE at once and fetch its bytes as they are read (nbdkit and nbdfuse; each 1 MiB "
+                   "checked against the signed chunk table); the mount stays until `imagebuilder squashfs-release "
+                   "FILE`.")
 @options.registry_timeout
-def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, registry_policy: RetryPolicy) -> None:
+def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy: bool,
+                 registry_policy: RetryPolicy) -> None:
     """Fetch the squashfs `publish --squashfs` pushed beside IMAGE into FILE, for pyxis/enroot.
 
     Exit 1 when the registry has none for the image's digest.
@@ -318,6 +323,7 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, regis
     Examples:
       imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /tmp/torch.sqfs
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
+      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --lazy
     """
     from .http_registry import HttpRegistry
     from .platforms import parse_platforms
@@ -329,9 +335,33 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, regis
     (platform,) = parse_platforms(platform)
     check_output(output)
     pub = key_reference(key, "--key") if key is not None else None
-    fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                             say=progress)
+    if lazy:
+        from .squashfs.lazy import Mounted, mount_lazy
+
+        served = mount_lazy(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
+                            say=progress)
+        if isinstance(served, Mounted):
+            return
+        fetched = served  # published before the chunk table: downloaded whole
+    else:
+        fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
+                                 say=progress)
     progress(f"wrote {fetched.path} ({fetched.size} bytes, the squashfs of {fetched.image}) in {fetched.seconds:.1f} s")
+
+
+@cli.command("squashfs-release")
+@click.argument("file", type=click.Path(path_type=Path))
+def squashfs_release_cmd(file: Path) -> None:
+    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache (a file
+    downloaded whole is removed). Safe to repeat.
+
+    \b
+    Example:
+      imagebuilder squashfs-release /tmp/torch.sqfs
+    """
+    from .squashfs.lazy import release
+
+    progress(f"{file}: released" if release(file) else f"{file}: nothing to release")
 
 
 def main() -> None:

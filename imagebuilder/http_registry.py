@@ -213,6 +213,19 @@ class HttpRegistry(RegistryTransport):
         if self._request("GET", r, f"blobs/{digest}", {}, sink=out) is None:
             raise RegistryProtocolError(url=self._url(r, f"blobs/{digest}"), detail="the blob is not there")
 
+    def blob_range(self, ref: str, digest: str, start: int, length: int) -> bytes:
+        """Bytes start..start+length-1 of blob `digest` of `ref`'s repository (a range GET,
+        retried as any GET is)."""
+        r = parse_reference(ref)
+        got = self._request("GET", r, f"blobs/{digest}", {"Range": f"bytes={start}-{start + length - 1}"})
+        if got is None:
+            raise RegistryProtocolError(url=self._url(r, f"blobs/{digest}"), detail="the blob is not there")
+        if got.status != 206 or len(got.body) != length:
+            raise RegistryProtocolError(url=self._url(r, f"blobs/{digest}"),
+                                        detail=f"a range of {length} bytes was answered with HTTP {got.status} and "
+                                               f"{len(got.body)} bytes; the registry does not serve ranges")
+        return got.body
+
     def upload_blob(self, ref: str, digest: str, source: IO[bytes], size: int) -> None:
         """Blob `digest` (`size` bytes read from `source`) into `ref`'s repository, unless it is
         there: an upload session, then one PUT of the whole blob."""

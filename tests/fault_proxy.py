@@ -2,7 +2,7 @@
 docker-registry, a package index) and passes every request through, streaming the answer,
 except those a test switched a fault on for: a status (with headers and body), a reset
 connection, a stall, or a body that is not JSON. Each fault matches a method and a path
-pattern and fires a number of times (or for good); `seen` records what was asked and what it got.
+pattern and fires a number of times (or for good), or a body corrupted in passing; `seen` records what was asked and what it got.
 
     with FaultProxy("127.0.0.1:5000") as proxy:
         proxy.inject(Fault("HEAD", r"/manifests/", status=503))
@@ -44,6 +44,8 @@ class Fault:
     """Say nothing for this long, then close the connection."""
     garbage: bool = False
     """Pass the request on, and answer 200 with a body that is not JSON."""
+    corrupt: bool = False
+    """Pass the request on, and the answer with each byte of its body flipped (same length, same headers)."""
     times: int | None = 1
     """How many matching requests it fires on; None: every one."""
 
@@ -141,9 +143,10 @@ class FaultProxy:
                     if self.command != "HEAD":
                         self.wfile.write(fault.body)
                     return
-                self._pass(body, garbage=fault is not None and fault.garbage)
+                self._pass(body, garbage=fault is not None and fault.garbage,
+                           corrupt=fault is not None and fault.corrupt)
 
-            def _pass(self, body: bytes, garbage: bool) -> None:
+            def _pass(self, body: bytes, garbage: bool, corrupt: bool = False) -> None:
                 upstream = http.client.HTTPConnection(proxy.upstream, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -161,7 +164,7 @@ class FaultProxy:
                         self.end_headers()
                         self.wfile.write(page)
                         return
-                    proxy._record(self.command, self.path, "passed")
+                    proxy._record(self.command, self.path, "corrupted" if corrupt else "passed")
                     self.send_response(answer.status, answer.reason)
                     length = answer.getheader("Content-Length")
                     for name, value in answer.getheaders():
@@ -174,7 +177,7 @@ class FaultProxy:
                     if self.command == "HEAD":
                         return
                     while chunk := answer.read(CHUNK):
-                        self.wfile.write(chunk)
+                        self.wfile.write(bytes(byte ^ 0xFF for byte in chunk) if corrupt else chunk)
                         self.wfile.flush()
                 finally:
                     upstream.close()

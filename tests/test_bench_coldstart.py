@@ -221,3 +221,8 @@ def test_each_pass_at_a_rate_pairs_enroot_with_the_published_start_after_it() ->
     assert [(rate, a.total if a else None, b.total if b else None) for (rate, a), b in pairs(runs)] == [
         ("1gbit", 100.0, 30.0), ("200mbit", 200.0, 120.0), ("1gbit", 110.0, 33.0), ("200mbit", None, 1.0)]
     assert pairs(runs[:1]) == [(("1gbit", runs[0]), None)]
+    with_lazy = [*runs[:2], SlurmStart("lazy", "1gbit", [("s", 12.0)]), *runs[2:4],
+                 SlurmStart("lazy", "200mbit", [("s", 40.0)])]
+    assert [(rate, a.total if a else None, b.total if b else None) for (rate, a), b in pairs(with_lazy, "lazy")] == [
+        ("1gbit", 100.0, 12.0), ("200mbit", 200.0, 40.0)]
+    assert [b.total if b else None for _, b in pairs(with_lazy)] == [30.0, 120.0]  # published, as before

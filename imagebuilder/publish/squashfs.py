@@ -5,13 +5,13 @@ re-pointed), its platform image's digest gets the squashfs artifact (squashfs/ar
 unless the registry lists one for that digest already: an image published before the option
 was turned on gets its squashfs from the next run, and a run again costs a lookup. The squashfs
 is made from the registry's own blobs (squashfs/make.py), so it is what was verified and
-pushed, in a temp folder that is removed afterwards; with a signer, the artifact is signed as
+pushed, in a temp folder that is removed afterwards, with its chunk table (the sha256 of each
+1 MiB, squashfs/chunks.py) as a second blob for nodes that read it lazily; with a signer, the artifact is signed as
 the image is. A squashfs that fails fails its image, which stays pushed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import time
@@ -24,6 +24,7 @@ from ..errors import ImageBuilderError
 from ..signing import Signed, Signer, pinned
 from ..squashfs.artifact import (BLOCK_SIZE, COMPRESSION, ENROOT_CONFIG, FLATTENED_BY, ArtifactRegistry, Pushed,
                                  find_artifact, push_artifact)
+from ..squashfs.chunks import digest_and_table
 from ..squashfs.fetch import image_digest
 from ..squashfs.make import BLOCK_SIZE as BLOCK_BYTES
 from ..squashfs.make import COMPRESSION as ZSTD
@@ -78,12 +79,13 @@ class SquashfsPublisher:
         folder = Path(tempfile.mkdtemp(prefix=".imagebuilder-squashfs-out-", dir=self.workdir))
         try:
             made = make_squashfs(self.registry, image, folder / "image.sqfs", level=self.level, say=self.say)
-            blob = _sha256(made.path)
+            blob, table = digest_and_table(made.path)
             self.say(f"{image.partition('@')[0]}: pushing its squashfs ({made.size} bytes)")
             with open(made.path, "rb") as squashfs:
                 pushed = push_artifact(self.registry, image, squashfs, blob, made.size, {
                     COMPRESSION: f"{ZSTD}:{self.level}", BLOCK_SIZE: str(BLOCK_BYTES),
-                    FLATTENED_BY: f"imagebuilder ({made.tool} {' '.join(made.options)})", ENROOT_CONFIG: "true"})
+                    FLATTENED_BY: f"imagebuilder ({made.tool} {' '.join(made.options)})", ENROOT_CONFIG: "true"},
+                    chunk_table=table)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         signed = self.signer.sign(pushed.ref, None) if self.signer is not None else None
@@ -108,10 +110,3 @@ def with_squashfs(publisher: SquashfsPublisher, outcome: Outcome, platform: str)
         return replace(outcome, status=FAILED, reason=f"{outcome.reason}; published, but its squashfs failed: {e}")
     return replace(outcome, squashfs=done.to_json())
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()

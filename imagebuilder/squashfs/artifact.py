@@ -26,6 +26,8 @@ from ..manifests import OCI_INDEX, OCI_MANIFEST
 
 ARTIFACT_TYPE = "application/vnd.imagebuilder.squashfs.v1"
 LAYER_TYPE = "application/vnd.imagebuilder.squashfs.layer.v1"
+CHUNKS_TYPE = "application/vnd.imagebuilder.squashfs.chunks.v1+json"
+"""The second layer: the sha256 of each 1 MiB chunk of the squashfs (chunks.py), for lazy reads."""
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(EMPTY).hexdigest()
@@ -72,8 +74,12 @@ def fallback_tag(digest: str) -> str:
     return f"{algorithm}-{hex_}"[:128]
 
 
-def artifact_manifest(subject: Mapping[str, Any], blob: str, size: int, annotations: Mapping[str, str]) -> bytes:
-    """The artifact's manifest: the squashfs blob as its one layer, referring to `subject`."""
+def artifact_manifest(subject: Mapping[str, Any], blob: str, size: int, annotations: Mapping[str, str],
+                      chunks: tuple[str, int] | None = None) -> bytes:
+    """The artifact's manifest: the squashfs blob as its first layer, referring to `subject`;
+    `chunks` (digest, size): its chunk table as the second."""
+    table = [{"mediaType": CHUNKS_TYPE, "digest": chunks[0], "size": chunks[1],
+              "annotations": {TITLE: "image.sqfs.chunks.json"}}] if chunks else []
     document = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
@@ -81,7 +87,7 @@ def artifact_manifest(subject: Mapping[str, Any], blob: str, size: int, annotati
         "config": {"mediaType": EMPTY_TYPE, "digest": EMPTY_DIGEST, "size": len(EMPTY),
                    "data": base64.b64encode(EMPTY).decode()},
         "layers": [{"mediaType": LAYER_TYPE, "digest": blob, "size": size,
-                    "annotations": {TITLE: "image.sqfs"}}],
+                    "annotations": {TITLE: "image.sqfs"}}, *table],
         "subject": {key: subject[key] for key in ("mediaType", "digest", "size")},
         "annotations": dict(annotations),
     }
@@ -104,15 +110,20 @@ def pick(entries: Sequence[Mapping[str, Any]], image_digest: str) -> Mapping[str
 
 
 def push_artifact(registry: ArtifactRegistry, image: str, squashfs: IO[bytes], blob: str, size: int,
-                  annotations: Mapping[str, str]) -> Pushed:
-    """Push the squashfs (`blob`, `size`) as the artifact of `image` (REPOSITORY@DIGEST)."""
+                  annotations: Mapping[str, str], chunk_table: bytes | None = None) -> Pushed:
+    """Push the squashfs (`blob`, `size`) as the artifact of `image` (REPOSITORY@DIGEST), with
+    its chunk table (chunks.py) as a second blob."""
     repository, _, image_digest = image.partition("@")
     subject = registry.descriptor(image)
     if subject is None:
         raise LookupError(f"the registry has no image {image}")
     registry.upload_blob(image, EMPTY_DIGEST, io.BytesIO(EMPTY), len(EMPTY))
     registry.upload_blob(image, blob, squashfs, size)
-    body = artifact_manifest(subject, blob, size, {**annotations, IMAGE_DIGEST: image_digest})
+    chunks = None
+    if chunk_table is not None:
+        chunks = ("sha256:" + hashlib.sha256(chunk_table).hexdigest(), len(chunk_table))
+        registry.upload_blob(image, chunks[0], io.BytesIO(chunk_table), chunks[1])
+    body = artifact_manifest(subject, blob, size, {**annotations, IMAGE_DIGEST: image_digest}, chunks)
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     headers = registry.put_manifest(f"{repository}@{digest}", body, OCI_MANIFEST)
     if any(key.lower() == "oci-subject" for key in headers):
@@ -144,3 +155,12 @@ def find_artifact(registry: ArtifactRegistry, image: str) -> tuple[str, Mapping[
         return None
     return ref, layers[0]
 
+
+
+def chunk_layer(registry: ArtifactRegistry, artifact: str) -> Mapping[str, Any] | None:
+    """The chunk table's descriptor in artifact manifest `artifact` (REPOSITORY@DIGEST); None
+    for an artifact published before the table was (its squashfs is read whole)."""
+    manifest = registry.manifest(artifact)
+    tables = [layer for layer in (manifest[0].get("layers") or []) if layer.get("mediaType") == CHUNKS_TYPE] \
+        if manifest else []
+    return tables[0] if len(tables) == 1 else None

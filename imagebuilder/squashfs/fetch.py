@@ -78,7 +78,7 @@ def check_output(path: Path) -> None:
         raise NoOutputFolder(path=path, folder=path.parent)
 
 
-def image_digest(registry: FetchRegistry, image: str, platform: str) -> str:
+def image_digest(registry: ArtifactRegistry, image: str, platform: str) -> str:
     """REPOSITORY@DIGEST of the image manifest `image` names for `platform`."""
     found = registry.manifest(image)
     if found is None:
@@ -97,10 +97,10 @@ def image_digest(registry: FetchRegistry, image: str, platform: str) -> str:
     return pinned(image, str(descriptor["digest"]))
 
 
-def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
-                   platform: str = "linux/amd64", cosign: Cosign | None = None,
-                   say: Callable[[str], None]) -> Fetched:
-    started = time.monotonic()
+def checked_artifact(registry: ArtifactRegistry, image: str, *, key: str | None, platform: str,
+                     cosign: Cosign | None, say: Callable[[str], None]) -> tuple[str, str, Mapping[str, Any]]:
+    """(REPOSITORY@DIGEST of the image, of its artifact, the squashfs layer's descriptor), the
+    artifact's signature checked with `key`."""
     target = image_digest(registry, image, platform)
     found = find_artifact(registry, target)
     if found is None:
@@ -109,6 +109,14 @@ def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: st
     if key is not None:
         (cosign or Cosign().require()).verify(key, artifact)
         say(f"{artifact}: signature verified with {key}")
+    return target, artifact, layer
+
+
+def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
+                   platform: str = "linux/amd64", cosign: Cosign | None = None,
+                   say: Callable[[str], None]) -> Fetched:
+    started = time.monotonic()
+    target, artifact, layer = checked_artifact(registry, image, key=key, platform=platform, cosign=cosign, say=say)
     digest, size = str(layer["digest"]), int(layer.get("size") or 0)
     manifest = registry.manifest(artifact)
     annotations: Mapping[str, Any] = (manifest[0].get("annotations") or {}) if manifest else {}
