@@ -142,10 +142,11 @@ class PublishPlan:
 
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, read_os_release: ReadOsRelease | None, registry: Registry,
-                 force: bool, day: date, merge_only: bool, note: Note, signing: bool = False) -> PublishPlan:
+                 force: bool, day: date, merge_only: bool, note: Note, signing: bool = False,
+                 dual: bool = False) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
     platform, each compared with what the registry holds (skip, retag or build; `signing`: an
-    unsigned one is rebuilt)."""
+    unsigned one is rebuilt; `dual`: --compression gzip+zstd, each build pushes TAG-gzip too)."""
     from . import publish
 
     # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
@@ -156,7 +157,7 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
     for platform, images in [] if merge_only else per_platform:  # --merge-only builds nothing
         remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
-        plans.append((platform, publish.plan(images, remotes, force=force, day=day)))
+        plans.append((platform, publish.plan(images, remotes, force=force, day=day, dual=dual)))
     return PublishPlan(tuple(plans), index_platforms, multi)
 
 

@@ -9,16 +9,21 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support.real_images import imagebuilder
+from test_publish_runner import images
+
 from imagebuilder.engine.api import Pushed
 from imagebuilder.engine.export import Compression, CompressionUnavailable, Export, choose, gzip_ref, output_args
 from imagebuilder.errors import BadRequest
 from imagebuilder.manifests import OCI_INDEX, ZSTD_ANNOTATION, index_document, platform_entries
-from imagebuilder.publish.plan import RunOptions
+from imagebuilder.publish.plan import RunOptions, plan
+from imagebuilder.publish.report import format_plan
 from imagebuilder.publish.dual import dual_index, images_of, marked_zstd
 from imagebuilder.publish.push import Pushing, push_dual
 from imagebuilder.verify.facts import gzip_instead, registry_compression
@@ -195,3 +200,33 @@ def test_verify_judges_the_entry_a_daemon_takes_and_names_the_gzip_image() -> No
     assert gzip_instead(registry, f"{REPO}:old") == f"{REPO}:old-gzip"
     assert gzip_instead(registry, f"{REPO}:new") is None
     assert gzip_instead(registry, f"{REPO}@{_d('x')}") is None
+
+
+def test_the_plan_of_gzip_zstd_lists_the_pushes_the_run_makes_in_its_order() -> None:
+    """The dry run is the run's plan: TAG-gzip, then the tags, then the dated tag."""
+    (step,) = plan(images(), {}, day=date(2026, 12, 4), dual=True)
+    assert step.gzip == gzip_ref(step.image.ref)
+    registry = DualRegistry(documents={_d("gzip-index"): _buildkit_index("gzip"), _d("zstd-index"): _buildkit_index("zstd")})
+    done = Pushing()
+    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(DUAL), platform="linux/amd64")
+    push_dual(step.image.refs, _d("zstd-index"), _d("gzip-index"), PushingEngine(registry), registry,  # type: ignore[arg-type]
+              options, done)
+    assert step.dated is not None and list(step.writes) == [*done.pushed, step.dated]
+    assert step.to_json()["push"] == list(step.writes)
+    listed = format_plan((step,)).splitlines()[-2]
+    assert listed.startswith(f"  {step.image.tags[0]}: push {step.image.tags[0]}-gzip, "), listed
+    # zstd alone, or an image not built, pushes no gzip image.
+    assert plan(images(), {}, dual=False)[0].writes == step.image.refs
+
+
+@pytest.mark.registry
+def test_publish_dry_run_with_gzip_zstd_lists_the_gzip_push(registry: str, tmp_path: Path) -> None:
+    report = tmp_path / "plan.json"
+    done = imagebuilder("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12",
+                        "--variant", "runtime", "--builder", "buildkit", "--compression", "gzip+zstd", "--dry-run",
+                        "--registry", f"{registry}/ns", "--report", str(report), timeout=300)
+    assert done.returncode == 0, done.stderr
+    (planned,) = json.loads(report.read_text())["planned"]
+    first = planned["ref"]
+    assert planned["push"][:2] == [gzip_ref(first), first], planned
+    assert f"push {first.rsplit(':', 1)[1]}-gzip, " in done.stdout, done.stdout

@@ -62,6 +62,7 @@ class CannedEngine:
     built: list[str] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
     kind: BuilderKind = "classic"  # it is the builder too
 
@@ -104,7 +105,7 @@ class CannedEngine:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
 
     def remove_image(self, ref: str, force: bool = True) -> None:
-        pass  # (build untags the unlabelled image it labelled)
+        self.removed.append(ref)  # (build untags the unlabelled image it labelled)
 
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         if ref in self.fail_push:
@@ -296,6 +297,8 @@ class CannedStore(CannedEngine):
         return result
 
     def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
+        if ref in self.fail_push:
+            raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
         self.pushed.append(ref)
         digest = "sha256:" + "f" * 64 if self.recompress else self.ids[ref]
         self.digests[ref] = digest
@@ -848,3 +851,45 @@ def test_gzip_zstd_exports_gzip_after_the_verified_zstd_image_and_pushes_one_ind
     index = "sha256:" + hashlib.sha256(body).hexdigest()
     assert {outcome.pushed[r] for r in image.refs} == {index}
     assert outcome.pushed[gzip_ref(image.ref)] == engine.ids[gzip_ref(image.ref)]
+
+
+def _interrupted_verify(engine: Any, registry: Any, ref: str, options: RunOptions) -> VerifyReport:
+    raise KeyboardInterrupt
+
+
+GZIP_ENDINGS: dict[str, tuple[dict[str, Any], bool | None, str | None]] = {
+    "pushed": ({}, True, PUSHED),
+    "verification failed": ({}, False, FAILED),
+    "push failed": ({"fail_push": "zstd"}, True, FAILED),
+    "--no-push": ({"push": False}, True, VERIFIED),
+    "Ctrl-C during verify": ({}, None, None),
+}
+
+
+@pytest.mark.parametrize("ending", list(GZIP_ENDINGS))
+def test_the_local_gzip_image_of_gzip_zstd_is_removed_however_the_image_s_phases_end(ending: str) -> None:
+    """TAG-gzip is the run's own, for the push alone: left behind it doubles the image's disk."""
+    from dataclasses import replace
+
+    from imagebuilder.engine.export import gzip_ref
+
+    asked, ok, status = GZIP_ENDINGS[ending]
+    engine = CannedStore()
+    (image,) = images()
+    if asked.get("fail_push"):
+        engine.fail_push.add(image.ref)
+    registry = DualBlobs(engine=engine)
+    options = replace(OPTIONS, export=Export(Compression("gzip+zstd"), provenance=True), platform="linux/amd64",
+                      push=asked.get("push", True))
+    steps = plan([image], {})
+    outcomes = publish(steps, engine=engine, builder=engine, registry=registry, options=options,
+                               verifier=_interrupted_verify if ok is None else verdict(ok))
+    if status is None:
+        with pytest.raises(KeyboardInterrupt):
+            list(outcomes)
+    else:
+        (outcome,) = outcomes
+        assert outcome.status == status, outcome.reason
+    assert engine.requests[-1].tags == (gzip_ref(image.ref),)  # it was made
+    assert [ref for ref in engine.removed if ref.endswith("-gzip")] == [gzip_ref(image.ref)]
+    assert image.ref not in engine.removed  # the verified image stays

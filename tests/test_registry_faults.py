@@ -431,12 +431,14 @@ def _merge_stand_ins(upstream: str, address: str) -> list[str]:
     return [parse_reference(ref).reference for ref in refs]
 
 
-def _interrupt_when(proxy: FaultProxy, method: str, pattern: str, argv: list[str]) -> tuple[int, str, float]:
-    """Run `imagebuilder ARGV` in its own process group, send that group SIGINT once the proxy
-    has held a `method` request on `pattern`; (exit status, stderr, seconds from SIGINT to exit).
-    Afterwards no process of the group is left (cosign's included)."""
-    process = subprocess.Popen([sys.executable, "-m", "imagebuilder", *argv], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _interrupt_when(proxy: FaultProxy, method: str, pattern: str, argv: list[str],
+                    launcher: tuple[str, ...] = ("-m", "imagebuilder"),
+                    env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """Run `imagebuilder ARGV` (`python LAUNCHER ARGV`) in its own process group, send that group
+    SIGINT once the proxy has held a `method` request on `pattern`; (exit status, stderr, seconds
+    from SIGINT to exit). Afterwards no process of the group is left (cosign's included)."""
+    process = subprocess.Popen([sys.executable, *launcher, *argv], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     deadline = time.monotonic() + 180
     while "stalled" not in proxy.asked(method, pattern) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
@@ -485,3 +487,82 @@ def test_ctrl_c_while_an_index_is_signed_exits_130_and_leaves_no_signature(upstr
     assert [d for d in indexes if reader.digest(signature_tag(f"{upstream}/{NS}/pytorch@{d}")) is not None] == []
     document = json.loads(report.read_text())
     assert (document["ok"], document["state"]) == (False, "ended") and "interrupted" in document["error"]
+
+
+# --------------------------------------------------------------------------- Ctrl-C while the image is pushed
+
+# `imagebuilder publish` as cli.main() runs it, but for two phases a torch image would take
+# minutes for: the build is a small image FROM the tests' base image, made by the real classic
+# builder under the image's tags, and verify is a passing report. The plan, the run, the push
+# (the daemon's, through the fault proxy), the --report and Ctrl-C are the CLI's own.
+SMALL_PUBLISH = """
+import sys, tempfile
+from pathlib import Path
+from imagebuilder import cli
+from imagebuilder.build import Built
+from imagebuilder.engine.api import BuildRequest
+from imagebuilder.engine.classic import ClassicBuilder
+from imagebuilder.publish import run
+from imagebuilder.verify.report import VerifyReport
+from imagebuilder.verify.preflight import PASS, PreflightItem
+from smoke_tests.result import Result
+
+base = sys.argv.pop(1)
+
+def small_build(image, engine, builder, registry, options, local, on_progress):
+    with tempfile.TemporaryDirectory() as context:
+        Path(context, "Dockerfile").write_text(f"FROM {base}\\nRUN echo {image.ref} > /published\\n")
+        result = ClassicBuilder(engine).build(BuildRequest(Path(context), image.refs, {}))
+    return Built(image, result, image.refs), None
+
+def passed(engine, ref, **options):
+    return VerifyReport(ref, "docker", (PreflightItem("image", PASS, "present locally"),), (Result("compile", PASS),))
+
+run._build = small_build
+run.verify_image = passed
+cli.main()
+"""
+SMALL = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12", "--variant", "runtime",
+         "--builder", "classic", "--allow-no-gpu")
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.parametrize("held", ["a blob upload", "the image manifest"])
+def test_ctrl_c_while_the_image_is_pushed_exits_130_claims_nothing_and_the_rerun_completes(
+        held: str, docker_engine: DockerEngine, base_image: str, image_repo: str, upstream: str, proxy: FaultProxy,
+        tmp_path: Path) -> None:
+    method, pattern = ("PUT", r"/blobs/uploads/") if held == "a blob upload" else ("PUT", r"/pytorch/manifests/[^/]+$")
+    proxy.inject(Fault(method, pattern, stall_s=120, times=None))
+    client = docker_engine.client
+    containers = {c.id for c in client.containers.list(all=True)}  # (the Docker lock: no other test's run)
+    scratch = tmp_path / "tmp"  # the run's TMPDIR: whatever temp folder it makes is seen here
+    scratch.mkdir()
+    report = tmp_path / "report.json"
+    argv = [base_image, *SMALL, "--registry", f"{proxy.address}/{image_repo}", "--report", str(report)]
+    env = {**os.environ, "GITHUB_SHA": "0" * 40, "TMPDIR": str(scratch)}
+    code, stderr, took = _interrupt_when(proxy, method, pattern, argv, ("-c", SMALL_PUBLISH), env)
+    assert code == 130 and took < 10 and "Traceback" not in stderr, stderr
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == ["interrupted"], stderr
+    document = json.loads(report.read_text())
+    assert (document["ok"], document["state"]) == (False, "ended") and "interrupted" in document["error"]
+    (image,) = document["images"]
+    assert (image["status"], image["pushed"]) == ("interrupted", {}), image
+    assert image["reason"] == "interrupted during push: interrupted (Ctrl-C)", image
+    tags = [ref.rsplit(":", 1)[1] for ref in document["planned"][0]["push"]]
+    assert tags and all(_tag_digest(upstream, f"{image_repo}/pytorch", tag) is None for tag in tags)
+    assert {c.id for c in client.containers.list(all=True)} <= containers  # the build's step containers removed
+    # The image built stays under its tags, as after any publish, and nothing else of the run does.
+    local = {t for i in client.images.list() for t in i.tags if image_repo in t}
+    assert local and local <= set(document["planned"][0]["push"]), local
+    assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "tmp"]
+
+    proxy.inject()  # the registry answers again: the rerun pushes what the interrupted run did not
+    rerun = subprocess.run([sys.executable, "-c", SMALL_PUBLISH, *argv], cwd=REPO_ROOT, env=env, text=True,
+                           capture_output=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    document = json.loads(report.read_text())
+    assert document["ok"] is True and [i["status"] for i in document["images"]] == ["pushed"], document["images"]
+    assert all(_tag_digest(upstream, f"{image_repo}/pytorch", tag) == document["images"][0]["pushed"][ref]
+               for ref, tag in zip(document["planned"][0]["push"], tags))
+    assert list(scratch.iterdir()) == []

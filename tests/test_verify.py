@@ -422,6 +422,23 @@ def test_verify_image_runs_the_smoke_tests_with_every_gpu() -> None:
     assert gpu.detail == "2 GPU(s): NVIDIA H100 80GB HBM3"
 
 
+def test_verify_says_which_cuda_is_which_as_the_image_is_labelled() -> None:
+    """The wheels' CUDA runtime and a devel image's nvcc toolkit (build.cuda_labels), in the
+    image's line of the preflight, which the report prints and --json keeps."""
+    devel = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.cuda": "12.1.1",
+                               "io.imagebuilder.cuda.runtime": "12.4.127", "io.imagebuilder.cuda.toolkit": "12.4.1"})
+    report = verify_image(devel, "img:1", registry=OFFLINE)
+    image = {item.name: item for item in report.preflight}["image"]
+    assert image.detail == "present locally; CUDA runtime 12.4.127, CUDA toolkit (nvcc) 12.4.1"
+    assert "CUDA runtime 12.4.127, CUDA toolkit (nvcc) 12.4.1" in report.format()
+    runtime = FakeEngine(labels={**BUILT_BY_IMAGEBUILDER, "io.imagebuilder.cuda.runtime": "13.0.96"})
+    image = {item.name: item for item in verify_image(runtime, "img:1", registry=OFFLINE).preflight}["image"]
+    assert image.detail == "present locally; CUDA runtime 13.0.96"
+    # An image built before the labels (or not by imagebuilder) says nothing it does not know.
+    older = {item.name: item for item in verify_image(FakeEngine(), "img:1", registry=OFFLINE).preflight}["image"]
+    assert older.detail == "present locally"
+
+
 def test_gpus_and_runtime_come_from_the_daemons_host(tmp_path: Path) -> None:
     """A CDI spec on this client says nothing about the daemon's host (DOCKER_HOST=ssh://...)."""
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")

@@ -69,7 +69,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         plan = pipeline.plan_publish(matrix, selection, opts, wanted, multi=multi,
                                      read_os_release=engine.os_release if engine else None,
                                      registry=registry, force=force, day=today, merge_only=merge_only, note=note,
-                                     signing=signer is not None)
+                                     signing=signer is not None,
+                                     dual=compression is not None and compression.also is not None)
         ledger.planned = plan.planned
         for platform, steps in plan.steps:
             echo((f"{platform}:\n" if multi else "") + format_plan(steps, push))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..build import Built, build_order
-from ..engine.export import Export
+from ..engine.export import Export, gzip_ref
 from ..reference import RegistryTarget, parse_reference
 from ..render import RenderedImage
 from ..signing import Signed, Signer
@@ -68,12 +68,15 @@ class Step:
     """RETAG: the refs to point at `digest`."""
     dated: str | None = None
     """BUILD: the dated ref to push besides the image's tags; None when that day already has one."""
+    gzip: str | None = None
+    """BUILD with --compression gzip+zstd: the gzip image's ref (gzip_ref()), pushed before the tags."""
 
     @property
     def writes(self) -> tuple[str, ...]:
-        """Every ref the run pushes (BUILD) or re-points (RETAG) for this step, the dated one included."""
+        """Every ref the run pushes (BUILD) or re-points (RETAG) for this step, in the run's order:
+        gzip+zstd's gzip image first, the dated one last."""
         if self.action == BUILD:
-            return (*self.image.refs, *((self.dated,) if self.dated else ()))
+            return (*((self.gzip,) if self.gzip else ()), *self.image.refs, *((self.dated,) if self.dated else ()))
         return self.retag
 
     def to_json(self) -> dict[str, Any]:
@@ -88,10 +91,11 @@ def dated_ref(image: RenderedImage, day: date) -> str:
 
 
 def plan(images: Iterable[RenderedImage], remotes: Mapping[str, Remote], *,
-         force: bool = False, day: date | None = None) -> tuple[Step, ...]:
+         force: bool = False, day: date | None = None, dual: bool = False) -> tuple[Step, ...]:
     """One Step per image, runtime images before the jupyter images built FROM them.
     `remotes` is keyed by each image's primary ref; a missing entry means nothing is there.
-    `day` (None: no dated tags) names the dated tag each image gets."""
+    `day` (None: no dated tags) names the dated tag each image gets; `dual` (--compression
+    gzip+zstd): each image built pushes its gzip image under gzip_ref() too (push.push_dual)."""
     steps: list[Step] = []
     rebuilt: set[str] = set()
     for image in build_order(images):
@@ -100,6 +104,8 @@ def plan(images: Iterable[RenderedImage], remotes: Mapping[str, Remote], *,
             step = _with_dated(step, dated_ref(image, day), remotes.get(image.ref))
         if step.action == BUILD:
             rebuilt.add(image.ref)
+            if dual:
+                step = replace(step, gzip=gzip_ref(image.ref))
         steps.append(step)
     return tuple(steps)
 

@@ -182,8 +182,6 @@ def push_image(step: Step, built: Built, export: Export | None, engine: Engine, 
             done.mounted = _mount_from_cache(image.ref, engine, registry, cache, done.before.had)
         if built.gzip is not None:
             push_dual(image.refs, built.result.image_id, built.gzip.image_id, engine, registry, options, done)
-            # Its gzip blobs are in the registry now; here they would only double the image's disk.
-            engine.remove_image(gzip_ref(image.ref), force=False)
         else:
             for ref in image.refs:
                 done.pushed[ref] = _push_tag(ref, built.result.image_id, engine, registry, options, done)

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ..build import Built, build_image
 from ..engine.api import Builder, Engine, OnProgress
-from ..engine.export import Export
+from ..engine.export import Export, gzip_ref
 from ..errors import ImageBuilderError
 from ..platforms import host_platform
 from ..registry import Registry
@@ -122,6 +122,11 @@ def _build_verify_push(step: Step, engine: Engine, builder: Builder, registry: R
     finally:
         if built.cache_export is not None:  # ended by now, unless something failed on the way
             built.cache_export.stop()
+        if built.gzip is not None:
+            # gzip+zstd's gzip image is this run's, for the push alone, however the image's phases
+            # ended: pushed, its blobs are in the registry; not, the next run exports it again
+            # (every step cached). Here it would only double the image's disk.
+            engine.remove_image(gzip_ref(step.image.ref), force=False)
 
 
 def _verify_push(step: Step, built: Built, export: Export | None, engine: Engine, registry: Registry,

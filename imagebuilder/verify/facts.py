@@ -23,9 +23,9 @@ from ..platforms import host_platform
 from ..provenance import BuiltFrom, built_from
 from ..reference import InvalidReference, names_domain, parse_reference
 from ..registry import RegistryError
-from .preflight import (BUILT_LABEL, CUDA_LABEL, MIN_DRIVER_COMPAT_LABEL, MIN_DRIVER_LABEL, NVIDIA_SMI,
-                        NVIDIA_SMI_TIMEOUT, Gpu, GpuProbe, HostFacts, daemon_runtime, parse_nvidia_smi,
-                        read_gpu_probe)
+from .preflight import (BUILT_LABEL, CUDA_LABEL, CUDA_RUNTIME_LABEL, CUDA_TOOLKIT_LABEL, MIN_DRIVER_COMPAT_LABEL,
+                        MIN_DRIVER_LABEL, NVIDIA_SMI, NVIDIA_SMI_TIMEOUT, Gpu, GpuProbe, HostFacts, daemon_runtime,
+                        parse_nvidia_smi, read_gpu_probe)
 from .rdma import PROBE, PROBE_TIMEOUT, RdmaFacts, access_for, read_rdma_probe
 
 
@@ -116,7 +116,8 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
     return HostFacts(
         gpus=probe.gpus, gpu_error=probe.error,
         min_driver=labels.get(MIN_DRIVER_LABEL), min_driver_compat=labels.get(MIN_DRIVER_COMPAT_LABEL),
-        cuda=labels.get(CUDA_LABEL),
+        cuda=labels.get(CUDA_LABEL), cuda_runtime=labels.get(CUDA_RUNTIME_LABEL),
+        cuda_toolkit=labels.get(CUDA_TOOLKIT_LABEL),
         pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
         # NCCL only runs with GPUs: without them there is no transport to give devices to.
         rdma=probe_rdma(engine, ref) if probe.gpus else None,

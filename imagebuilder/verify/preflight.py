@@ -30,6 +30,8 @@ NVIDIA_SMI = ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noh
 MIN_DRIVER_LABEL = labels.MIN_DRIVER
 MIN_DRIVER_COMPAT_LABEL = labels.MIN_DRIVER_COMPAT
 CUDA_LABEL = labels.CUDA
+CUDA_RUNTIME_LABEL = labels.CUDA_RUNTIME
+CUDA_TOOLKIT_LABEL = labels.CUDA_TOOLKIT
 BUILT_LABEL = labels.INPUTS_HASH
 """Every image imagebuilder builds carries it, and with it smoke_tests and a manifest."""
 
@@ -55,6 +57,10 @@ class HostFacts:
     """Its floor through CUDA minor-version compatibility; None: not declared (min_driver rules)."""
     cuda: str | None = None
     """The image's CUDA version, to say what needs the driver."""
+    cuda_runtime: str | None = None
+    """The CUDA runtime its torch wheels bring (CUDA_RUNTIME_LABEL); None: not labelled."""
+    cuda_toolkit: str | None = None
+    """Devel images: the CUDA toolkit nvcc comes from (CUDA_TOOLKIT_LABEL); None: not labelled."""
     in_container: bool = True
     """False for --local: no daemon, image or container runtime involved."""
     daemon_error: str | None = None
@@ -156,8 +162,17 @@ def _container_items(facts: HostFacts) -> list[PreflightItem]:
     if facts.image_error is not None:
         items.append(PreflightItem("image", FAIL, facts.image_error))
     else:
-        items.append(PreflightItem("image", PASS, "pulled" if facts.pulled else "present locally"))
+        cuda = cuda_facts(facts)
+        items.append(PreflightItem("image", PASS, ("pulled" if facts.pulled else "present locally")
+                                   + (f"; {cuda}" if cuda else "")))
     return items
+
+
+def cuda_facts(facts: HostFacts) -> str | None:
+    """Which CUDA is which in the image, as its labels say (build.cuda_labels); None: unlabelled."""
+    said = [f"{what} {version}" for what, version in (("CUDA runtime", facts.cuda_runtime),
+                                                       ("CUDA toolkit (nvcc)", facts.cuda_toolkit)) if version]
+    return ", ".join(said) or None
 
 
 def _runtime_item(facts: HostFacts) -> PreflightItem:
