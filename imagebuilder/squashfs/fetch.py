@@ -8,7 +8,6 @@ before a byte of it is downloaded, the blob streamed into a temp file beside FIL
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import time
@@ -23,7 +22,7 @@ from ..manifests import INDEXES
 from ..signing import pinned
 from .artifact import ArtifactRegistry, find_artifact
 from ..heartbeat import every
-from .make import HEARTBEAT_S, human
+from .make import HEARTBEAT_S, human, sha256_file
 
 
 class FetchError(ImageBuilderError):
@@ -117,6 +116,13 @@ def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: st
                    say: Callable[[str], None]) -> Fetched:
     started = time.monotonic()
     target, artifact, layer = checked_artifact(registry, image, key=key, platform=platform, cosign=cosign, say=say)
+    return download_squashfs(registry, image, output, target, artifact, layer, started=started, say=say)
+
+
+def download_squashfs(registry: FetchRegistry, image: str, output: Path, target: str, artifact: str,
+                      layer: Mapping[str, Any], *, started: float, say: Callable[[str], None]) -> Fetched:
+    """The squashfs blob `layer` of `artifact` (checked_artifact's answer for `image`) as FILE,
+    its digest checked, written atomically."""
     digest, size = str(layer["digest"]), int(layer.get("size") or 0)
     manifest = registry.manifest(artifact)
     annotations: Mapping[str, Any] = (manifest[0].get("annotations") or {}) if manifest else {}
@@ -131,7 +137,7 @@ def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: st
 
             with every(HEARTBEAT_S, progress, name="squashfs-heartbeat"):
                 registry.download_blob(target, digest, out)
-        actual = _sha256(part)
+        actual = sha256_file(part)
         if actual != digest:
             raise Corrupt(image=image, actual=actual, digest=digest)
         part.chmod(0o644)
@@ -140,11 +146,3 @@ def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: st
         part.unlink(missing_ok=True)
     return Fetched(output, target, artifact, size, time.monotonic() - started,
                    {str(k): str(v) for k, v in annotations.items()})
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()

@@ -30,7 +30,7 @@ from ..errors import ImageBuilderError
 from ..heartbeat import every
 from .artifact import chunk_layer
 from .chunks import parse_table
-from .fetch import FetchError, Fetched, FetchRegistry, checked_artifact, fetch_squashfs
+from .fetch import FetchError, Fetched, FetchRegistry, checked_artifact, download_squashfs
 from .make import HEARTBEAT_S, ToolMissing, human
 
 PLUGIN = Path(__file__).with_name("nbdkit_plugin.py")
@@ -83,7 +83,7 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
     if table_layer is None:
         say(f"{image}: its squashfs was published without a chunk table (before imagebuilder could read it "
             "lazily), so it cannot be checked chunk by chunk; downloading it whole")
-        return fetch_squashfs(registry, image, output, key=None, platform=platform, say=say)
+        return download_squashfs(registry, image, output, target, artifact, layer, started=started, say=say)
     blob, size = str(layer["digest"]), int(layer.get("size") or 0)
     body = io.BytesIO()
     registry.download_blob(target, str(table_layer["digest"]), body)

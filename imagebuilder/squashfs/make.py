@@ -158,7 +158,7 @@ def _apply_blob(registry: LayerRegistry, ref: str, digest: str, blob: Path, root
     try:
         with open(blob, "w+b") as out:
             registry.download_blob(ref, digest, out)
-        actual = _sha256(blob)
+        actual = sha256_file(blob)
         if actual != digest:
             raise BlobCorrupt(digest=digest, ref=ref, actual=actual)
         with open(blob, "rb") as compressed:
@@ -208,7 +208,8 @@ def mksquashfs_version() -> str:
     return " ".join(first[0].split()[:3]) if first else "mksquashfs"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256:HEX of the file at `path`, read 1 MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
