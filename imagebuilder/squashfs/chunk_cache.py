@@ -111,15 +111,16 @@ class ChunkCache:
             start, _ = self._table.span(run[0])
             last_start, last_size = self._table.span(run[-1])
             data = self._reader.blob_range(self._ref, self._blob, start, last_start + last_size - start)
-            self.requests += 1
+            with self._lock:
+                self.requests += 1
             for index in run:
                 begin, size = self._table.span(index)
                 piece = data[begin - start:begin - start + size]
                 self._table.check(index, piece, self._blob)
                 os.pwrite(self._fd, piece, begin)
-                with self._lock:
+                with self._lock:  # the readahead's threads fetch beside the reads
                     self._have[index] = 1
-                self.fetched_bytes += size
+                    self.fetched_bytes += size
         finally:
             with self._lock:
                 for index in run:
