@@ -1,0 +1,7 @@
+"""eStargz layers ordered by what an image's start reads (issue 44).
+
+| module | what it holds |
+|---|---|
+| `writer.py` | an uncompressed layer tar -> one eStargz blob: the prioritized files first, the prefetch landmark, the rest, the TOC and footer; gzip members compressed on every core |
+| `profile.py` | the start profile: the files a command opens when the image starts, recorded with strace from the host |
+"""
