@@ -1,0 +1,419 @@
+"""The start profile of an image: the files its start reads, in the order it first opens them.
+
+`publish --compression estargz` writes these files first in each layer, then the prefetch
+landmark, so a node that pulls the image lazily (the stargz snapshotter) fetches them in one
+range request instead of one request per file as `import torch` faults them in. The start that
+matters is TORCH_START: `import torch` and a first `torch.compile`, whose Inductor C++ compile
+spawns the image's C++ compiler (its reads count too).
+
+How it is recorded: the image runs once, detached, as its own user (or a given one), with no
+network and no entrypoint. Its command first stops itself (SIGSTOP; docker's --init makes it a
+child of tini, because a namespace's PID 1 ignores a SIGSTOP it sends itself); strace attaches
+FROM THE HOST (the image has no strace, and a host binary would not run in any image) to the
+stopped process, and only then is it continued, so nothing it opens is missed. `-y` has strace
+print each returned descriptor's path as /proc/PID/fd shows it from the host: the container's
+path of the real file, with its symlinks resolved (tests/test_estargz_profile.py checks this).
+
+What strace cannot show: the kernel opens an executed file and its ELF interpreter (ld.so) or
+`#!` interpreter without an open call, and execve's argument may be a symlink (/bin/sh ->
+dash). After the run, the first bytes of each executed file are read from the exited container
+(`docker cp -L`) to find its interpreter, and one more container of the image resolves those
+paths with `readlink -f`. So an executed file is resolved against the image, not the run's
+writable layer: a binary the start itself wrote and ran is not resolved (it is no image file).
+
+Only a local daemon works: strace needs the container's process on this machine.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ImageBuilderError
+
+TORCH_START = ("python3", "-c", "import torch; f = torch.compile(lambda x: (x.sin() + 1).sum()); "
+                                "f(torch.ones(64))")
+"""The start a GPU image's users wait for: import torch, then a first torch.compile on the CPU
+(Inductor's C++ codegen and the compiler it spawns). `python3` on the image's PATH, as verify's
+probes run it (the image's venv comes first there)."""
+
+STRACE_FLAGS = ("-f", "-qq", "-y", "-e", "trace=open,openat,openat2,execve,execveat", "-e", "signal=none")
+"""Follow children; no attach/exit notes; decode descriptors to paths; only opens and execs."""
+
+NOT_FILES = ("/proc", "/sys", "/dev")
+"""Kernel file systems: nothing of the image's layers lives there."""
+
+_HEAD_BYTES = 64 * 1024
+"""Enough of an executable to hold its program headers and PT_INTERP, or its #! line."""
+
+_CALL = re.compile(r"^(?:\[pid\s+(?P<bracket>\d+)\]\s+|(?P<pid>\d+)\s+)?(?P<rest>.*)$")
+_RESULT = re.compile(r"\)\s+=\s+(?P<value>-?\d+)(?:<(?P<path>.*)>)?(?:\s+\w+\s+\(.*\))?$")
+_STRING = r'"(?P<arg>(?:[^"\\]|\\.)*)"'
+_ARGS = {
+    "open": re.compile(rf"^{_STRING},\s*(?P<flags>[A-Z0-9_|]+)"),
+    "openat": re.compile(rf"^[^,]*,\s*{_STRING},\s*(?P<flags>[A-Z0-9_|]+)"),
+    "openat2": re.compile(rf"^[^,]*,\s*{_STRING},\s*\{{flags=(?P<flags>[A-Z0-9_|]+)"),
+    "execve": re.compile(rf"^{_STRING}"),
+    "execveat": re.compile(rf"^\d+(?:<(?P<dir>[^>]*)>)?,\s*{_STRING}"),
+}
+
+
+class ProfileError(ImageBuilderError):
+    """Recording an image's start profile failed."""
+
+
+class ProfileUnavailable(ProfileError):
+    template = "cannot record the start profile of {ref}: {reason}"
+
+
+class StartTimedOut(ProfileError):
+    template = ("the start command of {ref} ({command}) did not end within {timeout:.0f} s under strace; "
+                "the container was removed; give it a longer timeout or a shorter command")
+
+
+class StartFailed(ProfileError):
+    template = ("the start command of {ref} ({command}) exited with {exit_code}, so its profile is not the "
+                "image's start; fix the image or the command. It said: {tail}")
+
+
+@dataclass(frozen=True)
+class StartProfile:
+    files: tuple[str, ...]
+    """The image's files the start read, in first-open order (container paths, symlinks resolved)."""
+    command: tuple[str, ...]
+    user: str
+    """The user it ran as: the image's (its Config.User, "" is root) or the one given."""
+    seconds: float
+    """The traced run's wall time, from the first instruction to the exit (strace slows opens)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"files": list(self.files), "command": list(self.command), "user": self.user,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class Opened:
+    """One successful open or exec the trace shows."""
+
+    path: str
+    executed: bool = False
+    """An execve target: the path as given (perhaps a symlink), its interpreter not shown."""
+
+
+# --- pure: the trace -> what was opened ----------------------------------------------------
+
+
+def _unescape(text: str) -> str:
+    """strace's C-style quoting (\\", \\\\, \\n, \\xNN, \\NNN) undone."""
+    if "\\" not in text:
+        return text
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape").encode("latin-1").decode(
+        "utf-8", "replace")
+
+
+def _complete_calls(lines: Iterable[str]) -> Iterator[str]:
+    """Each call's whole line: `-f` splits a call another process interrupted into
+    `NAME(ARGS <unfinished ...>` and, later, `<... NAME resumed>REST` on the same pid."""
+    pending: dict[str, str] = {}
+    for line in lines:
+        match = _CALL.match(line.rstrip("\n"))
+        if match is None:
+            continue
+        pid, rest = match["bracket"] or match["pid"] or "", match["rest"]
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
+            continue
+        resumed = re.match(r"^<\.\.\. \w+ resumed>\s?(?P<tail>.*)$", rest)
+        if resumed is not None:
+            start = pending.pop(pid, None)
+            if start is None:
+                continue  # the call began before strace attached
+            rest = start + resumed["tail"] if resumed["tail"].startswith((")", ",")) else start + " " + resumed["tail"]
+        yield rest
+
+
+def parse_trace(lines: Iterable[str]) -> tuple[Opened, ...]:
+    """The successful reading opens and execs of an `strace STRACE_FLAGS` output, in order.
+
+    An open counts with the path `-y` decoded from its returned descriptor (the real file);
+    a directory (O_DIRECTORY) or a write-only open does not; a failed call (`= -1 ENOENT`) does
+    not. An exec counts with its path argument, as given (`-y` decodes no return value there).
+    """
+    found: list[Opened] = []
+    for call in _complete_calls(lines):
+        name, _, args = call.partition("(")
+        pattern = _ARGS.get(name)
+        result = _RESULT.search(call)
+        if pattern is None or result is None or int(result["value"]) < 0:
+            continue
+        matched = pattern.match(args)
+        if matched is None:
+            continue
+        if name.startswith("execve"):
+            target = _unescape(matched["arg"])
+            directory = matched.groupdict().get("dir")
+            if not target.startswith("/") and directory:
+                target = f"{directory.rstrip('/')}/{target}"
+            found.append(Opened(target, executed=True))
+            continue
+        flags = set(matched["flags"].split("|"))
+        if "O_DIRECTORY" in flags or "O_WRONLY" in flags or result["path"] is None:
+            continue
+        path = _unescape(result["path"]).removesuffix(" (deleted)")
+        found.append(Opened(path))
+    return tuple(found)
+
+
+def profile_files(opened: Iterable[Opened], resolved: Mapping[str, Sequence[str]], *,
+                  directories: Collection[str] = (), excluded: Sequence[str] = ()) -> tuple[str, ...]:
+    """The profile: each path once, where it was first opened. An executed path stands for
+    `resolved[path]` (its real file and its interpreters' real files; the path itself where
+    absent). `directories` drop, and so do paths under NOT_FILES or `excluded` (mounts that
+    are no part of the image)."""
+    skipped = tuple(prefix.rstrip("/") for prefix in (*NOT_FILES, *excluded))
+    seen: dict[str, None] = {}
+    for entry in opened:
+        for path in (resolved.get(entry.path) or (entry.path,)) if entry.executed else (entry.path,):
+            if path not in directories and not any(path == prefix or path.startswith(prefix + "/") for prefix in skipped):
+                seen.setdefault(path, None)
+    return tuple(seen)
+
+
+def interpreter_of(head: bytes) -> str | None:
+    """The program that the kernel loads to run a file beginning with `head`: an ELF's PT_INTERP
+    (ld.so; None for a static binary), a script's #! program, None for anything else."""
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].split()
+        return words[0].decode("utf-8", "replace") if words else None
+    if not head.startswith(b"\x7fELF") or len(head) < 52:
+        return None
+    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    if wide:
+        phoff, = struct.unpack_from(order + "Q", head, 32)
+        phentsize, phnum = struct.unpack_from(order + "HH", head, 54)
+    else:
+        phoff, = struct.unpack_from(order + "I", head, 28)
+        phentsize, phnum = struct.unpack_from(order + "HH", head, 42)
+    for index in range(phnum):
+        at = phoff + index * phentsize
+        if at + phentsize > len(head):
+            return None
+        kind, = struct.unpack_from(order + "I", head, at)
+        if kind != 3:  # PT_INTERP
+            continue
+        # p_offset, then (past p_vaddr and p_paddr) p_filesz
+        offset, size = (struct.unpack_from(order + "Q16xQ", head, at + 8) if wide
+                        else struct.unpack_from(order + "I8xI", head, at + 4))
+        return head[offset: offset + size].split(b"\0", 1)[0].decode("utf-8", "replace") or None
+    return None
+
+
+# --- I/O: the traced run ------------------------------------------------------------------
+
+
+def _docker(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ProfileError(f"`docker {args[0]}` did not answer within {timeout:.0f} s") from e
+    if check and done.returncode != 0:
+        raise ProfileError(f"`docker {' '.join(args[:2])}` failed: {' '.join(done.stderr.split())[-300:]}")
+    return done
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, T, ...), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _stopped_child(init: int, deadline: float) -> int:
+    """The child of the container's init (tini) once it has stopped itself."""
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+        except OSError:
+            children = []
+        if children and _state(int(children[0])) == "T":
+            return int(children[0])
+        time.sleep(0.02)
+    raise TimeoutError
+
+
+def _traced(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return re.search(r"^TracerPid:\s*[1-9]", status, re.M) is not None
+
+
+def _wait(name: str, seconds: float) -> int | None:
+    """The container's exit code once it ends; None if it has not within `seconds`."""
+    try:
+        done = subprocess.run(["docker", "wait", name], capture_output=True, text=True, timeout=max(1.0, seconds))
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        raise ProfileError(f"`docker wait {name}` failed: {' '.join(done.stderr.split())[-300:]}")
+    return int(done.stdout.strip())
+
+
+def _stop(tracer: subprocess.Popen[str], *, ended: bool) -> None:
+    """strace ends by itself when the last traced process has `ended` (after writing the trace
+    out); it is stopped at once otherwise, or if it has not ended within 10 s."""
+    try:
+        tracer.wait(timeout=10 if ended else 0.01)
+    except subprocess.TimeoutExpired:
+        tracer.terminate()
+        tracer.wait(timeout=30)
+
+
+@contextmanager
+def _container(name: str) -> Iterator[None]:
+    """Removes the container `name` however the block ends (Ctrl-C included)."""
+    try:
+        yield
+    finally:
+        _docker("rm", "-f", name, check=False)
+
+
+def _head(container: str, path: str) -> bytes:
+    """The first _HEAD_BYTES of `path` (symlinks followed) in a container, running or not."""
+    with subprocess.Popen(["docker", "cp", "-L", f"{container}:{path}", "-"], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL) as copy:
+        assert copy.stdout is not None
+        data = copy.stdout.read(_HEAD_BYTES + 4096)
+        copy.kill()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None else None
+            return extracted.read(min(member.size, _HEAD_BYTES)) if extracted and member else b""
+    except (tarfile.TarError, OSError):
+        return b""
+
+
+_ASK = """while IFS= read -r line; do
+  path=${line#? }
+  case $line in
+    x*) readlink -f -- "$path" || echo "$path" ;;
+    *) if [ -d "$path" ]; then echo d; else echo -; fi ;;
+  esac
+done"""
+"""Answers, a line per question: `x PATH` -> the real path; `f PATH` -> d for a directory, else -.
+[ is sh's builtin: thousands of files cost no process each."""
+
+
+@dataclass(frozen=True)
+class ImageAnswers:
+    resolved: dict[str, list[str]]
+    """Each executed path -> its real path, then its interpreters' real paths."""
+    directories: frozenset[str]
+    """Opened paths that are directories in the image (opened without O_DIRECTORY: glibc's locale lookup)."""
+
+
+def _ask_image(ref: str, exited: str, opened: Sequence[Opened], user: str, timeout: float) -> ImageAnswers:
+    """Executed paths resolved, with their interpreters (read from the exited container `exited`),
+    and the directories among the opened paths: one container of `ref` answers all of it."""
+    chains: dict[str, list[str]] = {}
+    for target in dict.fromkeys(entry.path for entry in opened if entry.executed):
+        chain = [target]
+        while len(chain) < 4:
+            interpreter = interpreter_of(_head(exited, chain[-1]))
+            if interpreter is None or interpreter in chain:
+                break
+            chain.append(interpreter)
+        chains[target] = chain
+    executed = list(dict.fromkeys(path for chain in chains.values() for path in chain))
+    files = list(dict.fromkeys(entry.path for entry in opened if not entry.executed))
+    questions = [f"x {path}" for path in executed] + [f"f {path}" for path in files if "\n" not in path]
+    name = f"imagebuilder-profile-ask-{uuid.uuid4().hex[:12]}"
+    with _container(name):
+        try:
+            done = subprocess.run(["docker", "run", "-i", "--name", name, "--entrypoint", "", "--network", "none",
+                                   "--user", user or "0", ref, "sh", "-c", _ASK], input="\n".join(questions) + "\n",
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise ProfileError(f"resolving the profile's paths in {ref} took over {timeout:.0f} s") from e
+    answers = done.stdout.splitlines()
+    if done.returncode != 0 or len(answers) != len(questions):
+        raise ProfileError(f"resolving the profile's paths in {ref} failed: {' '.join(done.stderr.split())[-300:]}")
+    real = dict(zip(executed, answers))
+    return ImageAnswers(resolved={target: [real[path] for path in chain] for target, chain in chains.items()},
+                        directories=frozenset(path for question, answer in zip(questions[len(executed):],
+                                                                               answers[len(executed):])
+                                              if answer == "d" for path in (question[2:],)))
+
+
+def start_profile(ref: str, command: Sequence[str] = TORCH_START, *, user: str | None = None,
+                  timeout: float = 600, env: Mapping[str, str] | None = None) -> StartProfile:
+    """Run `command` in a container of `ref` under strace (attached from this host) and return the
+    files it read, in first-open order. Raises StartFailed when the command fails, StartTimedOut
+    after `timeout` s, ProfileUnavailable without strace or a local daemon. The container (and
+    the one that resolves executed paths) is removed in every case."""
+    strace = shutil.which("strace")
+    if strace is None:
+        raise ProfileUnavailable(ref=ref, reason="strace is not installed on this host (apt-get install strace)")
+    inspected = _docker("image", "inspect", "-f", "{{.Config.User}}", ref, check=False)
+    if inspected.returncode != 0:
+        raise ProfileUnavailable(ref=ref, reason=f"no such local image ({' '.join(inspected.stderr.split())[-200:]})")
+    user = inspected.stdout.strip() if user is None else user
+    name = f"imagebuilder-profile-{uuid.uuid4().hex[:12]}"
+    deadline = time.monotonic() + timeout
+    with _container(name), tempfile.TemporaryDirectory(prefix="imagebuilder-profile-") as scratch:
+        environment = [arg for key, value in (env or {}).items() for arg in ("-e", f"{key}={value}")]
+        _docker("run", "-d", "--init", "--name", name, "--entrypoint", "", "--network", "none",
+                *(["--user", user] if user else []), *environment, ref,
+                "sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *command)
+        init = int(_docker("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        if init <= 0 or not Path(f"/proc/{init}").exists():
+            raise ProfileUnavailable(ref=ref, reason="the container's process is not on this machine: "
+                                                     "a start profile needs a local Docker daemon")
+        try:
+            pid = _stopped_child(init, min(deadline, time.monotonic() + 30))
+        except TimeoutError:
+            raise ProfileUnavailable(ref=ref, reason="its start command did not stop itself within 30 s "
+                                                     "(does the image have /bin/sh?)") from None
+        trace = Path(scratch) / "trace"
+        tracer = subprocess.Popen([strace, *STRACE_FLAGS, "-o", str(trace), "-p", str(pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        exit_code: int | None = None
+        try:
+            while not _traced(pid):
+                if tracer.poll() is not None or time.monotonic() > deadline:
+                    raise ProfileUnavailable(ref=ref, reason=f"strace could not attach: {tracer.communicate()[1][-300:]}")
+                time.sleep(0.01)
+            started = time.monotonic()
+            os.kill(pid, signal.SIGCONT)
+            exit_code = _wait(name, deadline - time.monotonic())
+            if exit_code is None:
+                raise StartTimedOut(ref=ref, command=" ".join(command), timeout=timeout)
+            seconds = time.monotonic() - started
+        finally:
+            _stop(tracer, ended=exit_code is not None)
+        if exit_code != 0:
+            logs = _docker("logs", "--tail", "20", name, check=False)
+            tail = " ".join((logs.stdout + logs.stderr).split())[-500:] or "nothing"
+            raise StartFailed(ref=ref, command=" ".join(command), exit_code=exit_code, tail=tail)
+        opened = parse_trace(trace.read_text(errors="replace").splitlines())
+        answers = _ask_image(ref, name, opened, user, max(10.0, deadline - time.monotonic()))
+    files = profile_files(opened, answers.resolved, directories=answers.directories)
+    return StartProfile(files, tuple(command), user, seconds)
