@@ -81,6 +81,7 @@ def test_interpreter_of_reads_pt_interp_and_shebangs() -> None:
     assert interpreter_of(b"#!\n") is None
     assert interpreter_of(b"plain text") is None
     assert interpreter_of(b"\x7fELF") is None  # cut short
+    assert interpreter_of(b"\x7fELF\x02\x01" + bytes(50)) is None  # a 64-bit header cut short
     head = Path("/bin/sh").resolve().read_bytes()[:65536]
     expected = subprocess.run(["readelf", "-l", "/bin/sh"], capture_output=True, text=True).stdout if shutil.which(
         "readelf") else ""

@@ -202,6 +202,8 @@ def interpreter_of(head: bytes) -> str | None:
     if not head.startswith(b"\x7fELF") or len(head) < 52:
         return None
     wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    if wide and len(head) < 64:
+        return None
     if wide:
         phoff, = struct.unpack_from(order + "Q", head, 32)
         phentsize, phnum = struct.unpack_from(order + "HH", head, 54)
