@@ -8,10 +8,12 @@ snapshotter fetches nothing ahead for it. Names match whatever the tar's spellin
 Whiteouts (`.wh.x`, `.wh..wh..opq`) are entries like any other: the TOC and an unpacker apply
 them by name, not by position.
 
-Two choices differ from upstream, both so that a profile path counts where a reader finds it:
-a profile path whose parent folder has no entry in this layer (it comes from a layer below) still
-moves (upstream treats the path as missing), and an entry that repeats a name replaces the earlier
-one in place of the later (as upstream), as does a landmark or TOC the tar already holds (dropped).
+Where upstream differs, this follows what the snapshotter does with the result: a profile path
+whose parent folder has no entry in this layer (it comes from a layer below) still moves (upstream
+counts it missing; the reader makes the folder), and a profile none of whose paths is here gets
+`.no.prefetch.landmark` (upstream writes `.prefetch.landmark` at offset ~0, which fetches as little).
+As upstream, a name the tar repeats keeps its later entry, at that entry's position, and a landmark
+or TOC already in the tar is dropped.
 """
 
 from __future__ import annotations
