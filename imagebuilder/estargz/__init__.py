@@ -3,5 +3,7 @@
 | module | what it holds |
 |---|---|
 | `writer.py` | an uncompressed layer tar -> one eStargz blob: the prioritized files first, the prefetch landmark, the rest, the TOC and footer; gzip members compressed on every core |
+| `order.py` | the order entries are written in: the start profile's files with their parents, the landmark, the rest |
+| `toc.py` | the format's bytes, pure: TOC entries and JSON, gzip members, the footer, the annotations' names |
 | `profile.py` | the start profile: the files a command opens when the image starts, recorded with strace from the host |
 """

@@ -1,0 +1,252 @@
+"""An uncompressed layer tar -> one eStargz blob, its gzip members compressed on every core.
+
+`publish --compression estargz` writes each layer so that the stargz snapshotter, mounting it,
+fetches the files the image's start reads in one range request: those files first, then the
+prefetch landmark, then the rest (order.py decides the order, toc.py holds the format's bytes).
+
+The layer can be several GB, so it is read twice and never whole: one pass of tarfile indexes its
+members (names, headers, data offsets), then each member's content is read by seek in the new
+order, one chunk at a time. Every chunk starts a gzip member, and members do not depend on one
+another, so they are compressed on a pool of threads (zlib releases the GIL) while this thread
+reads, hashes (the diff id, the blob digest, each multi-chunk file) and writes the members in
+order. At most a few chunks per thread are in flight, so memory stays bounded; the bytes depend on
+the input, the profile and the level only, never on the number of threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import tarfile
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from ..errors import ImageBuilderError
+from .order import prioritize
+from .toc import (ANNOTATION_TOC_DIGEST, ANNOTATION_UNCOMPRESSED_SIZE, DEFAULT_CHUNK_SIZE, END_OF_TAR,
+                  LANDMARK_CONTENTS, TOC_NAME, OwnerNames, entry_of, footer, gzip_member, header, kind_of, padding,
+                  synthetic, toc_json)
+
+EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
+
+
+class BadLayer(ImageBuilderError):
+    template = "the layer tar cannot be read ({detail}); export the image again"
+
+
+@dataclass(frozen=True)
+class Written:
+    digest: str
+    """sha256:HEX of the blob (the compressed bytes)."""
+    size: int
+    diff_id: str
+    """sha256:HEX of the blob gunzipped: the image config's rootfs.diff_ids entry."""
+    uncompressed_size: int
+    toc_digest: str
+    """sha256:HEX of the TOC JSON, which the snapshotter checks against the layer's annotation."""
+    prioritized: tuple[str, ...]
+    """The profile's paths this layer holds, in the order written before the landmark."""
+    prioritized_bytes: int
+    """Content bytes written before the landmark (the profile's files and hard links' targets)."""
+
+    def annotations(self) -> dict[str, str]:
+        """The layer descriptor's annotations the snapshotter reads."""
+        return {ANNOTATION_TOC_DIGEST: self.toc_digest, ANNOTATION_UNCOMPRESSED_SIZE: str(self.uncompressed_size)}
+
+
+def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = (), *, level: int = 6,
+                  chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int | None = None,
+                  on_progress: Callable[[int], None] | None = None) -> Written:
+    """Write the layer tar `source` (seekable, read from where it stands) to `out` as eStargz, the
+    files of the start profile `prioritized` (image paths; those not in the layer are ignored)
+    first. `on_progress` gets the layer bytes done so far, about every chunk."""
+    if not 0 <= level <= 9:
+        raise ValueError(f"gzip level {level} is not 0-9")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk size {chunk_size} is not positive")
+    threads = workers if workers is not None else len(os.sched_getaffinity(0))
+    if threads < 1:
+        raise ValueError(f"workers {workers} is not positive")
+    try:
+        members = tarfile.open(fileobj=source, mode="r:").getmembers()
+    except tarfile.TarError as e:
+        raise BadLayer(detail=str(e)) from e
+    order = prioritize(members, prioritized)
+    landmark = synthetic(order.landmark, len(LANDMARK_CONTENTS))
+
+    def content(info: tarfile.TarInfo, offset: int, size: int) -> bytes:
+        if info is landmark:
+            return LANDMARK_CONTENTS
+        source.seek(info.offset_data + offset)
+        data = source.read(size)
+        if len(data) != size:
+            raise BadLayer(detail=f"{info.name} ends {size - len(data)} bytes early")
+        return data
+
+    with _Members(out, level, threads, chunk_size, on_progress) as blob:
+        owners, entries = OwnerNames(), []
+        for info in (*order.before, landmark, *order.after):
+            entries.extend(_write_entry(blob, info, owners, chunk_size, content))
+        toc_offset = blob.finish_payload()
+        document = toc_json(entries)
+        blob.write_last([header(synthetic(TOC_NAME, len(document))), document, padding(len(document)), END_OF_TAR])
+        blob.write_raw(footer(toc_offset))
+    return Written(digest=blob.digest(), size=blob.written, diff_id=blob.diff_id(),
+                   uncompressed_size=blob.uncompressed, toc_digest="sha256:" + hashlib.sha256(document).hexdigest(),
+                   prioritized=order.found, prioritized_bytes=sum(i.size for i in order.before if i.isreg()))
+
+
+def _write_entry(blob: _Members, info: tarfile.TarInfo, owners: OwnerNames, chunk_size: int,
+                 content: Callable[[tarfile.TarInfo, int, int], bytes]) -> list[dict[str, Any]]:
+    """Write one tar member: its header into the open gzip member, each content chunk at the start
+    of a new one. Its TOC entries (one, and a "chunk" per further chunk)."""
+    if kind_of(info) == "reg" and info.type != tarfile.REGTYPE:
+        info = copy.copy(info)  # an old type ('\\0', contiguous '7') written as '0', as Go's tar reader reads it
+        info.type = tarfile.REGTYPE
+    encoded = header(info)
+    entry = entry_of(info, info.name + "/" if info.isdir() else info.name, owners)
+    blob.add(encoded)
+    if not info.isreg():
+        return [entry]
+    if info.size == 0:
+        entry["digest"] = EMPTY_DIGEST
+        return [entry]
+    whole = hashlib.sha256() if info.size > chunk_size else None
+    entries = []
+    for start in range(0, info.size, chunk_size):
+        size = min(chunk_size, info.size - start)
+        chunk = entry if start == 0 else {"name": entry["name"], "type": "chunk"}
+        chunk["chunkOffset"] = start
+        if size == chunk_size:
+            chunk["chunkSize"] = size  # upstream leaves it out for a last chunk shorter than the rest
+        data = content(info, start, size)
+        if whole is not None:
+            whole.update(data)
+        blob.start_chunk(data, chunk, file_digest=entry if whole is None else None)
+        entries.append(chunk)
+    if whole is not None:
+        entry["digest"] = "sha256:" + whole.hexdigest()
+    blob.add(padding(info.size))
+    return entries
+
+
+@dataclass
+class _Pending:
+    future: Future[tuple[bytes, str]]
+    size: int
+    chunk: dict[str, Any] | None
+    file_digest: dict[str, Any] | None
+
+
+def _compress(pieces: list[bytes], level: int, digest_first: bool) -> tuple[bytes, str]:
+    """A worker's job: the gzip member, and the sha256 of its first piece (a chunk's content)."""
+    digest = "sha256:" + hashlib.sha256(pieces[0]).hexdigest() if digest_first else ""
+    return gzip_member(pieces, level), digest
+
+
+class _Members:
+    """The blob's gzip members: the one open gathers pieces; closed ones are compressed on the pool
+    (or here, for one worker) and written in order, each chunk's TOC entry getting its offset and
+    chunkDigest as its member is written."""
+
+    def __init__(self, out: BinaryIO, level: int, workers: int, chunk_size: int,
+                 on_progress: Callable[[int], None] | None) -> None:
+        self.out, self.level, self.on_progress = out, level, on_progress
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="estargz") if workers > 1 else None
+        self.max_pending, self.max_pending_bytes = 4 * workers, 2 * workers * chunk_size
+        self.progress_step, self.done, self.reported = chunk_size, 0, 0
+        self.pending: deque[_Pending] = deque()
+        self.pending_bytes = 0
+        self.pieces: list[bytes] = []
+        self.chunk: dict[str, Any] | None = None
+        self.file_digest: dict[str, Any] | None = None
+        self.written = self.uncompressed = 0
+        self._blob, self._diff = hashlib.sha256(), hashlib.sha256()
+
+    def __enter__(self) -> _Members:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            for pending in self.pending:
+                pending.future.cancel()
+            self.pool.shutdown(wait=True)
+
+    def add(self, piece: bytes) -> None:
+        """Append bytes to the open member."""
+        if piece:
+            self.pieces.append(piece)
+
+    def start_chunk(self, data: bytes, chunk: dict[str, Any], file_digest: dict[str, Any] | None) -> None:
+        """Close the open member and start one with a chunk's content; `file_digest`: the file's
+        entry, where this chunk is the whole file (its digest is the chunk's)."""
+        self._close()
+        self.pieces, self.chunk, self.file_digest = [data], chunk, file_digest
+
+    def finish_payload(self) -> int:
+        """Close the open member, write every member; the offset the next one starts at."""
+        self._close()
+        while self.pending:
+            self._write_oldest()
+        return self.written
+
+    def write_last(self, pieces: list[bytes]) -> None:
+        """Compress and write one member here (the TOC's)."""
+        self.done += self._account(pieces)
+        self.write_raw(gzip_member(pieces, self.level))
+        self._report(force=True)
+
+    def write_raw(self, data: bytes) -> None:
+        self.out.write(data)
+        self._blob.update(data)
+        self.written += len(data)
+
+    def digest(self) -> str:
+        return "sha256:" + self._blob.hexdigest()
+
+    def diff_id(self) -> str:
+        return "sha256:" + self._diff.hexdigest()
+
+    def _close(self) -> None:
+        if not self.pieces:
+            return
+        pieces, size = self.pieces, self._account(self.pieces)
+        digest_first = self.chunk is not None
+        if self.pool is None:
+            future: Future[tuple[bytes, str]] = Future()
+            future.set_result(_compress(pieces, self.level, digest_first))
+        else:
+            future = self.pool.submit(_compress, pieces, self.level, digest_first)
+        self.pending.append(_Pending(future, size, self.chunk, self.file_digest))
+        self.pending_bytes += size
+        self.pieces, self.chunk, self.file_digest = [], None, None
+        while self.pending and (len(self.pending) > self.max_pending or self.pending_bytes > self.max_pending_bytes):
+            self._write_oldest()
+
+    def _account(self, pieces: list[bytes]) -> int:
+        for piece in pieces:
+            self._diff.update(piece)
+        size = sum(map(len, pieces))
+        self.uncompressed += size
+        return size
+
+    def _write_oldest(self) -> None:
+        pending = self.pending.popleft()
+        member, digest = pending.future.result()
+        if pending.chunk is not None:
+            pending.chunk["offset"], pending.chunk["chunkDigest"] = self.written, digest
+        if pending.file_digest is not None:
+            pending.file_digest["digest"] = digest
+        self.write_raw(member)
+        self.pending_bytes -= pending.size
+        self.done += pending.size
+        self._report()
+
+    def _report(self, force: bool = False) -> None:
+        if self.on_progress is not None and (force or self.done - self.reported >= self.progress_step):
+            self.reported = self.done
+            self.on_progress(self.done)
