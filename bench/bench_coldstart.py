@@ -23,11 +23,18 @@ whose downloads cross a veth pair shaped with tc's token bucket (`tbf rate RATE 
      pulling 2.5 by the engine still holding 2.6 from step 2, against 2.5's bytes. The one-layer
      numbers are "before": today's one-layer layout shares no venv layer between releases.
 
-  4. Unless --skip-lazy: "lazy": the 2.6 groups image published with --compression estargz (eStargz:
-     gzip with a table of contents, each file's chunks seekable), and for each rate a new empty engine
-     whose containerd runs the stargz snapshotter (tests/remote_engine.py, lazy=True): `docker pull`
-     mounts the layers and fetches their tables of contents, then `import torch` fetches what it
-     reads as it reads it. (a) and (b) as in 2, and the bytes through the link by (b).
+  4. Unless --skip-lazy (issue 44): 2.6 published three more times from the warm build cache, each
+     into its own repository and timed: zstd again (the publish the others are measured against),
+     eStargz without a start profile (`--start-command ''`: every layer .no.prefetch.landmark, as
+     BuildKit's eStargz) and eStargz ordered by the default start profile (the files `import torch`
+     and a first torch.compile open, first in each layer, then the prefetch landmark). For each
+     rate and eStargz image a new empty engine whose containerd runs the stargz snapshotter
+     (tests/remote_engine.py, lazy=True): `docker pull` mounts the layers and fetches their tables
+     of contents (ordered: and prefetches the profile's files, one range read a layer), then the
+     start fetches what it reads. The start, in every layout: `python -c START`, which prints when
+     `import torch` returned and when a first torch.compile (Inductor, C++ on CPU) gave its result;
+     the bytes through the link are sampled every SAMPLE_S. `--only lazy` runs this step with the
+     one-layer image's cold starts alone (no 2.5, no groups pulls, no Slurm).
 
   5. Unless --skip-slurm: the Slurm path (bench/coldstart_slurm.py; the groups 2.6 image is published
      with --squashfs): for each rate, (a) enroot's import today (curl the layers through the link,
@@ -36,7 +43,8 @@ whose downloads cross a veth pair shaped with tc's token bucket (`tbf rate RATE 
      adds. `--only slurm` runs this step alone (one publish, no one-layer variants, no docker pulls).
 
 Targets (against one-layer): cold start, pull to import torch, <= 0.7x at 1 Gbit/s (and shown at
-200 Mbit/s), for groups and for lazy; 2.5 after 2.6 with groups: registry bytes added <= 0.5x
+200 Mbit/s), for groups; <= 0.15x for the ordered eStargz (issue 44), whose publish is <= 1.3x the
+zstd publish's seconds and <= 1.15x its registry bytes; 2.5 after 2.6 with groups: registry bytes added <= 0.5x
 2.6's, bytes pulled <= 0.4x 2.5's. Slurm: (b) <= 0.4x (a) at 1 Gbit/s.
 
 The one-layer image (bench/manifests.py): the groups image with its wheel-group layers (eight;
@@ -58,7 +66,7 @@ the provenance attestation, nor the registry cache that publish writes to anothe
 
 Run, as root (ip netns, tc, nsenter, a second dockerd), alone on the daemon (the BuildKit records
 it prunes at the end are all those added while it ran):
-    .venv/bin/python bench/bench_coldstart.py [--rates 1gbit,200mbit] [--skip-25] [--only slurm]
+    .venv/bin/python bench/bench_coldstart.py [--rates 1gbit,200mbit] [--skip-25] [--only slurm|lazy]
 Needs the daemon with the containerd image store, buildx, imagebuilder-base:bookworm (.ci/setup),
 docker-registry and, behind a TLS-intercepting proxy, SSL_CERT_FILE. About 20 minutes on 2 cores
 (estimated: the two publishes ~6 min, the one-layer variants ~3 min, the pulls the rest) and ~45 GB
@@ -80,6 +88,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -111,6 +120,8 @@ RUN = uuid.uuid4().hex[:6]
 NAMESPACE = f"bench-cold-{RUN}"  # in every local tag and registry path this run makes
 ONE_LAYER_REPOSITORY = "pytorch-onelayer"
 ONE_LAYER, GROUPS, LAZY = "one-layer", "groups", "lazy"  # the layouts
+UNORDERED, ZSTD_AGAIN = "estargz-unordered", "zstd-again"  # eStargz without a start profile; zstd, warm
+LAZY_LAYOUTS = (UNORDERED, LAZY)
 RATES = "1gbit,200mbit"
 COLD = 0.9  # a cold pull moves at least this share of the image's registry bytes through the link
 PULL_TIMEOUT_S, RUN_TIMEOUT_S, PUBLISH_TIMEOUT_S = 1800, 600, 2400
@@ -150,16 +161,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def publish(registry: str, torch: str, compression: str = "zstd", squashfs: bool = False) -> str:
-    """Publish the runtime image of `torch` into `registry`; its ref there."""
+@dataclass(frozen=True)
+class Published:
+    ref: str
+    seconds: float
+    """The publish's wall time (build, verify, push; the CLI's start included)."""
+    entry: Mapping[str, Any]
+    """Its --report entry (the phases' seconds, the eStargz push's own)."""
+
+
+def publish(registry: str, torch: str, compression: str = "zstd", squashfs: bool = False,
+            start_command: str | None = None) -> Published:
+    """Publish the runtime image of `torch` into `registry`; its ref there and how long it took."""
     ca = os.environ.get("SSL_CERT_FILE")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
+        started = time.perf_counter()
         sh(sys.executable, "-m", "imagebuilder", "publish", "--torch", torch, "--cuda", CUDA, "--os", OS,
            "--python", PYTHON, "--variant", "runtime", "--base-image", BASE, *(("--ca-bundle", ca) if ca else ()),
            "--builder", "buildkit", "--allow-no-gpu", "--compression", compression, "--registry", registry,
+           *(("--start-command", start_command) if start_command is not None else ()),
            "--report", str(report), "--quiet", *(("--squashfs",) if squashfs else ()), env={**os.environ, "GITHUB_SHA": "0" * 40}, timeout=PUBLISH_TIMEOUT_S)
-        return str(json.loads(report.read_text())["images"][0]["ref"])
+        entry = json.loads(report.read_text())["images"][0]
+        return Published(str(entry["ref"]), time.perf_counter() - started, entry)
 
 
 def read_image(registry: HttpRegistry, ref: str) -> Image:
@@ -255,21 +279,54 @@ class Pull:
     bytes: int
     """Through the link (its host end's tx_bytes) while the pull ran."""
     ready_s: float | None = None
-    """From the pull's start to the exit of `python -c "import torch"` in the image."""
+    """From the pull's start to the moment `import torch` returned in the image (START prints it)."""
     ready_bytes: int | None = None
-    """Through the link from the pull's start to that exit (a lazy pull fetches as torch reads)."""
+    """Through the link from the pull's start to that moment (sampled every SAMPLE_S; a lazy pull
+    fetches as torch reads)."""
+    compiled_s: float | None = None
+    """From the pull's start to the first torch.compile's result (Inductor's C++ compile, on CPU)."""
+    compiled_bytes: int | None = None
+
+
+# The start that matters, timed inside the container: import torch, then a first torch.compile.
+START = ("import time, torch; print('IMPORTED', time.time(), flush=True); "
+         "f = torch.compile(lambda x: (x.sin() + 1).sum()); f(torch.ones(64)); "
+         "print('COMPILED', time.time(), flush=True)")
+SAMPLE_S = 0.2
 
 
 def pull(engine: Any, image: Image, run: bool) -> Pull:
-    before, start = sent(engine.link), time.perf_counter()
+    before, start, wall = sent(engine.link), time.perf_counter(), time.time()
     on_node(engine, "pull", "--quiet", image.ref, timeout=PULL_TIMEOUT_S,
             progress=lambda: f", {(sent(engine.link) - before) / 1e6:,.0f} MB through the link")
     seconds, moved = time.perf_counter() - start, sent(engine.link) - before
     if not run:
         return Pull(seconds, moved)
-    on_node(engine, "run", "--rm", image.ref, "python", "-c", "import torch", timeout=RUN_TIMEOUT_S,
-            progress=lambda: f", {(sent(engine.link) - before) / 1e6:,.0f} MB through the link")
-    return Pull(seconds, moved, time.perf_counter() - start, sent(engine.link) - before)
+    samples: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(SAMPLE_S):
+            samples.append((time.time(), sent(engine.link) - before))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        done = on_node(engine, "run", "--rm", image.ref, "python", "-c", START, timeout=RUN_TIMEOUT_S,
+                       progress=lambda: f", {(sent(engine.link) - before) / 1e6:,.0f} MB through the link")
+    finally:
+        stop.set()
+        sampler.join()
+    marks = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines()
+             if line.split()[:1] in (["IMPORTED"], ["COMPILED"])}
+    if set(marks) != {"IMPORTED", "COMPILED"}:
+        sys.exit(f"the start in {image.ref} printed no IMPORTED and COMPILED times: {done.stdout[-2000:]}")
+
+    def moved_by(moment: float) -> int:
+        return max((b for t, b in samples if t <= moment), default=moved)
+
+    return Pull(seconds, moved, marks["IMPORTED"] - wall, moved_by(marks["IMPORTED"]),
+                marks["COMPILED"] - wall, sent(engine.link) - before)
 
 
 # --------------------------------------------------------------------------- the run
@@ -295,8 +352,13 @@ class Results:
     """(rate, layout) -> 2.6's cold pull and start."""
     after: dict[str, Pull] = field(default_factory=dict)
     """layout -> 2.5's pull on the engine holding 2.6, at the first rate."""
-    lazy: Layout | None = None
-    """The eStargz image (2.6), pulled by an engine whose containerd runs the stargz snapshotter."""
+    lazies: list[Layout] = field(default_factory=list)
+    """The eStargz images (2.6; unordered, then ordered by the start profile), each pulled by an
+    engine whose containerd runs the stargz snapshotter."""
+    publishes: dict[str, Published] = field(default_factory=dict)
+    """ZSTD_AGAIN and the eStargz layouts: their publishes from the same warm build cache."""
+    zstd_bytes: int | None = None
+    """The zstd image's registry bytes (ZSTD_AGAIN's: the groups image's, blob for blob)."""
     slurm: list[SlurmStart] = field(default_factory=list)
     """The Slurm path's starts, (a) and (b) at each rate."""
     squashfs_bytes: int | None = None
@@ -304,20 +366,40 @@ class Results:
     slurm_image: Image | None = None
 
 
-def lazy_starts(port: int, results: Results, layout: Layout) -> None:
-    """Cold starts of the eStargz image on an empty engine that pulls lazily: containerd with the
+def lazy_publishes(address: str, registry: HttpRegistry, results: Results) -> None:
+    """2.6 published again from the warm build cache, each into its own repository: as zstd (the
+    publish the eStargz ones are measured against), as eStargz without a start profile
+    (`--start-command ''`: every layer .no.prefetch.landmark, as BuildKit's eStargz), and as
+    eStargz ordered by the default start profile (import torch, a first torch.compile)."""
+    for name, compression, start in ((ZSTD_AGAIN, "zstd", None), (UNORDERED, "estargz", ""),
+                                     (LAZY, "estargz", None)):
+        say(f"publishing the torch {FIRST} / CUDA {CUDA} runtime image again, {name} (warm build cache)")
+        done = results.publishes[name] = publish(f"{address}/{NAMESPACE}/{name}", FIRST, compression=compression,
+                                                 start_command=start)
+        image = read_image(registry, done.ref)
+        say(f"  {done.seconds:.1f}s; {image.describe()}")
+        if name == ZSTD_AGAIN:
+            results.zstd_bytes = image.bytes
+        else:
+            results.lazies.append(Layout(name, image, None))
+
+
+def lazy_starts(port: int, results: Results) -> None:
+    """Cold starts of the eStargz images on an empty engine that pulls lazily: containerd with the
     stargz snapshotter (tests/remote_engine.py, lazy=True). The pull mounts each layer and fetches
-    its table of contents; `import torch` then fetches what it reads, as it reads it (and the
-    snapshotter fetches the rest in the background). A new engine per rate: each starts empty."""
+    its table of contents (and, ordered, prefetches the profile's files in one read a layer); the
+    start then fetches what it reads, as it reads it (and the snapshotter fetches the rest in the
+    background). A new engine per rate and image: each starts empty."""
     for rate in results.rates:
-        say(f"starting an empty lazy-pulling engine (stargz snapshotter) behind the link, {rate}")
-        with remote_engine(port, lazy=True) as engine:
-            check_node(engine)
-            limit_rate(engine.link, None if rate == "none" else rate)
-            say(f"{rate}: {LAZY} {FIRST}, cold: pull, then import torch")
-            cold = results.cold[rate, LAZY] = pull(engine, layout.first, run=True)
-            say(f"  pull {cold.seconds:.1f}s ({cold.bytes:,} bytes), import torch done at {cold.ready_s:.1f}s, "
-                f"{cold.ready_bytes:,} bytes through the link by then")
+        for layout in results.lazies:
+            say(f"starting an empty lazy-pulling engine (stargz snapshotter) behind the link, {rate}")
+            with remote_engine(port, lazy=True) as engine:
+                check_node(engine)
+                limit_rate(engine.link, None if rate == "none" else rate)
+                say(f"{rate}: {layout.name} {FIRST}, cold: pull, then import torch and a first torch.compile")
+                cold = results.cold[rate, layout.name] = pull(engine, layout.first, run=True)
+                say(f"  pull {cold.seconds:.1f}s ({cold.bytes:,} bytes), import torch done at {cold.ready_s:.1f}s "
+                    f"({cold.ready_bytes:,} bytes by then), torch.compile done at {cold.compiled_s:.1f}s")
 
 
 def slurm_path(port: int, results: Results, image: Image) -> None:
@@ -339,11 +421,15 @@ def main() -> None:
                         help="skip the eStargz image pulled lazily (containerd's stargz snapshotter)")
     parser.add_argument("--skip-slurm", action="store_true",
                         help="skip the Slurm path (enroot's import against the squashfs publish --squashfs pushes)")
-    parser.add_argument("--only", choices=("slurm",),
-                        help="run one step alone: slurm, the Slurm path (one publish, no docker pulls)")
+    parser.add_argument("--only", choices=("slurm", "lazy"),
+                        help="run one step alone: slurm, the Slurm path (one publish, no docker pulls); lazy, "
+                             "the eStargz publishes against zstd and their cold starts against one-layer's (no "
+                             "2.5, no groups pulls, no Slurm)")
     args = parser.parse_args()
-    if args.only and args.skip_slurm:
-        parser.error("--only slurm and --skip-slurm contradict each other")
+    if args.only == "slurm" and args.skip_slurm or args.only == "lazy" and args.skip_lazy:
+        parser.error(f"--only {args.only} and --skip-{args.only} contradict each other")
+    if args.only == "lazy":
+        args.skip_25 = args.skip_slurm = True
     before = build_cache_records("docker")
     port = free_port()
     results = Results(args.rates)
@@ -352,7 +438,7 @@ def main() -> None:
         registry = HttpRegistry(config={})
         if args.only == "slurm":
             say(f"publishing the torch {FIRST} / CUDA {CUDA} runtime image with --squashfs")
-            results.slurm_image = read_image(registry, publish(f"{address}/{NAMESPACE}", FIRST, squashfs=True))
+            results.slurm_image = read_image(registry, publish(f"{address}/{NAMESPACE}", FIRST, squashfs=True).ref)
             results.squashfs_bytes = squashfs_bytes(registry, results.slurm_image)
             remove_ours()
             prune_records("docker", before, keep_cache_mounts=False)
@@ -363,7 +449,7 @@ def main() -> None:
         for torch in releases:
             say(f"publishing the torch {torch} / CUDA {CUDA} runtime image (wheel-group layers, zstd)")
             squashfs = torch == FIRST and not args.skip_slurm
-            groups[torch] = read_image(registry, publish(f"{address}/{NAMESPACE}", torch, squashfs=squashfs))
+            groups[torch] = read_image(registry, publish(f"{address}/{NAMESPACE}", torch, squashfs=squashfs).ref)
             if squashfs:
                 results.slurm_image = groups[torch]
                 results.squashfs_bytes = squashfs_bytes(registry, groups[torch])
@@ -376,10 +462,7 @@ def main() -> None:
         results.layouts = [Layout(ONE_LAYER, one[FIRST], one.get(SECOND)),
                            Layout(GROUPS, groups[FIRST], groups.get(SECOND))]
         if not args.skip_lazy:
-            say(f"publishing the torch {FIRST} / CUDA {CUDA} runtime image as eStargz (wheel-group layers)")
-            lazy = read_image(registry, publish(f"{address}/{NAMESPACE}/{LAZY}", FIRST, compression="estargz"))
-            say(f"  {lazy.describe()}")
-            results.lazy = Layout(LAZY, lazy, None)
+            lazy_publishes(address, registry, results)
         # Everything is in the registry now: this daemon's copies (~9 GB an image with its build
         # records) would crowd out the engines' pulls on the shared disk.
         remove_ours()
@@ -392,6 +475,8 @@ def main() -> None:
                 limit_rate(engine.link, None if rate == "none" else rate)
                 say(f"{rate}: {sh('tc', 'qdisc', 'show', 'dev', engine.link).stdout.strip()}")
                 for layout in results.layouts:
+                    if args.only == "lazy" and layout.name != ONE_LAYER:
+                        continue
                     empty(engine)
                     say(f"{rate}: {layout.name} {FIRST}, cold: pull, then import torch")
                     cold = results.cold[rate, layout.name] = pull(engine, layout.first, run=True)
@@ -401,8 +486,8 @@ def main() -> None:
                         say(f"{rate}: {layout.name} {SECOND} on the engine holding {FIRST}")
                         after = results.after[layout.name] = pull(engine, layout.second, run=False)
                         say(f"  pull {after.seconds:.1f}s, {after.bytes:,} bytes through the link")
-        if results.lazy is not None:
-            lazy_starts(port, results, results.lazy)
+        if results.lazies:
+            lazy_starts(port, results)
         if results.slurm_image is not None:
             slurm_path(port, results, results.slurm_image)
     finally:
@@ -425,7 +510,9 @@ def report(results: Results) -> None:
         slurm_report(results.slurm, results.slurm_image.bytes, results.squashfs_bytes)
     if not results.layouts:
         return
-    _images(results.layouts + ([results.lazy] if results.lazy is not None else []))
+    _images(results.layouts + results.lazies)
+    if results.publishes:
+        _publishes(results)
     if results.cold:
         _cold_starts(results)
     if any(layout.second is not None for layout in results.layouts):
@@ -451,17 +538,42 @@ def _cold_starts(results: Results) -> None:
     print(f"\ncold start of {FIRST} on the emptied engine (import torch done: from the pull's start; a pull that "
           f"moved under {COLD:.0%} of the image's bytes is NOT COLD)")
     rows = []
-    layouts = results.layouts + ([results.lazy] if results.lazy is not None else [])
+    layouts = results.layouts + results.lazies
     for (rate, name), done in results.cold.items():
         image = next(layout.first for layout in layouts if layout.name == name)
         link = link_bytes_per_s(rate)
         # A lazy pull moves little by design: its engine is new and empty, so it is cold.
-        cold = "lazy: fetched as read" if name == LAZY else "" if done.bytes >= COLD * image.bytes else "NOT COLD"
+        cold = "lazy: fetched as read" if name in LAZY_LAYOUTS else "" if done.bytes >= COLD * image.bytes else "NOT COLD"
         rows.append((rate, name, f"{done.seconds:.1f}", "-" if done.ready_s is None else f"{done.ready_s:.1f}",
+                     "-" if done.compiled_s is None else f"{done.compiled_s:.1f}",
                      f"{done.bytes:,}", "-" if done.ready_bytes is None else f"{done.ready_bytes:,}",
+                     "-" if done.compiled_bytes is None else f"{done.compiled_bytes:,}",
                      f"{done.bytes / done.seconds / 1e6:.1f}", "-" if link is None else f"{link / 1e6:.1f}", cold))
-    print(format_table(("rate", "image", "pull s", "import torch done s", "bytes (pull)", "bytes (by import done)",
-                        "MB/s (pull)", "link MB/s", ""), rows))
+    print(format_table(("rate", "image", "pull s", "import torch done s", "torch.compile done s", "bytes (pull)",
+                        "bytes (by import done)", "bytes (by compile done)", "MB/s (pull)", "link MB/s", ""), rows))
+
+
+def _publishes(results: Results) -> None:
+    """The warm publishes side by side: seconds, phases, registry bytes, against zstd's."""
+    print(f"\npublishes of {FIRST} from the warm build cache (seconds: the CLI's wall time; the phases from its report)")
+    zstd = results.publishes.get(ZSTD_AGAIN)
+    images = {layout.name: layout.first for layout in results.lazies}
+    rows = []
+    for name, done in results.publishes.items():
+        e, conv = done.entry, done.entry.get("estargz") or {}
+        image = images.get(name)
+        size = image.bytes if image is not None else None
+        zstd_size = zstd.entry.get("pushed_bytes") if zstd is not None else None
+        rows.append((name, f"{done.seconds:.1f}", _ratio(done.seconds, zstd.seconds if zstd else None),
+                     *(f"{e.get(k) or 0:.1f}" for k in ("build_s", "verify_s", "push_s")),
+                     *("-" if conv.get(k) is None else f"{conv[k]:.1f}" for k in ("save_s", "profile_s", "estargz_s")),
+                     "-" if size is None else f"{size:,}", _ratio(size, results.zstd_bytes) if size else "-",
+                     f"{zstd_size}" if name == ZSTD_AGAIN else ""))
+        profile = (conv.get("profile") or {})
+        if profile:
+            print(f"  {name}: the start profile opened {len(profile.get('files') or [])} files: {profile.get('command')}")
+    print(format_table(("publish", "s", "/ zstd", "build s", "verify s", "push s", "save s", "profile s", "eStargz s",
+                        "registry bytes", "/ zstd's", ""), rows))
 
 
 def _second_release(results: Results) -> None:
@@ -487,11 +599,22 @@ def _ratios(results: Results) -> None:
             target = "" if rate == "none" else " (target <= 0.7x)"
             print(f"  cold start at {rate}, pull to import torch: {_ratio(grouped.ready_s, one.ready_s)}{target}; "
                   f"the pull alone: {_ratio(grouped.seconds, one.seconds)}")
-        lazy = results.cold.get((rate, LAZY))
-        if one is not None and lazy is not None:
-            target = "" if rate == "none" else " (target <= 0.7x)"
-            print(f"  cold start at {rate}, pull to import torch, {LAZY} (eStargz, stargz snapshotter) / {ONE_LAYER}: "
-                  f"{_ratio(lazy.ready_s, one.ready_s)}{target}; / {GROUPS}: {_ratio(lazy.ready_s, grouped.ready_s if grouped else None)}")
+        for name in LAZY_LAYOUTS:
+            lazy = results.cold.get((rate, name))
+            if one is None or lazy is None:
+                continue
+            target = " (target <= 0.15x)" if rate == "1gbit" and name == LAZY else ""
+            print(f"  cold start at {rate}, {name} (stargz snapshotter) / {ONE_LAYER}: pull to import torch "
+                  f"{_ratio(lazy.ready_s, one.ready_s)}{target}; to the first torch.compile "
+                  f"{_ratio(lazy.compiled_s, one.compiled_s)}")
+    zstd = results.publishes.get(ZSTD_AGAIN)
+    for name in LAZY_LAYOUTS:
+        done, image = results.publishes.get(name), next((x.first for x in results.lazies if x.name == name), None)
+        if done is None or zstd is None or image is None:
+            continue
+        targets = (" (target <= 1.3x)", " (target <= 1.15x)") if name == LAZY else ("", "")
+        print(f"  {name} publish / zstd publish: {_ratio(done.seconds, zstd.seconds)}{targets[0]}; registry bytes "
+              f"/ zstd's: {_ratio(image.bytes, results.zstd_bytes)}{targets[1]}")
     for layout in results.layouts:
         if layout.second is None:
             continue

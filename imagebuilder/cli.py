@@ -266,13 +266,16 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @click.option("--squashfs", is_flag=True,
               help="Beside each published image, its root as a squashfs (zstd, 1 MiB blocks, enroot's config "
                    "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md).")
+@click.option("--start-command", default=None, metavar="CMD",
+              help="With --compression estargz: the start whose opened files go first in each layer, run once "
+                   "in the image as its user (default: import torch and a first torch.compile); '' for none.")
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
-                registry_policy: RetryPolicy, squashfs: bool) -> None:
+                registry_policy: RetryPolicy, squashfs: bool, start_command: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -294,7 +297,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
                     report=report, registry_ca=registry_ca, builder_choice=builder_choice,
                     buildx_builder=buildx_builder, platforms=platforms, merge=merge, merge_only=merge_only,
                     compression=compression, sign_key=sign_key, registry_policy=registry_policy, squashfs=squashfs,
-                    echo=click.echo, note=note, progress=progress)
+                    echo=click.echo, note=note, progress=progress, start_command=start_command)
 
 
 # --- squashfs -------------------------------------------------------------------------------

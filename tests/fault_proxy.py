@@ -59,6 +59,8 @@ class FaultProxy:
         self.faults: list[Fault] = []
         self.seen: list[tuple[str, str, str]] = []
         """(method, path, what happened: "passed", "HTTP 503", "reset", "stalled", "garbage")."""
+        self.ranges: list[tuple[str, str, str | None]] = []
+        """(method, path, its Range header or None) of every request, in the order they came."""
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -120,6 +122,8 @@ class FaultProxy:
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                with proxy._lock:
+                    proxy.ranges.append((self.command, self.path, self.headers.get("Range")))
                 fault = proxy._take(self.command, self.path)
                 if fault is not None and fault.reset:
                     proxy._record(self.command, self.path, "reset")

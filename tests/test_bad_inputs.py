@@ -136,6 +136,12 @@ ROWS = {
     "publish --dry-run --compression gzip+zstd with a level": Row((*PUBLISH, "--dry-run", "--compression", "gzip+zstd",
                                                                    "--compression-level", "3"), 2,
                                                                   "gzip+zstd exports each at BuildKit's default"),
+    # issue 44: the start profile orders eStargz layers; with any other compression it would be ignored
+    "publish --dry-run --start-command without estargz": Row((*PUBLISH, "--dry-run", "--compression", "zstd",
+                                                              "--start-command", "python -c 'import torch'"), 2,
+                                                             "--start-command orders eStargz layers: give --compression estargz"),
+    "publish --dry-run --start-command without compression": Row((*PUBLISH, "--dry-run", "--start-command", ""), 2,
+                                                                 "give --compression estargz with it, or drop it"),
     "build --compression lz4": Row((*BUILD, "--compression", "lz4"), 2,
                                    "--compression 'lz4' is not a compression; give zstd, gzip, estargz or gzip+zstd"),
     "publish --dry-run --compression ZSTD": Row((*PUBLISH, "--dry-run", "--compression", "ZSTD"), 2,

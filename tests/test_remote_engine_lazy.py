@@ -1,7 +1,13 @@
-"""The lazy-pull engine (tests/remote_engine.py, lazy=True), for real on a small image: an
-eStargz image (the base plus 40 MB of random files and a marker) pushed to a local registry
-is pulled by an empty engine on the stargz snapshotter, which fetches each layer's table of
-contents and mounts the layer over FUSE; a file's bytes come down when it is read.
+"""The lazy-pull engine (tests/remote_engine.py, lazy=True), for real on a small image, and
+the ordered eStargz that `publish --compression estargz` pushes (imagebuilder/publish/estargz.py).
+
+The image (the base plus 40 MB of random files and a marker) is built into this host's store as
+zstd, as publish builds, then pushed by the publisher: its start profile (`cat` of the marker and
+/data/f7, run once in the image) puts those files first in their layers, then the prefetch
+landmark. An empty engine on the stargz snapshotter pulls it through a proxy that records every
+request's Range: it fetches each layer's table of contents and mounts the layer over FUSE; the
+files before the landmark come in one range read per layer, before any other read of the layer
+(the prefetch); a file outside the profile comes down on demand, right.
 
 The cold-start benchmark (bench/bench_coldstart.py) measures the same for torch: what a
 cold node downloads before `import torch` when it needs only what that reads.
@@ -9,12 +15,17 @@ cold node downloads before `import torch` when it needs only what that reads.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import posixpath
+import re
 import shutil
 import subprocess
+import tarfile
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from fault_proxy import FaultProxy
 from support.cleanup import remove_images
 from support.unavailable import _unavailable
 
@@ -30,6 +42,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry]
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 TOC_DIGEST = "containerd.io/snapshot/stargz/toc.digest"
+FOOTER = 51
+START = ("sh", "-c", "cat /marker /data/f7 >/dev/null")
 
 
 def _manifest(registry: str, repository: str, reference: str) -> dict[str, Any]:
@@ -55,30 +69,69 @@ def _build_records() -> dict[str, str]:
 
 @pytest.fixture
 def estargz_image(docker_engine: Any, registry: str, base_image: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The small eStargz image, built on this host's daemon and pushed; its local image and the
-    BuildKit records of its build (by their unique marker) are removed after."""
+    """The small image, built on this host's daemon as zstd and pushed by publish's eStargz
+    publisher with its start profile; its local image and the BuildKit records of its build (by
+    their unique marker) are removed after."""
+    from imagebuilder.http_registry import HttpRegistry
+    from imagebuilder.publish.estargz import EstargzPublisher
+
     tag = uuid.uuid4().hex[:12]
     repository = f"imagebuilder-test/lazy-{tag}"
     ref, marker = f"{registry}/{repository}:v1", f"lazy-pull-{tag}"
     (tmp_path / "Dockerfile").write_text(
         f"FROM {base_image}\n"
         "RUN mkdir /data && for i in $(seq 1 40); do head -c 1048576 /dev/urandom >/data/f$i; done"
-        f" && sha256sum /data/f7 | cut -d' ' -f1 >/f7.sha256 && echo {marker} >/marker\n")
+        " && for f in f7 f30; do sha256sum /data/$f | cut -d' ' -f1 >/$f.sha256; done"
+        f" && echo {marker} >/marker\n")
     before = _build_records()
     try:
         done = subprocess.run(
             ["docker", "buildx", "build", "--output",
-             f"type=image,name={ref},push=true,compression=estargz,force-compression=true,oci-mediatypes=true,"
-             "registry.insecure=true", str(tmp_path)], capture_output=True, text=True, timeout=300)
+             f"type=image,name={ref},compression=zstd,force-compression=true,oci-mediatypes=true",
+             str(tmp_path)], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
+        said: list[str] = []
+        converted = EstargzPublisher(docker_engine, HttpRegistry(), start=START, say=said.append).push(
+            ref, [ref], None)
         manifest = _manifest(registry, repository, "v1")
-        yield {"ref": ref, "marker": marker, "layers": manifest["layers"]}
+        assert converted.manifest == _manifest_digest(registry, repository)
+        yield {"ref": ref, "repository": repository, "marker": marker, "layers": manifest["layers"],
+               "manifest": manifest, "converted": converted, "said": said}
     finally:
         remove_images(docker_engine, [ref])
         for record, description in _build_records().items():
             if record not in before and marker in description:
                 subprocess.run(["docker", "builder", "prune", "--force", "--all", "--filter", f"id={record}"],
                                env={**os.environ, "DOCKER_BUILDKIT": "1"}, capture_output=True, timeout=120, check=False)
+
+
+def _manifest_digest(registry: str, repository: str) -> str:
+    """The image manifest's digest in the tag's index (the attestation's left out)."""
+    request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/v1",
+                                     headers={"Accept": f"{OCI_MANIFEST},{OCI_INDEX}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        top = json.load(response)
+    (digest,) = [m["digest"] for m in top["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
+    return str(digest)
+
+
+def _blob(registry: str, repository: str, digest: str) -> bytes:
+    with urllib.request.urlopen(f"http://{registry}/v2/{repository}/blobs/{digest}", timeout=60) as response:
+        return bytes(response.read())
+
+
+def _toc(blob: bytes) -> tuple[int, list[dict[str, Any]]]:
+    """(the TOC's offset, its entries) of an eStargz blob, read as the format says, independently
+    of the writer: the footer's gzip extra field holds %016x of the offset then STARGZ."""
+    footer = blob[-FOOTER:]
+    found = re.search(rb"([0-9a-f]{16})STARGZ", footer)
+    assert found is not None, footer
+    offset = int(found.group(1), 16)
+    member = zlib.decompressobj(31).decompress(blob[offset:-FOOTER])
+    with tarfile.open(fileobj=io.BytesIO(member)) as tar:
+        toc = tar.extractfile("stargz.index.json")
+        assert toc is not None
+        return offset, list(json.load(toc)["entries"])
 
 
 @contextmanager
@@ -107,37 +160,83 @@ def _sent(link: str) -> int:
     return int(Path(f"/sys/class/net/{link}/statistics/tx_bytes").read_text())
 
 
-def test_a_lazy_pull_moves_a_fraction_of_the_layers_and_the_files_read_are_right(
+def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_rest_on_demand(
         estargz_image: dict[str, Any], registry: str) -> None:
-    layers = estargz_image["layers"]
+    layers, repository = estargz_image["layers"], estargz_image["repository"]
+    converted = estargz_image["converted"]
     assert all(TOC_DIGEST in layer.get("annotations", {}) for layer in layers), layers
+    assert converted.profile is not None and {"/marker", "/data/f7"} <= set(converted.profile.files)
+    assert "/data/f30" not in converted.profile.files
+    assert estargz_image["manifest"]["annotations"]["io.imagebuilder.start-profile.command"] == json.dumps(list(START))
     layer_bytes = sum(layer["size"] for layer in layers)
     assert layer_bytes > 40_000_000  # the random files do not compress
 
-    with _lazy_engine(registry) as lazy_engine:
-        env, ref = lazy_engine.env(), estargz_image["ref"]
+    # Each layer as the format says: the profile's files it holds, then the landmark; the TOC
+    # digest its annotation names (what the snapshotter checks).
+    landmarks: dict[str, tuple[int, int]] = {}  # layer digest -> (landmark offset, TOC offset)
+    for layer in layers:
+        blob = _blob(registry, repository, layer["digest"])
+        toc_offset, entries = _toc(blob)
+        names = [entry["name"] for entry in entries]
+        held = int(layer["annotations"]["io.imagebuilder.start-profile.files"])
+        if held:
+            landmark = names.index(".prefetch.landmark")
+            first = {posixpath.normpath("/" + entry["name"]) for entry in entries[:landmark] if entry["type"] == "reg"}
+            assert first and first <= set(converted.profile.files), first
+            landmarks[layer["digest"]] = (int(entries[landmark]["offset"]), toc_offset)
+        else:
+            assert ".no.prefetch.landmark" in names
+    data = layers[-1]["digest"]
+    assert data in landmarks and landmarks[data][0] < 2_500_000  # the marker and f7, not 40 MB
+    f30_offset = [int(e["offset"]) for e in _toc(_blob(registry, repository, data))[1]
+                  if posixpath.normpath("/" + e["name"]) == "/data/f30"]
+    assert f30_offset and f30_offset[0] > landmarks[data][0]
+
+    with FaultProxy(registry) as proxy, _lazy_engine(proxy.address) as lazy_engine:
+        env, ref = lazy_engine.env(), f"{proxy.address}/{repository}:v1"
         assert subprocess.run(["docker", "info", "--format", "{{.Driver}}"], env=env, capture_output=True,
                               text=True, timeout=60).stdout.strip() == "stargz"
         before = _sent(lazy_engine.link)
         pulled = subprocess.run(["docker", "pull", "--quiet", ref], env=env, capture_output=True, text=True, timeout=120)
         moved = _sent(lazy_engine.link) - before
         assert pulled.returncode == 0, pulled.stderr[-3000:]
-        # Each layer's table of contents (and the base's prefetched files), not the layers.
+        # Each layer's table of contents and its prefetch, not the layers.
         assert moved < layer_bytes / 2, f"the lazy pull moved {moved:,} bytes of {layer_bytes:,}"
         # Every layer is a FUSE mount of the snapshotter's, under the engine's root.
         root = str(lazy_engine.cert_path.parent)
         assert len(_fuse_mounts(root)) == len(layers), _fuse_mounts(root)
 
-        # The files read come down, and are what the build wrote.
+        # The files read come down, and are what the build wrote: the profile's and one outside it.
         ran = subprocess.run(["docker", "run", "--rm", ref, "sh", "-c",
-                              "cat /marker; sha256sum /data/f7 | cut -d' ' -f1; cat /f7.sha256"],
+                              "cat /marker; for f in f7 f30; do sha256sum /data/$f | cut -d' ' -f1; cat /$f.sha256; done"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert ran.returncode == 0, ran.stderr[-3000:]
-        marker, f7, f7_at_build = ran.stdout.split()
+        marker, f7, f7_at_build, f30, f30_at_build = ran.stdout.split()
         assert marker == estargz_image["marker"]
-        assert f7 == f7_at_build
+        assert (f7, f30) == (f7_at_build, f30_at_build)
+        reads = list(proxy.ranges)
+
+    # Per prioritized layer: one range read from byte 0 through the landmark (the prefetch) is
+    # the only read of the bytes before the landmark; in the data layer it comes before the read
+    # that brought /data/f30, outside the profile (on demand, or the background fetch).
+    for digest, (landmark, _toc_offset) in landmarks.items():
+        # (bytes=0-1 is the snapshotter's probe of whether the registry serves ranges at all.)
+        spans = [_span(header) for method, path, header in reads
+                 if method == "GET" and path.endswith(f"/blobs/{digest}") and header not in (None, "bytes=0-1")]
+        early = [span for span in spans if span[0] < landmark]
+        assert len(early) == 1 and early[0][0] == 0 and early[0][1] >= landmark - 1, (landmark, spans)
+        if digest == data:
+            covering = [i for i, (start, end) in enumerate(spans) if start <= f30_offset[0] <= end]
+            assert covering and covering[0] > spans.index(early[0]), (f30_offset, spans)
 
     # Stopped (SIGINT), the snapshotter unmounted every layer itself: the teardown found
     # nothing left mounted under the engine's root, and removed the root.
     assert lazy_engine.left_mounted == []
     assert _fuse_mounts(root) == [] and not Path(root).exists()
+
+
+def _span(header: str | None) -> tuple[int, int]:
+    """(first, last) byte of a `bytes=A-B` Range header."""
+    found = re.fullmatch(r"bytes=(\d+)-(\d+)", (header or "").strip())
+    assert found is not None, header
+    return int(found.group(1)), int(found.group(2))

@@ -148,6 +148,18 @@ class DockerEngine:
                 return None
         return str(attrs["Id"]), tuple(attrs.get("RepoDigests") or ())
 
+    def save_image(self, ref: str) -> Iterator[bytes]:
+        """`docker save` of one image: its OCI layout as a tar stream, blobs as the store keeps
+        them (with the containerd store, as BuildKit exported them)."""
+        import docker
+
+        with self.daemon_errors():
+            try:
+                chunks = self.client.api.get_image(ref, chunk_size=1 << 20)
+            except docker.errors.ImageNotFound as e:
+                raise ImageMissing(ref=ref) from e
+            yield from chunks
+
     def read_file(self, image: str, path: str, *, hops: int = 4) -> bytes | None:
         """A file of `image` (None if absent), read without running anything: a container is
         created, never started, its archive read through the API, and removed. Symlinks

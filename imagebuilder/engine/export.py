@@ -18,6 +18,7 @@ from ..errors import BadRequest
 from ..reference import RegistryTarget
 
 DUAL = "gzip+zstd"
+ESTARGZ = "estargz"
 # gzip+zstd: every platform's image twice, a gzip manifest first and a zstd one after it in one
 # index (publish/dual.py), for engines that pull no zstd (Docker < 23, enroot < 4.0: they take
 # the first entry of their platform) beside ones that prefer zstd (Podman, CRI-O: containers/image

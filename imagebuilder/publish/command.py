@@ -6,14 +6,17 @@ builds nothing (the dry run, --merge-only)."""
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import date, datetime, timezone
 from pathlib import Path
 
 from .. import pipeline
 from ..engine.api import Builder, Engine
-from ..engine.export import Compression
+from ..engine.export import ESTARGZ, Compression
+from ..errors import BadRequest
 from ..http_retry import RetryPolicy
 from ..matrix import Matrix
 from ..reference import RegistryTarget
@@ -35,7 +38,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
                     pull: bool, report: Path | None, registry_ca: Path | None, builder_choice: str,
                     buildx_builder: str | None, platforms: str | None, merge: bool, merge_only: bool,
                     compression: Compression | None, sign_key: str | None, registry_policy: RetryPolicy,
-                    squashfs: bool, echo: Echo, note: Echo, progress: Echo) -> None:
+                    squashfs: bool, echo: Echo, note: Echo, progress: Echo,
+                    start_command: str | None = None) -> None:
     """`imagebuilder publish` with what its options parsed: the request checked before any daemon or
     registry is asked, the plan printed on `echo`, then the run (or the indexes of a publish that
     builds nothing). `note` and `progress` write the lines of stderr."""
@@ -46,6 +50,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
     from ..platforms import parse_platforms
     from ..signing import key_signer
 
+    start = start_profile_command(start_command, compression)
     repository = target.repository(rendering.repository or matrix.defaults.repository)
     wanted = parse_platforms(platforms)
     # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
@@ -91,16 +96,44 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
         export = choose(compression, buildkit=buildkit, provenance=True,
                         image_store=buildkit and engine.keeps_compressed_layers())
+        estargz = None
+        if export is not None and export.compression is not None and export.compression.kind == ESTARGZ:
+            # BuildKit exports zstd (every core) for verify and the registry cache; the push writes
+            # eStargz ordered by the image's start (estargz.py), gzip members on every core.
+            from .estargz import LEVEL, EstargzPublisher
+
+            estargz = EstargzPublisher(engine, registry, level=export.compression.level if export.compression.level
+                                       is not None else LEVEL, start=start, say=progress)
+            export = replace(export, compression=Compression(Compression.DEFAULT))
         if not quiet:
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}")
+            if estargz is not None:
+                progress(f"pushed as: eStargz, gzip level {estargz.level}, "
+                         + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
         run_options = RunOptions(matrix_path=matrix_path, push=push, keep_going=keep_going,
                                  allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                  pull=pull, export=export, cache_registry=target if export is not None else None,
-                                 signer=signer, squashfs=hook)
+                                 signer=signer, squashfs=hook, estargz=estargz)
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
                        events=EventPrinter(sys.stderr, quiet=quiet), echo=echo)
+
+
+class StartWithoutEstargz(BadRequest):
+    template = "--start-command orders eStargz layers: give --compression estargz with it, or drop it"
+
+
+def start_profile_command(asked: str | None, compression: Compression | None) -> tuple[str, ...] | None:
+    """--start-command as the argv the profile runs: the torch start when not given; None for
+    '' (no profile); refused (exit 2) without --compression estargz."""
+    from ..estargz.profile import TORCH_START
+
+    if asked is not None and (compression is None or compression.kind != ESTARGZ):
+        raise StartWithoutEstargz()
+    if asked is None:
+        return TORCH_START
+    return tuple(shlex.split(asked)) or None
 
 
 def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,

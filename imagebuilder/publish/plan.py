@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..build import Built, build_order
 from ..engine.export import Export, gzip_ref
@@ -31,6 +31,9 @@ from ..signing import Signed, Signer
 from ..tags import dated_tag, image_ref
 from ..verify import DEFAULT_TIMEOUT, VerifyReport
 from .blobs import Layers
+
+if TYPE_CHECKING:
+    from .estargz import EstargzPublisher
 
 BUILD, RETAG, SKIP = "build", "retag", "skip"
 CACHE = "cache"
@@ -178,6 +181,9 @@ class RunOptions:
     squashfs: Callable[[Outcome, str], Outcome] | None = None
     """`--squashfs`: a published image's outcome (and its platform) -> the same with its squashfs
     artifact, or failed for it (squashfs.with_squashfs); None: no squashfs."""
+    estargz: EstargzPublisher | None = None
+    """`--compression estargz`: pushes the verified (zstd) image as eStargz ordered by its start
+    (estargz.py); None: `docker push` sends the blobs the store keeps."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,8 @@ class Outcome:
     """Blob bytes this push uploaded (0: the registry had every blob); None: not pushed/unknown."""
     squashfs: Mapping[str, Any] | None = None
     """`--squashfs`: its squashfs artifact (squashfs.SquashfsOutcome.to_json()); None: none asked."""
+    estargz: Mapping[str, Any] | None = None
+    """`--compression estargz`: its start profile and eStargz layers (estargz.Converted.to_json())."""
     layers: Layers | None = None
     """The image's layers as published (pushed, kept, re-pointed or skipped) and which of them the
     registry had before; None: it was not published (failed, not run, --no-push)."""
@@ -228,6 +236,7 @@ class Outcome:
                for phase in ("build_s", "verify_s", "push_s", "sign_s", "cache_export_s")},
             "pushed_bytes": self.pushed_bytes,
             "squashfs": dict(self.squashfs) if self.squashfs is not None else None,
+            "estargz": dict(self.estargz) if self.estargz is not None else None,
             **(self.layers or Layers(None, f"not read: the image is {self.status}, not published")).to_json(),
             "build": self.built.to_json() if self.built else None,
             "verify": self.verify.to_json() if self.verify else None,

@@ -27,6 +27,7 @@ from ..render import RenderedImage
 from ..signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
 from .blobs import Before, Layers, check_before, published_layers, pushed_layers
 from .dual import dual_index
+from .estargz import Converted, EstargzPublisher
 from .plan import RunOptions, Step
 
 class PushNotConfirmed(ImageBuilderError):
@@ -160,6 +161,8 @@ class Pushing:
     """Blob digest -> the repository it was mounted from (the build cache's) before the push."""
     instances: tuple[str, ...] = ()
     """gzip+zstd: the gzip and the zstd image manifests the pushed index lists (signed too)."""
+    estargz: Converted | None = None
+    """--compression estargz: what the push wrote (its start profile, its layers)."""
 
 
 def push_image(step: Step, built: Built, export: Export | None, engine: Engine, registry: Registry,
@@ -178,9 +181,11 @@ def push_image(step: Step, built: Built, export: Export | None, engine: Engine, 
         cache = export.cache_to if export is not None else None
         # Asked before the mount and the push write to the repository, for the report's layers.
         done.before = check_before(registry, image.ref, (cache, image.ref, image.depends_on))
-        if cache is not None:
+        if cache is not None and options.estargz is None:  # (the cache's blobs are zstd)
             done.mounted = _mount_from_cache(image.ref, engine, registry, cache, done.before.had)
-        if built.gzip is not None:
+        if options.estargz is not None:
+            push_estargz(image.refs, options.estargz, registry, options, done)
+        elif built.gzip is not None:
             push_dual(image.refs, built.result.image_id, built.gzip.image_id, engine, registry, options, done)
         else:
             for ref in image.refs:
@@ -210,6 +215,20 @@ def push_dual(refs: Sequence[str], zstd_id: str, gzip_id: str, engine: Engine, r
     for ref in others:
         done.pushed[ref] = put_tag(registry, ref, index)
     return index
+
+
+def push_estargz(refs: Sequence[str], publisher: EstargzPublisher, registry: Registry, options: RunOptions,
+                 done: Pushing) -> str:
+    """--compression estargz: the verified image written as ordered eStargz and put under every
+    ref (estargz.py); each tag confirmed by the registry and recorded in `done`."""
+    converted = done.estargz = publisher.push(refs[0], refs, options.platform)
+    done.uploaded += converted.uploaded
+    for ref in refs:
+        confirmed = registry.digest(ref)
+        if confirmed != converted.digest:
+            raise PushNotConfirmed(ref=ref, pushed=converted.digest, registry_has=confirmed or "no such tag")
+        done.pushed[ref] = confirmed
+    return converted.digest
 
 
 def _push_tag(ref: str, verified: str, engine: Engine, registry: Registry, options: RunOptions, done: Pushing) -> str:

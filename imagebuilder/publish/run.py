@@ -205,7 +205,8 @@ def _push_and_sign(step: Step, built: Built, report: VerifyReport | None, export
     if cache_failed:
         reason += f"; {cache_failed}: the push uploaded the layers itself"
     return Outcome(step, PUSHED, reason, built=built, verify=report, pushed=done.pushed, timings=timings,
-                   pushed_bytes=done.uploaded, signed=signed, layers=layers)
+                   pushed_bytes=done.uploaded, signed=signed, layers=layers,
+                   estargz=done.estargz.to_json() if done.estargz is not None else None)
 
 
 def publish_all(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,

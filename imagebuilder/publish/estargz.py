@@ -1,0 +1,233 @@
+"""`publish --compression estargz`: the verified image pushed as eStargz layers ordered by its start.
+
+BuildKit exports the image into the store as zstd (every core; the registry cache keeps those
+blobs) and verify runs it as usual. At the push, instead of `docker push`:
+  1. the start profile (estargz/profile.py): the image run once, as its user, with the start
+     that matters (`import torch` and a first `torch.compile`), the files it opened recorded;
+     it runs while the engine's save of the image is read and each layer spooled uncompressed
+     (estargz/saved.py, each checked against its diff_id);
+  2. each layer written as eStargz (estargz/writer.py): the profile's files it holds first, the
+     prefetch landmark, the rest; its gzip members compressed on every core. A layer is uploaded
+     while the next one is written;
+  3. the config (its diff_ids those of the eStargz streams), the manifest (each layer with the
+     TOC digest the stargz snapshotter checks, and how much of the profile it holds) and, when
+     BuildKit attached provenance, an index over the manifest and that attestation, whose
+     subject stays the zstd manifest the build exported (named in SOURCE_ANNOTATION), go up
+     through the registry API, under each tag, each tag confirmed as `docker push`'s are.
+
+The profile and its command are in the report and in the manifest's annotations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from ..build import human_size
+from ..estargz.profile import TORCH_START, StartProfile, start_profile
+from ..estargz.saved import SavedImage, save_layers
+from ..estargz.writer import Written, write_estargz
+from ..manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST
+from ..platforms import host_platform
+from ..signing import pinned
+
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+PROFILE_COMMAND = "io.imagebuilder.start-profile.command"
+PROFILE_DIGEST = "io.imagebuilder.start-profile.digest"
+PROFILE_FILES = "io.imagebuilder.start-profile.files"
+PROFILE_BYTES = "io.imagebuilder.start-profile.bytes"
+SOURCE_ANNOTATION = "io.imagebuilder.estargz.source"
+LEVEL = 6
+SAY_EVERY = 10.0
+T = TypeVar("T")
+
+
+class EstargzRegistry(Protocol):
+    def has_blob(self, ref: str, digest: str) -> bool: ...
+
+    def upload_blob(self, ref: str, digest: str, source: Any, size: int) -> None: ...
+
+    def put_manifest(self, ref: str, body: bytes, media_type: str) -> Mapping[str, str]: ...
+
+    def digest(self, ref: str) -> str | None: ...
+
+
+class ImageSaver(Protocol):
+    def save_image(self, ref: str) -> Iterator[bytes]: ...
+
+
+@dataclass(frozen=True)
+class Converted:
+    digest: str
+    """What the tags name: the index (with provenance) or the manifest."""
+    manifest: str
+    uploaded: int
+    profile: StartProfile | None
+    layers: tuple[Written, ...]
+    seconds: Mapping[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"manifest": self.manifest, "profile": self.profile.to_json() if self.profile else None,
+                "layers": [{"digest": w.digest, "size": w.size, "toc_digest": w.toc_digest,
+                            "prioritized_files": len(w.prioritized), "prioritized_bytes": w.prioritized_bytes}
+                           for w in self.layers],
+                **{k: round(v, 2) for k, v in self.seconds.items()}}
+
+
+@dataclass(frozen=True)
+class EstargzPublisher:
+    """Made at the edge (publish/command.py), handed to the run in RunOptions.estargz."""
+
+    engine: ImageSaver
+    registry: EstargzRegistry
+    level: int = LEVEL
+    start: tuple[str, ...] | None = TORCH_START
+    """The start to profile; None: no profile (every layer says .no.prefetch.landmark)."""
+    workdir: Path | None = None
+    """Where the layers are spooled (their uncompressed size, and one eStargz at a time)."""
+    say: Callable[[str], None] = print
+
+    def push(self, ref: str, refs: Sequence[str], platform: str | None) -> Converted:
+        """The local image `ref` as ordered eStargz under each of `refs`; each tag confirmed."""
+        folder = Path(tempfile.mkdtemp(prefix=".imagebuilder-estargz-", dir=self.workdir))
+        seconds: dict[str, float] = {}
+        try:
+            started = time.monotonic()
+            with ThreadPoolExecutor(1, thread_name_prefix="start-profile") as pool:
+                profiled = pool.submit(self._profile, ref) if self.start is not None else None
+                saved = save_layers(ref, self.engine.save_image(ref), folder, platform or host_platform(),
+                                    on_progress=self._every(f"{ref}: reading its layers", SAY_EVERY))
+                seconds["save_s"] = time.monotonic() - started
+                profile = (self._wait(profiled, f"{ref}: its start profile still runs ({' '.join(self.start or ())[:60]})")
+                           if profiled is not None else None)
+            if profile is not None:
+                seconds["profile_s"] = profile.seconds
+                self.say(f"{ref}: its start opened {len(profile.files)} files ({' '.join(profile.command)[:80]})")
+            started = time.monotonic()
+            written, uploaded = self._layers(ref, saved, profile, folder)
+            seconds["estargz_s"] = time.monotonic() - started
+            digest, manifest = _put(ref, refs, saved, written, profile, self.registry)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return Converted(digest, manifest, uploaded, profile, tuple(written), seconds)
+
+    def _wait(self, future: Future[T], still: str) -> T:
+        """The result of `future`, saying `still` every SAY_EVERY seconds until it is there."""
+        while True:
+            try:
+                return future.result(timeout=SAY_EVERY)
+            except FutureTimeout:
+                self.say(still)
+
+    def _profile(self, ref: str) -> StartProfile:
+        assert self.start is not None
+        return start_profile(ref, self.start)
+
+    def _every(self, what: str, interval: float) -> Callable[[int], None]:
+        last = [time.monotonic()]
+
+        def on_progress(done: int) -> None:
+            if time.monotonic() - last[0] >= interval:
+                last[0] = time.monotonic()
+                self.say(f"{what}: {human_size(done)}")
+
+        return on_progress
+
+    def _layers(self, ref: str, saved: SavedImage, profile: StartProfile | None, folder: Path) -> tuple[list[Written], int]:
+        """Each layer written and uploaded (the upload of one beside the writing of the next)."""
+        files = profile.files if profile is not None else ()
+        written: list[Written] = []
+        uploads: list[Future[int]] = []
+        with ThreadPoolExecutor(1, thread_name_prefix="estargz-upload") as uploader:
+            for index, layer in enumerate(saved.layers, 1):
+                out = folder / f"layer-{index}.estargz"
+                with open(layer.path, "rb") as source, open(out, "wb") as sink:
+                    done = write_estargz(source, sink, files, level=self.level, on_progress=self._every(
+                        f"{ref}: eStargz layer {index}/{len(saved.layers)} of {human_size(layer.size)}", SAY_EVERY))
+                layer.path.unlink()
+                written.append(done)
+                uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
+            uploaded = sum(self._wait(upload, f"{ref}: uploading its eStargz layers") for upload in uploads)
+        return written, uploaded
+
+
+def _upload(registry: EstargzRegistry, ref: str, written: Written, path: Path) -> int:
+    """The blob into `ref`'s repository unless it is there; the bytes uploaded."""
+    try:
+        if registry.has_blob(ref, written.digest):
+            return 0
+        with open(path, "rb") as blob:
+            registry.upload_blob(ref, written.digest, blob, written.size)
+        return written.size
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _put(ref: str, refs: Sequence[str], saved: SavedImage, written: Sequence[Written],
+         profile: StartProfile | None, registry: EstargzRegistry) -> tuple[str, str]:
+    """The config, manifest (and index with the attestation) up, and every tag on it:
+    (what the tags name, the manifest's digest)."""
+    config = saved.config_json
+    config["rootfs"] = {**config["rootfs"], "diff_ids": [w.diff_id for w in written]}
+    config_body = _canonical(config)
+    config_digest = _blob(registry, ref, config_body)
+    annotations = {SOURCE_ANNOTATION: saved.manifest_digest}
+    if profile is not None:
+        annotations |= {PROFILE_COMMAND: json.dumps(list(profile.command)),
+                        PROFILE_DIGEST: "sha256:" + hashlib.sha256("\n".join(profile.files).encode()).hexdigest(),
+                        PROFILE_FILES: str(len(profile.files))}
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config_body)},
+                "layers": [{"mediaType": LAYER_TYPE, "digest": w.digest, "size": w.size,
+                            "annotations": {**w.annotations(), PROFILE_FILES: str(len(w.prioritized)),
+                                            PROFILE_BYTES: str(w.prioritized_bytes)}} for w in written],
+                "annotations": annotations}
+    body = _canonical(manifest)
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    registry.put_manifest(pinned(ref, digest), body, OCI_MANIFEST)
+    top, top_type, top_body = digest, OCI_MANIFEST, body
+    entry = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(body),
+             **({"platform": dict(saved.platform)} if saved.platform else {})}
+    entries = [entry]
+    if saved.attestation is not None:
+        entries.append(_attestation(ref, saved, digest, registry))
+    if len(entries) > 1:
+        top_body = _canonical({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries})
+        top, top_type = "sha256:" + hashlib.sha256(top_body).hexdigest(), OCI_INDEX
+        registry.put_manifest(pinned(ref, top), top_body, OCI_INDEX)
+    for tag in refs:
+        registry.put_manifest(tag, top_body, top_type)
+    return top, digest
+
+
+def _attestation(ref: str, saved: SavedImage, digest: str, registry: EstargzRegistry) -> dict[str, Any]:
+    """BuildKit's attestation manifest, its blobs copied, its index entry naming `digest`."""
+    entry = saved.attestation
+    assert entry is not None
+    document = json.loads(saved.blobs[entry["digest"]])
+    for blob in [document["config"], *(document.get("layers") or [])]:
+        _blob(registry, ref, saved.blobs[blob["digest"]])
+    registry.put_manifest(pinned(ref, entry["digest"]), saved.blobs[entry["digest"]], entry["mediaType"])
+    return {**entry, "annotations": {**entry.get("annotations", {}), REFERENCE_DIGEST: digest}}
+
+
+def _blob(registry: EstargzRegistry, ref: str, body: bytes) -> str:
+    import io
+
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    registry.upload_blob(ref, digest, io.BytesIO(body), len(body))
+    return digest
+
+
+def _canonical(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
