@@ -20,6 +20,8 @@ from support.fakes import TickingBuild
 from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
                                      Remote, RunOptions, Step)
 from imagebuilder.publish.run import publish
+from imagebuilder.publish.estargz import Converted, EstargzPublisher
+from imagebuilder.estargz.profile import StartProfile
 from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
 from imagebuilder.publish.ledger import report_document
 from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
@@ -391,6 +393,58 @@ def test_without_a_registry_cache_nothing_is_mounted() -> None:
     registry = CannedCache(engine=engine)
     (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT)
     assert outcome.status == PUSHED and registry.mounted == []
+
+
+@dataclass(frozen=True)
+class CannedEstargz(EstargzPublisher):
+    """publish's eStargz push with its work canned: it 'puts' `digest` under the refs by
+    telling the canned registry, which may answer something else for one of them."""
+
+    digest: str = "sha256:" + "5" * 64
+    calls: list[tuple[str, tuple[str, ...], str | None]] = field(default_factory=list)
+
+    def push(self, ref: str, refs: Sequence[str], platform: str | None) -> Converted:
+        self.calls.append((ref, tuple(refs), platform))
+        registry = self.registry
+        assert isinstance(registry, CannedRegistry)
+        for tag in refs:
+            registry.answers.setdefault(tag, self.digest)
+        profile = StartProfile(("/opt/venv/bin/python3", "/opt/venv/lib/torch/lib/libtorch_cpu.so"),
+                               ("python3", "-c", "import torch"), "1000", 12.5)
+        return Converted(self.digest, "sha256:" + "6" * 64, 1234, profile, (), {"estargz_s": 3.0})
+
+
+def _estargz(registry: CannedRegistry) -> CannedEstargz:
+    return CannedEstargz(engine=None, registry=registry)  # type: ignore[arg-type]
+
+
+def test_estargz_pushes_through_the_publisher_not_docker_push_and_reports_its_profile() -> None:
+    """--compression estargz: the verified zstd image goes up as ordered eStargz through the
+    registry API; no `docker push`, no mount of the cache's zstd blobs; every tag confirmed."""
+    engine = CannedStore()
+    (image,) = images()
+    cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
+    registry = CannedCache(answers={cache: "sha256:" + "c" * 64}, engine=engine)
+    publisher = _estargz(registry)
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY,
+                     estargz=publisher)
+    assert outcome.status == PUSHED, outcome.reason
+    assert publisher.calls == [(image.ref, tuple(image.refs), None)]
+    assert engine.pushed == [] and registry.mounted == []
+    assert outcome.pushed == {ref: publisher.digest for ref in image.refs}
+    report = outcome.to_json()
+    assert report["pushed_bytes"] == 1234
+    assert report["estargz"]["profile"]["files"][1].endswith("libtorch_cpu.so")
+    assert report["estargz"]["profile"]["command"] == ["python3", "-c", "import torch"]
+
+
+def test_an_estargz_tag_the_registry_does_not_confirm_fails_the_push() -> None:
+    engine = CannedStore()
+    (image,) = images()
+    registry = CannedBlobs(answers={image.refs[1]: "sha256:someone-else"}, engine=engine)
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, estargz=_estargz(registry))
+    assert outcome.status == FAILED and "registry answers sha256:someone-else" in outcome.reason
+    assert list(outcome.pushed) == [image.refs[0]]
 
 
 @dataclass
