@@ -20,7 +20,7 @@ from support.fakes import TickingBuild
 from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
                                      Remote, RunOptions, Step)
 from imagebuilder.publish.run import publish
-from imagebuilder.publish.estargz import Converted, EstargzPublisher
+from imagebuilder.publish.estargz import Converted, EstargzPublisher, split_export
 from imagebuilder.estargz.profile import StartProfile
 from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
 from imagebuilder.publish.ledger import report_document
@@ -436,6 +436,22 @@ def test_estargz_pushes_through_the_publisher_not_docker_push_and_reports_its_pr
     assert report["pushed_bytes"] == 1234
     assert report["estargz"]["profile"]["files"][1].endswith("libtorch_cpu.so")
     assert report["estargz"]["profile"]["command"] == ["python3", "-c", "import torch"]
+
+
+@pytest.mark.parametrize("asked, level", [(Compression("estargz"), 6), (Compression("estargz", 4), 4)])
+def test_estargz_is_exported_as_zstd_and_pushed_by_a_publisher_at_the_asked_gzip_level(asked: Compression,
+                                                                                        level: int) -> None:
+    made: list[int] = []
+
+    def publisher(at: int) -> EstargzPublisher:
+        made.append(at)
+        return _estargz(CannedRegistry())
+
+    export, estargz = split_export(Export(asked, provenance=True), publisher)
+    assert export == Export(Compression("zstd"), provenance=True) and estargz is not None and made == [level]
+    for other in (None, Export(Compression("gzip")), Export(None)):
+        assert split_export(other, publisher) == (other, None)
+    assert made == [level]
 
 
 def test_an_estargz_tag_the_registry_does_not_confirm_fails_the_push() -> None:

@@ -9,7 +9,6 @@ import functools
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from datetime import date, datetime, timezone
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from ..registry import Registry
 from ..render_options import RenderOptions
 from ..selection import Selection
 from .indexes import IndexOutcome, IndexStep
+from .estargz import EstargzPublisher, split_export
 from .ledger import Ledger
 from .plan import RunOptions, Step
 from .report import EventPrinter, format_indexes, format_plan, format_summary, raise_if_failed
@@ -96,15 +96,9 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
         export = choose(compression, buildkit=buildkit, provenance=True,
                         image_store=buildkit and engine.keeps_compressed_layers())
-        estargz = None
-        if export is not None and export.compression is not None and export.compression.kind == ESTARGZ:
-            # BuildKit exports zstd (every core) for verify and the registry cache; the push writes
-            # eStargz ordered by the image's start (estargz.py), gzip members on every core.
-            from .estargz import LEVEL, EstargzPublisher
-
-            estargz = EstargzPublisher(engine, registry, level=export.compression.level if export.compression.level
-                                       is not None else LEVEL, start=start, say=progress)
-            export = replace(export, compression=Compression(Compression.DEFAULT))
+        # --compression estargz: the push writes eStargz ordered by the image's start (estargz.py).
+        export, estargz = split_export(export, lambda level: EstargzPublisher(engine, registry, level=level,
+                                                                              start=start, say=progress))
         if not quiet:
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}")

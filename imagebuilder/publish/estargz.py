@@ -28,11 +28,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..build import human_size
+from ..engine.export import ESTARGZ, Compression, Export
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
 from ..estargz.writer import Written, write_estargz
@@ -159,6 +160,16 @@ class EstargzPublisher:
                 uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
             uploaded = sum(self._wait(upload, f"{ref}: uploading its eStargz layers") for upload in uploads)
         return written, uploaded
+
+
+def split_export(export: Export | None,
+                 publisher: Callable[[int], EstargzPublisher]) -> tuple[Export | None, EstargzPublisher | None]:
+    """--compression estargz at publish: BuildKit exports zstd (every core; verify and the registry
+    cache use it) and `publisher(level)` pushes the eStargz; any other export stays as it is."""
+    if export is None or export.compression is None or export.compression.kind != ESTARGZ:
+        return export, None
+    level = export.compression.level if export.compression.level is not None else LEVEL
+    return replace(export, compression=Compression(Compression.DEFAULT)), publisher(level)
 
 
 def _upload(registry: EstargzRegistry, ref: str, written: Written, path: Path) -> int:
