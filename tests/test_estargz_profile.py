@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from support.unavailable import _unavailable
+
 from imagebuilder.estargz.profile import (STRACE_FLAGS, Opened, StartFailed, interpreter_of, parse_trace,
                                           profile_files, start_profile)
 
@@ -94,7 +96,7 @@ def test_interpreter_of_reads_pt_interp_and_shebangs() -> None:
 @pytest.mark.docker
 def test_a_real_start_profile_lists_what_the_start_read_in_order(docker_engine: DockerEngine, base_image: str) -> None:
     if shutil.which("strace") is None:
-        pytest.skip("strace is missing: .ci/setup installs it")
+        _unavailable("strace is missing: .ci/setup installs it")
     command = ["sh", "-c", "cat /etc/debian_version >/dev/null; head -c1 /usr/share/common-licenses/GPL-3 >/dev/null"]
     profile = start_profile(base_image, command, user="12345:12345", timeout=60)
     files = list(profile.files)
@@ -107,6 +109,11 @@ def test_a_real_start_profile_lists_what_the_start_read_in_order(docker_engine: 
     assert files.index("/usr/bin/cat") < files.index("/etc/debian_version") < files.index("/usr/bin/head") \
         < files.index("/usr/share/common-licenses/GPL-3"), files
     assert "/usr/share/common-licenses/Apache-2.0" not in files
+    # What it read of each, from the page cache (residency.py): head -c1 of GPL-3 brought its one
+    # chunk in; every file the start opened was measured.
+    gpl = profile.reads["/usr/share/common-licenses/GPL-3"]
+    assert gpl[0] > 30_000 and gpl[1] == gpl[0], gpl
+    assert set(profile.reads) == set(files) and profile.prefetched() == profile.files
     assert not any(path.endswith("/LC_MESSAGES") for path in files), "a directory opened without O_DIRECTORY"
     assert profile.to_json()["files"] == files
     with pytest.raises(StartFailed, match=r"exited with 3, .* It said: bad start$"):
@@ -118,7 +125,7 @@ def test_a_real_start_profile_lists_what_the_start_read_in_order(docker_engine: 
 
 def test_strace_flags_are_ones_this_strace_takes(tmp_path: Path) -> None:
     if shutil.which("strace") is None:
-        pytest.skip("strace is missing: .ci/setup installs it")
+        _unavailable("strace is missing: .ci/setup installs it")
     out = tmp_path / "trace"
     done = subprocess.run(["strace", *STRACE_FLAGS, "-o", str(out), "cat", "/etc/hostname"], capture_output=True,
                           text=True, timeout=30)

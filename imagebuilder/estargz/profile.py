@@ -39,11 +39,14 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ImageBuilderError
+from .residency import CHUNK, drop, reads
+
+PREFETCH_SHARE = 0.5
 
 TORCH_START = ("python3", "-c", "import torch; f = torch.compile(lambda x: (x.sin() + 1).sum()); "
                                 "f(torch.ones(64))")
@@ -99,10 +102,22 @@ class StartProfile:
     """The user it ran as: the image's (its Config.User, "" is root) or the one given."""
     seconds: float
     """The traced run's wall time, from the first instruction to the exit (strace slows opens)."""
+    reads: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Each file's (size, bytes of the chunks the start read of it) (residency.py); a file not
+    measured is missing."""
+
+    def prefetched(self, whole: float = PREFETCH_SHARE, small: int = 2 * CHUNK) -> tuple[str, ...]:
+        """The files worth fetching whole before the start: those of at most `small` bytes, and
+        those of which the start read at least `whole` (chunks); unmeasured ones too. The rest
+        (a CUDA library of which the import touches a few MB) are left to on-demand reads."""
+        return tuple(path for path in self.files
+                     if path not in self.reads or self.reads[path][0] <= small
+                     or self.reads[path][1] >= whole * self.reads[path][0])
 
     def to_json(self) -> dict[str, Any]:
         return {"files": list(self.files), "command": list(self.command), "user": self.user,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "reads": {path: list(read) for path, read in self.reads.items()},
+                "prefetched": len(self.prefetched())}
 
 
 @dataclass(frozen=True)
@@ -394,6 +409,7 @@ def start_profile(ref: str, command: Sequence[str] = TORCH_START, *, user: str |
         except TimeoutError:
             raise ProfileUnavailable(ref=ref, reason="its start command did not stop itself within 30 s "
                                                      "(does the image have /bin/sh?)") from None
+        drop(Path(f"/proc/{pid}/root"))  # what the start reads is what it brings into the page cache
         trace = Path(scratch) / "trace"
         tracer = subprocess.Popen([strace, *STRACE_FLAGS, "-o", str(trace), "-p", str(pid)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -418,4 +434,18 @@ def start_profile(ref: str, command: Sequence[str] = TORCH_START, *, user: str |
         opened = parse_trace(trace.read_text(errors="replace").splitlines())
         answers = _ask_image(ref, name, opened, user, max(10.0, deadline - time.monotonic()))
     files = profile_files(opened, answers.resolved, directories=answers.directories)
-    return StartProfile(files, tuple(command), user, seconds)
+    return StartProfile(files, tuple(command), user, seconds, _measure(ref, files, user, deadline))
+
+
+def _measure(ref: str, files: Sequence[str], user: str, deadline: float) -> Mapping[str, tuple[int, int]]:
+    """residency.reads() of `files`, through the root of a stopped container of `ref`."""
+    name = f"imagebuilder-profile-read-{uuid.uuid4().hex[:12]}"
+    with _container(name):
+        _docker("run", "-d", "--init", "--name", name, "--entrypoint", "", "--network", "none",
+                *(["--user", user] if user else []), ref, "sh", "-c", "kill -STOP $$")
+        init = int(_docker("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        try:
+            pid = _stopped_child(init, min(deadline, time.monotonic() + 30))
+        except TimeoutError:
+            return {}
+        return reads(Path(f"/proc/{pid}/root"), files)

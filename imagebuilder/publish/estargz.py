@@ -146,7 +146,7 @@ class EstargzPublisher:
 
     def _layers(self, ref: str, saved: SavedImage, profile: StartProfile | None, folder: Path) -> tuple[list[Written], int]:
         """Each layer written and uploaded (the upload of one beside the writing of the next)."""
-        files = profile.files if profile is not None else ()
+        files = profile.prefetched() if profile is not None else ()
         written: list[Written] = []
         uploads: list[Future[int]] = []
         with ThreadPoolExecutor(1, thread_name_prefix="estargz-upload") as uploader:
