@@ -571,7 +571,14 @@ def _publishes(results: Results) -> None:
                      f"{zstd_size}" if name == ZSTD_AGAIN else ""))
         profile = (conv.get("profile") or {})
         if profile:
-            print(f"  {name}: the start profile opened {len(profile.get('files') or [])} files: {profile.get('command')}")
+            reads = profile.get("reads") or {}
+            opened = sum(size for size, _ in reads.values())
+            read = sum(done_bytes for _, done_bytes in reads.values())
+            ahead = sum(layer.get("prioritized_bytes") or 0 for layer in conv.get("layers") or [])
+            print(f"  {name}: the start profile ({profile.get('command')}, {profile.get('seconds')} s under strace) "
+                  f"opened {len(profile.get('files') or [])} files of {opened / 1e6:,.1f} MB, read "
+                  f"{read / 1e6:,.1f} MB of them (4 MiB chunks); {profile.get('prefetched')} files, "
+                  f"{ahead / 1e6:,.1f} MB, go before the landmarks")
     print(format_table(("publish", "s", "/ zstd", "build s", "verify s", "push s", "save s", "profile s", "eStargz s",
                         "registry bytes", "/ zstd's", ""), rows))
 
