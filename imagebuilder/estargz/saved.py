@@ -116,14 +116,26 @@ def save_layers(ref: str, chunks: Iterable[bytes], folder: Path, platform: str,
                 small[digest] = source.read()
                 continue
             path = folder / f"layer-{len(spooled)}.tar"
-            spooled[digest] = _spool(source, path)
+            spooled[digest] = _spool(_Counted(source, done, on_progress), path)
             done += member.size
-            if on_progress is not None:
-                on_progress(done)
     return _image(ref, small, spooled, platform, folder)
 
 
-def _spool(source: IO[bytes], path: Path) -> tuple[Path, int, str]:
+class _Counted:
+    """A blob's stream that tells `on_progress` the save's bytes read so far, as it is read."""
+
+    def __init__(self, source: IO[bytes], before: int, on_progress: Callable[[int], None] | None) -> None:
+        self.source, self.done, self.on_progress = source, before, on_progress
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size)
+        self.done += len(data)
+        if self.on_progress is not None:
+            self.on_progress(self.done)
+        return data
+
+
+def _spool(source: IO[bytes] | _Counted, path: Path) -> tuple[Path, int, str]:
     """The blob `source` uncompressed into `path`: (path, bytes, sha256 of them)."""
     head = source.read(CHUNK)
     if head.startswith(ZSTD_MAGIC):
@@ -140,7 +152,7 @@ def _spool(source: IO[bytes], path: Path) -> tuple[Path, int, str]:
     return path, size, "sha256:" + hasher.hexdigest()
 
 
-def _unzstd(head: bytes, source: IO[bytes], path: Path) -> tuple[Path, int, str]:
+def _unzstd(head: bytes, source: IO[bytes] | _Counted, path: Path) -> tuple[Path, int, str]:
     """A zstd blob through the `zstd` tool (a thread feeds it), hashed as it is written."""
     tool = subprocess.Popen(["zstd", "-d", "-c", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert tool.stdin is not None and tool.stdout is not None
