@@ -13,7 +13,7 @@ import pytest
 
 from support.unavailable import _unavailable
 
-from imagebuilder.estargz.profile import (STRACE_FLAGS, Opened, StartFailed, interpreter_of, parse_trace,
+from imagebuilder.estargz.profile import (MARK, STRACE_FLAGS, Opened, StartFailed, interpreter_of, parse_trace,
                                           profile_files, start_profile)
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ TRACE = """\
 103 execve("/usr/local/bin/nope", ["nope"], 0x55 /* 5 vars */) = -1 ENOENT (No such file or directory)
 103 openat(3</opt/venv>, "lib/site.py", O_RDONLY|O_CLOEXEC) = 6</opt/venv/lib/site.py>
 103 openat(AT_FDCWD</>, "/opt/a\\"b", O_RDONLY) = 7</opt/a\\"b>
+103 openat(AT_FDCWD</>, "/.imagebuilder-start-mark", O_RDONLY|O_CLOEXEC) = -1 ENOENT (No such file or directory)
 103 openat(AT_FDCWD</>, "/dev/null", O_RDWR) = 8</dev/null>
 103 openat(AT_FDCWD</>, "/data/mounted", O_RDONLY) = 9</data/mounted>
 103 <... openat resumed>) = 10</orphan>
@@ -56,6 +57,7 @@ def test_the_trace_gives_reading_opens_and_execs_in_order() -> None:
         Opened("/etc/y"),
         Opened("/opt/venv/lib/site.py"),  # relative to a directory fd: the decoded result says where
         Opened('/opt/a"b'),
+        Opened(MARK),  # its open fails, as it should: where the start's first part ended
         Opened("/dev/null"),
         Opened("/data/mounted"),
     )

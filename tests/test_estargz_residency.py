@@ -43,7 +43,12 @@ def test_a_file_dropped_then_read_in_one_place_has_one_chunk_touched(tmp_path: P
 
 
 def test_the_profile_prefetches_small_files_and_files_mostly_read_not_big_ones_barely_read() -> None:
-    profile = StartProfile(("/a.py", "/libbig.so", "/libread.so", "/unmeasured"), ("python3",), "", 1.0,
-                           {"/a.py": (1000, 0), "/libbig.so": (500 * MIB, 8 * MIB), "/libread.so": (40 * MIB, 24 * MIB)})
-    assert profile.prefetched() == ("/a.py", "/libread.so", "/unmeasured")
-    assert profile.to_json()["prefetched"] == 3
+    files = ("/a.py", "/libbig.so", "/libread.so", "/libhuge.so", "/unmeasured", "/usr/bin/cc1plus", "/b.h")
+    reads = {"/a.py": (1000, 0), "/libbig.so": (500 * MIB, 8 * MIB), "/libread.so": (20 * MIB, 12 * MIB),
+             "/libhuge.so": (900 * MIB, 800 * MIB), "/usr/bin/cc1plus": (30 * MIB, 30 * MIB), "/b.h": (100, 100)}
+    profile = StartProfile(files, ("python3",), "", 1.0, reads)
+    assert profile.prefetched() == ("/a.py", "/libread.so", "/unmeasured", "/usr/bin/cc1plus", "/b.h")
+    # With the MARK after the import, what the compile opened after it is left to on-demand reads.
+    marked = StartProfile(files, ("python3",), "", 1.0, reads, first=5)
+    assert marked.prefetched() == ("/a.py", "/libread.so", "/unmeasured")
+    assert marked.to_json()["prefetched"] == 3 and marked.to_json()["before_mark"] == 5
