@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -401,10 +401,10 @@ class CannedEstargz(EstargzPublisher):
     telling the canned registry, which may answer something else for one of them."""
 
     digest: str = "sha256:" + "5" * 64
-    calls: list[tuple[str, tuple[str, ...], str | None]] = field(default_factory=list)
+    calls: list[tuple[str, tuple[str, ...], str | None, bool]] = field(default_factory=list)
 
     def push(self, ref: str, refs: Sequence[str], platform: str | None) -> Converted:
-        self.calls.append((ref, tuple(refs), platform))
+        self.calls.append((ref, tuple(refs), platform, self.start is not None))
         registry = self.registry
         assert isinstance(registry, CannedRegistry)
         for tag in refs:
@@ -429,7 +429,7 @@ def test_estargz_pushes_through_the_publisher_not_docker_push_and_reports_its_pr
     (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY,
                      estargz=publisher)
     assert outcome.status == PUSHED, outcome.reason
-    assert publisher.calls == [(image.ref, tuple(image.refs), None)]
+    assert publisher.calls == [(image.ref, tuple(image.refs), None, True)]
     assert engine.pushed == [] and registry.mounted == []
     assert outcome.pushed == {ref: publisher.digest for ref in image.refs}
     report = outcome.to_json()
@@ -452,6 +452,19 @@ def test_estargz_is_exported_as_zstd_and_pushed_by_a_publisher_at_the_asked_gzip
     for other in (None, Export(Compression("gzip")), Export(None)):
         assert split_export(other, publisher) == (other, None)
     assert made == [level]
+
+
+def test_an_emulated_platform_s_estargz_goes_up_unordered_without_running_its_start() -> None:
+    engine = CannedStore()
+    (image,) = images()
+    registry = CannedBlobs(engine=engine)
+    said: list[str] = []
+    publisher = replace(_estargz(registry), say=said.append)
+    (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, estargz=publisher,
+                     platform="linux/riscv64", verify=False)
+    assert outcome.status == PUSHED, outcome.reason
+    assert publisher.calls == [(image.ref, tuple(image.refs), "linux/riscv64", False)]
+    assert said and "linux/riscv64 is emulated here" in said[0]
 
 
 def test_an_estargz_tag_the_registry_does_not_confirm_fails_the_push() -> None:

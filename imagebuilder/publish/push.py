@@ -221,6 +221,11 @@ def push_estargz(refs: Sequence[str], publisher: EstargzPublisher, registry: Reg
                  done: Pushing) -> str:
     """--compression estargz: the verified image written as ordered eStargz and put under every
     ref (estargz.py); each tag confirmed by the registry and recorded in `done`."""
+    if options.platform not in (None, host_platform()) and publisher.start is not None:
+        # The start would run under emulation (import torch hangs under QEMU): layers unordered.
+        publisher.say(f"{refs[0]}: no start profile, {options.platform} is emulated here: its eStargz layers "
+                      "go unordered (publish it on a native host to order them)")
+        publisher = replace(publisher, start=None)
     converted = done.estargz = publisher.push(refs[0], refs, options.platform)
     done.uploaded += converted.uploaded
     for ref in refs:
