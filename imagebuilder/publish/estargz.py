@@ -134,12 +134,15 @@ class EstargzPublisher:
         assert self.start is not None
         return start_profile(ref, self.start)
 
-    def _every(self, what: str, interval: float) -> Callable[[int], None]:
-        last = [time.monotonic()]
+    def _every(self, what: str, interval: float, last: list[float] | None = None) -> Callable[[int], None]:
+        """A progress callback saying `what` and the bytes done at most every `interval` s; `last`
+        (the time it last spoke) shared by the callbacks of one phase, so no gap between two
+        layers is longer than `interval`."""
+        clock = last if last is not None else [time.monotonic()]
 
         def on_progress(done: int) -> None:
-            if time.monotonic() - last[0] >= interval:
-                last[0] = time.monotonic()
+            if time.monotonic() - clock[0] >= interval:
+                clock[0] = time.monotonic()
                 self.say(f"{what}: {human_size(done)}")
 
         return on_progress
@@ -149,12 +152,13 @@ class EstargzPublisher:
         files = profile.prefetched() if profile is not None else ()
         written: list[Written] = []
         uploads: list[Future[int]] = []
+        clock = [time.monotonic()]
         with ThreadPoolExecutor(1, thread_name_prefix="estargz-upload") as uploader:
             for index, layer in enumerate(saved.layers, 1):
                 out = folder / f"layer-{index}.estargz"
                 with open(layer.path, "rb") as source, open(out, "wb") as sink:
                     done = write_estargz(source, sink, files, level=self.level, on_progress=self._every(
-                        f"{ref}: eStargz layer {index}/{len(saved.layers)} of {human_size(layer.size)}", SAY_EVERY))
+                        f"{ref}: eStargz layer {index}/{len(saved.layers)} of {human_size(layer.size)}", SAY_EVERY, clock))
                 layer.path.unlink()
                 written.append(done)
                 uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
