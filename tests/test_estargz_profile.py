@@ -13,8 +13,8 @@ import pytest
 
 from support.unavailable import _unavailable
 
-from imagebuilder.estargz.profile import (MARK, STRACE_FLAGS, Opened, StartFailed, interpreter_of, parse_trace,
-                                          profile_files, start_profile)
+from imagebuilder.estargz.profile import StartFailed, start_profile
+from imagebuilder.estargz.trace import MARK, STRACE_FLAGS, Opened, interpreter_of, parse_trace, profile_files
 
 if TYPE_CHECKING:
     from imagebuilder.engine.docker import DockerEngine
