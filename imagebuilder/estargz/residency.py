@@ -23,8 +23,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from .trace import NOT_FILES as KERNEL_FILES
+
 CHUNK = 4 << 20
-NOT_FILES = ("proc", "sys", "dev")
+NOT_FILES = tuple(path.strip("/") for path in KERNEL_FILES)  # (the folders' names under a root)
 
 _PROT_READ, _MAP_SHARED = 0x1, 0x01
 _MAP_FAILED = ctypes.c_void_p(-1).value
