@@ -421,11 +421,13 @@ def compression(f: F) -> F:
                           "and uses registry build caches. zstd is pulled by Docker >= 23, containerd >= 1.5, "
                           "current Kubernetes nodes. estargz: gzip that nodes running containerd's stargz "
                           "snapshotter pull lazily (a container starts before its image has arrived; slower "
-                          "to export: gzip speed). gzip+zstd: each image twice, in one index, a gzip manifest first for "
+                          "to export: gzip speed). zstd:chunked (publish only): the same lazy pulls from zstd "
+                          "frames, as fast to write as zstd, and plain zstd to every other puller; publish "
+                          "orders both by the image's start (--start-command). gzip+zstd: each image twice, in one index, a gzip manifest first for "
                           "engines without zstd (Docker < 23, enroot < 4.0) and a zstd one marked for Podman "
                           "and CRI-O (docs/publish.md). Default: publish, zstd where BuildKit exports into the "
                           "containerd store (gzip by docker push elsewhere); build, the same (--load's gzip elsewhere)."),
         click.option("--compression-level", type=int, default=None, metavar="N",
-                     help=f"{Compression.levels_help()} (none for {DUAL}). Default: BuildKit's (zstd 3, gzip 6)."),
+                     help=f"{Compression.levels_help()} (none for {DUAL}). Default: BuildKit's (zstd 3, gzip 6); eStargz 6, zstd:chunked 3."),
         _collect("compression", _compression, ("compression", "compression_level")),
     )(f)

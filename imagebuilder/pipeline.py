@@ -14,7 +14,8 @@ from datetime import date
 from typing import TYPE_CHECKING
 
 from .engine.api import BuilderKind
-from .engine.export import Compression, check_asked
+from .engine.export import ZSTD_CHUNKED, Compression, check_asked, check_build_compression
+from .estargz.zstdchunked import check_available as check_libzstd
 from .errors import BadRequest
 from .matrix import Matrix
 from . import lock as locking
@@ -90,6 +91,7 @@ def check_build(matrix: Matrix, selection: Selection, asked: RenderOptions, plat
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
     one refuses waits for the decided builder; the classic builder asked for refuses an export
     (--compression, --cache-from-registry) here."""
+    check_build_compression(compression)
     check_asked(compression, buildkit=kind == "buildkit", cache_from_registry=cache_from_registry)
     options = render_options(matrix, asked, kind)
     _check_for_any_os(matrix, selection, lambda chosen: plan_build(
@@ -184,6 +186,8 @@ def check_publish(matrix: Matrix, selection: Selection, options: RenderOptions, 
     as far as it is known before probing for one (--merge-only builds nothing, so exports nothing)."""
     if not merge_only:
         check_asked(compression, buildkit=options.buildkit)
+        if compression is not None and compression.kind == ZSTD_CHUNKED:
+            check_libzstd()
     _check_for_any_os(matrix, selection, lambda chosen: publish_images(
         matrix, chosen, options, platforms, multi=multi, read_os_release=None, merge_only=merge_only,
         note=lambda text: None))

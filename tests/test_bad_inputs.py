@@ -122,7 +122,7 @@ ROWS = {
     "publish --merge-only --no-merge": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--platform", "linux/amd64,linux/arm64",
                                             "--merge-only", "--no-merge"), 2, "--merge-only writes the indexes that --no-merge leaves out"),
     "build --compression-level alone": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--compression-level", "3"), 2,
-                                           "give --compression zstd, gzip, estargz or gzip+zstd with it"),
+                                           "give --compression zstd, gzip, estargz, zstd:chunked or gzip+zstd with it"),
     # issue 46, item 2: --compression and its level parsed into one value before any
     # daemon or registry is asked, in a dry run too
     "build --compression-level out of range, no daemon": Row((*BUILD, "--compression", "gzip", "--compression-level", "10"),
@@ -141,11 +141,16 @@ ROWS = {
                                                               "--start-command", "python -c 'import torch'"), 2,
                                                              "--start-command orders eStargz layers: give --compression estargz"),
     "publish --dry-run --start-command without compression": Row((*PUBLISH, "--dry-run", "--start-command", ""), 2,
-                                                                 "give --compression estargz with it, or drop it"),
+                                                                 "give --compression estargz (or zstd:chunked) with it, or drop it"),
+    "build --compression zstd:chunked": Row((*BUILD, "--compression", "zstd:chunked"), 2,
+                                            "--compression zstd:chunked is written by publish"),
+    "publish --dry-run --compression zstd:chunked level 23": Row(
+        (*PUBLISH, "--dry-run", "--compression", "zstd:chunked", "--compression-level", "23"), 2,
+        "--compression-level 23 is not a zstd:chunked level; zstd:chunked takes 0..22"),
     "build --compression lz4": Row((*BUILD, "--compression", "lz4"), 2,
-                                   "--compression 'lz4' is not a compression; give zstd, gzip, estargz or gzip+zstd"),
+                                   "--compression 'lz4' is not a compression; give zstd, gzip, estargz, zstd:chunked or gzip+zstd"),
     "publish --dry-run --compression ZSTD": Row((*PUBLISH, "--dry-run", "--compression", "ZSTD"), 2,
-                                                "--compression 'ZSTD' is not a compression; give zstd, gzip, estargz or gzip+zstd"),
+                                                "--compression 'ZSTD' is not a compression; give zstd, gzip, estargz, zstd:chunked or gzip+zstd"),
     "build --cache-from-registry with a scheme, no daemon": Row((*BUILD, "--cache-from-registry", "https://ghcr.io/acme"), 2,
                                                                 "--cache-from-registry 'https://ghcr.io/acme': no scheme"),
     "build --dry-run --cache-from-registry uppercase": Row((*BUILD, "--dry-run", "--cache-from-registry", "ghcr.io/Acme"), 2,

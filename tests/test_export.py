@@ -103,8 +103,9 @@ def test_what_only_the_containerd_store_gives_is_a_bad_request_elsewhere(
     ("zstd", 23, "zstd takes 0..22"),
     ("zstd", -1, "--compression-level -1 is not a zstd level"),
     ("estargz", 10, "estargz takes 0..9"),
-    ("lz4", None, "--compression 'lz4' is not a compression; give zstd, gzip, estargz or gzip+zstd"),
-    (None, 3, "--compression-level 3 sets the level of --compression: give --compression zstd, gzip, estargz or gzip+zstd"),
+    ("zstd:chunked", 23, "zstd:chunked takes 0..22"),
+    ("lz4", None, "--compression 'lz4' is not a compression; give zstd, gzip, estargz, zstd:chunked or gzip+zstd"),
+    (None, 3, "--compression-level 3 sets the level of --compression: give --compression zstd, gzip, estargz, zstd:chunked or gzip+zstd"),
 ])
 def test_bad_compressions(kind: str | None, level: int | None, said: str) -> None:
     with pytest.raises(BadRequest) as e:

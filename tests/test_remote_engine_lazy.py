@@ -1,5 +1,6 @@
 """The lazy-pull engine (tests/remote_engine.py, lazy=True), for real on a small image, and
-the ordered eStargz that `publish --compression estargz` pushes (imagebuilder/publish/estargz.py).
+the ordered layers that `publish --compression estargz` and `--compression zstd:chunked` push
+(imagebuilder/publish/estargz.py): the same test for each.
 
 The image (the base plus 40 MB of random files and a marker) is built into this host's store as
 zstd, as publish builds, then pushed by the publisher: its start profile (`cat` of the marker and
@@ -21,6 +22,7 @@ import os
 import posixpath
 import re
 import shutil
+import struct
 import subprocess
 import tarfile
 import urllib.request
@@ -67,11 +69,12 @@ def _build_records() -> dict[str, str]:
     return {str(r["ID"]): str(r.get("Description", "")) for r in json.loads(done.stdout) or []}
 
 
-@pytest.fixture
-def estargz_image(docker_engine: Any, registry: str, base_image: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture(params=["estargz", "zstd:chunked"])
+def estargz_image(request: pytest.FixtureRequest, docker_engine: Any, registry: str, base_image: str,
+                  tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The small image, built on this host's daemon as zstd and pushed by publish's eStargz
-    publisher with its start profile; its local image and the BuildKit records of its build (by
-    their unique marker) are removed after."""
+    publisher (as eStargz or zstd:chunked) with its start profile; its local image and the
+    BuildKit records of its build (by their unique marker) are removed after."""
     from imagebuilder.http_registry import HttpRegistry
     from imagebuilder.publish.estargz import EstargzPublisher
 
@@ -91,11 +94,12 @@ def estargz_image(docker_engine: Any, registry: str, base_image: str, tmp_path: 
              str(tmp_path)], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         said: list[str] = []
-        converted = EstargzPublisher(docker_engine, HttpRegistry(), start=START, say=said.append).push(
-            ref, [ref], None)
+        codec = request.param
+        converted = EstargzPublisher(docker_engine, HttpRegistry(), level=3 if codec == "zstd:chunked" else 6,
+                                     codec=codec, start=START, say=said.append).push(ref, [ref], None)
         manifest = _manifest(registry, repository, "v1")
         assert converted.manifest == _manifest_digest(registry, repository)
-        yield {"ref": ref, "repository": repository, "marker": marker, "layers": manifest["layers"],
+        yield {"ref": ref, "repository": repository, "marker": marker, "layers": manifest["layers"], "codec": codec,
                "manifest": manifest, "converted": converted, "said": said}
     finally:
         remove_images(docker_engine, [ref])
@@ -121,8 +125,14 @@ def _blob(registry: str, repository: str, digest: str) -> bytes:
 
 
 def _toc(blob: bytes) -> tuple[int, list[dict[str, Any]]]:
-    """(the TOC's offset, its entries) of an eStargz blob, read as the format says, independently
-    of the writer: the footer's gzip extra field holds %016x of the offset then STARGZ."""
+    """(the TOC's offset, its entries) of an eStargz or zstd:chunked blob, read as the format
+    says, independently of the writer: eStargz's footer's gzip extra field holds %016x of the
+    offset then STARGZ; zstd:chunked's last skippable frame the compressed TOC's offset and size."""
+    if blob[-8:] == b"GnUlInUx":
+        offset, compressed = struct.unpack("<QQ", blob[-40:-24])
+        document = subprocess.run(["zstd", "-dc"], input=blob[offset:offset + compressed], capture_output=True,
+                                  timeout=60, check=True).stdout
+        return offset - 8, list(json.loads(document)["entries"])
     footer = blob[-FOOTER:]
     found = re.search(rb"([0-9a-f]{16})STARGZ", footer)
     assert found is not None, footer
@@ -165,6 +175,8 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
     layers, repository = estargz_image["layers"], estargz_image["repository"]
     converted = estargz_image["converted"]
     assert all(TOC_DIGEST in layer.get("annotations", {}) for layer in layers), layers
+    suffix = "+zstd" if estargz_image["codec"] == "zstd:chunked" else "+gzip"
+    assert all(layer["mediaType"].endswith(suffix) for layer in layers), layers
     assert converted.profile is not None and {"/marker", "/data/f7"} <= set(converted.profile.files)
     assert "/data/f30" not in converted.profile.files
     assert estargz_image["manifest"]["annotations"]["io.imagebuilder.start-profile.command"] == json.dumps(list(START))

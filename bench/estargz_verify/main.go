@@ -1,7 +1,8 @@
 // Reads an eStargz blob with the stargz snapshotter's own reader (package estargz) and checks it
 // as the snapshotter does: the footer and TOC, the TOC digest against the layer annotation's value,
 // every chunk of every file against its chunkDigest (gunzipped from its own offset), and each
-// file's content against its digest. Prints the prefetch landmark's offset.
+// file's content against its digest. Prints the prefetch landmark's offset. zstd:chunked blobs
+// too: the reader is opened with the snapshotter's zstdchunked decompressor, as fs/layer does.
 //
 // Debian 12's golang-github-containerd-stargz-snapshotter-dev (0.12.0) in GOPATH mode:
 //   GOPATH=/usr/share/gocode GO111MODULE=off go build -o /tmp/estargz-verify bench/estargz_verify/main.go
@@ -18,6 +19,7 @@ import (
 	"path"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/containerd/stargz-snapshotter/estargz/zstdchunked"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -33,7 +35,7 @@ func main() {
 	check(err)
 	st, _ := f.Stat()
 	sr := io.NewSectionReader(f, 0, st.Size())
-	r, err := estargz.Open(sr)
+	r, err := estargz.Open(sr, estargz.WithDecompressors(new(zstdchunked.Decompressor)))
 	check(err)
 	v, err := r.VerifyTOC(digest.Digest(os.Args[2]))
 	check(err)
@@ -55,7 +57,16 @@ func main() {
 				if !ok {
 					check(fmt.Errorf("%s: no chunk at %d", name, off))
 				}
-				zr, err := gzip.NewReader(io.NewSectionReader(sr, ce.Offset, ce.NextOffset()-ce.Offset))
+				section := io.NewSectionReader(sr, ce.Offset, ce.NextOffset()-ce.Offset)
+				var zr io.Reader
+				magic := make([]byte, 2)
+				_, err := section.ReadAt(magic, 0)
+				check(err)
+				if magic[0] == 0x1f && magic[1] == 0x8b {
+					zr, err = gzip.NewReader(section)
+				} else {
+					zr, err = new(zstdchunked.Decompressor).Reader(section)
+				}
 				check(err)
 				data := make([]byte, ce.ChunkSize)
 				_, err = io.ReadFull(zr, data)

@@ -19,6 +19,8 @@ from ..reference import RegistryTarget
 
 DUAL = "gzip+zstd"
 ESTARGZ = "estargz"
+ZSTD_CHUNKED = "zstd:chunked"
+ORDERED = (ESTARGZ, ZSTD_CHUNKED)  # what publish writes itself, ordered by the image's start (publish/estargz.py)
 # gzip+zstd: every platform's image twice, a gzip manifest first and a zstd one after it in one
 # index (publish/dual.py), for engines that pull no zstd (Docker < 23, enroot < 4.0: they take
 # the first entry of their platform) beside ones that prefer zstd (Podman, CRI-O: containers/image
@@ -61,7 +63,10 @@ class Compression:
     # eStargz is gzip, each file's chunks a gzip member of their own, with a table of contents at
     # the end: a node whose containerd runs the stargz snapshotter mounts it and fetches what is
     # read, when it is read (lazy pulling); any other puller pulls it as gzip.
-    LEVELS: ClassVar[Mapping[str, range]] = {"zstd": range(0, 23), "gzip": range(0, 10), "estargz": range(0, 10)}
+    # zstd:chunked is eStargz's layout with zstd frames: written by publish alone (BuildKit 0.13
+    # has no such exporter); the stargz snapshotter (0.10+) pulls it lazily, others as zstd.
+    LEVELS: ClassVar[Mapping[str, range]] = {"zstd": range(0, 23), "gzip": range(0, 10), "estargz": range(0, 10),
+                                             ZSTD_CHUNKED: range(0, 23)}
     NAMES: ClassVar[tuple[str, ...]] = (*LEVELS, DUAL)
     # What build and publish export when nothing is asked, where BuildKit exports into the
     # containerd store: pulled by Docker >= 23 and containerd >= 1.5 (every current Kubernetes
@@ -70,7 +75,7 @@ class Compression:
     PUSHED: ClassVar[str] = "gzip"  # what `docker push` compresses with, where the store keeps no blobs
 
     kind: str
-    """"zstd", "gzip", "estargz" or "gzip+zstd" (NAMES)."""
+    """"zstd", "gzip", "estargz", "zstd:chunked" or "gzip+zstd" (NAMES)."""
     level: int | None = None
     """None: BuildKit's default for `kind`."""
 
@@ -103,8 +108,8 @@ class Compression:
     @property
     def exported(self) -> Compression:
         """What BuildKit exports into the image store, verify runs and the registry cache
-        keeps: zstd for gzip+zstd, else this."""
-        return Compression("zstd") if self.kind == DUAL else self
+        keeps: zstd for gzip+zstd and zstd:chunked, else this."""
+        return Compression("zstd") if self.kind in (DUAL, ZSTD_CHUNKED) else self
 
     @property
     def also(self) -> Compression | None:
@@ -194,6 +199,17 @@ def output_args(export: Export | None) -> list[str]:
                  f"compression={compression},force-compression=true"
                  + (",ignore-error=true" if export.image else "") + (",registry.insecure=true" if _insecure(ref) else "")]
     return args
+
+
+class ChunkedAtPublish(BadRequest):
+    template = ("--compression " + ZSTD_CHUNKED + " is written by publish (its layers ordered by the image's start); "
+                "build exports zstd: give --compression zstd, or publish")
+
+
+def check_build_compression(asked: Compression | None) -> None:
+    """What `build` cannot export: zstd:chunked, which only publish writes."""
+    if asked is not None and asked.kind == ZSTD_CHUNKED:
+        raise ChunkedAtPublish()
 
 
 class CompressionUnavailable(BadRequest):

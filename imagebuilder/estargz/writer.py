@@ -1,4 +1,4 @@
-"""An uncompressed layer tar -> one eStargz blob, its gzip members compressed on every core.
+"""An uncompressed layer tar -> one eStargz (or zstd:chunked) blob, compressed on every core.
 
 `publish --compression estargz` writes each layer so that the stargz snapshotter, mounting it,
 fetches the files the image's start reads in one range request: those files first, then the
@@ -11,6 +11,9 @@ another, so they are compressed on a pool of threads (zlib releases the GIL) whi
 reads, hashes (the diff id, the blob digest, each multi-chunk file) and writes the members in
 order. At most a few chunks per thread are in flight, so memory stays bounded; the bytes depend on
 the input, the profile and the level only, never on the number of threads.
+
+zstd:chunked (zstdchunked.py) is the same layout with a zstd frame for each gzip member and its own
+end (the TOC in a skippable frame): `codec` chooses.
 """
 
 from __future__ import annotations
@@ -22,14 +25,19 @@ import tarfile
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from ..engine.export import ESTARGZ, ZSTD_CHUNKED, Compression
 from ..errors import ImageBuilderError
 from .order import prioritize
 from .toc import (ANNOTATION_TOC_DIGEST, ANNOTATION_UNCOMPRESSED_SIZE, DEFAULT_CHUNK_SIZE, END_OF_TAR,
                   LANDMARK_CONTENTS, TOC_NAME, OwnerNames, entry_of, footer, gzip_member, header, kind_of, padding,
                   synthetic, toc_json)
+from .zstdchunked import MANIFEST_CHECKSUM, MANIFEST_POSITION, position, skippable, zstd_frame
+from .zstdchunked import footer as zstd_footer
+
+CODECS: dict[str, Callable[[Sequence[bytes], int], bytes]] = {ESTARGZ: gzip_member, ZSTD_CHUNKED: zstd_frame}
 
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
 
@@ -52,20 +60,27 @@ class Written:
     """The profile's paths this layer holds, in the order written before the landmark."""
     prioritized_bytes: int
     """Content bytes written before the landmark (the profile's files and hard links' targets)."""
+    codec: str = ESTARGZ
+    toc_annotations: dict[str, str] = field(default_factory=dict)
+    """zstd:chunked's: the compressed TOC's digest and position."""
 
     def annotations(self) -> dict[str, str]:
         """The layer descriptor's annotations the snapshotter reads."""
-        return {ANNOTATION_TOC_DIGEST: self.toc_digest, ANNOTATION_UNCOMPRESSED_SIZE: str(self.uncompressed_size)}
+        return {ANNOTATION_TOC_DIGEST: self.toc_digest, ANNOTATION_UNCOMPRESSED_SIZE: str(self.uncompressed_size),
+                **self.toc_annotations}
 
 
 def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = (), *, level: int = 6,
-                  chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int | None = None,
+                  codec: str = ESTARGZ, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int | None = None,
                   on_progress: Callable[[int], None] | None = None) -> Written:
-    """Write the layer tar `source` (seekable, read from where it stands) to `out` as eStargz, the
-    files of the start profile `prioritized` (image paths; those not in the layer are ignored)
-    first. `on_progress` gets the layer bytes done so far, about every chunk."""
-    if not 0 <= level <= 9:
-        raise ValueError(f"gzip level {level} is not 0-9")
+    """Write the layer tar `source` (seekable, read from where it stands) to `out` as eStargz (or
+    zstd:chunked, `codec`), the files of the start profile `prioritized` (image paths; those not
+    in the layer are ignored) first. `on_progress` gets the layer bytes done so far, about every chunk."""
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r} is not one of {', '.join(CODECS)}")
+    compress, levels = CODECS[codec], Compression.LEVELS[codec]
+    if level not in levels:
+        raise ValueError(f"{codec} level {level} is not {levels.start}-{levels.stop - 1}")
     if chunk_size <= 0:
         raise ValueError(f"chunk size {chunk_size} is not positive")
     threads = workers if workers is not None else len(os.sched_getaffinity(0))
@@ -87,17 +102,28 @@ def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = 
             raise BadLayer(detail=f"{info.name} ends {size - len(data)} bytes early")
         return data
 
-    with _Members(out, level, threads, chunk_size, on_progress) as blob:
+    with _Members(out, compress, level, threads, chunk_size, on_progress) as blob:
         owners, entries = OwnerNames(), []
         for info in (*order.before, landmark, *order.after):
             entries.extend(_write_entry(blob, info, owners, chunk_size, content))
         toc_offset = blob.finish_payload()
         document = toc_json(entries)
-        blob.write_last([header(synthetic(TOC_NAME, len(document))), document, padding(len(document)), END_OF_TAR])
-        blob.write_raw(footer(toc_offset))
+        more = {}
+        if codec == ESTARGZ:
+            blob.write_last([header(synthetic(TOC_NAME, len(document))), document, padding(len(document)), END_OF_TAR])
+            blob.write_raw(footer(toc_offset))
+        else:  # the tar's end is the last frame; the TOC is no tar entry, in a skippable frame
+            blob.write_last([END_OF_TAR])
+            compressed = zstd_frame([document], level)
+            toc_offset = blob.written + 8
+            blob.write_raw(skippable(compressed))
+            blob.write_raw(zstd_footer(toc_offset, len(compressed), len(document)))
+            more = {MANIFEST_CHECKSUM: "sha256:" + hashlib.sha256(compressed).hexdigest(),
+                    MANIFEST_POSITION: position(toc_offset, len(compressed), len(document))}
     return Written(digest=blob.digest(), size=blob.written, diff_id=blob.diff_id(),
                    uncompressed_size=blob.uncompressed, toc_digest="sha256:" + hashlib.sha256(document).hexdigest(),
-                   prioritized=order.found, prioritized_bytes=sum(i.size for i in order.before if i.isreg()))
+                   prioritized=order.found, prioritized_bytes=sum(i.size for i in order.before if i.isreg()),
+                   codec=codec, toc_annotations=more)
 
 
 def _write_entry(blob: _Members, info: tarfile.TarInfo, owners: OwnerNames, chunk_size: int,
@@ -142,10 +168,11 @@ class _Pending:
     file_digest: dict[str, Any] | None
 
 
-def _compress(pieces: list[bytes], level: int, digest_first: bool) -> tuple[bytes, str]:
-    """A worker's job: the gzip member, and the sha256 of its first piece (a chunk's content)."""
+def _compress(compress: Callable[[Sequence[bytes], int], bytes], pieces: list[bytes], level: int,
+              digest_first: bool) -> tuple[bytes, str]:
+    """A worker's job: the member (or frame), and the sha256 of its first piece (a chunk's content)."""
     digest = "sha256:" + hashlib.sha256(pieces[0]).hexdigest() if digest_first else ""
-    return gzip_member(pieces, level), digest
+    return compress(pieces, level), digest
 
 
 class _Members:
@@ -153,9 +180,9 @@ class _Members:
     (or here, for one worker) and written in order, each chunk's TOC entry getting its offset and
     chunkDigest as its member is written."""
 
-    def __init__(self, out: BinaryIO, level: int, workers: int, chunk_size: int,
-                 on_progress: Callable[[int], None] | None) -> None:
-        self.out, self.level, self.on_progress = out, level, on_progress
+    def __init__(self, out: BinaryIO, compress: Callable[[Sequence[bytes], int], bytes], level: int, workers: int,
+                 chunk_size: int, on_progress: Callable[[int], None] | None) -> None:
+        self.out, self.compress, self.level, self.on_progress = out, compress, level, on_progress
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="estargz") if workers > 1 else None
         self.max_pending, self.max_pending_bytes = 4 * workers, 2 * workers * chunk_size
         self.progress_step, self.done, self.reported = chunk_size, 0, 0
@@ -197,7 +224,7 @@ class _Members:
     def write_last(self, pieces: list[bytes]) -> None:
         """Compress and write one member here (the TOC's)."""
         self.done += self._account(pieces)
-        self.write_raw(gzip_member(pieces, self.level))
+        self.write_raw(self.compress(pieces, self.level))
         self._report(force=True)
 
     def write_raw(self, data: bytes) -> None:
@@ -218,9 +245,9 @@ class _Members:
         digest_first = self.chunk is not None
         if self.pool is None:
             future: Future[tuple[bytes, str]] = Future()
-            future.set_result(_compress(pieces, self.level, digest_first))
+            future.set_result(_compress(self.compress, pieces, self.level, digest_first))
         else:
-            future = self.pool.submit(_compress, pieces, self.level, digest_first)
+            future = self.pool.submit(_compress, self.compress, pieces, self.level, digest_first)
         self.pending.append(_Pending(future, size, self.chunk, self.file_digest))
         self.pending_bytes += size
         self.pieces, self.chunk, self.file_digest = [], None, None

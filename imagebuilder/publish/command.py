@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import pipeline
 from ..engine.api import Builder, Engine
-from ..engine.export import ESTARGZ, Compression
+from ..engine.export import ORDERED, Compression
 from ..errors import BadRequest
 from ..http_retry import RetryPolicy
 from ..matrix import Matrix
@@ -23,7 +23,7 @@ from ..registry import Registry
 from ..render_options import RenderOptions
 from ..selection import Selection
 from .indexes import IndexOutcome, IndexStep
-from .estargz import EstargzPublisher, split_export
+from .estargz import NAMES, EstargzPublisher, split_export
 from .ledger import Ledger
 from .plan import RunOptions, Step
 from .report import EventPrinter, format_indexes, format_plan, format_summary, raise_if_failed
@@ -96,14 +96,14 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
         export = choose(compression, buildkit=buildkit, provenance=True,
                         image_store=buildkit and engine.keeps_compressed_layers())
-        # --compression estargz: the push writes eStargz ordered by the image's start (estargz.py).
-        export, estargz = split_export(export, lambda level: EstargzPublisher(engine, registry, level=level,
-                                                                              start=start, say=progress))
+        # --compression estargz|zstd:chunked: the push writes them ordered by the image's start (estargz.py).
+        export, estargz = split_export(export, lambda codec, level: EstargzPublisher(
+            engine, registry, level=level, codec=codec, start=start, say=progress))
         if not quiet:
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}")
             if estargz is not None:
-                progress(f"pushed as: eStargz, gzip level {estargz.level}, "
+                progress(f"pushed as: {NAMES[estargz.codec]}, level {estargz.level}, "
                          + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
         run_options = RunOptions(matrix_path=matrix_path, push=push, keep_going=keep_going,
                                  allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
@@ -115,15 +115,16 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
 
 
 class StartWithoutEstargz(BadRequest):
-    template = "--start-command orders eStargz layers: give --compression estargz with it, or drop it"
+    template = ("--start-command orders eStargz layers: give --compression estargz (or zstd:chunked) with it, "
+                "or drop it")
 
 
 def start_profile_command(asked: str | None, compression: Compression | None) -> tuple[str, ...] | None:
     """--start-command as the argv the profile runs: the torch start when not given; None for
-    '' (no profile); refused (exit 2) without --compression estargz."""
+    '' (no profile); refused (exit 2) without --compression estargz or zstd:chunked."""
     from ..estargz.profile import TORCH_START
 
-    if asked is not None and (compression is None or compression.kind != ESTARGZ):
+    if asked is not None and (compression is None or compression.kind not in ORDERED):
         raise StartWithoutEstargz()
     if asked is None:
         return TORCH_START

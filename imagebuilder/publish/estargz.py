@@ -1,4 +1,5 @@
-"""`publish --compression estargz`: the verified image pushed as eStargz layers ordered by its start.
+"""`publish --compression estargz|zstd:chunked`: the verified image pushed as eStargz (or
+zstd:chunked: the same layout in zstd frames) layers ordered by its start.
 
 BuildKit exports the image into the store as zstd (every core; the registry cache keeps those
 blobs) and verify runs it as usual. At the push, instead of `docker push`:
@@ -7,7 +8,7 @@ blobs) and verify runs it as usual. At the push, instead of `docker push`:
      it runs while the engine's save of the image is read and each layer spooled uncompressed
      (estargz/saved.py, each checked against its diff_id);
   2. each layer written as eStargz (estargz/writer.py): the profile's files it holds first, the
-     prefetch landmark, the rest; its gzip members compressed on every core. A layer is uploaded
+     prefetch landmark, the rest; its gzip members (zstd frames) compressed on every core. A layer is uploaded
      while the next one is written;
   3. the config (its diff_ids those of the eStargz streams), the manifest (each layer with the
      TOC digest the stargz snapshotter checks, and how much of the profile it holds) and, when
@@ -33,22 +34,25 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..build import human_size
-from ..engine.export import ESTARGZ, Compression, Export
+from ..engine.export import ESTARGZ, ORDERED, ZSTD_CHUNKED, Compression, Export
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
 from ..estargz.writer import Written, write_estargz
+from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
 from ..manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST
 from ..platforms import host_platform
 from ..signing import pinned
 
-LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
+               ZSTD_CHUNKED: "application/vnd.oci.image.layer.v1.tar+zstd"}
+NAMES = {ESTARGZ: "eStargz", ZSTD_CHUNKED: "zstd:chunked"}
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 PROFILE_COMMAND = "io.imagebuilder.start-profile.command"
 PROFILE_DIGEST = "io.imagebuilder.start-profile.digest"
 PROFILE_FILES = "io.imagebuilder.start-profile.files"
 PROFILE_BYTES = "io.imagebuilder.start-profile.bytes"
 SOURCE_ANNOTATION = "io.imagebuilder.estargz.source"
-LEVEL = 6
+LEVELS = {ESTARGZ: 6, ZSTD_CHUNKED: ZSTD_LEVEL}
 SAY_EVERY = 10.0
 T = TypeVar("T")
 
@@ -78,7 +82,8 @@ class Converted:
     seconds: Mapping[str, float]
 
     def to_json(self) -> dict[str, Any]:
-        return {"manifest": self.manifest, "profile": self.profile.to_json() if self.profile else None,
+        return {"format": self.layers[0].codec if self.layers else None, "manifest": self.manifest,
+                "profile": self.profile.to_json() if self.profile else None,
                 "layers": [{"digest": w.digest, "size": w.size, "toc_digest": w.toc_digest,
                             "prioritized_files": len(w.prioritized), "prioritized_bytes": w.prioritized_bytes}
                            for w in self.layers],
@@ -91,7 +96,9 @@ class EstargzPublisher:
 
     engine: ImageSaver
     registry: EstargzRegistry
-    level: int = LEVEL
+    level: int = LEVELS[ESTARGZ]
+    codec: str = ESTARGZ
+    """ESTARGZ (eStargz) or ZSTD_CHUNKED."""
     start: tuple[str, ...] | None = TORCH_START
     """The start to profile; None: no profile (every layer says .no.prefetch.landmark)."""
     workdir: Path | None = None
@@ -99,7 +106,7 @@ class EstargzPublisher:
     say: Callable[[str], None] = print
 
     def push(self, ref: str, refs: Sequence[str], platform: str | None) -> Converted:
-        """The local image `ref` as ordered eStargz under each of `refs`; each tag confirmed."""
+        """The local image `ref` as ordered eStargz (zstd:chunked) under each of `refs`; each tag confirmed."""
         folder = Path(tempfile.mkdtemp(prefix=".imagebuilder-estargz-", dir=self.workdir))
         seconds: dict[str, float] = {}
         try:
@@ -155,25 +162,28 @@ class EstargzPublisher:
         clock = [time.monotonic()]
         with ThreadPoolExecutor(1, thread_name_prefix="estargz-upload") as uploader:
             for index, layer in enumerate(saved.layers, 1):
-                out = folder / f"layer-{index}.estargz"
+                out = folder / f"layer-{index}.blob"
                 with open(layer.path, "rb") as source, open(out, "wb") as sink:
-                    done = write_estargz(source, sink, files, level=self.level, on_progress=self._every(
-                        f"{ref}: eStargz layer {index}/{len(saved.layers)} of {human_size(layer.size)}", SAY_EVERY, clock))
+                    done = write_estargz(source, sink, files, level=self.level, codec=self.codec, on_progress=self._every(
+                        f"{ref}: {NAMES[self.codec]} layer {index}/{len(saved.layers)} of {human_size(layer.size)}",
+                        SAY_EVERY, clock))
                 layer.path.unlink()
                 written.append(done)
                 uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
-            uploaded = sum(self._wait(upload, f"{ref}: uploading its eStargz layers") for upload in uploads)
+            uploaded = sum(self._wait(upload, f"{ref}: uploading its {NAMES[self.codec]} layers") for upload in uploads)
         return written, uploaded
 
 
-def split_export(export: Export | None,
-                 publisher: Callable[[int], EstargzPublisher]) -> tuple[Export | None, EstargzPublisher | None]:
-    """--compression estargz at publish: BuildKit exports zstd (every core; verify and the registry
-    cache use it) and `publisher(level)` pushes the eStargz; any other export stays as it is."""
-    if export is None or export.compression is None or export.compression.kind != ESTARGZ:
+def split_export(export: Export | None, publisher: Callable[[str, int], EstargzPublisher]
+                 ) -> tuple[Export | None, EstargzPublisher | None]:
+    """--compression estargz or zstd:chunked at publish: BuildKit exports zstd (every core; verify
+    and the registry cache use it) and `publisher(codec, level)` pushes the ordered layers; any
+    other export stays as it is."""
+    if export is None or export.compression is None or export.compression.kind not in ORDERED:
         return export, None
-    level = export.compression.level if export.compression.level is not None else LEVEL
-    return replace(export, compression=Compression(Compression.DEFAULT)), publisher(level)
+    codec = export.compression.kind  # the writer's codecs are named as the compressions are
+    level = export.compression.level if export.compression.level is not None else LEVELS[codec]
+    return replace(export, compression=Compression(Compression.DEFAULT)), publisher(codec, level)
 
 
 def _upload(registry: EstargzRegistry, ref: str, written: Written, path: Path) -> int:
@@ -203,7 +213,7 @@ def _put(ref: str, refs: Sequence[str], saved: SavedImage, written: Sequence[Wri
                         PROFILE_FILES: str(len(profile.files))}
     manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                 "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config_body)},
-                "layers": [{"mediaType": LAYER_TYPE, "digest": w.digest, "size": w.size,
+                "layers": [{"mediaType": LAYER_TYPES[w.codec], "digest": w.digest, "size": w.size,
                             "annotations": {**w.annotations(), PROFILE_FILES: str(len(w.prioritized)),
                                             PROFILE_BYTES: str(w.prioritized_bytes)}} for w in written],
                 "annotations": annotations}
