@@ -1,7 +1,9 @@
 """Throughput of write_estargz on a layer tar: MB/s of layer bytes per level and worker count (the
 blob is discarded; the same digest for every worker count shows the bytes do not depend on it).
 
-    python -m bench.bench_estargz LAYER.tar [--levels 6 4] [--workers 1 2]
+    python -m bench.bench_estargz LAYER.tar [--levels 6 4] [--workers 1 2] [--codec estargz zstd:chunked]
+
+(zstd:chunked's levels are zstd's: with --codec zstd:chunked alone, give --levels 3.)
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ def main() -> None:
     parser.add_argument("layer")
     parser.add_argument("--levels", type=int, nargs="+", default=[6, 4])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--codec", nargs="+", default=["estargz", "zstd:chunked"])
     args = parser.parse_args()
     size = os.path.getsize(args.layer)
     print(f"{args.layer}: {size / 1e6:.0f} MB, {len(os.sched_getaffinity(0))} cores")
-    for level in args.levels:
-        for workers in args.workers:
-            with open(args.layer, "rb") as source:
-                start = time.monotonic()
-                written = write_estargz(source, _Discard(), level=level, workers=workers)  # type: ignore[arg-type]
-                seconds = time.monotonic() - start
-            print(f"level {level} workers {workers}: {seconds:6.1f} s {size / 1e6 / seconds:6.1f} MB/s "
-                  f"ratio {written.size / written.uncompressed_size:.3f} {written.digest[:19]}")
+    for codec in args.codec:
+        for level in args.levels if codec == "estargz" or args.codec == ["zstd:chunked"] else [3]:
+            for workers in args.workers:
+                with open(args.layer, "rb") as source:
+                    start = time.monotonic()
+                    written = write_estargz(source, _Discard(), level=level, codec=codec,  # type: ignore[arg-type]
+                                            workers=workers)
+                    seconds = time.monotonic() - start
+                print(f"{codec} level {level} workers {workers}: {seconds:6.1f} s {size / 1e6 / seconds:6.1f} MB/s "
+                      f"ratio {written.size / written.uncompressed_size:.3f} {written.digest[:19]}")
 
 
 if __name__ == "__main__":
