@@ -107,3 +107,25 @@ def test_the_bytes_do_not_depend_on_the_workers_and_the_level_changes_them():
 def test_a_level_zstd_does_not_take_is_refused(level):
     with pytest.raises(ValueError, match="zstd:chunked level"):
         write_estargz(io.BytesIO(_layer()), io.BytesIO(), codec=ZSTD_CHUNKED, level=level)
+
+
+def test_without_libzstd_publish_refuses_before_any_work(monkeypatch, tmp_path):
+    """A host without libzstd: `publish --compression zstd:chunked` is one line and exit 2, in
+    the checks that run before a daemon or a registry is asked (a dry run here, no daemon)."""
+    from click.testing import CliRunner
+
+    from imagebuilder.cli import cli
+    from imagebuilder.estargz import zstdchunked
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    args = ["publish", "--torch", "2.6", "--cuda", "12.4", "--registry", "127.0.0.1:5999/ml", "--dry-run",
+            "--compression", "zstd:chunked"]
+    with_it = CliRunner().invoke(cli, args)  # this host has it: past the checks, to the (absent) registry
+    assert "libzstd" not in with_it.output and "the registry at http://127.0.0.1:5999" in with_it.output, with_it.output
+    monkeypatch.setattr(zstdchunked, "_loaded", [])
+    monkeypatch.setattr(zstdchunked.ctypes.util, "find_library", lambda name: None)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("error:") and "libzstd" in line and "--compression estargz" in line, line

@@ -176,6 +176,7 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
     converted = estargz_image["converted"]
     assert all(TOC_DIGEST in layer.get("annotations", {}) for layer in layers), layers
     suffix = "+zstd" if estargz_image["codec"] == "zstd:chunked" else "+gzip"
+    assert converted.to_json()["format"] == estargz_image["codec"]
     assert all(layer["mediaType"].endswith(suffix) for layer in layers), layers
     assert converted.profile is not None and {"/marker", "/data/f7"} <= set(converted.profile.files)
     assert "/data/f30" not in converted.profile.files
