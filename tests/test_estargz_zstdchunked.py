@@ -5,6 +5,7 @@ puller reads it (skippable frames skipped): the layer's tar."""
 
 from __future__ import annotations
 
+import ctypes.util
 import hashlib
 import io
 import json
@@ -14,8 +15,9 @@ import tarfile
 
 import pytest
 
-from imagebuilder.estargz.writer import ZSTD_CHUNKED, Written, write_estargz
-from test_estargz_writer import BIG, CHUNK, EXACT, _layer
+from imagebuilder.engine.export import ZSTD_CHUNKED
+from imagebuilder.estargz.writer import Written, write_estargz
+from test_estargz_writer import BIG, CHUNK, EXACT, _layer  # type: ignore[import-not-found]
 
 
 def _sha(data: bytes) -> str:
@@ -123,7 +125,7 @@ def test_without_libzstd_publish_refuses_before_any_work(monkeypatch, tmp_path):
     with_it = CliRunner().invoke(cli, args)  # this host has it: past the checks, to the (absent) registry
     assert "libzstd" not in with_it.output and "the registry at http://127.0.0.1:5999" in with_it.output, with_it.output
     monkeypatch.setattr(zstdchunked, "_loaded", [])
-    monkeypatch.setattr(zstdchunked.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
     assert result.stdout == "" and "Traceback" not in result.stderr
