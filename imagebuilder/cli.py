@@ -267,7 +267,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
               help="Beside each published image, its root as a squashfs (zstd, 1 MiB blocks, enroot's config "
                    "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md).")
 @click.option("--start-command", default=None, metavar="CMD",
-              help="With --compression estargz: the start whose opened files go first in each layer, run once "
+              help="With --compression estargz or zstd:chunked: the start whose opened files go first in each layer, run once "
                    "in the image as its user (default: import torch and a first torch.compile); '' for none.")
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
