@@ -131,3 +131,14 @@ def test_without_libzstd_publish_refuses_before_any_work(monkeypatch, tmp_path):
     assert result.stdout == "" and "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith("error:") and "libzstd" in line and "--compression estargz" in line, line
+
+
+def test_compression_contexts_are_reused_across_writes_not_made_per_thread():
+    """Each write's pool of threads ends with the write; libzstd's contexts outlive them in a free
+    list, so many layers (and images) cost no more contexts than the threads of one write."""
+    from imagebuilder.estargz import zstdchunked
+
+    layer = _layer()
+    for _ in range(5):
+        _write(layer, workers=4)
+    assert 1 <= len(zstdchunked._library().free) <= 4

@@ -40,7 +40,9 @@ class NoLibzstd(BadRequest):
 
 
 class _Lib:
-    """libzstd's four calls the frames need, loaded once; a compression context per thread."""
+    """libzstd's calls the frames need, loaded once. Compression contexts are kept in a free list
+    and reused by whichever thread compresses next: there are never more than the threads that
+    compress at once, and none is lost when a writer's pool of threads ends."""
 
     def __init__(self, path: str) -> None:
         lib = ctypes.CDLL(path)
@@ -54,17 +56,22 @@ class _Lib:
         lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
         lib.ZSTD_getErrorName.restype = ctypes.c_char_p
         lib.ZSTD_getErrorName.argtypes = [ctypes.c_size_t]
-        self.lib, self.local = lib, threading.local()
+        self.lib, self.free, self.lock = lib, list[int](), threading.Lock()
 
     def compress(self, data: bytes, level: int) -> bytes:
-        context = getattr(self.local, "context", None)
+        with self.lock:
+            context = self.free.pop() if self.free else None
         if context is None:
-            context = self.local.context = self.lib.ZSTD_createCCtx()
+            context = self.lib.ZSTD_createCCtx()
             if not context:
                 raise MemoryError("ZSTD_createCCtx")
-        bound = self.lib.ZSTD_compressBound(len(data))
-        out = ctypes.create_string_buffer(bound)
-        size = self.lib.ZSTD_compressCCtx(context, out, bound, data, len(data), level)
+        try:
+            bound = self.lib.ZSTD_compressBound(len(data))
+            out = ctypes.create_string_buffer(bound)
+            size = self.lib.ZSTD_compressCCtx(context, out, bound, data, len(data), level)
+        finally:
+            with self.lock:
+                self.free.append(context)
         if self.lib.ZSTD_isError(size):
             raise RuntimeError(f"zstd: {self.lib.ZSTD_getErrorName(size).decode()}")
         return ctypes.string_at(out, size)
