@@ -1,9 +1,10 @@
 """Throughput of write_estargz on a layer tar: MB/s of layer bytes per level and worker count (the
 blob is discarded; the same digest for every worker count shows the bytes do not depend on it).
 
-    python -m bench.bench_estargz LAYER.tar [--levels 6 4] [--workers 1 2] [--codec estargz zstd:chunked]
+    python -m bench.bench_estargz LAYER.tar [--levels 6 4] [--zstd-levels 3] [--workers 1 2]
+                                            [--codec estargz zstd:chunked]
 
-(zstd:chunked's levels are zstd's: with --codec zstd:chunked alone, give --levels 3.)
+(--levels are eStargz's, gzip's 0-9; --zstd-levels zstd:chunked's, zstd's 0-22.)
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("layer")
     parser.add_argument("--levels", type=int, nargs="+", default=[6, 4])
+    parser.add_argument("--zstd-levels", type=int, nargs="+", default=[3])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--codec", nargs="+", default=["estargz", "zstd:chunked"])
     args = parser.parse_args()
     size = os.path.getsize(args.layer)
     print(f"{args.layer}: {size / 1e6:.0f} MB, {len(os.sched_getaffinity(0))} cores")
     for codec in args.codec:
-        for level in args.levels if codec == "estargz" or args.codec == ["zstd:chunked"] else [3]:
+        for level in args.levels if codec == "estargz" else args.zstd_levels:
             for workers in args.workers:
                 with open(args.layer, "rb") as source:
                     start = time.monotonic()

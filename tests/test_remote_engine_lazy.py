@@ -76,7 +76,7 @@ def estargz_image(request: pytest.FixtureRequest, docker_engine: Any, registry: 
     publisher (as eStargz or zstd:chunked) with its start profile; its local image and the
     BuildKit records of its build (by their unique marker) are removed after."""
     from imagebuilder.http_registry import HttpRegistry
-    from imagebuilder.publish.estargz import EstargzPublisher
+    from imagebuilder.publish.estargz import LEVELS, EstargzPublisher
 
     tag = uuid.uuid4().hex[:12]
     repository = f"imagebuilder-test/lazy-{tag}"
@@ -95,8 +95,8 @@ def estargz_image(request: pytest.FixtureRequest, docker_engine: Any, registry: 
         assert done.returncode == 0, done.stderr[-3000:]
         said: list[str] = []
         codec = request.param
-        converted = EstargzPublisher(docker_engine, HttpRegistry(), level=3 if codec == "zstd:chunked" else 6,
-                                     codec=codec, start=START, say=said.append).push(ref, [ref], None)
+        converted = EstargzPublisher(docker_engine, HttpRegistry(), level=LEVELS[codec], codec=codec, start=START,
+                                     say=said.append).push(ref, [ref], None)
         manifest = _manifest(registry, repository, "v1")
         assert converted.manifest == _manifest_digest(registry, repository)
         yield {"ref": ref, "repository": repository, "marker": marker, "layers": manifest["layers"], "codec": codec,

@@ -106,16 +106,16 @@ def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = 
         owners, entries = OwnerNames(), []
         for info in (*order.before, landmark, *order.after):
             entries.extend(_write_entry(blob, info, owners, chunk_size, content))
-        toc_offset = blob.finish_payload()
+        payload_end = blob.finish_payload()
         document = toc_json(entries)
         more = {}
-        if codec == ESTARGZ:
+        if codec == ESTARGZ:  # the TOC is the tar's last entry, in the member the footer points at
             blob.write_last([header(synthetic(TOC_NAME, len(document))), document, padding(len(document)), END_OF_TAR])
-            blob.write_raw(footer(toc_offset))
+            blob.write_raw(footer(payload_end))
         else:  # the tar's end is the last frame; the TOC is no tar entry, in a skippable frame
             blob.write_last([END_OF_TAR])
             compressed = zstd_frame([document], level)
-            toc_offset = blob.written + 8
+            toc_offset = blob.written + 8  # past the skippable frame's magic and size
             blob.write_raw(skippable(compressed))
             blob.write_raw(zstd_footer(toc_offset, len(compressed), len(document)))
             more = {MANIFEST_CHECKSUM: "sha256:" + hashlib.sha256(compressed).hexdigest(),
