@@ -21,9 +21,11 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from support.frozen_index import frozen_html, frozen_index, frozen_json
 from support.real_images import REPO_ROOT, imagebuilder
 from imagebuilder import lock as locking
 from imagebuilder.base_pin import BasePin, pin_base
+from imagebuilder.index import default_index_url
 from imagebuilder.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
                                    parse_extras, parse_lock)
 from imagebuilder.matrix_load import load_matrix, parse_matrix
@@ -343,28 +345,36 @@ def _uv() -> str:
     return str(uv) if uv.exists() else "uv"
 
 
-# What the index offered when the committed locks were last refreshed (2026-12-02, the jupyter sets
-# with TensorBoard; the runtime and devel sets resolved byte for byte as committed): uv resolves as
-# of then (UV_EXCLUDE_NEWER), so these checks prove the locks are what `lock` makes of the index,
-# and that --check names a drift, without failing on the day a dependency releases (httpx 0.29.0
-# did, for the jupyter sets). Refresh it with the locks.
-AS_OF_THE_LOCKS = {"UV_EXCLUDE_NEWER": "2026-12-02T21:09:10Z"}
+# The index as the committed locks saw it (support.frozen_index): every locked project's files up
+# to its pin, nothing newer, whatever the index publishes tomorrow. So these checks prove that the
+# locks are what `lock` makes of that index (no false drift) and that --check names a drift, and
+# neither fails on the day a dependency releases (decorator 5.3.2 did, 2026-12-05). uv is given
+# that index alone (--index-url), so it resolves nothing around it. The live drift check is the
+# nightly's `lock --check` (.github/workflows).
+def _frozen_at(*names: str) -> Any:
+    caps: dict[str, Version] = {}
+    for name in names:
+        for p in LOCKS.locks[name].pins:
+            caps[p.name] = max(caps.get(p.name, p.version), p.version)
+    return frozen_index(default_index_url(), caps)
 
 
 @pytest.mark.network
 def test_lock_check_passes_on_the_committed_lock_and_names_what_drifted(tmp_path: Path) -> None:
     _uv()
     matrix = _copy_matrix(tmp_path)
-    args = ["--matrix", str(matrix), "lock", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--variant",
-            "runtime", "--check"]
-    done = imagebuilder(*args, timeout=300, env_extra=AS_OF_THE_LOCKS)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"[1/1] {E2E_LOCK}: ok" in done.stderr  # a line per set, with its result
-    path = tmp_path / "locks" / f"{E2E_LOCK}.txt"
-    lock = parse_lock(E2E_LOCK, path.read_text())
-    older = replace(lock, pins=tuple(replace(p, version=Version("1.26.0")) if p.name == "numpy" else p for p in lock.pins))
-    path.write_text(older.text())
-    done = imagebuilder(*args, timeout=300, env_extra=AS_OF_THE_LOCKS)
+    with _frozen_at(E2E_LOCK) as index:
+        args = ["--matrix", str(matrix), "lock", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--variant",
+                "runtime", "--index-url", index, "--check"]
+        done = imagebuilder(*args, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"[1/1] {E2E_LOCK}: ok" in done.stderr  # a line per set, with its result
+        path = tmp_path / "locks" / f"{E2E_LOCK}.txt"
+        lock = parse_lock(E2E_LOCK, path.read_text())
+        older = replace(lock, pins=tuple(replace(p, version=Version("1.26.0")) if p.name == "numpy" else p
+                                         for p in lock.pins))
+        path.write_text(older.text())
+        done = imagebuilder(*args, timeout=300)
     assert done.returncode == 1
     numpy = lock.version_of("numpy")
     assert f"drift: {E2E_LOCK}.txt: numpy 1.26.0 -> {numpy}" in done.stdout
@@ -372,18 +382,43 @@ def test_lock_check_passes_on_the_committed_lock_and_names_what_drifted(tmp_path
     assert path.read_text() == older.text()  # --check writes nothing
 
 
+JUPYTER_2_14 = [f"torch2.14.1-cu130-py3.10-{variant}{platform}" for variant in ("runtime", "devel", "jupyter",
+                                                                              "devel-jupyter")
+                for platform in ("", "-aarch64")]
+
+
 @pytest.mark.network
 def test_lock_check_of_the_default_os_jupyter_images_is_green(tmp_path: Path) -> None:
     """ubuntu22.04's Python 3.10: the jupyter and devel-jupyter sets of a PyPI build lock and match."""
     _uv()
     matrix = _copy_matrix(tmp_path)
-    done = imagebuilder("--matrix", str(matrix), "lock", "--torch", "2.14", "--os", "ubuntu22.04", "--python", "3.10",
-                        "--check", timeout=600, env_extra=AS_OF_THE_LOCKS)
+    with _frozen_at(*JUPYTER_2_14) as index:
+        done = imagebuilder("--matrix", str(matrix), "lock", "--torch", "2.14", "--os", "ubuntu22.04", "--python",
+                            "3.10", "--index-url", index, "--check", timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("torch2.14.1-cu130-py3.10-jupyter", "torch2.14.1-cu130-py3.10-devel-jupyter"):
         for platform in ("", "-aarch64"):
             assert f"{name}{platform}: ok" in done.stderr, done.stderr
     assert "8 locks match the index" in done.stdout
+
+
+def test_the_frozen_index_hides_only_what_is_newer_than_a_pin() -> None:
+    """The test index itself: a locked project's newer files go, its older and other files stay."""
+    page = {"meta": {"api-version": "1.1"}, "name": "decorator", "versions": ["5.3.1", "5.3.2"], "files": [
+        {"filename": "decorator-5.3.1-py3-none-any.whl", "url": "../../f/decorator-5.3.1-py3-none-any.whl"},
+        {"filename": "decorator-5.3.2-py3-none-any.whl", "url": "https://files.example/decorator-5.3.2.whl"},
+        {"filename": "decorator-5.3.2.tar.gz", "url": "decorator-5.3.2.tar.gz"}]}
+    out = frozen_json(page, Version("5.3.1"), "https://index.example/simple/decorator/")
+    assert [f["filename"] for f in out["files"]] == ["decorator-5.3.1-py3-none-any.whl"]
+    assert out["files"][0]["url"] == "https://index.example/f/decorator-5.3.1-py3-none-any.whl"
+    assert "versions" not in out
+    assert len(frozen_json(page, None, "https://index.example/simple/decorator/")["files"]) == 3
+    html = ('<html><a href="../../f/decorator-5.3.1.tar.gz#sha256=ab" data-requires-python="&gt;=3.8">'
+            'decorator-5.3.1.tar.gz</a><br/><a href="x/decorator-5.3.2.tar.gz">decorator-5.3.2.tar.gz</a></html>')
+    kept = frozen_html(html, Version("5.3.1"), "https://index.example/simple/decorator/")
+    assert "decorator-5.3.2" not in kept
+    assert 'href="https://index.example/f/decorator-5.3.1.tar.gz#sha256=ab"' in kept
+    assert 'data-requires-python="&gt;=3.8"' in kept
 
 
 def test_sigterm_stops_lock_as_ctrl_c_does_and_leaves_no_temporary_folder(tmp_path: Path) -> None:
