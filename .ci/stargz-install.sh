@@ -38,7 +38,7 @@ inputs() {  # what the binary is built from: main.go, the Go toolchain, the libr
 }
 
 answers() {  # the installed daemon serves containerd's snapshots API on a socket of its own
-    local dir pid out
+    local dir pid out status
     dir=$(mktemp -d /tmp/stargz-check.XXXXXX)
     "$bin" -address "$dir/s.sock" -root "$dir/root" >"$dir/log" 2>&1 &
     pid=$!
