@@ -296,6 +296,12 @@ class DockerEngine:
 
     # -- registry
 
+    def tag_image(self, source: str, ref: str) -> None:
+        """Name the local image `source` also `ref` (REPOSITORY:TAG)."""
+        repository, tag = split_ref(ref)
+        with self.daemon_errors():
+            self.client.api.tag(source, repository, tag=tag, force=True)
+
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         """Push `ref`; the manifest digest the registry stored. Retries transient errors."""
         return self.push_counted(ref, retries=retries, backoff=backoff).digest
