@@ -15,6 +15,7 @@ import click
 from . import __version__, contexts, interrupts, options, pipeline
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
+from .cli_project import project
 from .engine.export import Compression
 from .errors import BadRequest
 from .http_retry import RetryPolicy
@@ -47,6 +48,7 @@ def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
 
 
 cli.add_command(matrix)
+cli.add_command(project)
 
 
 # --- lock -----------------------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""`imagebuilder project` for real: a team's pyproject project (pandas, torchmetrics and its own
+package) on the session's published and signed torch 2.6 runtime image (conftest's
+signed_publish), through the CLI, with a real engine, registry and cosign: resolved under the
+base, built in its own layers, proven (the torch stack byte-for-byte the base's, the base's
+smoke tests in CPU mode, the user's checks), tagged, pushed with the base's layers mounted, and
+signed. Then what users do next: a code-only change, a stale lock under --locked, a conflict,
+a project that overwrites a torch file, a base imagebuilder did not make."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.cleanup import remove_local_tags
+from support.real_images import ca_bundle_args, imagebuilder
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+PYPROJECT = """
+[project]
+name = "trainer"
+version = "0.1.0"
+dependencies = ["pandas==2.2.3", "torchmetrics==1.6.1"]
+
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[tool.setuptools]
+packages = ["trainer"]
+"""
+IMPORTS = "python -c 'import trainer, pandas, torchmetrics; print(trainer.VERSION)'"
+
+
+def _project(folder: Path, version: int = 1) -> Path:
+    (folder / "trainer").mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(PYPROJECT)
+    (folder / "trainer" / "__init__.py").write_text(f"VERSION = {version}\n")
+    (folder / ".dockerignore").write_text("secrets.env\n")
+    (folder / "secrets.env").write_text("TOKEN=do-not-ship\n")
+    return folder
+
+
+def _run(folder: Path, base: str, tag: str, *extra: str, report: Path | None = None) -> subprocess.CompletedProcess[str]:
+    args = ["project", str(folder), "--base", base, "--tag", tag, "--allow-no-gpu", *ca_bundle_args(), *extra]
+    if report is not None:
+        args += ["--report", str(report)]
+    return imagebuilder(*args, timeout=1800, env_extra={"COSIGN_PASSWORD": ""})
+
+
+def _layers(ref: str) -> list[str]:
+    out = subprocess.run(["docker", "image", "inspect", ref, "--format", "{{json .RootFS.Layers}}"],
+                         capture_output=True, text=True, check=True).stdout
+    return list(json.loads(out))
+
+
+def _images_named(marker: str) -> list[str]:
+    out = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True,
+                         check=True).stdout
+    return [line for line in out.splitlines() if marker in line]
+
+
+@pytest.fixture(scope="module")
+def first(signed_publish: dict[str, Any], signing_keys: dict[str, Path], docker_engine: Any,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The project built on the published base (by its registry tag, signature checked), pushed
+    to the base's registry and signed; every local tag it made goes after the module."""
+    root = tmp_path_factory.mktemp("project")
+    folder = _project(root / "trainer")
+    repository = f"{signed_publish['address']}/imagebuilder-test/project-{uuid.uuid4().hex[:8]}"
+    base = signed_publish["image"]["ref"]
+    report = root / "report.json"
+    try:
+        done = _run(folder, base, f"{repository}:1", "--key", str(signing_keys["pub"]), "--push", "--sign-key",
+                    str(signing_keys["key"]), "--check", IMPORTS, "--check", 'test "$(id -u)" = 1000', report=report)
+        assert done.returncode == 0, done.stdout + done.stderr[-6000:]
+        yield {"folder": folder, "repository": repository, "base": base, "done": done,
+               "report": json.loads(report.read_text()), "root": root}
+    finally:
+        remove_local_tags(docker_engine, repository)
+
+
+@pytest.mark.slow
+@pytest.mark.registry
+def test_the_project_image_is_resolved_built_proven_pushed_and_signed(first: dict[str, Any],
+                                                                      signing_keys: dict[str, Path]) -> None:
+    from imagebuilder.cosign import Cosign
+
+    report, folder = first["report"], first["folder"]
+    lock = (folder / "imagebuilder-project.lock").read_text()
+    assert "pandas==2.2.3" in lock and "torchmetrics==1.6.1" in lock
+    assert "\ntorch==" not in lock and "nvidia-" not in lock  # the base's: installed already, never again
+    proof = report["proof"]
+    assert proof[0].startswith("torch stack: ") and "byte-for-byte the base's" in proof[0]
+    assert proof[1].startswith("smoke tests: passed (CPU")
+    assert proof[2:] == [f"check: {IMPORTS}", 'check: test "$(id -u)" = 1000']
+    tag = f"{first['repository']}:1"
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", tag, "--format", "{{json .Config.Labels}}"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert labels["io.imagebuilder.project.base.digest"] == report["base_digest"]
+    assert labels["io.imagebuilder.project.lock"] == report["lock"]
+    assert labels["io.imagebuilder.torch"] == "2.6.0"  # the base's labels stay
+    base_layers, layers = _layers(first["base"]), _layers(tag)
+    assert layers[:len(base_layers)] == base_layers and 1 <= len(layers) - len(base_layers) <= 2
+    listing = subprocess.run(["docker", "run", "--rm", "--read-only", "--user", "4242:0", tag, "sh", "-c",
+                              "ls -A /opt/project; python -c 'import trainer; print(trainer.__file__)'"],
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    assert "secrets.env" not in listing.stdout and "pyproject.toml" in listing.stdout  # .dockerignore honoured
+    assert "/opt/venv/lib/python" in listing.stdout  # installed as a package, readable by any uid
+    # The push: the base's layers were in the registry already (mounted), only the project's went up.
+    assert report["uploaded_blobs"] == len(layers) - len(base_layers)
+    target = f"{first['repository']}@{report['pushed_digest']}"
+    assert report["signed"]["digest"] == report["pushed_digest"]
+    assert Cosign().verify(str(signing_keys["pub"]), target)
+    assert "signature: " in first["done"].stderr  # the base's signature was checked first
+
+
+@pytest.mark.slow
+def test_a_code_only_change_rebuilds_only_the_code_layer_and_reuses_the_lock(first: dict[str, Any]) -> None:
+    folder = first["folder"]
+    lock_before = (folder / "imagebuilder-project.lock").read_text()
+    (folder / "trainer" / "__init__.py").write_text("VERSION = 2\n")
+    report = first["root"] / "code-change.json"
+    done = _run(folder, first["base"], f"{first['repository']}:2", "--locked", "--check",
+                "python -c 'import trainer; assert trainer.VERSION == 2'", report=report)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "lock: reused" in done.stderr
+    assert (folder / "imagebuilder-project.lock").read_text() == lock_before
+    assert json.loads(report.read_text())["executed_steps"] == 1  # the code's RUN; the dependencies cached
+    before, after = _layers(f"{first['repository']}:1"), _layers(f"{first['repository']}:2")
+    assert after[:-1] == before[:-1] and after[-1] != before[-1]
+
+
+def test_locked_refuses_a_stale_lock_and_builds_nothing(first: dict[str, Any]) -> None:
+    folder = first["root"] / "stale"
+    shutil.copytree(first["folder"], folder)
+    (folder / "pyproject.toml").write_text(PYPROJECT.replace('"torchmetrics==1.6.1"', '"torchmetrics==1.6.1", "tqdm"'))
+    marker = f"stale-{uuid.uuid4().hex[:8]}"
+    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1", "--locked")
+    assert done.returncode == 2, done.stderr
+    assert "imagebuilder-project.lock is stale (the requirements or the base's packages changed)" in done.stderr
+    assert "Traceback" not in done.stderr and _images_named(marker) == []
+
+
+@pytest.mark.parametrize(("requirement", "says"), [
+    ("torch==2.5.1", "torch==2.5.1 conflicts with"),
+    ("xformers==0.0.28.post3", "xformers==0.0.28.post3 needs torch==2.5.1, but"),  # it pins torch itself
+])
+def test_a_requirement_that_would_replace_torch_exits_2_before_any_build(first: dict[str, Any], requirement: str,
+                                                                          says: str) -> None:
+    folder = first["root"] / f"conflict-{uuid.uuid4().hex[:6]}"
+    folder.mkdir()
+    (folder / "requirements.txt").write_text(f"pandas==2.2.3\n{requirement}\n")
+    marker = f"conflict-{uuid.uuid4().hex[:8]}"
+    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1")
+    assert done.returncode == 2, done.stderr
+    error = done.stderr[done.stderr.index("error: "):].strip().splitlines()
+    assert len(error) <= 3, error
+    assert says in error[0] and "torch 2.6.0" in error[0] and "nothing was built" in error[0], error
+    assert "build:" not in done.stderr and _images_named(marker) == [] and not (folder / "imagebuilder-project.lock").exists()
+
+
+@pytest.mark.slow
+def test_a_project_that_overwrites_a_torch_file_is_not_tagged_and_leaves_no_image(first: dict[str, Any]) -> None:
+    """The silent replacement users report, made on purpose: the package's data files overwrite
+    torch/version.py. The proof names the file; nothing is tagged and no candidate image stays."""
+    folder = first["root"] / "evil"
+    shutil.copytree(first["folder"], folder)
+    (folder / "version.py").write_text("__version__ = '2.6.0+evil'\n")
+    (folder / "pyproject.toml").write_text(PYPROJECT + '\n[tool.setuptools.data-files]\n'
+                                           '"lib/python3.11/site-packages/torch" = ["version.py"]\n')
+    marker = f"evil-{uuid.uuid4().hex[:8]}"
+    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1", "--locked")
+    assert done.returncode == 1, done.stderr
+    assert "not tagged: the torch stack is not the base's" in done.stderr
+    assert "torch 2.6.0: 1 file(s) differ from RECORD (torch/version.py)" in done.stderr
+    assert _images_named(marker) == [] and _images_named("imagebuilder-project-candidate") == []
+
+
+def test_an_image_imagebuilder_did_not_make_is_refused_in_one_line(docker_engine: Any, base_image: str,
+                                                                    tmp_path: Path) -> None:
+    _project(tmp_path / "p")
+    done = _run(tmp_path / "p", base_image, "imagebuilder-test/not-ours:1")
+    assert done.returncode == 2
+    assert f"error: {base_image} was not built by imagebuilder (no io.imagebuilder.inputs-hash label)" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,205 @@
+"""`imagebuilder project`, the pure parts: what a project folder declares (project/source.py), a
+conflict with the base named before uv runs (project/lock.py), the Dockerfile's layers
+(project/render.py), and how the torch family is compared (project/probe.py). The real builds
+are tests/test_project.py's."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from imagebuilder.lockfile import Lock, Pin
+from imagebuilder.project.lock import ConflictsWithBase, StaleLock, check_against_base, resolve
+from imagebuilder.project.probe import Venv, family_differences
+from imagebuilder.project.render import BaseFacts, render_project
+from imagebuilder.project.source import NotAProject, read_project
+
+BASE = {"torch": "2.6.0", "torchvision": "0.21.0", "numpy": "2.2.1", "nvidia-nccl-cu12": "2.21.5", "pip": "24.0"}
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_a_pyproject_project_is_its_dependencies_its_build_backend_and_its_tool_table(tmp_path: Path) -> None:
+    project = read_project(write(tmp_path, {"pyproject.toml": """
+[project]
+name = "trainer"
+version = "0.1"
+dependencies = ["pandas==2.2.3", "torchmetrics>=1.4"]
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+[tool.imagebuilder]
+apt = ["libsndfile1"]
+start = "python -m trainer --epochs 2"
+no-build-isolation = ["flash-attn"]
+"""}))
+    assert project.kind == "pyproject.toml" and project.name == "trainer"
+    assert project.requirements == ("pandas==2.2.3", "torchmetrics>=1.4", "setuptools>=68")
+    assert project.apt == ("libsndfile1",)
+    assert project.start == ("python", "-m", "trainer", "--epochs", "2")
+    assert project.no_build_isolation == ("flash-attn",)
+
+
+def test_requirements_txt_and_pylock_projects_install_no_package_of_their_own(tmp_path: Path) -> None:
+    reqs = read_project(write(tmp_path / "r", {"requirements.txt": "# deps\npandas==2.2.3  # data\n\ntqdm\n"}))
+    assert (reqs.kind, reqs.requirements, reqs.name) == ("requirements.txt", ("pandas==2.2.3", "tqdm"), None)
+    pylock = read_project(write(tmp_path / "p", {"pylock.toml": """
+lock-version = "1.0"
+[[packages]]
+name = "pandas"
+version = "2.2.3"
+[[packages]]
+name = "local-thing"
+directory = { path = "." }
+"""}))
+    assert (pylock.kind, pylock.requirements) == ("pylock.toml", ("pandas==2.2.3",))
+
+
+def test_a_uv_lock_project_is_read_through_uv_export(tmp_path: Path) -> None:
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    if not Path(uv).exists():
+        pytest.fail("uv is missing: .ci/setup installs it into .venv")
+    folder = write(tmp_path, {"pyproject.toml": '[project]\nname = "app"\nversion = "0.1"\n'
+                                                'requires-python = ">=3.10"\ndependencies = ["tqdm==4.67.1"]\n'})
+    done = subprocess.run([uv, "lock", "--offline", "--directory", str(folder)], capture_output=True, text=True)
+    if done.returncode != 0:  # no cached tqdm metadata yet: the index, once
+        done = subprocess.run([uv, "lock", "--directory", str(folder)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    project = read_project(folder, uv)
+    assert project.kind == "uv.lock" and project.name == "app"
+    assert any(r.startswith("tqdm==4.67.1") for r in project.requirements), project.requirements
+
+
+@pytest.mark.parametrize(("files", "says"), [
+    ({}, "no pyproject.toml with a [project] table"),
+    ({"pyproject.toml": "[project\nname="}, "not valid TOML"),
+    ({"pyproject.toml": "[project]\nversion = '1'\n"}, "[project] has no name"),
+    ({"pyproject.toml": "[project]\nname = 'x'\ndependencies = 'pandas'\n"}, "project.dependencies must be a list"),
+    ({"requirements.txt": "pandas===\n"}, "is not a requirement"),
+    ({"requirements.txt": "-r other.txt\n"}, "line 1: -r is not supported"),
+    ({"requirements.txt": "x @ https://example.invalid/x.whl\n"}, "a direct URL cannot be locked"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "apt = ['Bad Name']\n"}, "is not a Debian package name"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "start = \"python 'unbalanced\"\n"}, "No closing quotation"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "start = []\n"}, "start must be a command"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "aptt = []\n"}, "unknown key(s) aptt"),
+    ({"pylock.toml": "[[packages]]\nversion = '1'\n"}, "packages[0] has no name"),
+])
+def test_a_folder_that_is_not_a_usable_project_is_one_line_naming_the_file(tmp_path: Path, files: dict[str, str],
+                                                                             says: str) -> None:
+    with pytest.raises(NotAProject) as e:
+        read_project(write(tmp_path / "p", files))
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_a_file_is_not_a_project_folder(tmp_path: Path) -> None:
+    with pytest.raises(NotAProject, match="not a folder"):
+        read_project(write(tmp_path, {"f": ""}) / "f")
+
+
+@pytest.mark.parametrize(("requirement", "names"), [
+    ("torch==2.5.1", "torch 2.6.0 (the base's torch stack)"),
+    ("torchvision<0.21", "torchvision 0.21.0"),
+    ("nvidia-nccl-cu12>=2.23", "nvidia-nccl-cu12 2.21.5"),
+    ("numpy<2", "numpy 2.2.1 (a package the base holds)"),
+])
+def test_a_requirement_the_base_cannot_satisfy_names_the_package_and_both_versions(
+        tmp_path: Path, requirement: str, names: str) -> None:
+    project = read_project(write(tmp_path, {"requirements.txt": f"pandas\n{requirement}\n"}))
+    with pytest.raises(ConflictsWithBase) as e:
+        check_against_base(project, BASE, "acme/torch:2.6")
+    message = str(e.value)
+    assert requirement in message and names in message and "nothing was built" in message
+    assert e.value.exit_code == 2 and len([message, *e.value.details()]) <= 3
+
+
+def test_requirements_the_base_satisfies_pass(tmp_path: Path) -> None:
+    project = read_project(write(tmp_path, {"requirements.txt": "torch>=2.6\nnumpy\nnvidia-nccl-cu12==2.21.5\n"}))
+    check_against_base(project, BASE, "acme/torch:2.6")
+
+
+def test_locked_refuses_a_missing_or_stale_lock_before_resolving(tmp_path: Path) -> None:
+    project = read_project(write(tmp_path, {"requirements.txt": "pandas==2.2.3\n"}))
+    args = dict(uv="/nonexistent/uv", base_dists=BASE, base_name="b", python="3.11",
+                platform="x86_64-manylinux_2_28", index_args=(), locked=True)
+    with pytest.raises(StaleLock, match="no lock yet"):
+        resolve(project, **args)  # type: ignore[arg-type]
+    (tmp_path / "imagebuilder-project.lock").write_text("# inputs: 0000\npandas==2.2.2 --hash=sha256:" + "a" * 64 + "\n")
+    with pytest.raises(StaleLock, match="the requirements or the base's packages changed"):
+        resolve(project, **args)  # type: ignore[arg-type]
+
+
+FACTS = BaseFacts(name="acme/torch:2.6", from_ref="acme/torch@sha256:" + "b" * 64, digest="sha256:" + "b" * 64,
+                  user="1000", python="3.11", venv="/opt/venv", venv_owner="1000")
+PINS = Lock("l", ("pandas",), "x86_64-manylinux_2_28", "3.11",
+            (Pin("flash-attn", Version("2.7.4"), ("sha256:" + "c" * 64,)),
+             Pin("pandas", Version("2.2.3"), ("sha256:" + "d" * 64,))))
+
+
+def test_the_dockerfile_is_the_base_by_digest_then_packages_dependencies_and_code(tmp_path: Path) -> None:
+    project = read_project(write(tmp_path, {"pyproject.toml": """
+[project]
+name = "trainer"
+version = "0.1"
+dependencies = ["pandas"]
+[tool.imagebuilder]
+apt = ["libsndfile1"]
+start = ["python", "-m", "trainer"]
+no-build-isolation = ["flash-attn"]
+"""}))
+    rendered = render_project(project, FACTS, PINS, "sha256:" + "e" * 64,
+                              index_args=("--extra-index-url", "https://wheels.example/cu121", "--index-strategy",
+                                          "unsafe-best-match"), ca=True)
+    text = rendered.dockerfile
+    assert f"FROM acme/torch@sha256:{'b' * 64}\n" in text
+    assert text.index("apt-get install") < text.index("pip install --no-deps --require-hashes") < text.index("cp -a")
+    assert "rm -rf /var/lib/apt/lists/*" in text
+    assert "--extra-index-url https://wheels.example/cu121" in text and "index-strategy" not in text
+    assert rendered.files == {"requirements.lock": f"pandas==2.2.3 \\\n    --hash=sha256:{'d' * 64}\n",
+                              "no-build-isolation.lock": f"flash-attn==2.7.4 \\\n    --hash=sha256:{'c' * 64}\n"}
+    assert "--no-build-isolation -r /tmp/imagebuilder-project/no-build-isolation.lock" in text
+    assert "--no-build-isolation -r /tmp/imagebuilder-project/requirements.lock" not in text
+    assert 'CMD ["python", "-m", "trainer"]' in text
+    assert text.rstrip().endswith(f'io.imagebuilder.project.lock="sha256:{"e" * 64}"')
+    assert "USER 1000\nRUN --mount=type=bind,from=imagebuilder-project" in text
+    assert text.count("\nRUN ") == 3  # packages, dependencies, code: nothing else over the base
+
+
+def test_a_project_with_nothing_to_add_is_one_layer_over_the_base(tmp_path: Path) -> None:
+    project = read_project(write(tmp_path, {"requirements.txt": "numpy\n"}))
+    rendered = render_project(project, FACTS, Lock("l", (), "", "3.11", ()), "sha256:" + "e" * 64, index_args=(),
+                              ca=False)
+    assert rendered.dockerfile.count("\nRUN ") == 1 and "apt-get" not in rendered.dockerfile
+    assert "pip install" not in rendered.dockerfile and rendered.files == {}
+
+
+def _family(**versions: tuple[str, str, int]) -> Venv:
+    return Venv("3.11", {}, {name.replace("_", "-"): {"version": v, "record": r, "bad": ["torch/lib/x.so"] * bad,
+                                                       "bad_count": bad}
+                            for name, (v, r, bad) in versions.items()})
+
+
+def test_the_family_must_be_the_bases_byte_for_byte() -> None:
+    base = _family(torch=("2.6.0", "r1", 0), nvidia_nccl_cu12=("2.21.5", "r2", 0))
+    assert family_differences(base, base) == []
+    assert family_differences(base, _family(torch=("2.5.1", "r9", 0), nvidia_nccl_cu12=("2.21.5", "r2", 0))) == [
+        "torch was replaced: base 2.6.0, project image 2.5.1"]
+    assert family_differences(base, _family(torch=("2.6.0", "r9", 0), nvidia_nccl_cu12=("2.21.5", "r2", 0))) == [
+        "torch 2.6.0 was reinstalled: its RECORD differs from the base's"]
+    assert family_differences(base, _family(torch=("2.6.0", "r1", 1), nvidia_nccl_cu12=("2.21.5", "r2", 0))) == [
+        "torch 2.6.0: 1 file(s) differ from RECORD (torch/lib/x.so)"]
+    added = _family(torch=("2.6.0", "r1", 0), nvidia_nccl_cu12=("2.21.5", "r2", 0), triton=("3.2.0", "r3", 0))
+    assert family_differences(base, added) == [
+        "triton 3.2.0 was added (the base has none): it would shadow the base's stack"]
+    assert family_differences(base, _family(torch=("2.6.0", "r1", 0))) == [
+        "nvidia-nccl-cu12 2.21.5 is gone from the project image"]
