@@ -140,6 +140,7 @@ def test_locked_refuses_a_missing_or_stale_lock_before_resolving(tmp_path: Path)
 
 
 FACTS = BaseFacts(name="acme/torch:2.6", from_ref="acme/torch@sha256:" + "b" * 64, digest="sha256:" + "b" * 64,
+                  image_id="sha256:" + "b" * 64,
                   user="1000", python="3.11", venv="/opt/venv", venv_owner="1000")
 PINS = Lock("l", ("pandas",), "x86_64-manylinux_2_28", "3.11",
             (Pin("flash-attn", Version("2.7.4"), ("sha256:" + "c" * 64,)),
