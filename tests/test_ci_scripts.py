@@ -12,10 +12,12 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from support.bash_locals import undeclared
+from support.registry import REGISTRY_BIN
 from support.unavailable import _unavailable
 
 CI = Path(__file__).resolve().parent.parent / ".ci"
@@ -189,3 +191,23 @@ def test_a_ca_base_image_is_derived_once_with_the_site_ca_in_it(base_image, imag
     assert copied.stdout == ca.read_text(), copied.stderr
     again = _ci_script("ca-base-image.sh", image, base_image, str(ca), timeout=60)
     assert f"{image} already exists; nothing to do" in again.stdout
+
+
+@pytest.mark.registry
+def test_registry_sh_starts_a_registry_in_a_new_state_dir_and_stops_it(tmp_path, free_port):
+    """registry.sh's start with no state yet (a new machine's, or a stopped one's; seconds), its
+    state under a temp TMPDIR on a free port: it answers, a second start finds it, stop removes it.
+    Its install of docker-registry is not run here: the machine has it."""
+    if not REGISTRY_BIN.exists() or shutil.which("curl") is None:
+        _unavailable(f"{REGISTRY_BIN} or curl is missing: .ci/setup installs them")
+    env, address = {"TMPDIR": str(tmp_path)}, f"127.0.0.1:{free_port}"
+    started = _ci_script("registry.sh", "start", str(free_port), env=env, timeout=60)
+    try:
+        assert started.stdout.splitlines()[-1] == address
+        with urllib.request.urlopen(f"http://{address}/v2/", timeout=10) as answer:
+            assert answer.status == 200
+        again = _ci_script("registry.sh", "start", str(free_port), env=env, timeout=30)
+        assert f"already running on {address}" in again.stderr
+    finally:
+        _ci_script("registry.sh", "stop", str(free_port), env=env, timeout=30)
+    assert not (tmp_path / f"imagebuilder-registry-{free_port}").exists()
