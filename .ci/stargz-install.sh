@@ -12,6 +12,8 @@
 # suite's Go and its snapshotter library (their versions, in the stamp), and still answers.
 # Every step says its name when it fails (a failed download is not a Go import error later).
 # Usage: .ci/stargz-install.sh        (root)
+# env STARGZ_BIN, STARGZ_STAMP: where the binary and its stamp go (defaults below); the suite
+# builds into a temp dir with them, to run the first install's path beside the installed daemon.
 set -euo pipefail
 
 say() { echo "stargz-install: $*"; }
@@ -27,8 +29,8 @@ step() {  # step NAME CMD...: run CMD; on failure, one line naming the step, and
 }
 
 src="$(cd "$(dirname "$0")" && pwd)/stargz-grpc/main.go"
-bin=/usr/local/bin/containerd-stargz-grpc
-stamp=/usr/local/share/imagebuilder/containerd-stargz-grpc.sha256
+bin=${STARGZ_BIN:-/usr/local/bin/containerd-stargz-grpc}
+stamp=${STARGZ_STAMP:-/usr/local/share/imagebuilder/containerd-stargz-grpc.sha256}
 library=golang-github-containerd-stargz-snapshotter-dev
 
 inputs() {  # what the binary is built from: main.go, the Go toolchain, the library's version
@@ -95,7 +97,7 @@ cp "$src" "$work/gopath/src/stargzgrpc/main.go"
     && GO111MODULE=off GOFLAGS='' GOPROXY=off GOCACHE="$work/cache" \
        GOPATH="$work/gopath:$work/root/usr/share/gocode:/usr/share/gocode" \
        step "go build" go build -trimpath -o "$work/containerd-stargz-grpc" .)
-install -m 0755 "$work/containerd-stargz-grpc" "$bin"
+step "install $bin" install -D -m 0755 "$work/containerd-stargz-grpc" "$bin"
 step "check that the built daemon answers" answers
 mkdir -p "$(dirname "$stamp")"
 inputs | sha256sum | cut -d' ' -f1 >"$stamp"
