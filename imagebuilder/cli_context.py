@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from .errors import ImageBuilderError
+from .matrix import load_matrix
 from .matrix import Matrix
-from .matrix_load import load_matrix
 
 
 class Context:

@@ -16,10 +16,10 @@ from smoke_tests.driver import FAIL as DRIVER_FAIL
 from smoke_tests.driver import judge_driver
 from smoke_tests.result import FAIL, PASS, SKIP
 
-from .. import labels
 from ..engine.api import RunResult
 from ..engine.errors import refuses_gpus
-from ..matrix import driver_key
+from ..matrix.model import driver_key
+from ..trust import labels
 from .rdma import RDMA_ACCESS, RdmaFacts
 
 NVIDIA_SMI_TIMEOUT = 30.0
