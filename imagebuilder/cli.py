@@ -13,16 +13,13 @@ from pathlib import Path
 import click
 
 from . import __version__, interrupts, options, pipeline
-from .build import contexts
-from .build import RenderOptions
+from .build import RenderOptions, contexts
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
 from .engine.export import Compression
 from .errors import BadRequest
-from .matrix import matrix_file
-from .matrix import Selection
-from .registry import RegistryTarget
-from .registry import RetryPolicy
+from .matrix import Selection, matrix_file
+from .registry import RegistryTarget, RetryPolicy
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
 # `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
@@ -78,9 +75,8 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
-    from .lock import check_or_write
-    from .lock import load_locks, locks_dir
-    from .registry import HttpRegistry
+    from .lock import check_or_write, load_locks, locks_dir
+    from .registry.client import HttpRegistry
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
                                   extra_index_urls=extra_index_urls, progress=progress, note=note,
@@ -181,12 +177,11 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .build import parse_platforms
-    from .build import build_all, report_plan
+    from .build import build_all, parse_platforms, report_plan
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
     from .engine.select import decide, kind_before_probing, make_builder
-    from .registry import HttpRegistry
+    from .registry.client import HttpRegistry
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
@@ -237,7 +232,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
         from .engine.docker import DockerEngine
-        from .registry import HttpRegistry
+        from .registry.client import HttpRegistry
         from .trust import Cosign
 
         # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
@@ -330,7 +325,7 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --lazy
     """
     from .build import parse_platforms
-    from .registry import HttpRegistry
+    from .registry.client import HttpRegistry
     from .registry import parse_reference
     from .squashfs.fetch import check_output, fetch_squashfs
     from .trust import key_reference

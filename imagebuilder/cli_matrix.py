@@ -8,8 +8,7 @@ from packaging.version import Version
 from . import options, pipeline
 from .build import listing
 from .cli_context import Context, Group, note, pass_context, progress
-from .matrix import enumerate_matrix
-from .matrix import Selection, settle_os
+from .matrix import Selection, enumerate_matrix, settle_os
 
 
 @click.group("matrix", cls=Group, invoke_without_command=True)

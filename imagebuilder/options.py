@@ -18,18 +18,12 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
-from .build import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
-from .build import parse_base_images
-from .build import RenderOptions
+from .build import PSEUDO_FILE_SYSTEMS, RenderOptions, check_output, file_system_type, parse_base_images
 from .engine.export import DUAL, Compression
 from .errors import BadRequest
-from .lock import parse_index_url
-from .lock import BadUv
-from .matrix import VARIANTS
-from .matrix import check_not_empty
-from .matrix import ALL, Selection
-from .registry import RegistryTarget, check_repository, parse_reference
-from .registry import REGISTRY_POLICY, RetryPolicy
+from .lock import BadUv, parse_index_url
+from .matrix import ALL, VARIANTS, Selection, check_not_empty
+from .registry import REGISTRY_POLICY, RegistryTarget, RetryPolicy, check_repository, parse_reference
 from .trust import read_ca_bundle, read_certificates
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -13,20 +13,14 @@ from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING
 
-from .build import Exists, Reading, each_platform, never
-from .build import host_platform
-from .build import RenderedImage
-from .build import RenderOptions
+from .build import Exists, Reading, RenderOptions, RenderedImage, each_platform, host_platform, never
 from .engine.api import BuilderKind
 from .engine.export import ZSTD_CHUNKED, Compression, check_asked, check_build_compression
 from .errors import BadRequest
 from .estargz.zstdchunked import check_available as check_libzstd
+from .lock import DigestSource, LockSet, UvCompile, default_uv, load_locks, locks_dir, parse_extras, pin_base
 from .lock import command as locking
-from .lock import DigestSource, pin_base
-from .lock import LockSet, load_locks, locks_dir, parse_extras
-from .lock import UvCompile, default_uv
-from .matrix import Matrix
-from .matrix import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
+from .matrix import Matrix, Note, NothingSelected, ReadOsRelease, Selection, select_specs, settle_os
 from .registry import Registry
 
 # publish (verify, signing) and engine.docker are imported inside the functions that use them:

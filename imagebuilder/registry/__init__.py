@@ -5,9 +5,7 @@ The face: what the commands (cli, options, pipeline) use; the rest of imagebuild
 from the module that defines a name."""
 
 from .api import Registry
-from .client import HttpRegistry
 from .reference import RegistryTarget, check_repository, parse_reference
 from .retry import REGISTRY_POLICY, RetryPolicy
 
-__all__ = ["HttpRegistry", "REGISTRY_POLICY", "Registry", "RegistryTarget", "RetryPolicy", "check_repository",
-           "parse_reference"]
+__all__ = ["REGISTRY_POLICY", "Registry", "RegistryTarget", "RetryPolicy", "check_repository", "parse_reference"]
