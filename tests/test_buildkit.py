@@ -878,7 +878,8 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
 
 
 def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
-    from imagebuilder.registry.manifests import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document, platform_entries
+    from imagebuilder.registry.manifests import (DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document,
+                                                 platform_entries)
 
     # An image pushed as an index of its own (the containerd store: the image and its provenance)
     # joins with its platform's image and that image's attestation, one level deep.

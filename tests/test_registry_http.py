@@ -1,4 +1,4 @@
-"""The registry HTTP client publish and verify use (imagebuilder.registry.client, registry_auth,
+"""The registry HTTP client publish and verify use (imagebuilder.registry: client, auth,
 reference): references and targets as tables, docker's credentials and CA trust, challenges, and
 against a real local registry (Debian's docker-registry, support.registry) or a stand-in HTTP
 server: a login, blob mounts, a redirected HEAD, a registry that does not answer. No engine.

@@ -92,8 +92,8 @@ def test_an_attested_sbom_hashes_to_the_label_the_image_carries(tmp_path: Path) 
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.6.0+cu124\n")
     out = tmp_path / "sbom.cdx.json"
-    subprocess.run([sys.executable, str(REPO_ROOT / "imagebuilder" / "trust" / "sbom.py"), str(tmp_path / "venv"), str(out)],
-                   check=True, timeout=60)
+    sbom_py = REPO_ROOT / "imagebuilder" / "trust" / "sbom.py"
+    subprocess.run([sys.executable, str(sbom_py), str(tmp_path / "venv"), str(out)], check=True, timeout=60)
     written = out.read_bytes()
     document = json.loads(written)
     assert signing.sbom_bytes(document) == written

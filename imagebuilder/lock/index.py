@@ -51,7 +51,7 @@ PLATFORM_TAGS: dict[str, tuple[str, ...]] = {
 }
 MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 POLICY = RetryPolicy(timeout_s=60.0, timeout_option="")
-"""http_retry's rules, with the minute an index page or a range of a wheel may take."""
+"""registry.retry's rules, with the minute an index page or a range of a wheel may take."""
 CHUNK = 256 * 1024  # the least a range request asks for: the zip's tail, a member's header
 JSON_PAGE = "application/vnd.pypi.simple.v1+json"
 
