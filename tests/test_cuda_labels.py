@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from support.real_images import REPO_ROOT
-from imagebuilder.build.build_labels import cuda_labels
+from imagebuilder.build._build_labels import cuda_labels
 from imagebuilder.build.per_platform import render_spec as render
 from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.lock.lockfile import load_locks

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from imagebuilder.matrix._yaml import compose
 from imagebuilder.matrix.load import parse_matrix
 from imagebuilder.matrix.model import MatrixError
-from imagebuilder.matrix.yaml_lines import compose
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 

@@ -25,7 +25,7 @@ from ..engine.errors import BuildFailed, EngineError, network_hint
 from ..engine.export import Export, gzip_ref
 from ..trust.labels import SBOM_DIGEST
 from ..trust.sbom import DIGEST_LINE
-from .build_labels import build_labels
+from ._build_labels import build_labels
 from .cache_export import CacheExport, can_start, start_cache_export
 from .image_contents import SBOM_PATH
 from .render import RenderedImage

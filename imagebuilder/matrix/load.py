@@ -1,6 +1,6 @@
 """matrix.yaml -> a frozen Matrix.
 
-Parse first (matrix/yaml_lines.py), then validate everything and report every problem at once,
+Parse first (_yaml.py), then validate everything and report every problem at once,
 each with the file, the key path and the line (the packaging.metadata way). Nothing
 downstream ever sees a half-valid matrix.
 """
@@ -15,11 +15,11 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ..resources import default_matrix_path
+from ._yaml import compose
 from .model import (NOTEBOOK, PLATFORMS, SERVER_PROXY_FLOOR, CudaRelease, Defaults, KeyPath, Matrix, MatrixError,
                     MatrixMissing, NotebookPins, OSRelease, Problem, Tools, TorchCodec, TorchRelease, WheelVariant,
                     driver_key)
 from .variants import VARIANTS
-from .yaml_lines import compose
 
 DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
 

@@ -16,7 +16,7 @@ from the same rendered inputs is skipped without pulling 6 GB. Stdlib urllib onl
   again as its RetryPolicy says, each retry a line on stderr; the rest said at once.
 
 The HTTP under the calls (TLS, the scheme, auth, retries, the fault's one line) is
-registry/transport.py's RegistryTransport, which HttpRegistry extends.
+_transport.py's RegistryTransport, which HttpRegistry extends.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ._transport import RegistryTransport
 from .api import RegistryError, RegistryProtocolError
 from .manifests import ACCEPT, DOCKER_MANIFEST, INDEXES, OCI_INDEX, index_document, pick_manifest, platform_entries
 from .reference import Reference, parse_reference
-from .transport import RegistryTransport
 
 
 class HttpRegistry(RegistryTransport):

@@ -3,7 +3,7 @@
 publish builds with `--provenance=mode=max`: the image's index then carries an in-toto
 statement with the build's materials (the base image by digest), its Dockerfile and its
 frontend parameters, among them the labels the build set: the source revision, and the
-matrix and lock the image was rendered from (build_labels.build_labels). `verify` prints them.
+matrix and lock the image was rendered from (build/_build_labels.py). `verify` prints them.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def _container_items(facts: HostFacts) -> list[PreflightItem]:
 
 
 def cuda_facts(facts: HostFacts) -> str | None:
-    """Which CUDA is which in the image, as its labels say (build_labels.cuda_labels); None: unlabelled."""
+    """Which CUDA is which in the image, as its labels say (build/_build_labels.py's cuda_labels); None: unlabelled."""
     said = [f"{what} {version}" for what, version in (("CUDA runtime", facts.cuda_runtime),
                                                        ("CUDA toolkit (nvcc)", facts.cuda_toolkit)) if version]
     return ", ".join(said) or None
