@@ -29,7 +29,7 @@ from imagebuilder.lock import command as locking
 from imagebuilder.lock.base_pin import BasePin, pin_base
 from imagebuilder.lock.index import default_index_url
 from imagebuilder.lock.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
-                                   parse_extras, parse_lock)
+                                        parse_extras, parse_lock)
 from imagebuilder.lock.uv_compile import ResolutionFailed
 from imagebuilder.matrix.load import load_matrix, parse_matrix
 from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from imagebuilder.build.per_platform import platform_options
 from imagebuilder.build.per_platform import render_spec as render
 from imagebuilder.build.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, parse_base_images,
-                                         parse_platforms)
+                                          parse_platforms)
 from imagebuilder.build.render import RenderedImage
 from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.cli import cli

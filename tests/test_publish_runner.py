@@ -31,7 +31,7 @@ from imagebuilder.publish.estargz import Converted, EstargzPublisher, split_expo
 from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
 from imagebuilder.publish.ledger import report_document
 from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
-                                     Remote, RunOptions, Step)
+                                       Remote, RunOptions, Step)
 from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
 from imagebuilder.publish.run import publish
 from imagebuilder.registry.manifests import OCI_MANIFEST
