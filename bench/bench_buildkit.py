@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.floor import build_floor  # noqa: E402
 from imagebuilder.engine import DockerEngine  # noqa: E402
 from imagebuilder.engine.select import decide, make_builder  # noqa: E402
-from imagebuilder.matrix_load import load_matrix  # noqa: E402
+from imagebuilder.matrix.load import load_matrix  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 
 BASE = "imagebuilder-base:bookworm"

@@ -7,7 +7,7 @@ whose downloads cross a veth pair shaped with tc's token bucket (`tbf rate RATE 
 
   1. "groups": `imagebuilder publish` of the torch 2.6 / CUDA 12.4 runtime image (Debian 12,
      Python 3.11, --base-image imagebuilder-base:bookworm, zstd): its wheels in the eight
-     wheel-group layers (imagebuilder/layers.py). "one-layer": the same image with those layers
+     wheel-group layers (imagebuilder/build/layers.py). "one-layer": the same image with those layers
      replaced by ONE layer of the venv (below). Each image's layers and registry bytes.
   2. For each rate of --rates and each image, on the emptied engine: `docker pull` (a), then
      `docker run --rm IMAGE python -c "import torch"`; (b) is the wall time from the pull's start
@@ -107,10 +107,10 @@ from bench.bench_publish import say, sh  # noqa: E402
 from bench.coldstart_slurm import SlurmStart, slurm_starts, squashfs_bytes  # noqa: E402
 from bench.coldstart_slurm import report as slurm_report  # noqa: E402
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer  # noqa: E402
-from imagebuilder.image_contents import USER_ID, VENV  # noqa: E402
-from imagebuilder.reference import parse_reference  # noqa: E402
-from imagebuilder.http_registry import HttpRegistry  # noqa: E402
-from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest  # noqa: E402
+from imagebuilder.build.image_contents import USER_ID, VENV  # noqa: E402
+from imagebuilder.registry.client import HttpRegistry  # noqa: E402
+from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest  # noqa: E402
+from imagebuilder.registry.reference import parse_reference  # noqa: E402
 from imagebuilder.table import format_table  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from remote_engine import limit_rate, remote_engine  # type: ignore[import-not-found]  # noqa: E402

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from imagebuilder.image_contents import COMPILE_CACHE  # noqa: E402
+from imagebuilder.build.image_contents import COMPILE_CACHE  # noqa: E402
 
 RUN = uuid.uuid4().hex[:6]
 PROGRESS_S = 10.0  # a line at least this often while a container runs

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from imagebuilder.drift import check_drift
-from imagebuilder.index import PackageIndex
-from imagebuilder.matrix_load import load_matrix
+from imagebuilder.lock.drift import check_drift
+from imagebuilder.lock.index import PackageIndex
+from imagebuilder.matrix.load import load_matrix
 from imagebuilder.resources import default_matrix_path
 
 

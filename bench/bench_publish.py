@@ -51,11 +51,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # remote_engine (the cold pulls' empty 
 
 from bench.floor import LOCK_FLOOR_DOCKERFILE  # noqa: E402
 from imagebuilder.engine.export import cache_ref  # noqa: E402
-from imagebuilder.lockfile import load_locks  # noqa: E402
-from imagebuilder.matrix_load import load_matrix  # noqa: E402
-from imagebuilder.reference import RegistryTarget  # noqa: E402
-from imagebuilder.http_registry import HttpRegistry  # noqa: E402
-from imagebuilder.resolve import Request, resolve  # noqa: E402
+from imagebuilder.lock.lockfile import load_locks  # noqa: E402
+from imagebuilder.matrix.load import load_matrix  # noqa: E402
+from imagebuilder.matrix.resolve import Request, resolve  # noqa: E402
+from imagebuilder.registry.client import HttpRegistry  # noqa: E402
+from imagebuilder.registry.reference import RegistryTarget  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from remote_engine import remote_engine  # type: ignore[import-not-found]  # noqa: E402
@@ -161,7 +161,7 @@ def downloads(log: str) -> int:
 
 def cache_export_s(image: dict) -> float:
     """Seconds the registry cache's export ran: a cache-only build started after the image's
-    build, beside verify (imagebuilder/cache_export.py); its log sits beside the build's
+    build, beside verify (imagebuilder/build/cache_export.py); its log sits beside the build's
     (-cache.log)."""
     log = Path(image["build"]["log"])
     if image.get("cache_export_s") is None:

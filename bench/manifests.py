@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from imagebuilder.image_contents import USER_ID, VENV
-from imagebuilder.install_steps import LAYERS_MOUNT
-from imagebuilder.layers import GROUPS
+from imagebuilder.build.image_contents import USER_ID, VENV
+from imagebuilder.build.install_steps import LAYERS_MOUNT
+from imagebuilder.build.layers import GROUPS
 
 _GROUP_LOCK = re.compile(rf"{re.escape(LAYERS_MOUNT)}/([\w.-]+)\.lock")
 _BUILD_ARGS = re.compile(r"^RUN \|\d+( \S+=\S*)* ")  # BuildKit's record of a RUN's build args

@@ -12,17 +12,15 @@ from pathlib import Path
 
 import click
 
-from . import __version__, contexts, interrupts, options, pipeline
+from . import __version__, interrupts, options, pipeline
+from .build import RenderOptions, contexts
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
 from .cli_project import project
 from .engine.export import Compression
 from .errors import BadRequest
-from .http_retry import RetryPolicy
-from .matrix_load import matrix_file
-from .reference import RegistryTarget
-from .render_options import RenderOptions
-from .selection import Selection
+from .matrix import Selection, matrix_file
+from .registry import RegistryTarget, RetryPolicy
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
 # `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
@@ -79,9 +77,8 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
-    from .http_registry import HttpRegistry
-    from .lock import check_or_write
-    from .lockfile import load_locks, locks_dir
+    from .lock import check_or_write, load_locks, locks_dir
+    from .registry.client import HttpRegistry
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
                                   extra_index_urls=extra_index_urls, progress=progress, note=note,
@@ -131,8 +128,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if render_all and (platforms or selection.platform_bases):
         raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
                                "not --all")
+    from .build import parse_platforms
     from .engine.select import decide_for_render
-    from .platforms import parse_platforms
 
     wanted = parse_platforms(platforms)
     if dry_run and len(wanted) > 1:
@@ -182,12 +179,11 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .build import build_all, report_plan
+    from .build import build_all, parse_platforms, report_plan
     from .engine.docker import DockerEngine
     from .engine.export import choose_for_build
     from .engine.select import decide, kind_before_probing, make_builder
-    from .platforms import parse_platforms
-    from .http_registry import HttpRegistry
+    from .registry.client import HttpRegistry
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
@@ -237,9 +233,9 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     if local or tag is None:  # options checked the combinations
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
-        from .cosign import Cosign
         from .engine.docker import DockerEngine
-        from .http_registry import HttpRegistry
+        from .registry.client import HttpRegistry
+        from .trust import Cosign
 
         # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
         cosign = Cosign(timeout=registry_policy.timeout_s, say=progress, timeout_option=registry_policy.timeout_option)
@@ -330,11 +326,11 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --lazy
     """
-    from .http_registry import HttpRegistry
-    from .platforms import parse_platforms
-    from .reference import parse_reference
-    from .signing import key_reference
+    from .build import parse_platforms
+    from .registry.client import HttpRegistry
+    from .registry import parse_reference
     from .squashfs.fetch import check_output, fetch_squashfs
+    from .trust import key_reference
 
     parse_reference(image)
     (platform,) = parse_platforms(platform)

@@ -11,8 +11,7 @@ from typing import Any
 import click
 
 from .errors import ImageBuilderError
-from .matrix import Matrix
-from .matrix_load import load_matrix
+from .matrix import Matrix, load_matrix
 
 
 class Context:

@@ -18,19 +18,13 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
-from .certificates import read_ca_bundle, read_certificates
+from .build import PSEUDO_FILE_SYSTEMS, RenderOptions, check_output, file_system_type, parse_base_images
 from .engine.export import DUAL, Compression
 from .errors import BadRequest
-from .http_retry import REGISTRY_POLICY, RetryPolicy
-from .index_url import parse_index_url
-from .matrix import VARIANTS
-from .context_folder import PSEUDO_FILE_SYSTEMS, check_output, file_system_type
-from .platforms import parse_base_images
-from .reference import RegistryTarget, check_repository, parse_reference
-from .render_options import RenderOptions
-from .resolve import check_not_empty
-from .selection import ALL, Selection
-from .uv_compile import BadUv
+from .lock import BadUv, parse_index_url
+from .matrix import ALL, VARIANTS, Selection, check_not_empty
+from .registry import REGISTRY_POLICY, RegistryTarget, RetryPolicy, check_repository, parse_reference
+from .trust import read_ca_bundle, read_certificates
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,28 +13,22 @@ from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING
 
+from .build import Exists, Reading, RenderOptions, RenderedImage, each_platform, host_platform, never
 from .engine.api import BuilderKind
 from .engine.export import ZSTD_CHUNKED, Compression, check_asked, check_build_compression
-from .estargz.zstdchunked import check_available as check_libzstd
 from .errors import BadRequest
-from .matrix import Matrix
-from . import lock as locking
-from .base_pin import DigestSource, pin_base
-from .lockfile import LockSet, load_locks, locks_dir, parse_extras
-from .per_platform import Exists, Reading, each_platform, never
-from .platforms import host_platform
+from .estargz.zstdchunked import check_available as check_libzstd
+from .lock import DigestSource, LockSet, UvCompile, default_uv, load_locks, locks_dir, parse_extras, pin_base
+from .lock import command as locking
+from .matrix import Matrix, Note, NothingSelected, ReadOsRelease, Selection, select_specs, settle_os
 from .registry import Registry
-from .render import RenderedImage
-from .render_options import RenderOptions
-from .selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
-from .uv_compile import UvCompile, default_uv
 
 # publish (verify, signing) and engine.docker are imported inside the functions that use them:
 # cli imports this module for every command, and `render` or `--help` need neither.
 if TYPE_CHECKING:
     from . import publish
     from .publish import IndexRegistry
-    from .signing import Signer
+    from .trust import Signer
 
 
 # --------------------------------------------------------------------------- rendering options

@@ -43,5 +43,5 @@ def carried_files() -> Mapping[str, bytes]:
     root = smoke_tests_dir()
     files = {f"imagebuilder/smoke_tests/{p.relative_to(root).as_posix()}": p.read_bytes()
              for p in sorted(root.rglob("*.py"))}
-    files["imagebuilder/sbom.py"] = (_PACKAGE / "sbom.py").read_bytes()
+    files["imagebuilder/sbom.py"] = (_PACKAGE / "trust" / "sbom.py").read_bytes()
     return files

@@ -21,12 +21,12 @@ import pytest
 from bench.bench_coldstart import link_bytes_per_s, parse_rates
 from bench.coldstart_slurm import SlurmStart, layer_tar_filter, overlay_options, pairs, ratio, whiteout_target
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer, wheel_group_layers
-from imagebuilder.layers import GROUPS
-from imagebuilder.lockfile import load_locks
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.build.layers import GROUPS
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.lock.lockfile import load_locks
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
 ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"

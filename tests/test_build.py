@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from imagebuilder.build import ProgressPrinter, build_order, human_size
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.run import ProgressPrinter, build_order, human_size
 from imagebuilder.engine.api import Progress
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 
 M = load_matrix(Path(__file__).parent / "data" / "matrix-small.yaml")
 
@@ -76,7 +76,7 @@ def test_a_dry_run_with_a_report_writes_the_plan_it_prints(tmp_path: Path) -> No
     """`build --dry-run --report F` does what both say: builds nothing, reports what it would build."""
     import json
 
-    from imagebuilder.build import report_plan
+    from imagebuilder.build.run import report_plan
 
     runtime = render(resolve(M, Request("2.6", "12.4", variant="runtime")), M)
     printed: list[str] = []

@@ -16,18 +16,18 @@ from typing import IO
 import certifi
 import pytest
 
+from imagebuilder.build.install_steps import CA_CONTEXT, CA_SECRET_PATH
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.engine.api import BuildRequest, Progress
 from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
-from imagebuilder.engine.export import Compression, Export
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.docker import DockerEngine
-from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
 from imagebuilder.engine.errors import BaseImageMissing, BuildFailed, EngineError
-from imagebuilder.engine.api import BuildRequest, Progress
-from imagebuilder.install_steps import CA_CONTEXT, CA_SECRET_PATH
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.engine.export import Compression, Export
+from imagebuilder.engine.select import NoBuildKit, decide, detect_buildkit, make_builder
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 
 from support.build_cache import family_build, released_after_last_use
 from support.cleanup import remove_local_tags
@@ -668,7 +668,7 @@ def test_an_estargz_export_is_gzip_with_a_table_of_contents_in_each_layer(docker
     containerd store, `docker push` sends those blobs as they are (the image id is the pushed
     digest), every layer is gzip to any puller and carries the table of contents a stargz
     snapshotter mounts lazily, and the image runs."""
-    from imagebuilder.http_registry import HttpRegistry
+    from imagebuilder.registry.client import HttpRegistry
 
     marker = uuid.uuid4().hex
     ref = f"{registry}/estargz-{marker[:8]}:x"
@@ -856,7 +856,7 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
     not the x86_64 pins."""
     from packaging.utils import canonicalize_name
 
-    from imagebuilder.lockfile import load_locks
+    from imagebuilder.lock.lockfile import load_locks
 
     run = docker_engine.run(arm64_image["tags"][0], ["/opt/venv/bin/python", "-m", "pip", "list", "--format=freeze",
                                                      "--disable-pip-version-check"], timeout=600)
@@ -878,7 +878,8 @@ def test_an_arm64_image_installs_its_own_aarch64_lock(arm64_image, docker_engine
 
 
 def test_an_index_document_is_canonical_oci_with_one_platform_per_child():
-    from imagebuilder.manifests import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document, platform_entries
+    from imagebuilder.registry.manifests import (DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, index_document,
+                                                 platform_entries)
 
     # An image pushed as an index of its own (the containerd store: the image and its provenance)
     # joins with its platform's image and that image's attestation, one level deep.
@@ -911,7 +912,7 @@ def test_a_published_tag_is_an_index_over_amd64_and_arm64(docker_engine, base_im
 
     from support.unavailable import _unavailable
 
-    from imagebuilder.manifests import ACCEPT, OCI_INDEX
+    from imagebuilder.registry.manifests import ACCEPT, OCI_INDEX
     from imagebuilder.resources import default_matrix_path
 
     if not docker_engine.image_exists(ARM64_BASE):

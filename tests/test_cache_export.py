@@ -8,8 +8,8 @@ import pytest
 
 from support.fakes import TickingBuild
 
-from imagebuilder import cache_export
-from imagebuilder.cache_export import CacheExport
+from imagebuilder.build import cache_export
+from imagebuilder.build.cache_export import CacheExport
 
 
 def _export(busy: int, rc: int) -> tuple[CacheExport, TickingBuild, list[int]]:

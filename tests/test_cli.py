@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from imagebuilder.cli import cli
-from imagebuilder.matrix import VARIANTS
+from imagebuilder.matrix.model import VARIANTS
 
 SMALL = str(Path(__file__).parent / "data" / "matrix-small.yaml")
 
@@ -198,10 +198,10 @@ def test_build_reads_the_os_of_the_base_image_and_refuses_another_os(base_image)
 
 @pytest.mark.docker
 def test_the_engine_reads_os_release_without_running_the_image(docker_engine, base_image):
-    from imagebuilder.selection import os_of_release, parse_os_release
+    from imagebuilder.matrix.selection import os_of_release, parse_os_release
 
     text = docker_engine.os_release(base_image)  # /etc/os-release is a symlink on Debian
-    assert os_of_release(__import__("imagebuilder.matrix_load", fromlist=["x"]).load_matrix(Path(SMALL)),
+    assert os_of_release(__import__("imagebuilder.matrix.load", fromlist=["x"]).load_matrix(Path(SMALL)),
                          parse_os_release(text)) == "debian12"
 
 

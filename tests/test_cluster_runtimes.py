@@ -131,8 +131,8 @@ def flattened(cluster_user: HostUser, signed_publish: dict) -> Iterator[tuple[Pa
     image's working folder."""
     import time
 
-    from imagebuilder.http_registry import HttpRegistry
     from imagebuilder.publish.squashfs import SquashfsPublisher
+    from imagebuilder.registry.client import HttpRegistry
     from imagebuilder.squashfs.fetch import fetch_squashfs
 
     ref = signed_publish["image"]["ref"]

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from support.real_images import REPO_ROOT
-from imagebuilder.image_contents import SBOM_PATH
-from imagebuilder.lockfile import load_locks
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.build.image_contents import SBOM_PATH
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.lock.lockfile import load_locks
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 
 MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
 E2E = Request("2.6", "12.1", None, "runtime", "debian12")
@@ -30,9 +30,9 @@ E2E = Request("2.6", "12.1", None, "runtime", "debian12")
 @pytest.mark.docker
 def test_two_no_cache_builds_of_one_tag_at_once_both_succeed(docker_engine: Any, base_image: str, image_repo: str,
                                                               tmp_path: Path) -> None:
-    from imagebuilder.build import build_image
-    from imagebuilder.engine.docker import DockerEngine
+    from imagebuilder.build.run import build_image
     from imagebuilder.engine.classic import ClassicBuilder
+    from imagebuilder.engine.docker import DockerEngine
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=load_locks(REPO_ROOT / "locks")))
     marker = uuid.uuid4().hex

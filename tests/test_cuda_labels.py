@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from support.real_images import REPO_ROOT
-from imagebuilder.build_labels import cuda_labels
-from imagebuilder.labels import CUDA, CUDA_RUNTIME, CUDA_TOOLKIT
-from imagebuilder.lockfile import load_locks
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.build._build_labels import cuda_labels
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.lock.lockfile import load_locks
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
+from imagebuilder.trust.labels import CUDA, CUDA_RUNTIME, CUDA_TOOLKIT
 
 MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
 LOCKS = load_locks(REPO_ROOT / "locks")

@@ -46,7 +46,7 @@ def test_a_command_that_opens_a_docker_client_warns_and_goes_on(tmp_path: Path) 
 
 
 def test_another_registrys_unreadable_entry_leaves_these_credentials_readable(tmp_path: Path, monkeypatch) -> None:
-    from imagebuilder.registry_auth import CredentialsUnavailable, credentials_for, docker_config
+    from imagebuilder.registry.auth import CredentialsUnavailable, credentials_for, docker_config
 
     monkeypatch.setenv("DOCKER_CONFIG", str(_config(tmp_path)))
     config = docker_config()

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from packaging.version import Version
 
-from imagebuilder.drift import missing_releases, python_problems, release_drift
-from imagebuilder.index import PackageIndex
-from imagebuilder.matrix_load import load_matrix
+from imagebuilder.lock.drift import missing_releases, python_problems, release_drift
+from imagebuilder.lock.index import PackageIndex
+from imagebuilder.matrix.load import load_matrix
 from imagebuilder.resources import default_matrix_path
 
 pytestmark = pytest.mark.network  # reads the real index (about 10 s, no wheel downloaded)

@@ -36,14 +36,14 @@ from support.unavailable import _unavailable
 from remote_engine import remote_engine  # type: ignore[import-not-found]
 
 from imagebuilder.engine.api import BuildRequest
-from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.buildkit import BuildKitBuilder
+from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.export import Compression, Export, gzip_ref
 from imagebuilder.engine.select import detect_buildkit
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.manifests import ZSTD_ANNOTATION
 from imagebuilder.publish.plan import RunOptions
 from imagebuilder.publish.push import Pushing, push_dual
+from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.manifests import ZSTD_ANNOTATION
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 

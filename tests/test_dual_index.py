@@ -21,11 +21,11 @@ from test_publish_runner import images
 from imagebuilder.engine.api import Pushed
 from imagebuilder.engine.export import Compression, CompressionUnavailable, Export, choose, gzip_ref, output_args
 from imagebuilder.errors import BadRequest
-from imagebuilder.manifests import OCI_INDEX, ZSTD_ANNOTATION, index_document, platform_entries
-from imagebuilder.publish.plan import RunOptions, plan
-from imagebuilder.publish.report import format_plan
 from imagebuilder.publish.dual import dual_index, images_of, marked_zstd
+from imagebuilder.publish.plan import RunOptions, plan
 from imagebuilder.publish.push import Pushing, push_dual
+from imagebuilder.publish.report import format_plan
+from imagebuilder.registry.manifests import OCI_INDEX, ZSTD_ANNOTATION, index_document, platform_entries
 from imagebuilder.verify.facts import gzip_instead, registry_compression
 
 DUAL = Compression("gzip+zstd")

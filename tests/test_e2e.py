@@ -152,7 +152,7 @@ def _docker_run(ref: str, *command: str, volume: str | None = None, user: str | 
     """`docker run --rm` of `command` in `ref`, with `volume` at the compile-cache folder: its
     output. Killed and removed at its time limit (a named volume needs the CLI: the engine's
     run() mounts host folders only)."""
-    from imagebuilder.image_contents import COMPILE_CACHE
+    from imagebuilder.build.image_contents import COMPILE_CACHE
 
     name = f"{TEST_REPOSITORY_PREFIX}-cache-{uuid.uuid4().hex[:8]}"
     argv = ["docker", "run", "--rm", "--name", name, *(["-v", f"{volume}:{COMPILE_CACHE}"] if volume else []),
@@ -176,7 +176,7 @@ def test_compiled_kernels_outlive_the_container_in_a_volume(runtime_image):
     """Issue 32: a fresh named volume at the compile-cache folder; a container compiles, and a
     second fresh container with the volume takes the graph from Inductor's FX graph cache. The
     image's cache check says whether a volume is there, and any uid can write the folder."""
-    from imagebuilder.image_contents import COMPILE_CACHE
+    from imagebuilder.build.image_contents import COMPILE_CACHE
 
     ref = runtime_image["tags"][0]
     volume = f"{TEST_REPOSITORY_PREFIX}-cache-{uuid.uuid4().hex[:8]}"

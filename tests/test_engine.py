@@ -530,7 +530,7 @@ def test_the_one_from_line_parser(instruction: str, expected: tuple[str, str | N
 
 
 def test_only_the_engine_package_and_registry_auth_import_docker() -> None:
-    """The Docker SDK stays behind engine/ (and docker's own credential lookup in registry_auth.py)."""
+    """The Docker SDK stays behind engine/ (and docker's own credential lookup in registry/auth.py)."""
     import ast
 
     package = REPO_ROOT / "imagebuilder"
@@ -541,7 +541,7 @@ def test_only_the_engine_package_and_registry_auth_import_docker() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             if any(name == "docker" or name.startswith("docker.") for name in names):
                 importers.add(path.relative_to(package).as_posix())
-    assert {p for p in importers if not p.startswith("engine/")} == {"registry_auth.py"}, importers
+    assert {p for p in importers if not p.startswith("engine/")} == {"registry/auth.py"}, importers
 
 
 def test_a_failed_pull_keeps_the_daemons_cause_not_docker_pys_url() -> None:

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from imagebuilder.engine.api import Pushed
-from imagebuilder.errors import BadRequest
 from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose, choose_for_build,
                                  compression_of, output_args)
-from imagebuilder.provenance import built_from
-from imagebuilder.reference import RegistryTarget
+from imagebuilder.errors import BadRequest
+from imagebuilder.registry.reference import RegistryTarget
+from imagebuilder.trust.provenance import built_from
 from imagebuilder.verify.preflight import HostFacts, preflight
 
 CACHE = "127.0.0.1:5000/ml/imagebuilder-cache:2.6.0-cuda12.1-cudnn9-debian12-runtime"

@@ -1,4 +1,4 @@
-"""The retry policy every imagebuilder HTTP request follows (imagebuilder/http_retry.py): the
+"""The retry policy every imagebuilder HTTP request follows (imagebuilder/registry/retry.py): the
 decision as a table; then the registry client and the package index behind the tests' own
 fault-injecting proxy (tests/fault_proxy.py) in front of a real docker-registry and a real
 HTTP server, and `publish --dry-run` (the plan's lookups, no image built) through it."""
@@ -22,11 +22,11 @@ from support.real_images import imagebuilder
 from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
 
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.http_retry import HttpFault, Retry, RetryPolicy, Stop, decide, retry_after, send
-from imagebuilder.index import PackageIndex
-from imagebuilder.manifests import OCI_MANIFEST
-from imagebuilder.registry import RegistryDenied, RegistryFailing, RegistryProtocolError, RegistryTimeout
+from imagebuilder.lock.index import PackageIndex
+from imagebuilder.registry.api import RegistryDenied, RegistryFailing, RegistryProtocolError, RegistryTimeout
+from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.manifests import OCI_MANIFEST
+from imagebuilder.registry.retry import HttpFault, Retry, RetryPolicy, Stop, decide, retry_after, send
 
 NOW = datetime(2026, 12, 4, 12, 0, 0, tzinfo=timezone.utc)
 POLICY = RetryPolicy()

@@ -17,9 +17,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from imagebuilder import drift
-from imagebuilder.index import PackageIndex, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned
-from imagebuilder.matrix_load import load_matrix
+from imagebuilder.lock import drift
+from imagebuilder.lock.index import PackageIndex, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned
+from imagebuilder.matrix.load import load_matrix
 from imagebuilder.resources import default_matrix_path
 
 X86 = "platform_system == 'Linux' and platform_machine == 'x86_64'"

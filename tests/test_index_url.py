@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from imagebuilder.index_url import BadIndexUrl, IndexUrl, netrc, parse_index_url
-from imagebuilder.install_steps import NETRC_SECRET_ID
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.image_plan import CredentialsNeedBuildKit
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.build.image_plan import CredentialsNeedBuildKit
+from imagebuilder.build.install_steps import NETRC_SECRET_ID
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.lock.index_url import BadIndexUrl, IndexUrl, netrc, parse_index_url
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 M = load_matrix(SMALL)
@@ -90,7 +90,7 @@ def test_an_index_url_is_one_word_of_the_run_line(url: str) -> None:
 
 
 def test_an_index_error_never_shows_the_urls_password() -> None:
-    from imagebuilder.index import BadIndexAnswer, IndexUnavailable
+    from imagebuilder.lock.index import BadIndexAnswer, IndexUnavailable
 
     answered = BadIndexAnswer(url=f"{WITH_CREDENTIALS}/torch/", detail="HTTP 401 Unauthorized")
     unavailable = IndexUnavailable(host="alice:s3cr3t@mirror.example.com", detail="timed out")

@@ -1,4 +1,4 @@
-"""The wheel groups (imagebuilder/layers.py): every lock splits into them exactly, most shared
+"""The wheel groups (imagebuilder/build/layers.py): every lock splits into them exactly, most shared
 first, and the groups that two releases pin alike are the same pins (so the same layer)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuilder.layers import GROUPS, group_of, wheel_groups
-from imagebuilder.lockfile import Lock, load_locks, parse_lock
+from imagebuilder.build.layers import GROUPS, group_of, wheel_groups
+from imagebuilder.lock.lockfile import Lock, load_locks, parse_lock
 
 LOCKS = load_locks(Path(__file__).resolve().parent.parent / "locks")
 

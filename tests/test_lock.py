@@ -23,16 +23,16 @@ from packaging.version import Version
 
 from support.frozen_index import frozen_html, frozen_index, frozen_json
 from support.real_images import REPO_ROOT, imagebuilder
-from imagebuilder import lock as locking
-from imagebuilder.base_pin import BasePin, pin_base
-from imagebuilder.index import default_index_url
-from imagebuilder.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
-                                   parse_extras, parse_lock)
-from imagebuilder.matrix_load import load_matrix, parse_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, enumerate_matrix, resolve
-from imagebuilder.uv_compile import ResolutionFailed
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.lock import command as locking
+from imagebuilder.lock.base_pin import BasePin, pin_base
+from imagebuilder.lock.index import default_index_url
+from imagebuilder.lock.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
+                                        parse_extras, parse_lock)
+from imagebuilder.lock.uv_compile import ResolutionFailed
+from imagebuilder.matrix.load import load_matrix, parse_matrix
+from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve
 
 MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
 LOCKS = load_locks(REPO_ROOT / "locks")
@@ -134,7 +134,7 @@ def test_every_jupyter_lock_pins_tensorboard_and_the_proxy_that_serves_it() -> N
 
 
 def test_the_notebook_pins_follow_the_python_and_a_python_without_them_is_refused() -> None:
-    from imagebuilder.matrix import NoNotebookPins
+    from imagebuilder.matrix.model import NoNotebookPins
 
     py310, py311 = MATRIX.tools.notebook_for(Version("3.10")), MATRIX.tools.notebook_for(Version("3.11"))
     assert "ipykernel==7.4.0" in py311 and "ipykernel==7.4.0" not in py310  # 7.4.0 declares Requires-Python >=3.11
@@ -254,7 +254,7 @@ def test_the_hash_is_the_content_not_the_names(monkeypatch: pytest.MonkeyPatch, 
     renamed = parse_matrix(MATRIX.text, tmp_path / "site.yaml")  # another file name
     assert render(spec, renamed, RenderOptions(locks=LOCKS, source="https://github.com/acme/images")).inputs_hash \
         == base.inputs_hash
-    monkeypatch.setattr("imagebuilder.render.__version__", "99.0")
+    monkeypatch.setattr("imagebuilder.build.render.__version__", "99.0")
     assert render(spec, MATRIX, RenderOptions(locks=LOCKS)).inputs_hash == base.inputs_hash
     # Editing the smoke tests rebuilds nothing: publish lends the current ones at verify time.
     import imagebuilder.resources as r
@@ -307,7 +307,7 @@ def test_a_locked_build_installs_exactly_the_lock_and_protects_torch() -> None:
 
 
 def test_the_sbom_lists_venv_distributions_with_the_locks_hashes_and_dpkg_packages(tmp_path: Path) -> None:
-    from imagebuilder import sbom
+    from imagebuilder.trust import sbom
 
     site = tmp_path / "venv/lib/python3.11/site-packages"
     for name, version in (("torch", "2.6.0"), ("Typing_Extensions", "4.16.0")):
@@ -536,7 +536,7 @@ def test_the_sbom_lists_torch_with_its_version_and_hash(docker_engine, runtime_i
 @pytest.mark.docker
 def test_a_base_pinned_by_image_id_is_checked_before_the_build(docker_engine, base_image, tmp_path) -> None:
     """A local base without a registry digest: FROM keeps the tag, the build checks the id."""
-    from imagebuilder.build import BaseImageChanged, build_image, check_base
+    from imagebuilder.build.run import BaseImageChanged, build_image, check_base
     from imagebuilder.engine.classic import ClassicBuilder
 
     image_id, _ = docker_engine.image_identity(base_image)
@@ -601,8 +601,8 @@ class RecordingEngine:
 
 
 def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_takes_the_tags(tmp_path) -> None:
-    from imagebuilder.build import SbomMissing, build_image
-    from imagebuilder.labels import SBOM_DIGEST
+    from imagebuilder.build.run import SbomMissing, build_image
+    from imagebuilder.trust.labels import SBOM_DIGEST
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
     engine = RecordingEngine(b'{"bomFormat": "CycloneDX"}\n')
@@ -640,7 +640,7 @@ def test_ctrl_c_while_the_image_is_exported_removes_the_unlabelled_image(tmp_pat
     """Issue 45: the clean-up ran on a failed build only, and Ctrl-C left a 2.7 GB image."""
     import tempfile
 
-    from imagebuilder.build import build_image
+    from imagebuilder.build.run import build_image
 
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -657,7 +657,7 @@ def test_ctrl_c_while_the_image_is_exported_removes_the_unlabelled_image(tmp_pat
 def test_two_builds_of_one_tag_name_different_intermediate_images(tmp_path) -> None:
     """Issue 45: two builds of one tag at once exported to one `-unlabelled` name: the second
     failed with "already exists" and its clean-up removed the first one's image."""
-    from imagebuilder.build import build_image
+    from imagebuilder.build.run import build_image
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
     first, second = RecordingEngine(b"{}"), RecordingEngine(b"{}")
@@ -690,9 +690,9 @@ def test_the_sboms_digest_comes_from_the_step_that_wrote_it_without_reading_the_
     """A foreign platform's image is not unpacked in the store after its build: reading the
     SBOM back would unpack GBs first. sbom.py prints the digest of what it wrote; the label is
     that (and where the step was cached, the image is read, as the test above shows)."""
-    from imagebuilder.build import build_image
-    from imagebuilder.labels import SBOM_DIGEST
-    from imagebuilder.sbom import DIGEST_LINE
+    from imagebuilder.build.run import build_image
+    from imagebuilder.trust.labels import SBOM_DIGEST
+    from imagebuilder.trust.sbom import DIGEST_LINE
 
     image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=LOCKS))
     digest = "sha256:" + "ab" * 32
@@ -704,12 +704,12 @@ def test_the_sboms_digest_comes_from_the_step_that_wrote_it_without_reading_the_
 
 
 def test_sbom_py_prints_the_digest_of_the_file_it_wrote(tmp_path) -> None:
-    from imagebuilder.sbom import DIGEST_LINE
+    from imagebuilder.trust.sbom import DIGEST_LINE
 
     venv = tmp_path / "venv"
     (venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
     out = tmp_path / "sbom.json"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "imagebuilder" / "sbom.py"), str(venv), str(out)],
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "imagebuilder" / "trust" / "sbom.py"), str(venv), str(out)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{DIGEST_LINE} sha256:{hashlib.sha256(out.read_bytes()).hexdigest()}\n"

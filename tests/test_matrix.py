@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from imagebuilder.matrix import MatrixError, MatrixMissing, driver_key
-from imagebuilder.matrix_load import load_matrix, parse_matrix
+from imagebuilder.matrix.load import load_matrix, parse_matrix
+from imagebuilder.matrix.model import MatrixError, MatrixMissing, driver_key
 from imagebuilder.resources import default_matrix_path
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"

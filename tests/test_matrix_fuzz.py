@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from support.fuzz import fuzz_examples
 
 from imagebuilder.errors import BadRequest
-from imagebuilder.matrix import MatrixError
-from imagebuilder.matrix_load import load_matrix, parse_matrix
-from imagebuilder.resolve import enumerate_matrix
+from imagebuilder.matrix.load import load_matrix, parse_matrix
+from imagebuilder.matrix.model import MatrixError
+from imagebuilder.matrix.resolve import enumerate_matrix
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 DATA = yaml.safe_load(SMALL.read_text())

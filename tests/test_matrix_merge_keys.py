@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagebuilder.matrix import MatrixError
-from imagebuilder.matrix_load import parse_matrix
-from imagebuilder.matrix_yaml import compose
+from imagebuilder.matrix._yaml import compose
+from imagebuilder.matrix.load import parse_matrix
+from imagebuilder.matrix.model import MatrixError
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 

@@ -15,9 +15,10 @@ import certifi
 import pytest
 from click.testing import CliRunner
 
-from imagebuilder import atomic, context_folder
+from imagebuilder import atomic
+from imagebuilder.build import context_folder
+from imagebuilder.build.context_folder import OUTPUT_LIST, write_tree
 from imagebuilder.cli import cli
-from imagebuilder.context_folder import OUTPUT_LIST, write_tree
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 RENDER = ("--matrix", str(SMALL), "render", "--torch", "2.6", "--cuda", "12.4", "--os", "debian12")

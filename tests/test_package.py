@@ -24,7 +24,7 @@ def test_wheel_installs_and_renders_in_a_fresh_venv(tmp_path):
     assert "imagebuilder/_data/templates/jupyter.Dockerfile.j2" in names
     assert "smoke_tests/__main__.py" in names
     assert "imagebuilder/_data/locks/torch2.6.0-cu124-py3.10-runtime.txt" in names
-    assert "imagebuilder/sbom.py" in names
+    assert "imagebuilder/trust/sbom.py" in names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

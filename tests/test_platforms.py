@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from imagebuilder.build.per_platform import platform_options
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, parse_base_images,
+                                          parse_platforms)
+from imagebuilder.build.render import RenderedImage
+from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.cli import cli
 from imagebuilder.errors import BadRequest
-from imagebuilder.matrix import VARIANTS
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import platform_options
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.platforms import NoWheelsForPlatform, UnknownPlatform, check_platform, parse_base_images, parse_platforms
-from imagebuilder.render import RenderedImage
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.model import VARIANTS
+from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
 M = load_matrix(default_matrix_path())
@@ -123,8 +124,8 @@ def test_a_platform_jupyter_image_starts_from_that_platforms_runtime():
 def test_a_jupyter_parent_is_rendered_once_per_command_and_platform(monkeypatch):
     """`build --variant all` on two platforms: runtime and devel are each rendered once per
     platform, although jupyter and devel-jupyter need their inputs hashes too."""
-    from imagebuilder import per_platform
-    from imagebuilder.selection import ALL, Selection
+    from imagebuilder.build import per_platform
+    from imagebuilder.matrix.selection import ALL, Selection
 
     rendered: list[tuple[str, str | None]] = []
     real = per_platform.render  # type: ignore[attr-defined]
@@ -150,8 +151,8 @@ def test_a_jupyter_parent_is_rendered_once_per_command_and_platform(monkeypatch)
 
 
 def _arm64_runtime(**options: Any) -> RenderedImage:
-    from imagebuilder.lockfile import load_locks
-    from imagebuilder.render_options import RenderOptions
+    from imagebuilder.build.render_options import RenderOptions
+    from imagebuilder.lock.lockfile import load_locks
 
     locks = load_locks(default_matrix_path().parent / "locks").for_platform("linux/arm64")
     spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
@@ -193,7 +194,7 @@ def test_a_foreign_platform_installs_its_wheels_on_the_build_host():
 
 
 def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated():
-    from imagebuilder.render_options import RenderOptions
+    from imagebuilder.build.render_options import RenderOptions
 
     spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
     image = render(spec, M, RenderOptions(buildkit=True, foreign_platform="linux/arm64"))  # no lock: no shared venv
@@ -202,8 +203,8 @@ def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated(
 
 
 def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
-    from imagebuilder import per_platform
-    from imagebuilder.render_options import RenderOptions
+    from imagebuilder.build import per_platform
+    from imagebuilder.build.render_options import RenderOptions
 
     monkeypatch.setattr(per_platform, "host_platform", lambda: "linux/amd64")
     options = RenderOptions(buildkit=True)
@@ -222,8 +223,8 @@ def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt
 def test_what_builds_nothing_checks_no_platforms_wheels():
     """render --all (and publish --merge-only) build nothing: on an arm64 host, the matrix's 2.6
     images render under their plain tags, as they did, where a build of them is refused."""
-    from imagebuilder import per_platform
-    from imagebuilder.selection import Selection
+    from imagebuilder.build import per_platform
+    from imagebuilder.matrix.selection import Selection
 
     selection = Selection(torch="2.6", cuda="12.4", variant="runtime", os="ubuntu22.04")
     (listed,) = per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"],

@@ -35,26 +35,26 @@ from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle
 from support.registry import LocalRegistry, put_blob, put_manifest, running_registry
 from support.unavailable import _unavailable
 
-from imagebuilder.publish.plan import dated_ref, plan, RunOptions, Step
-from imagebuilder.publish.report import format_plan, format_summary, PublishFailed, raise_if_failed
-from imagebuilder.publish.lookup import lookup
-from imagebuilder.publish.run import publish
-from imagebuilder.publish.blobs import check_before, published_layers
-from imagebuilder.labels import INPUTS_HASH as HASH
+from imagebuilder.build.image_contents import SBOM_PATH
+from imagebuilder.build.layers import wheel_groups
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render import RenderedImage
+from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.engine.classic import ClassicBuilder
-from imagebuilder.layers import wheel_groups
-from imagebuilder.lockfile import load_locks, locks_dir
-from imagebuilder.matrix_load import load_matrix
+from imagebuilder.lock.lockfile import load_locks, locks_dir
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
+from imagebuilder.publish.blobs import check_before, published_layers
+from imagebuilder.publish.lookup import lookup
+from imagebuilder.publish.plan import dated_ref, plan, RunOptions, Step
 from imagebuilder.publish.plan import BUILD, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, Remote
-from imagebuilder.reference import parse_reference
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.manifests import INDEXES, OCI_MANIFEST, pick_manifest
-from imagebuilder.image_contents import SBOM_PATH
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render import RenderedImage
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.publish.report import format_plan, format_summary, PublishFailed, raise_if_failed
+from imagebuilder.publish.run import publish
+from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest
+from imagebuilder.registry.reference import parse_reference
 from imagebuilder.resources import default_matrix_path
+from imagebuilder.trust.labels import INPUTS_HASH as HASH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = REPO_ROOT / "tests" / "data" / "matrix-small.yaml"
@@ -581,7 +581,7 @@ def _api(reg: LocalRegistry, ref: str) -> tuple[str, str]:
 def _push_stand_in(reg: LocalRegistry, ref: str, platform: str, layer: bytes | None = None) -> str:
     """Put a tiny image of `platform` under `ref`, as a per-platform publish job would have (with
     `layer`: that one layer, as it is); its digest."""
-    from imagebuilder.manifests import DOCKER_MANIFEST
+    from imagebuilder.registry.manifests import DOCKER_MANIFEST
 
     url, tag = _api(reg, ref)
     os_name, _, architecture = platform.partition("/")
@@ -610,7 +610,7 @@ def _upload_blob(url: str, data: bytes) -> str:
 
 
 def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | None:
-    from imagebuilder.manifests import ACCEPT
+    from imagebuilder.registry.manifests import ACCEPT
 
     url, tag = _api(reg, ref)
     try:
@@ -624,8 +624,8 @@ def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | 
 
 def _merge_images(registry: str) -> list[RenderedImage]:
     """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
-    from imagebuilder.per_platform import Reading, each_platform
-    from imagebuilder.selection import Selection
+    from imagebuilder.build.per_platform import Reading, each_platform
+    from imagebuilder.matrix.selection import Selection
 
     matrix = load_matrix(default_matrix_path())
     opts = RenderOptions(repository=f"{registry}/pytorch")
@@ -663,7 +663,7 @@ def _merge(registry: str, *extra: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.registry
 def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_rest(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
-    from imagebuilder.manifests import OCI_INDEX
+    from imagebuilder.registry.manifests import OCI_INDEX
 
     registry = f"{fresh_registry.address}/ns"
     refs = [ref for image in _merge_images(registry) for ref in image.refs]
@@ -704,7 +704,7 @@ def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_
 def _push_index_stand_in(reg: LocalRegistry, ref: str, platforms: tuple[str, ...]) -> dict[str, str]:
     """Put an OCI index under `ref` over a tiny image of each of `platforms`, as the containerd store
     pushes a multi-platform image; platform -> its image's digest."""
-    from imagebuilder.manifests import ACCEPT, OCI_INDEX
+    from imagebuilder.registry.manifests import ACCEPT, OCI_INDEX
 
     url, tag = _api(reg, ref)
     entries, digests = [], {}
@@ -756,7 +756,7 @@ def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a
     """What --report lists of an image published for two platforms, read through the registry
     API: each platform manifest's layer with its digest and size; and what a push would have
     asked first, a HEAD of each in the image's repository (another repository has none)."""
-    from imagebuilder.signing import pinned
+    from imagebuilder.trust.signing import pinned
 
     ref = f"{fresh_registry.address}/ns/pytorch:2.11-runtime"
     layers = {platform: os.urandom(1000 + n) for n, platform in enumerate(BOTH)}
@@ -809,7 +809,7 @@ def test_merge_only_dry_run_lists_the_plan_and_leaves_the_registry_byte_identica
 @pytest.mark.registry
 def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_plan(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
-    from imagebuilder.platforms import platform_tags
+    from imagebuilder.build.platforms import platform_tags
 
     registry = f"{fresh_registry.address}/ns"
     (runtime,) = [image for image in _merge_images(registry) if image.spec.variant == "runtime"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from imagebuilder.publish.blobs import Before, check_before, Layer, Layers, published_layers, pushed_layers
-from imagebuilder.manifests import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
+from imagebuilder.registry.manifests import DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
 
 REPOSITORY = "127.0.0.1:5999/ml/pytorch"
 GZIP, ZSTD = "application/vnd.docker.image.rootfs.diff.tar.gzip", "application/vnd.oci.image.layer.v1.tar+zstd"

@@ -30,10 +30,10 @@ from support.unavailable import _unavailable
 from support.replay import cli_replaying, verify_replaying
 
 from imagebuilder.engine.export import cache_ref
-from imagebuilder.reference import RegistryTarget
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.manifests import INDEXES, pick_manifest
-from imagebuilder.signing import pinned
+from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.manifests import INDEXES, pick_manifest
+from imagebuilder.registry.reference import RegistryTarget
+from imagebuilder.trust.signing import pinned
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 
@@ -202,7 +202,7 @@ def test_the_report_lists_each_layer_and_whether_the_registry_had_it(bk_publishe
 
 
 def test_the_published_image_carries_provenance_of_where_it_was_built_from(bk_published: dict[str, Any]) -> None:
-    from imagebuilder.provenance import built_from
+    from imagebuilder.trust.provenance import built_from
 
     predicate = HttpRegistry(config={}).provenance(bk_published["runtime"]["ref"])
     assert predicate is not None and "slsa.dev/provenance" in predicate["predicateType"]

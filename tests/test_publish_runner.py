@@ -17,25 +17,25 @@ import pytest
 
 from support.fakes import TickingBuild
 
-from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
-                                     Remote, RunOptions, Step)
-from imagebuilder.publish.run import publish
-from imagebuilder.publish.estargz import Converted, EstargzPublisher, split_export
-from imagebuilder.estargz.profile import StartProfile
-from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
-from imagebuilder.publish.ledger import report_document
-from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
+from imagebuilder.build.per_platform import Reading, each_platform
+from imagebuilder.build.render import RenderedImage
+from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.engine.api import (NO_ACCESS, BuilderKind, BuildRequest, BuildResult, HostAccess, OnProgress, Pushed,
                                      RunResult)
 from imagebuilder.engine.errors import PushFailed
 from imagebuilder.engine.errors import BuildFailed
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.manifests import OCI_MANIFEST
-from imagebuilder.per_platform import Reading, each_platform
-from imagebuilder.selection import Selection
-from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING
-from imagebuilder.render import RenderedImage
-from imagebuilder.render_options import RenderOptions
+from imagebuilder.estargz.profile import StartProfile
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.selection import Selection
+from imagebuilder.publish.estargz import Converted, EstargzPublisher, split_export
+from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
+from imagebuilder.publish.ledger import report_document
+from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
+                                       Remote, RunOptions, Step)
+from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
+from imagebuilder.publish.run import publish
+from imagebuilder.registry.manifests import OCI_MANIFEST
+from imagebuilder.trust.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING
 from imagebuilder.verify.preflight import PreflightItem
 from imagebuilder.verify.report import VerifyReport
 from smoke_tests.result import FAIL, PASS, Result
@@ -272,7 +272,7 @@ def test_no_push_verifies_and_leaves_the_registry_alone():
 # --- the containerd image store: what is pushed is the image verify ran --------------------
 
 from imagebuilder.engine.export import Compression, Export  # noqa: E402
-from imagebuilder.reference import RegistryTarget  # noqa: E402
+from imagebuilder.registry.reference import RegistryTarget  # noqa: E402
 
 ZSTD_EXPORT = Export(Compression("zstd"), provenance=True)
 CACHE_REGISTRY = RegistryTarget("127.0.0.1:5999", "ml")
@@ -624,7 +624,7 @@ def test_a_registry_image_that_differs_in_config_or_compression_is_pushed_over(p
 
 def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_run() -> None:
     """The check before the push reads the registry: its failure is the image's push failure."""
-    from imagebuilder.registry import RegistryUnavailable
+    from imagebuilder.registry.api import RegistryUnavailable
 
     class Down(CannedPublished):
         def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
@@ -639,8 +639,8 @@ def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_
 
 # --------------------------------------------------------------------------- the report's layers
 
-from imagebuilder.manifests import OCI_INDEX  # noqa: E402
-from imagebuilder.registry import RegistryUnavailable  # noqa: E402
+from imagebuilder.registry.api import RegistryUnavailable  # noqa: E402
+from imagebuilder.registry.manifests import OCI_INDEX  # noqa: E402
 
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 CACHED, SHARED, UNCACHED = ("sha256:" + n * 64 for n in ("f", "e", "7"))  # CannedCache lists e and f
@@ -871,17 +871,17 @@ def test_merge_only_refuses_an_index_over_an_image_of_another_platform(monkeypat
     failed index named with why, and nothing PUT for it."""
     from click.testing import CliRunner
 
-    import imagebuilder.http_registry
+    import imagebuilder.registry.client
+    from imagebuilder.build.per_platform import render_spec as render
     from imagebuilder.cli import cli
-    from imagebuilder.per_platform import render_spec as render
-    from imagebuilder.resolve import Request, resolve
+    from imagebuilder.matrix.resolve import Request, resolve
     from imagebuilder.resources import default_matrix_path
 
     matrix = load_matrix(default_matrix_path())  # (the small matrix has no arm64 wheels)
     request = Request("2.11", "13.0", python="3.11", os="debian12", variant="runtime")
     refs = render(resolve(matrix, request), matrix, RenderOptions(repository="127.0.0.1:5999/ml/pytorch")).refs
     registry = _two_platforms(*refs, arm64="linux/amd64")
-    monkeypatch.setattr(imagebuilder.http_registry, "HttpRegistry", lambda **kwargs: registry)
+    monkeypatch.setattr(imagebuilder.registry.client, "HttpRegistry", lambda **kwargs: registry)
     result = CliRunner().invoke(cli, ["publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os",
                                       "debian12", "--variant", "runtime", "--registry", "127.0.0.1:5999/ml",
                                       "--platform", "linux/amd64,linux/arm64", "--merge-only"])
@@ -901,7 +901,7 @@ class DualBlobs(CannedBlobs):
     signed: list[str] = field(default_factory=list)
 
     def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
-        from imagebuilder.manifests import index_document, platform_entries
+        from imagebuilder.registry.manifests import index_document, platform_entries
 
         return index_document([e for digest, platform in children
                                for e in platform_entries(platform, "application/vnd.oci.image.manifest.v1+json", 9,
@@ -914,7 +914,7 @@ class DualBlobs(CannedBlobs):
 
 def test_gzip_zstd_exports_gzip_after_the_verified_zstd_image_and_pushes_one_index_over_both() -> None:
     from imagebuilder.engine.export import gzip_ref
-    from imagebuilder.manifests import ZSTD_ANNOTATION
+    from imagebuilder.registry.manifests import ZSTD_ANNOTATION
 
     engine = CannedStore()
     (image,) = images()

@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from support.real_images import TEST_REPOSITORY_PREFIX, ca_bundle_args, imagebuilder
-from imagebuilder.build import python_download_hint
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.build.run import python_download_hint
 from imagebuilder.cli import cli
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
 M = load_matrix(default_matrix_path())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.unavailable import _unavailable
 
-from imagebuilder.render import PYTHON_START, PYTHON_START_TEMPLATE, _environment
+from imagebuilder.build.render import PYTHON_START, PYTHON_START_TEMPLATE, _environment
 from imagebuilder.resources import templates_dir
 
 UID = 54321  # in no passwd file here

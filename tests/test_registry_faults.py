@@ -25,23 +25,23 @@ from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
 from test_publish_runner import images
 
-from imagebuilder import http_retry
-from imagebuilder.publish.indexes import WRITE, WRITTEN, MergeIncomplete, plan_indexes, write_indexes
-from imagebuilder.publish.plan import PUSHED, SKIPPED, Outcome, plan
-from imagebuilder.publish.report import raise_if_failed
-from imagebuilder.publish.ledger import Ledger
-from imagebuilder.cosign import Cosign, CosignTimedOut
 from imagebuilder.engine.api import BuildRequest
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.errors import PushFailed, push_cause
 from imagebuilder.errors import BadRequest
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.http_retry import RetryPolicy
-from imagebuilder.manifests import OCI_MANIFEST
+from imagebuilder.publish.indexes import WRITE, WRITTEN, MergeIncomplete, plan_indexes, write_indexes
+from imagebuilder.publish.ledger import Ledger
+from imagebuilder.publish.plan import PUSHED, SKIPPED, Outcome, plan
 from imagebuilder.publish.push import incomplete
-from imagebuilder.registry import RegistryTimeout
-from imagebuilder.signature_check import SIGNED, UNKNOWN, UNSIGNED, check_image
-from imagebuilder.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, pinned, signature_tag
+from imagebuilder.publish.report import raise_if_failed
+from imagebuilder.registry import retry as http_retry
+from imagebuilder.registry.api import RegistryTimeout
+from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.manifests import OCI_MANIFEST
+from imagebuilder.registry.retry import RetryPolicy
+from imagebuilder.trust.cosign import Cosign, CosignTimedOut
+from imagebuilder.trust.signature_check import SIGNED, UNKNOWN, UNSIGNED, check_image
+from imagebuilder.trust.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, pinned, signature_tag
 
 if TYPE_CHECKING:
     from imagebuilder.engine.docker import DockerEngine
@@ -329,7 +329,7 @@ def test_a_registry_that_never_answers_is_never_silence(silent: str, monkeypatch
 @pytest.mark.registry
 def test_cosign_reading_a_stalled_registry_says_so_and_stops_at_the_timeout(silent: str, keys: dict[str, Path],
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("imagebuilder.cosign.HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("imagebuilder.trust.cosign.HEARTBEAT_S", 0.5)
     lines: list[str] = []
     cosign = Cosign(timeout=2, say=lines.append, timeout_option="--registry-timeout")
     target = f"{silent}/ns/pytorch@sha256:" + hashlib.sha256(b"x").hexdigest()
@@ -421,7 +421,7 @@ def _merge_stand_ins(upstream: str, address: str) -> list[str]:
     the per-platform jobs would have pushed them; the tags (no repository)."""
     from test_publish import BOTH, _merge_images, _platform_ref
 
-    from imagebuilder.reference import parse_reference
+    from imagebuilder.registry.reference import parse_reference
 
     refs = [ref for image in _merge_images(f"{address}/{NS}") if image.spec.variant == "runtime" for ref in image.refs]
     for ref in refs:
@@ -499,7 +499,7 @@ SMALL_PUBLISH = """
 import sys, tempfile
 from pathlib import Path
 from imagebuilder import cli
-from imagebuilder.build import Built
+from imagebuilder.build.run import Built
 from imagebuilder.engine.api import BuildRequest
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.publish import run

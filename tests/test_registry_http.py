@@ -1,4 +1,4 @@
-"""The registry HTTP client publish and verify use (imagebuilder.http_registry, registry_auth,
+"""The registry HTTP client publish and verify use (imagebuilder.registry: client, auth,
 reference): references and targets as tables, docker's credentials and CA trust, challenges, and
 against a real local registry (Debian's docker-registry, support.registry) or a stand-in HTTP
 server: a login, blob mounts, a redirected HEAD, a registry that does not answer. No engine.
@@ -24,12 +24,12 @@ from support.registry import running_registry
 from support.unavailable import require_module
 
 from imagebuilder.errors import BadRequest, ImageBuilderError
-from imagebuilder.reference import parse_reference
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.manifests import pick_manifest
-from imagebuilder.reference import RegistryTarget
-from imagebuilder.registry import RegistryUnavailable
-from imagebuilder.registry_auth import credentials_for, parse_challenge, is_insecure_by_default
+from imagebuilder.registry.api import RegistryUnavailable
+from imagebuilder.registry.auth import credentials_for, parse_challenge, is_insecure_by_default
+from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.manifests import pick_manifest
+from imagebuilder.registry.reference import parse_reference
+from imagebuilder.registry.reference import RegistryTarget
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = REPO_ROOT / "tests" / "data" / "matrix-small.yaml"

@@ -88,8 +88,8 @@ def estargz_image(request: pytest.FixtureRequest, docker_engine: Any, registry: 
     """The small image, built on this host's daemon as zstd and pushed by publish's eStargz
     publisher (as eStargz or zstd:chunked) with its start profile; its local image and the
     BuildKit records of its build (by their unique marker) are removed after."""
-    from imagebuilder.http_registry import HttpRegistry
     from imagebuilder.publish.estargz import LEVELS, EstargzPublisher
+    from imagebuilder.registry.client import HttpRegistry
 
     tag = uuid.uuid4().hex[:12]
     repository = f"imagebuilder-test/lazy-{tag}"

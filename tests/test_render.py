@@ -14,14 +14,14 @@ import pytest
 
 from packaging.version import Version
 
-from imagebuilder.certificates import CertificateError, read_ca_bundle
-from imagebuilder.matrix import VARIANTS, driver_key
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.context_folder import ForeignFolder, write_tree
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.build.context_folder import ForeignFolder, write_tree
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.model import VARIANTS, driver_key
+from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
+from imagebuilder.trust.certificates import CertificateError, read_ca_bundle
 
 HERE = Path(__file__).parent
 M = load_matrix(HERE / "data" / "matrix-small.yaml")
@@ -240,7 +240,7 @@ def _torch_layers(dockerfile: str) -> str:
 
 
 def _buildkit_render(torch: str, cuda: str, variant: str, os: str = "debian12"):
-    from imagebuilder.lockfile import load_locks
+    from imagebuilder.lock.lockfile import load_locks
 
     matrix = load_matrix(default_matrix_path())
     locks = load_locks(default_matrix_path().parent / "locks")
@@ -292,7 +292,7 @@ def test_images_of_other_cuda_versions_with_the_same_wheels_share_the_torch_laye
 
 
 def test_the_classic_builder_and_jupyter_keep_their_own_install():
-    from imagebuilder.lockfile import load_locks
+    from imagebuilder.lock.lockfile import load_locks
 
     matrix = load_matrix(default_matrix_path())
     locks = load_locks(default_matrix_path().parent / "locks")
@@ -312,8 +312,8 @@ def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_p
     COMPILE_CACHE, which one volume keeps: made by the RUN that adds the user (mode 1777, a fixed
     time), named by the final stage's ENV (which makes no layer), in every way an image is built:
     classic, classic with a CA (two stages), BuildKit's shared venv, arm64's native wheels."""
-    from imagebuilder.image_contents import COMPILE_CACHE
-    from imagebuilder.lockfile import load_locks
+    from imagebuilder.build.image_contents import COMPILE_CACHE
+    from imagebuilder.lock.lockfile import load_locks
 
     assert COMPILE_CACHE == "/home/torch/.cache/torch"
     ca = tmp_path / "ca.pem"
@@ -356,8 +356,8 @@ def test_every_image_carries_the_cluster_run_contract():
     """Issue 42, for every image of the matrix: the OS's RDMA libraries in the final apt install,
     PYTORCH_VERSION (torch's version) in the ENV enroot's pytorch hook reads, and the module every
     Python start imports (imagebuilder.pth's second line) in the context, knowing the image's caches."""
-    from imagebuilder.image_contents import COMPILE_CACHE
-    from imagebuilder.render import PYTHON_START
+    from imagebuilder.build.image_contents import COMPILE_CACHE
+    from imagebuilder.build.render import PYTHON_START
 
     matrix = load_matrix(default_matrix_path())
     rdma = {"debian12": "ibverbs-providers libibverbs1 librdmacm1", "debian13": "ibverbs-providers libibverbs1 librdmacm1t64",
@@ -380,8 +380,8 @@ def test_the_templates_read_a_small_context_and_every_key_of_it():
     values grouped into small frozen values read by attribute), each of them used."""
     import re
 
-    from imagebuilder.image_plan import plan_image
-    from imagebuilder.render import DRAFT, _context
+    from imagebuilder.build.image_plan import plan_image
+    from imagebuilder.build.render import DRAFT, _context
     from imagebuilder.resources import carried_files, templates_dir
 
     spec = resolve(M, Request("2.6", "12.4", variant="devel"))

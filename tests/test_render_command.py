@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from imagebuilder.build.platforms import arch, host_platform
 from imagebuilder.cli import cli
-from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
-from imagebuilder.platforms import arch, host_platform
+from imagebuilder.matrix.model import JUPYTER_PARENTS, VARIANTS
 
 # CUDA 13.0 has a devel image on every OS (nvcc from PyPI), so every variant renders on both.
 REQUEST = ["--torch", "2.13", "--cuda", "13.0"]

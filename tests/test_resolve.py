@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from imagebuilder.build.tags import labels_for, tags_for
 from imagebuilder.errors import BadRequest
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve
 from imagebuilder.resources import default_matrix_path
-from imagebuilder.tags import labels_for, tags_for
 from smoke_tests.driver import PASS, judge_driver
 
 M = load_matrix(Path(__file__).parent / "data" / "matrix-small.yaml")
@@ -128,7 +128,7 @@ def test_enumeration_leaves_out_what_cannot_be_built_and_filters():
 def test_default_python_is_one_torch_ships(os_python, shipped, expected):
     from dataclasses import replace
 
-    from imagebuilder.resolve import default_python
+    from imagebuilder.matrix.resolve import default_python
 
     torch = replace(M.torches["2.6"], pythons=tuple(Version(p) for p in shipped))
     os = replace(M.oses["ubuntu22.04"], python=Version(os_python))

@@ -32,18 +32,18 @@ from support.replay import verify_replaying
 from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
 from test_publish_runner import images as canned_images
 
-from imagebuilder import cosign, signature_check, signing
-from imagebuilder.publish.plan import BUILD, FAILED, PUSHED, SKIP, Outcome, plan, Remote, RunOptions, Step
-from imagebuilder.publish.run import publish, Verifier
-from imagebuilder.publish.report import format_summary, PublishFailed, raise_if_failed
+from imagebuilder.build.image_contents import SBOM_PATH
+from imagebuilder.build.render import RenderedImage
+from imagebuilder.engine.buildkit import BuildKitBuilder
 from imagebuilder.publish.indexes import UNCHANGED, WRITTEN, plan_indexes, write_indexes
 from imagebuilder.publish.lookup import lookup
-from imagebuilder.labels import SBOM_DIGEST
-from imagebuilder.engine.buildkit import BuildKitBuilder
-from imagebuilder.image_contents import SBOM_PATH
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.render import RenderedImage
+from imagebuilder.publish.plan import BUILD, FAILED, PUSHED, SKIP, Outcome, plan, Remote, RunOptions, Step
+from imagebuilder.publish.report import format_summary, PublishFailed, raise_if_failed
+from imagebuilder.publish.run import publish, Verifier
+from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.resources import default_matrix_path
+from imagebuilder.trust import cosign, signature_check, signing
+from imagebuilder.trust.labels import SBOM_DIGEST
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH, CUDA, OS = SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS  # conftest's signed_publish
@@ -92,8 +92,8 @@ def test_an_attested_sbom_hashes_to_the_label_the_image_carries(tmp_path: Path) 
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.6.0+cu124\n")
     out = tmp_path / "sbom.cdx.json"
-    subprocess.run([sys.executable, str(REPO_ROOT / "imagebuilder" / "sbom.py"), str(tmp_path / "venv"), str(out)],
-                   check=True, timeout=60)
+    sbom_py = REPO_ROOT / "imagebuilder" / "trust" / "sbom.py"
+    subprocess.run([sys.executable, str(sbom_py), str(tmp_path / "venv"), str(out)], check=True, timeout=60)
     written = out.read_bytes()
     document = json.loads(written)
     assert signing.sbom_bytes(document) == written

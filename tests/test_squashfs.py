@@ -24,12 +24,12 @@ from support.real_images import REPO_ROOT
 from support.registry import throwaway_registry
 from support.unavailable import _unavailable
 from imagebuilder.cli import cli
-from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.publish.squashfs import SquashfsPublisher
-from imagebuilder.signing import KeySigner
+from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.squashfs.artifact import ARTIFACT_TYPE, IMAGE_DIGEST, fallback_tag, find_artifact
 from imagebuilder.squashfs.enroot import enroot_files, rc_script
 from imagebuilder.squashfs.layers import Applied, UnsafeLayer, apply_layer, entry_path, finish, whiteout
+from imagebuilder.trust.signing import KeySigner
 
 IMPORTER = REPO_ROOT / "contrib" / "pyxis-importer"
 

@@ -28,8 +28,8 @@ from squashfs_images import E, push_image
 from support.real_images import REPO_ROOT
 from support.unavailable import _unavailable
 from imagebuilder.cli import cli
-from imagebuilder.http_registry import HttpRegistry
 from imagebuilder.publish.squashfs import SquashfsPublisher
+from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.squashfs.artifact import CHUNKS_TYPE, LAYER_TYPE, push_artifact
 from imagebuilder.squashfs.chunk_cache import ChunkCache
 from imagebuilder.squashfs.chunks import BadChunkTable, ChunkCorrupt, ChunkTable, parse_table, table_of

@@ -8,10 +8,10 @@ import json
 import pytest
 from packaging.version import Version
 
-from imagebuilder.lockfile import parse_lock, requirements
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.lock.lockfile import parse_lock, requirements
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
 from support.real_images import DEVEL_CUDA, DEVEL_TORCH
@@ -70,7 +70,7 @@ def test_every_lock_of_such_a_release_pins_torchcodec_and_protects_it():
 
 
 def test_the_matrix_refuses_torchcodec_without_the_os_ffmpeg(tmp_path):
-    from imagebuilder.matrix import MatrixError
+    from imagebuilder.matrix.model import MatrixError
 
     text = default_matrix_path().read_text()
     text = text.replace("ffmpeg: [libavcodec59, libavdevice59, libavfilter8, libavformat59, libavutil57, "

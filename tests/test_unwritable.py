@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from packaging.version import Version
 
 from imagebuilder.cli import cli
-from imagebuilder.lockfile import Lock, LocksUnwritable, write_locks
+from imagebuilder.lock.lockfile import Lock, LocksUnwritable, write_locks
 
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 
@@ -53,15 +53,15 @@ def test_a_locks_folder_that_was_there_stays(tmp_path, monkeypatch) -> None:
 
 def test_the_progress_line_claims_a_resolution_not_a_lock() -> None:
     """`lock` printed "locked, 29 packages" and then failed to write; `wrote PATH` is the claim."""
-    from imagebuilder.lock import outcome_line
+    from imagebuilder.lock.command import outcome_line
 
     line = outcome_line("x", Lock("x", (), "", "", ()))
     assert line == "x: resolved, 0 packages"
 
 
 def test_matrix_add_on_a_full_file_system_is_one_line_and_leaves_the_matrix(tmp_path, monkeypatch) -> None:
-    from imagebuilder import matrix_add
-    from imagebuilder.matrix_add import NewRelease, Variant
+    from imagebuilder.matrix import add as matrix_add
+    from imagebuilder.matrix.add import NewRelease, Variant
 
     variant = Variant("cu128", Version("12.8.90"), Version("9.10.2.21"), Version("2.27.5"),
                       "https://download.pytorch.org/whl/cu128", "test: Requires-Dist")

@@ -34,7 +34,7 @@ def test_checks_for_a_variant(variant: str | None, expected: tuple[str, ...]) ->
 
 def test_the_images_run_the_checks_the_variant_registry_names() -> None:
     """smoke_tests runs without imagebuilder, so it keeps its own table; it is the registry's."""
-    from imagebuilder.variants import REGISTRY, checks_of
+    from imagebuilder.matrix.variants import REGISTRY, checks_of
 
     assert {name: checks_for(name) for name in REGISTRY} == {name: BASE + checks_of(name) for name in REGISTRY}
 

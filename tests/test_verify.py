@@ -22,16 +22,16 @@ import pytest
 from support.host_runs import host_verify
 
 from imagebuilder.engine.api import NO_ACCESS, BuildRequest, HostAccess, RunResult
-from imagebuilder.engine.errors import ContainerFailed, GpuUnavailable
 from imagebuilder.engine.classic import ClassicBuilder
-from imagebuilder.http_registry import HttpRegistry
-from imagebuilder.registry import RegistryUnavailable
-from imagebuilder.verify.report import NOT_RUN, VerificationFailed, VerifyReport
-from imagebuilder.verify.preflight import daemon_runtime, Gpu, HostFacts, parse_nvidia_smi, preflight, read_gpu_probe
+from imagebuilder.engine.errors import ContainerFailed, GpuUnavailable
+from imagebuilder.registry.api import RegistryUnavailable
+from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.verify.lend import expected_from_torch
-from imagebuilder.verify.output import parse_output
-from imagebuilder.verify.run import run_process, verify_image, verify_local
 from imagebuilder.verify.lend import LENT_MANIFEST, PROBE_PREFIX
+from imagebuilder.verify.output import parse_output
+from imagebuilder.verify.preflight import daemon_runtime, Gpu, HostFacts, parse_nvidia_smi, preflight, read_gpu_probe
+from imagebuilder.verify.report import NOT_RUN, VerificationFailed, VerifyReport
+from imagebuilder.verify.run import run_process, verify_image, verify_local
 from smoke_tests.result import Result
 
 if TYPE_CHECKING:

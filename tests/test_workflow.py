@@ -327,7 +327,7 @@ def test_locks_workflow_check_step_finds_drift_and_the_refresh_step_fixes_it(
     matrix and its locks, restricted to the image CI builds."""
     if not (Path(sys.executable).parent / "uv").exists() and shutil.which("uv") is None:
         _unavailable("uv is not installed (.ci/setup installs it)")
-    from imagebuilder.lockfile import parse_lock
+    from imagebuilder.lock.lockfile import parse_lock
     from packaging.version import Version
 
     shutil.copy(REPO_ROOT / "matrix.yaml", tmp_path / "matrix.yaml")

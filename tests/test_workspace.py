@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 
 from support.real_images import DEVEL_CUDA, DEVEL_TORCH, E2E_OS, ca_bundle_args, imagebuilder
-from imagebuilder.image_contents import ENTRYPOINT
-from imagebuilder.matrix import JUPYTER_PARENTS, VARIANTS
-from imagebuilder.matrix_load import load_matrix
-from imagebuilder.per_platform import render_spec as render
-from imagebuilder.render_options import RenderOptions
-from imagebuilder.resolve import Request, resolve
+from imagebuilder.build.image_contents import ENTRYPOINT
+from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.matrix.load import load_matrix
+from imagebuilder.matrix.model import JUPYTER_PARENTS, VARIANTS
+from imagebuilder.matrix.resolve import Request, resolve
 from smoke_tests.shm import NCCL_SHM_MIN_BYTES, shm_bytes, shm_too_small
 
 HERE = Path(__file__).parent
@@ -63,9 +63,9 @@ def test_devel_jupyter_is_built_from_its_devel_image_and_tagged_beside_jupyter()
 def test_variant_all_and_the_matrix_include_devel_jupyter():
     from click.testing import CliRunner
 
+    from imagebuilder.build.per_platform import Reading, each_platform
     from imagebuilder.cli import cli
-    from imagebuilder.per_platform import Reading, each_platform
-    from imagebuilder.selection import ALL, Selection
+    from imagebuilder.matrix.selection import ALL, Selection
 
     assert JUPYTER_PARENTS == {"jupyter": "runtime", "devel-jupyter": "devel"}
     # What `build --variant all` builds, parents before the jupyter images made FROM them.

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from imagebuilder.engine import Builder, BuildRequest, BuildResult
-from imagebuilder.matrix import Matrix
+from imagebuilder.matrix.model import Matrix
 
 HERE = Path(__file__).resolve().parent
 # A lock installed by uv on a base with `packages`, nothing else (bench_build, bench_publish).

@@ -1,7 +1,7 @@
 """What the rest of imagebuilder sees of a container engine: value objects and small protocols.
 
-Each protocol is sized to its callers: a `Builder` turns a context into an image (build.py,
-publish.py), an `ImageStore` answers about local images (build.py, base_pin.py, verify.py), a
+Each protocol is sized to its callers: a `Builder` turns a context into an image (build/run.py,
+publish.py), an `ImageStore` answers about local images (build/run.py, lock/base_pin.py, verify.py), a
 `Runner` runs a container (verify.py), a `Pusher` pushes (publish.py), an `ImageInspector`
 reads an image's config (buildkit.py, publish.py). `DockerEngine`
 (docker.py) is all of the last three; the builders are classic.py and buildkit.py, and
@@ -185,7 +185,7 @@ class BackgroundBuilder(Protocol):
 
 
 class ImageStore(Protocol):
-    """The engine's local images, as a build uses them (build.py, base_pin.py)."""
+    """The engine's local images, as a build uses them (build/run.py, lock/base_pin.py)."""
 
     def image_exists(self, ref: str) -> bool: ...
 

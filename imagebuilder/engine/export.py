@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import BadRequest
-from ..reference import RegistryTarget
+from ..registry.reference import RegistryTarget
 
 DUAL = "gzip+zstd"
 ESTARGZ = "estargz"

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import BadRequest
-from ..labels import PROBE
+from ..trust.labels import PROBE
 from .api import Builder, BuilderKind
 from .buildkit import BuildKitBuilder, BuildKitCli
 from .classic import ClassicBuilder

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import ImageBuilderError
-from ..manifests import INDEXES, REFERENCE_DIGEST
+from ..registry.manifests import INDEXES, REFERENCE_DIGEST
 
 SMALL = 4 << 20
 CHUNK = 1 << 20

@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..build import human_size
+from ..build.run import human_size
 from ..errors import ImageBuilderError
-from ..manifests import INDEXES
-from ..signing import ATTESTATION_MANIFEST, pinned
+from ..registry.manifests import INDEXES
+from ..trust.signing import ATTESTATION_MANIFEST, pinned
 
 
 class LayerRegistry(Protocol):
-    """What listing layers needs of a registry (http_registry.HttpRegistry)."""
+    """What listing layers needs of a registry (registry.client.HttpRegistry)."""
 
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None: ...
 

@@ -13,17 +13,17 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 
 from .. import pipeline
+from ..build.render_options import RenderOptions
 from ..engine.api import Builder, Engine
 from ..engine.export import ORDERED, Compression
 from ..errors import BadRequest
-from ..http_retry import RetryPolicy
-from ..matrix import Matrix
-from ..reference import RegistryTarget
-from ..registry import Registry
-from ..render_options import RenderOptions
-from ..selection import Selection
-from .indexes import IndexOutcome, IndexStep
+from ..matrix.model import Matrix
+from ..matrix.selection import Selection
+from ..registry.api import Registry
+from ..registry.reference import RegistryTarget
+from ..registry.retry import RetryPolicy
 from .estargz import NAMES, EstargzPublisher, split_export
+from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
 from .plan import RunOptions, Step
 from .report import EventPrinter, format_indexes, format_plan, format_summary, raise_if_failed
@@ -43,12 +43,12 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
     """`imagebuilder publish` with what its options parsed: the request checked before any daemon or
     registry is asked, the plan printed on `echo`, then the run (or the indexes of a publish that
     builds nothing). `note` and `progress` write the lines of stderr."""
+    from ..build.platforms import parse_platforms
     from ..engine.docker import DockerEngine
     from ..engine.export import choose
     from ..engine.select import CLASSIC, decide, kind_before_probing, make_builder
-    from ..http_registry import HttpRegistry
-    from ..platforms import parse_platforms
-    from ..signing import key_signer
+    from ..registry.client import HttpRegistry
+    from ..trust.signing import key_signer
 
     start = start_profile_command(start_command, compression)
     repository = target.repository(rendering.repository or matrix.defaults.repository)

@@ -18,7 +18,7 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from ..manifests import ZSTD_ANNOTATION, index_document
+from ..registry.manifests import ZSTD_ANNOTATION, index_document
 from .indexes import IndexRegistry
 
 

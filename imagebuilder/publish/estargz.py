@@ -33,15 +33,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from ..build import human_size
+from ..build.platforms import host_platform
+from ..build.run import human_size
 from ..engine.export import ESTARGZ, ORDERED, ZSTD_CHUNKED, Compression, Export
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
 from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
-from ..manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST
-from ..platforms import host_platform
-from ..signing import pinned
+from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST
+from ..trust.signing import pinned
 
 LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
                ZSTD_CHUNKED: "application/vnd.oci.image.layer.v1.tar+zstd"}

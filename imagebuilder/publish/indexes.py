@@ -11,10 +11,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..build.platforms import platform_tags
 from ..errors import ImageBuilderError
-from ..platforms import platform_tags
-from ..reference import parse_reference
-from ..signing import Signed, Signer, has_signature, pinned
+from ..registry.reference import parse_reference
+from ..trust.signing import Signed, Signer, has_signature, pinned
 from .plan import FAILED, SKIP, SKIPPED
 
 # Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import date
 
-from ..labels import INPUTS_HASH
-from ..registry import Registry
-from ..render import RenderedImage
-from ..signing import has_signature, pinned
+from ..build.render import RenderedImage
+from ..registry.api import Registry
+from ..trust.labels import INPUTS_HASH
+from ..trust.signing import has_signature, pinned
 from .plan import Remote, dated_ref
 
 # --------------------------------------------------------------------------- lookup (I/O)

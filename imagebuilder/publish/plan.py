@@ -23,12 +23,12 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..build import Built, build_order
+from ..build.render import RenderedImage
+from ..build.run import Built, build_order
+from ..build.tags import dated_tag, image_ref
 from ..engine.export import Export, gzip_ref
-from ..reference import RegistryTarget, parse_reference
-from ..render import RenderedImage
-from ..signing import Signed, Signer
-from ..tags import dated_tag, image_ref
+from ..registry.reference import RegistryTarget, parse_reference
+from ..trust.signing import Signed, Signer
 from ..verify import DEFAULT_TIMEOUT, VerifyReport
 from .blobs import Layers
 

@@ -15,16 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..build import Built
+from ..build.image_contents import SBOM_PATH
+from ..build.platforms import host_platform
+from ..build.render import RenderedImage
+from ..build.run import Built
 from ..engine.api import Engine
 from ..engine.export import DUAL, Export, cache_ref, gzip_ref
 from ..errors import ImageBuilderError
-from ..image_contents import SBOM_PATH
-from ..labels import SBOM_DIGEST
-from ..platforms import host_platform
-from ..registry import Registry
-from ..render import RenderedImage
-from ..signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
+from ..registry.api import Registry
+from ..trust.labels import SBOM_DIGEST
+from ..trust.signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
 from .blobs import Before, Layers, check_before, published_layers, pushed_layers
 from .dual import dual_index
 from .estargz import Converted, EstargzPublisher

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..build import ProgressPrinter, human_size
+from ..build.run import ProgressPrinter, human_size
 from ..engine.api import Progress
 from ..errors import ImageBuilderError
-from ..reference import parse_reference
+from ..registry.reference import parse_reference
 from ..table import format_table
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
 from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, Step, short

@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from ..build import Built, build_image
+from ..build.platforms import host_platform
+from ..build.render import RenderedImage
+from ..build.run import Built, build_image
 from ..engine.api import Builder, Engine, OnProgress
 from ..engine.export import Export, gzip_ref
 from ..errors import ImageBuilderError
-from ..platforms import host_platform
-from ..registry import Registry
-from ..render import RenderedImage
-from ..signing import Signed, pinned
+from ..registry.api import Registry
+from ..trust.signing import Signed, pinned
 from ..verify import VerifyReport, verify_image
 from .blobs import published_layers
 from .indexes import IndexOutcome, plan_indexes, write_indexes

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ImageBuilderError
-from ..signing import Signed, Signer, pinned
 from ..squashfs.artifact import (BLOCK_SIZE, COMPRESSION, ENROOT_CONFIG, FLATTENED_BY, ArtifactRegistry, Pushed,
                                  find_artifact, push_artifact)
 from ..squashfs.chunks import digest_and_table
@@ -29,11 +28,12 @@ from ..squashfs.fetch import image_digest
 from ..squashfs.make import BLOCK_SIZE as BLOCK_BYTES
 from ..squashfs.make import COMPRESSION as ZSTD
 from ..squashfs.make import LEVEL, LayerRegistry, make_squashfs
+from ..trust.signing import Signed, Signer, pinned
 from .plan import FAILED, PUSHED, RETAGGED, SKIPPED, Outcome
 
 
 class SquashfsRegistry(ArtifactRegistry, LayerRegistry, Protocol):
-    """What publishing a squashfs needs of a registry (http_registry.HttpRegistry)."""
+    """What publishing a squashfs needs of a registry (registry.client.HttpRegistry)."""
 
 
 @dataclass(frozen=True)

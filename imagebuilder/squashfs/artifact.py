@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from ..manifests import OCI_INDEX, OCI_MANIFEST
+from ..registry.manifests import OCI_INDEX, OCI_MANIFEST
 
 ARTIFACT_TYPE = "application/vnd.imagebuilder.squashfs.v1"
 LAYER_TYPE = "application/vnd.imagebuilder.squashfs.layer.v1"
@@ -42,7 +42,7 @@ TITLE = "org.opencontainers.image.title"
 
 
 class ArtifactRegistry(Protocol):
-    """What pushing and finding the artifact needs of a registry (http_registry.HttpRegistry)."""
+    """What pushing and finding the artifact needs of a registry (registry.client.HttpRegistry)."""
 
     def descriptor(self, ref: str) -> dict[str, Any] | None: ...
 

@@ -31,7 +31,7 @@ RECENT = 32
 
 
 class RangeReader(Protocol):
-    """What the cache needs of a registry (http_registry.HttpRegistry)."""
+    """What the cache needs of a registry (registry.client.HttpRegistry)."""
 
     def blob_range(self, ref: str, digest: str, start: int, length: int) -> bytes: ...
 

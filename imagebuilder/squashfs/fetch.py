@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from ..cosign import Cosign
 from ..errors import BadRequest, ImageBuilderError
-from ..manifests import INDEXES
-from ..signing import pinned
+from ..registry.heartbeat import every
+from ..registry.manifests import INDEXES
+from ..trust.cosign import Cosign
+from ..trust.signing import pinned
 from .artifact import ArtifactRegistry, find_artifact
-from ..heartbeat import every
 from .make import HEARTBEAT_S, human, sha256_file
 
 

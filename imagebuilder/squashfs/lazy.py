@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cosign import Cosign
 from ..errors import ImageBuilderError
-from ..heartbeat import every
+from ..registry.heartbeat import every
+from ..trust.cosign import Cosign
 from .artifact import chunk_layer
 from .chunks import parse_table
 from .fetch import FetchError, Fetched, FetchRegistry, checked_artifact, download_squashfs

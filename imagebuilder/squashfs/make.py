@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ..errors import ImageBuilderError
-from ..heartbeat import every
+from ..registry.heartbeat import every
 from .enroot import MOUNT_POINTS, enroot_files
 from .layers import Applied, apply_layer, finish
 
@@ -61,7 +61,7 @@ class BlobCorrupt(SquashfsError):
 
 
 class LayerRegistry(Protocol):
-    """What making the squashfs needs of a registry (http_registry.HttpRegistry)."""
+    """What making the squashfs needs of a registry (registry.client.HttpRegistry)."""
 
     def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None: ...
 

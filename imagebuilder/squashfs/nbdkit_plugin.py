@@ -18,7 +18,7 @@ from typing import Any
 import nbdkit  # type: ignore[import-not-found]  # nbdkit's embedded module, there only inside nbdkit
 
 from imagebuilder.errors import ImageBuilderError
-from imagebuilder.http_registry import HttpRegistry
+from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.squashfs.chunk_cache import ChunkCache
 from imagebuilder.squashfs.chunks import parse_table
 

@@ -15,14 +15,14 @@ from typing import Any, Protocol
 
 from smoke_tests.expected import ManifestError, load_expected
 
+from ..build.platforms import host_platform
 from ..engine.api import Runner
 from ..engine.errors import ContainerFailed, DaemonUnavailable, GpuUnavailable, PullFailed, names_nothing
 from ..engine.export import cannot_pull, compression_of, gzip_ref
 from ..errors import BadRequest
-from ..platforms import host_platform
-from ..provenance import BuiltFrom, built_from
-from ..reference import InvalidReference, names_domain, parse_reference
-from ..registry import RegistryError
+from ..registry.api import RegistryError
+from ..registry.reference import InvalidReference, names_domain, parse_reference
+from ..trust.provenance import BuiltFrom, built_from
 from .preflight import (BUILT_LABEL, CUDA_LABEL, CUDA_RUNTIME_LABEL, CUDA_TOOLKIT_LABEL, MIN_DRIVER_COMPAT_LABEL,
                         MIN_DRIVER_LABEL, NVIDIA_SMI, NVIDIA_SMI_TIMEOUT, Gpu, GpuProbe, HostFacts, daemon_runtime,
                         parse_nvidia_smi, read_gpu_probe)
@@ -30,7 +30,7 @@ from .rdma import PROBE, PROBE_TIMEOUT, RdmaFacts, access_for, read_rdma_probe
 
 
 class RegistryReader(Protocol):
-    """What verify reads from a registry (http_registry.HttpRegistry is one)."""
+    """What verify reads from a registry (registry.client.HttpRegistry is one)."""
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]: ...
 

@@ -16,10 +16,10 @@ from smoke_tests.driver import FAIL as DRIVER_FAIL
 from smoke_tests.driver import judge_driver
 from smoke_tests.result import FAIL, PASS, SKIP
 
-from .. import labels
 from ..engine.api import RunResult
 from ..engine.errors import refuses_gpus
-from ..matrix import driver_key
+from ..matrix.model import driver_key
+from ..trust import labels
 from .rdma import RDMA_ACCESS, RdmaFacts
 
 NVIDIA_SMI_TIMEOUT = 30.0
@@ -169,7 +169,7 @@ def _container_items(facts: HostFacts) -> list[PreflightItem]:
 
 
 def cuda_facts(facts: HostFacts) -> str | None:
-    """Which CUDA is which in the image, as its labels say (build_labels.cuda_labels); None: unlabelled."""
+    """Which CUDA is which in the image, as its labels say (build/_build_labels.py's cuda_labels); None: unlabelled."""
     said = [f"{what} {version}" for what, version in (("CUDA runtime", facts.cuda_runtime),
                                                        ("CUDA toolkit (nvcc)", facts.cuda_toolkit)) if version]
     return ", ".join(said) or None

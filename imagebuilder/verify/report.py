@@ -13,8 +13,8 @@ from smoke_tests.report import check_line, format_table, read_progress, summary
 from smoke_tests.result import Result
 
 from ..errors import BadRequest, ImageBuilderError
-from ..provenance import BuiltFrom
-from ..signature_check import SignatureCheck
+from ..trust.provenance import BuiltFrom
+from ..trust.signature_check import SignatureCheck
 from .preflight import PreflightItem
 from .rdma import RdmaFacts, rdma_warnings
 

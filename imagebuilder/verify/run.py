@@ -21,10 +21,10 @@ from smoke_tests.result import FAIL
 
 from ..engine.api import NO_ACCESS, Runner
 from ..engine.errors import ContainerFailed, GpuUnavailable, ImageMissing
-from ..reference import parse_reference
-from ..cosign import Cosign
-from ..signature_check import Store, check_image
-from ..signing import key_reference
+from ..registry.reference import parse_reference
+from ..trust.cosign import Cosign
+from ..trust.signature_check import Store, check_image
+from ..trust.signing import key_reference
 from .facts import RegistryReader, collect_facts, collect_local_facts, registry_built_from
 from .lend import CONTAINER_SMOKE_TESTS, LENT_MANIFEST, lend_notice, probe_torch, smoke_tests_archive
 from .output import SmokeOutput, in_local, parse_output, tail

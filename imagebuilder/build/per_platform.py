@@ -1,0 +1,140 @@
+"""The one loop over the platforms that build, publish and `render --all` share: per platform,
+the selection settled (the base image's OS), its images chosen (a request or filters), a
+jupyter image's parent added where it is missing, and each image planned (image_plan) and
+rendered (render) once: a parent is rendered once per command and platform, whichever of its
+children needs its inputs hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+from .. import resources
+from ..matrix.model import Matrix
+from ..matrix.resolve import BuildSpec, resolve
+from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
+from .image_plan import image_tags, plan_image, repository_of
+from .platforms import host_platform
+from .render import RenderedImage, render
+from .render_options import RenderOptions
+from .run import build_order
+from .tags import image_ref, tags_for
+
+Exists = Callable[[str], bool]  # image reference -> whether the engine has it
+
+
+def never(ref: str) -> bool:
+    return False
+
+
+@dataclass
+class Renderer:
+    """A command's renders, each image once per options (so once per platform)."""
+
+    matrix: Matrix
+    carried: Mapping[str, bytes] = field(default_factory=lambda: resources.carried_files())
+    done: dict[tuple[str, str, int], RenderedImage] = field(default_factory=dict)
+    _options: list[RenderOptions] = field(default_factory=list)  # kept alive: done is keyed by their id
+
+    def image(self, spec: BuildSpec, options: RenderOptions) -> RenderedImage:
+        key = (spec.key, spec.base_image, id(options))
+        if key not in self.done:
+            parent = self.image(spec.parent, options) if spec.parent is not None else None
+            self._options.append(options)
+            self.done[key] = render(plan_image(spec, self.matrix, options, self.carried, parent))
+        return self.done[key]
+
+
+def render_spec(spec: BuildSpec, matrix: Matrix, options: RenderOptions = RenderOptions()) -> RenderedImage:
+    """One image (a jupyter image's parent rendered first, for its inputs hash)."""
+    return Renderer(matrix).image(spec, options)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a command reads its selection on each platform."""
+
+    request: bool  # build, render: one image per variant asked for; else filters (every match)
+    parents: bool = True  # a jupyter image's parent comes along when it is not selected (nor there)
+    notices: bool = False  # the requested images' notices go to `note`
+    # publish --platform: every platform's images under their own tags, and a release without
+    # CUDA wheels for a platform left out of it (filters, not a request).
+    multi: bool = False
+    # False (publish --merge-only, render --all): nothing is built here, so no platform is
+    # foreign to this host and no release's wheels are checked (filters list what the matrix
+    # has); the images are still planned, for the request's other refusals and their refs.
+    builds: bool = True
+
+
+@dataclass(frozen=True)
+class PlatformImages:
+    platform: str
+    images: tuple[RenderedImage, ...]  # in build order
+    plain_refs: tuple[str, ...]  # every image's refs without a platform's suffix: an index joins them
+
+
+def platform_options(options: RenderOptions, platform: str, *, own_tags: bool = False, builds: bool = True,
+                     host: str | None = None) -> RenderOptions:
+    """Each platform builds from its own lock and, where it `builds`, is checked for its wheels;
+    a foreign one says so (its wheels install natively) and goes under its own tags, as every
+    platform does with `own_tags` (publish --platform)."""
+    if not builds:  # its lock, and nothing else of the platform's: nothing is built for it
+        return replace(options, locks=options.locks.for_platform(platform))
+    foreign = platform != (host or host_platform())
+    return replace(options, locks=options.locks.for_platform(platform), platform=platform,
+                   foreign_platform=platform if foreign else None, platform_tags=foreign or own_tags)
+
+
+def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
+                  reading: Reading, *, read_os_release: ReadOsRelease | None, note: Note,
+                  exists: Exists = never, host: str | None = None) -> list[PlatformImages]:
+    """Every platform's images, each platform's checked before the next is read: nothing is built
+    until the whole list is back."""
+    selection.check_platform_bases(platforms)
+    renderer, out = Renderer(matrix), []
+    for platform in platforms:
+        chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
+        own = platform_options(options, platform, own_tags=reading.multi, builds=reading.builds, host=host)
+        if reading.request:
+            specs = [resolve(matrix, chosen.request(variant)) for variant in chosen.variants]
+        else:
+            specs = select_specs(matrix, chosen)
+            if not specs:
+                raise NothingSelected()
+        if reading.multi:
+            specs = [spec for spec in specs if platform in spec.torch.platforms]
+            if not specs:
+                note(f"no selected release has CUDA wheels for {platform}; nothing to publish for it")
+                continue
+        asked = {spec.key for spec in specs}
+        repository = repository_of(matrix, own)
+        if reading.parents:
+            specs = _with_parents(specs, partial(_ref, matrix, own), exists)
+        images = [renderer.image(spec, own) for spec in specs]
+        if reading.notices:  # the requested images': what their lock and base pin leave unpinned
+            for notice in dict.fromkeys(n for image in images if image.spec.key in asked for n in image.notices):
+                note(notice)
+        refs = tuple(image_ref(repository, tag) for spec in specs for tag in tags_for(spec, matrix))
+        out.append(PlatformImages(platform, tuple(build_order(images) if reading.request else images), refs))
+    return out
+
+
+def _ref(matrix: Matrix, options: RenderOptions, spec: BuildSpec) -> str:
+    """The image's ref as rendered with `options` (its first tag's)."""
+    return image_ref(repository_of(matrix, options), image_tags(spec, matrix, options)[0])
+
+
+def _with_parents(specs: list[BuildSpec], ref: Callable[[BuildSpec], str], exists: Exists) -> list[BuildSpec]:
+    """`specs` plus, before each jupyter image, the runtime or devel image it is built FROM when
+    that one is neither selected nor (per `exists`) already there."""
+    refs = {ref(spec) for spec in specs}
+    out: list[BuildSpec] = []
+    for spec in specs:
+        parent = spec.parent
+        if parent is not None and ref(parent) not in refs and not exists(ref(parent)):
+            out.append(parent)
+            refs.add(ref(parent))
+        out.append(spec)
+    return out
