@@ -111,7 +111,7 @@ from imagebuilder.build.image_contents import USER_ID, VENV  # noqa: E402
 from imagebuilder.registry.client import HttpRegistry  # noqa: E402
 from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest  # noqa: E402
 from imagebuilder.registry.reference import parse_reference  # noqa: E402
-from imagebuilder.table import format_table  # noqa: E402
+from imagebuilder.build.table import format_table  # noqa: E402
 from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
 from remote_engine import limit_rate, remote_engine  # type: ignore[import-not-found]  # noqa: E402
 

@@ -286,7 +286,7 @@ def squashfs_bytes(registry: Any, image: Image) -> int | None:
 
 
 def report(starts: list[SlurmStart], image_bytes: int, squashfs_bytes: int | None) -> None:
-    from imagebuilder.table import format_table
+    from imagebuilder.build.table import format_table
 
     if squashfs_bytes is not None:
         print(f"\nSlurm: registry bytes the squashfs adds: {squashfs_bytes:,} (its blob and manifest) against the "

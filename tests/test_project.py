@@ -91,7 +91,7 @@ def first(signed_publish: dict[str, Any], signing_keys: dict[str, Path], docker_
 @pytest.mark.registry
 def test_the_project_image_is_resolved_built_proven_pushed_and_signed(first: dict[str, Any],
                                                                       signing_keys: dict[str, Path]) -> None:
-    from imagebuilder.cosign import Cosign
+    from imagebuilder.trust.cosign import Cosign
 
     report, folder = first["report"], first["folder"]
     lock = (folder / "imagebuilder-project.lock").read_text()

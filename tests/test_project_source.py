@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from imagebuilder.lockfile import Lock, Pin
+from imagebuilder.lock.lockfile import Lock, Pin
 from imagebuilder.project.lock import ConflictsWithBase, StaleLock, check_against_base, resolve
 from imagebuilder.project.probe import Venv, family_differences
 from imagebuilder.project.render import BaseFacts, render_project

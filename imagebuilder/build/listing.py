@@ -8,7 +8,7 @@ from typing import Any
 
 from ..matrix.model import Matrix
 from ..matrix.selection import Selection, select_specs
-from ..table import format_table
+from .table import format_table
 from .tags import primary_tag
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .. import labels as L
+from ..trust import labels as L
 from ..engine.api import ImageInspector, ImageStore
 from ..errors import BadRequest
-from ..image_contents import VENV
-from ..reference import names_domain, parse_reference
+from ..build.image_contents import VENV
+from ..registry.reference import names_domain, parse_reference
 from .render import BaseFacts
 
 

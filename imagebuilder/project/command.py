@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ..engine.api import Builder, BuildRequest, Engine
 from ..errors import BadRequest, ImageBuilderError
-from ..reference import parse_reference
+from ..registry.reference import parse_reference
 from ..verify.run import verify_image
 from .base import find_base
 from .lock import resolve
@@ -95,7 +95,7 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
         raise NeedsRegistryBase(ref=req.base)
     base, _labels = find_base(engine, req.base, say)
     if req.key is not None:
-        from ..signature_check import check_image
+        from ..trust.signature_check import check_image
 
         checked = check_image(req.base, key=req.key, store=registry, cosign=cosign)
         say(checked.line())

@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from ..errors import BadRequest, ImageBuilderError
-from ..lockfile import Lock, parse_lock
+from ..lock.lockfile import Lock, parse_lock
 from .probe import in_family
 from .source import LOCK_FILE, Project
 

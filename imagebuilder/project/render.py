@@ -15,8 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 from .. import __version__
-from .. import labels as L
-from ..lockfile import Lock
+from ..trust import labels as L
+from ..lock.lockfile import Lock
 from ..resources import templates_dir
 from .source import Project
 

@@ -12,7 +12,7 @@ from ..build.run import ProgressPrinter, human_size
 from ..engine.api import Progress
 from ..errors import ImageBuilderError
 from ..registry.reference import parse_reference
-from ..table import format_table
+from ..build.table import format_table
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
 from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, Step, short
 
