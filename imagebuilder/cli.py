@@ -250,6 +250,42 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     report.raise_if_failed()
 
 
+# --- scan -----------------------------------------------------------------------------------
+
+
+@cli.command("scan")
+@click.argument("image")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--allowlist", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="YAML list of accepted vulnerabilities: id (CVE or OSV id), reason, expires (YYYY-MM-DD).")
+@click.option("--mirror", metavar="URL", envvar="IMAGEBUILDER_SECURITY_MIRROR", callback=options.mirror_url,
+              help="The mirror of the OS's security suite. Default: http://deb.debian.org/debian-security "
+                   "(Debian), http://archive.ubuntu.com/ubuntu (Ubuntu). Env: IMAGEBUILDER_SECURITY_MIRROR.")
+@click.option("--osv", type=click.Path(exists=True, path_type=Path), metavar="FILE",
+              help="OSV records (a zip such as PyPI's all.zip, or a folder of JSON) to check the image's "
+                   "Python packages (its SBOM) against.")
+def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | None, osv: Path | None) -> None:
+    """Which packages of IMAGE (a local Debian or Ubuntu image) have a fix it lacks?
+
+    Each package with a newer version in the OS's security suite, with the CVE ids the fixed
+    package's changelog names since the installed version. Exit 1 when a finding is not
+    allowlisted, 0 when none, 2 when the image cannot be scanned (docs/scan.md).
+
+    \b
+    Examples:
+      imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime
+      imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime --allowlist allowlist.yaml --json
+      imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime --osv all.zip
+    """
+    from .engine.docker import DockerEngine
+    from .scan import HttpMirror, ScanRequest, load_allowlist, scan_image
+
+    request = ScanRequest(image, load_allowlist(allowlist), mirror=mirror, osv=osv)
+    report = scan_image(request, DockerEngine(), HttpMirror(progress).get, progress)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
+    report.raise_if_vulnerable()
+
+
 # --- publish --------------------------------------------------------------------------------
 
 
