@@ -261,7 +261,7 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @click.option("--mirror", metavar="URL", envvar="IMAGEBUILDER_SECURITY_MIRROR", callback=options.mirror_url,
               help="The mirror of the OS's security suite. Default: http://deb.debian.org/debian-security "
                    "(Debian), http://archive.ubuntu.com/ubuntu (Ubuntu). Env: IMAGEBUILDER_SECURITY_MIRROR.")
-@click.option("--osv", type=click.Path(exists=True, path_type=Path), metavar="FILE",
+@click.option("--osv", type=click.Path(path_type=Path), metavar="FILE",
               help="OSV records (a zip such as PyPI's all.zip, or a folder of JSON) to check the image's "
                    "Python packages (its SBOM) against.")
 def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | None, osv: Path | None) -> None:

@@ -71,7 +71,7 @@ def _entry(node: yaml.Node, where: str, problems: list[str]) -> Entry | None:
     if missing or not all(values.values()):
         return None
     ok = True
-    if not (CVE.fullmatch(values["id"]) or OSV_ID.fullmatch(values["id"])):
+    if not (CVE.fullmatch(values["id"]) if values["id"].startswith("CVE-") else OSV_ID.fullmatch(values["id"])):
         problems.append(f"{where}: id {values['id']!r} is not a CVE id (CVE-YYYY-NNNN) or an OSV id (GHSA-..., PYSEC-...)")
         ok = False
     expires = None

@@ -124,6 +124,8 @@ def parse_record(raw: object, where: str) -> Record | None:
 
 
 def _documents(path: Path) -> Iterator[tuple[str, bytes]]:
+    if not path.exists():
+        raise BadOsv(path=str(path), reason="no such file or folder; give a zip of OSV records (PyPI's all.zip) or a folder of them")
     if path.is_dir():
         for file in sorted(path.rglob("*.json")):
             yield str(file), file.read_bytes()

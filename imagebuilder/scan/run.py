@@ -22,7 +22,7 @@ from . import debfile
 from .allowlist import Allowlist
 from .debian import DebVersion, Package, vulnerability_ids_between, installed
 from .mirror import Get, download, packages_index
-from .osv import load_osv, matches
+from .osv import Record, load_osv, matches
 from .release import OsRelease, Suite, os_release, security_suite
 from .report import Finding, ScanReport, Vulnerability
 
@@ -155,10 +155,7 @@ def _python_packages(files: ImageFiles, image: str) -> list[tuple[str, str]] | N
         raise CannotScan(image=image, reason=f"its SBOM {SBOM_PATH} is not CycloneDX JSON ({e})") from e
 
 
-def _python_findings(request: ScanRequest, packages: list[tuple[str, str]], say: Callable[[str], None]) -> list[Finding]:
-    assert request.osv is not None
-    say(f"reading OSV records from {request.osv}")
-    records = load_osv(request.osv)
+def _python_findings(records: dict[str, list[Record]], packages: list[tuple[str, str]]) -> list[Finding]:
     findings = []
     for name, text in sorted(packages):
         try:
@@ -181,6 +178,10 @@ def _release(files: ImageFiles, image: str) -> OsRelease:
 
 def scan_image(request: ScanRequest, files: ImageFiles, get: Get, say: Callable[[str], None]) -> ScanReport:
     """The image's fixable packages, each with the vulnerabilities its fix names."""
+    records = None
+    if request.osv is not None:  # before the image and the mirror: a wrong file is refused at once
+        say(f"reading OSV records from {request.osv}")
+        records = load_osv(request.osv)
     release = _release(files, request.image)
     status = _read(files, request.image, DPKG_STATUS)
     if status is None:
@@ -198,12 +199,12 @@ def scan_image(request: ScanRequest, files: ImageFiles, get: Get, say: Callable[
                for suite, _ in list(indexes.values())[:1]]
     notes = []
     checked = len(packages)
-    if request.osv is not None:
+    if records is not None:
         python = _python_packages(files, request.image)
         if python is None:
             notes.append(f"note: no SBOM at {SBOM_PATH}: the image's Python packages were not checked against {request.osv}")
         else:
-            findings += _python_findings(request, python, say)
+            findings += _python_findings(records, python)
             checked += len(python)
             sources.append(f"OSV records in {request.osv}")
     return ScanReport(request.image, release.pretty_name, tuple(sources), checked, tuple(findings),
