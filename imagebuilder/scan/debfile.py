@@ -19,6 +19,7 @@ from ..errors import ImageBuilderError
 
 AR_MAGIC = b"!<arch>\n"
 ZSTD_TIMEOUT_S = 120
+TAR_MODES = {"gz": "r:gz", "xz": "r:xz", "bz2": "r:bz2"}  # data.tar (and data.tar.zst, decompressed first): "r:"
 CHANGELOGS = ("changelog.Debian.gz", "changelog.gz")  # a native package has only the second
 
 
@@ -67,7 +68,7 @@ def changelog(deb: bytes, name: str, *, native: bool = False) -> str | None:
         payload, data_name = _zstd(payload, name), "data.tar"
     found: dict[str, bytes] = {}
     try:
-        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
+        with tarfile.open(fileobj=io.BytesIO(payload), mode=TAR_MODES.get(data_name.rpartition(".")[2], "r:")) as tar:
             for member in tar:
                 parts = member.name.lstrip("./").split("/")
                 if (member.isfile() and len(parts) == 5 and parts[:3] == ["usr", "share", "doc"]
@@ -76,7 +77,7 @@ def changelog(deb: bytes, name: str, *, native: bool = False) -> str | None:
                     if extracted is not None:
                         found[parts[4]] = gzip.decompress(extracted.read())
     except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
-        raise BadDeb(name=name, reason=f"its {data_name} does not read: {e}") from e
+        raise BadDeb(name=name, reason=f"its {data_name} does not read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     text = found.get(CHANGELOGS[0])
     if text is None and native:  # a native package (no revision): its only changelog is Debian's
         text = found.get(CHANGELOGS[1])
