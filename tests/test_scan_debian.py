@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import tarfile
+from typing import Literal
 
 import pytest
 from hypothesis import given
@@ -210,7 +211,7 @@ def _deb(members: dict[str, bytes]) -> bytes:
     return bytes(out)
 
 
-def _data_tar(files: dict[str, bytes], mode: str = "w:gz") -> bytes:
+def _data_tar(files: dict[str, bytes], mode: Literal["w:gz", "w:xz"] = "w:gz") -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode=mode) as tar:
         for name, data in files.items():

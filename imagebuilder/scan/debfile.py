@@ -14,12 +14,14 @@ import shutil
 import subprocess
 import tarfile
 import zlib
+from typing import Literal
 
 from ..errors import ImageBuilderError
 
 AR_MAGIC = b"!<arch>\n"
 ZSTD_TIMEOUT_S = 120
-TAR_MODES = {"gz": "r:gz", "xz": "r:xz", "bz2": "r:bz2"}  # data.tar (and data.tar.zst, decompressed first): "r:"
+# data.tar (and data.tar.zst, decompressed first) is "r:"
+TAR_MODES: dict[str, Literal["r:gz", "r:xz", "r:bz2"]] = {"gz": "r:gz", "xz": "r:xz", "bz2": "r:bz2"}
 CHANGELOGS = ("changelog.Debian.gz", "changelog.gz")  # a native package has only the second
 
 
