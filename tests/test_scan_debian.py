@@ -67,7 +67,7 @@ def test_the_order_is_dpkgs_on_generated_pairs():
     if shutil.which("dpkg") is None:
         pytest.skip("dpkg is missing")
     rng = random.Random(56)
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     while len(pairs) < 400:
         a = _generated(rng)
         b = _near(rng, a) if len(pairs) % 2 else _generated(rng)
