@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis import settings
 from support.fuzz import fuzz_examples
+from support.unavailable import _unavailable
 
 from imagebuilder.scan.debfile import BadDeb, changelog
 from imagebuilder.scan.debian import (BadDebVersion, DebVersion, available, changelog_entries, installed,
@@ -65,7 +66,7 @@ def _near(rng: random.Random, version: str) -> str:
 def test_the_order_is_dpkgs_on_generated_pairs():
     """400 pairs (half of them near misses) against `dpkg --compare-versions`, in one shell."""
     if shutil.which("dpkg") is None:
-        pytest.skip("dpkg is missing")
+        _unavailable("dpkg is missing (apt-get install dpkg)")
     rng = random.Random(56)
     pairs: list[tuple[str, str]] = []
     while len(pairs) < 400:

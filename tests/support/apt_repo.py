@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import pytest
+from support.unavailable import _unavailable
 
 
 
@@ -34,7 +34,7 @@ UBUNTU_24 = 'PRETTY_NAME="Ubuntu 24.04.3 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"
 def dpkg_deb() -> str:
     program = shutil.which("dpkg-deb")
     if program is None:
-        pytest.skip("dpkg-deb is missing (apt-get install dpkg)")
+        _unavailable("dpkg-deb is missing (apt-get install dpkg)")
     return program
 
 
