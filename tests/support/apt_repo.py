@@ -35,6 +35,7 @@ def dpkg_deb() -> str:
     program = shutil.which("dpkg-deb")
     if program is None:
         _unavailable("dpkg-deb is missing (apt-get install dpkg)")
+    assert program is not None  # (_unavailable does not return)
     return program
 
 
