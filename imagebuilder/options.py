@@ -149,6 +149,14 @@ def mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value.rstrip("/") if value else None
 
 
+def security_mirror(name: str) -> Callable[[F], F]:
+    """The mirror of the OS's security suite that `scan` (--mirror) and `publish --scan`
+    (--security-mirror) read, handed to the command as `mirror`."""
+    return click.option(name, "mirror", metavar="URL", envvar="IMAGEBUILDER_SECURITY_MIRROR", callback=mirror_url,
+                        help="The mirror of the OS's security suite. Default: http://deb.debian.org/debian-security "
+                             "(Debian), http://archive.ubuntu.com/ubuntu (Ubuntu). Env: IMAGEBUILDER_SECURITY_MIRROR.")
+
+
 def _index_url(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None) -> Any:
     """An http(s):// or file:// URL, checked before any work (issue 29): uv fails on anything else
     minutes into a build."""

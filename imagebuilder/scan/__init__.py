@@ -8,13 +8,15 @@
 - osv.py: OSV records (a zip or a folder) against Python packages;
 - allowlist.py: the allowlist file (id, reason, expires), refused whole when malformed;
 - report.py: ScanReport (format, to_json, raise_if_vulnerable);
-- run.py: scan_image(), over the image's files and the mirror handed in.
+- run.py: scan_image(), over the image's files and the mirror handed in;
+- gate.py: ScanGate, publish's scan of each image after verify and before push.
 
 The names below are what code outside the package uses (the CLI).
 """
 
 from .allowlist import load_allowlist
+from .gate import ScanGate
 from .mirror import HttpMirror
 from .run import ScanRequest, scan_image
 
-__all__ = ["HttpMirror", "ScanRequest", "load_allowlist", "scan_image"]
+__all__ = ["HttpMirror", "ScanGate", "ScanRequest", "load_allowlist", "scan_image"]
