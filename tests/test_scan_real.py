@@ -4,11 +4,20 @@ os-release and a dpkg status) against a mirror made in the test; and the suite's
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,6 +77,58 @@ def test_the_engine_reads_an_images_packages_and_leaves_no_container(docker_engi
     assert _containers_of(docker_engine, ref) == []  # each read's container is removed
     code, _, err = _scan(f"{image_repo}:absent", "--mirror", "http://127.0.0.1:9")
     assert code == 2 and err.splitlines()[-1].startswith(f"error: {image_repo}:absent: cannot scan: image ")
+
+
+class _HangingDebs(http.server.SimpleHTTPRequestHandler):
+    """Serves the mirror, but a .deb only once `release` is set: a download that never ends."""
+
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        if self.path.endswith(".deb"):
+            self.release.wait(60)
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.docker
+def test_ctrl_c_while_a_deb_downloads_ends_the_scan_at_once(docker_engine, image_repo, tmp_path):
+    apt = AptRepo(tmp_path)
+    apt.add("libfoo1", "1.0-1+deb12u1", source="foo", changelog=changelog_text("foo", [("1.0-1+deb12u1", "CVE-2026-1111")]))
+    apt.publish("bookworm-security")
+    ref = f"{image_repo}:debian"
+    _import(docker_engine, ref, {"/etc/os-release": debian_release().encode(),
+                                 "/var/lib/dpkg/status": dpkg_status([("libfoo1", "1.0-1", "foo", "amd64")]).encode()}, {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_HangingDebs, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen([sys.executable, "-m", "imagebuilder", "scan", ref, "--mirror",
+                                f"http://127.0.0.1:{server.server_address[1]}"], cwd=tmp_path, text=True,
+                               env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert process.stderr is not None
+        lines = []
+        for line in process.stderr:  # up to the download that hangs
+            lines.append(line)
+            if "reading the changelogs" in line:
+                break
+        assert lines and "reading the changelogs" in lines[-1], lines
+        started = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal sends it
+        rest = process.communicate(timeout=20)[1]
+        assert process.returncode == 130 and "interrupted" in rest and "Traceback" not in rest, rest
+        assert time.monotonic() - started < 5  # not after the download's 60 s
+        assert _containers_of(docker_engine, ref) == []
+    finally:
+        _HangingDebs.release.set()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="module")

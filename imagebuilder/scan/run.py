@@ -7,8 +7,9 @@ the mirror (`get`, a URL -> bytes), what to say while it works. The image is rea
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -109,22 +110,40 @@ def _changelog(get: Get, fix: _Fix) -> str | None:
 
 
 def _changelogs(get: Get, fixes: list[_Fix], say: Callable[[str], None]) -> dict[str, str | None]:
-    """Each fix's changelog, DOWNLOADS at a time, a line as each arrives."""
+    """Each fix's changelog, DOWNLOADS at a time, a line as each arrives. The downloads run on
+    daemon threads: Ctrl-C (or a failed download) ends the scan at once, not after the others."""
     out: dict[str, str | None] = {}
     if not fixes:
         return out
     say(f"reading the changelogs of {len(fixes)} fixed source package(s) from their .debs")
-    pool = ThreadPoolExecutor(max_workers=DOWNLOADS, thread_name_prefix="scan-deb")
+    todo: queue.SimpleQueue[_Fix] = queue.SimpleQueue()
+    for fix in fixes:
+        todo.put(fix)
+    done: queue.SimpleQueue[tuple[str, str | None | Exception]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                fix = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((fix.source, _changelog(get, fix)))
+            except Exception as e:  # noqa: BLE001 - handed to the scan's thread, which raises it
+                done.put((fix.source, e))
+
+    for n in range(min(DOWNLOADS, len(fixes))):
+        threading.Thread(target=work, name=f"scan-deb-{n}", daemon=True).start()
     try:
-        running: dict[Future[str | None], str] = {pool.submit(_changelog, get, fix): fix.source for fix in fixes}
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                source = running.pop(future)
-                out[source] = future.result()
-                say(f"  {len(out)}/{len(fixes)} {source}")
+        while len(out) < len(fixes):
+            source, got = done.get()
+            if isinstance(got, Exception):
+                raise got
+            out[source] = got
+            say(f"  {len(out)}/{len(fixes)} {source}")
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C or a failed download: stop queueing
+        stop.set()
     return out
 
 
