@@ -73,7 +73,7 @@ class ScanReport:
 
     def format(self) -> str:
         lines = [f"{self.image}: {self.os}; {self.packages} packages checked against "
-                 + "; ".join(self.sources)]
+                 + ("; ".join(self.sources) or "nothing (no installed package has an architecture)")]
         if self.findings:
             rows = []
             for f in self.findings:

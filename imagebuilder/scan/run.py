@@ -169,7 +169,8 @@ def _python_packages(files: ImageFiles, image: str) -> list[tuple[str, str]] | N
     try:
         components = json.loads(data).get("components") or []
         return [(c["name"], c["version"]) for c in components
-                if isinstance(c, dict) and str(c.get("purl", "")).startswith("pkg:pypi/")]
+                if isinstance(c, dict) and str(c.get("purl", "")).startswith("pkg:pypi/")
+                and isinstance(c.get("name"), str) and isinstance(c.get("version"), str)]
     except (ValueError, AttributeError, KeyError, TypeError) as e:
         raise CannotScan(image=image, reason=f"its SBOM {SBOM_PATH} is not CycloneDX JSON ({e})") from e
 
