@@ -190,7 +190,7 @@ DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_CODEN
     ("ID=ubuntu\nVERSION_CODENAME=noble\n", "arm64", None,
      "http://ports.ubuntu.com/ubuntu-ports/dists/noble-security/main/binary-arm64/Packages"),
     ("ID=linuxmint\nID_LIKE='ubuntu debian'\nVERSION_CODENAME=wilma\nUBUNTU_CODENAME=noble\n", "amd64", None,
-     "http://archive.ubuntu.com/ubuntu/dists/wilma-security/main/binary-amd64/Packages"),
+     "http://archive.ubuntu.com/ubuntu/dists/noble-security/main/binary-amd64/Packages"),
 ])
 def test_the_security_suite_of_each_os(text, arch, mirror, index):
     assert security_suite(os_release("img", text), arch, mirror).index == index

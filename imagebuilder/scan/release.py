@@ -53,7 +53,9 @@ def os_release(image: str, text: str) -> OsRelease:
     os_id, like = fields.get("ID", "").lower(), tuple(fields.get("ID_LIKE", "").lower().split())
     if os_id not in ("debian", "ubuntu") and not {"debian", "ubuntu"} & set(like):
         raise NotDebian(image=image, reason=f"its OS is {fields.get('PRETTY_NAME') or os_id or 'unnamed'}")
-    codename = fields.get("VERSION_CODENAME") or fields.get("UBUNTU_CODENAME") or ""
+    # An Ubuntu derivative (Mint: VERSION_CODENAME=wilma) names the Ubuntu it is built on in UBUNTU_CODENAME.
+    is_ubuntu = "ubuntu" in (os_id, *like)
+    codename = (fields.get("UBUNTU_CODENAME") if is_ubuntu else None) or fields.get("VERSION_CODENAME") or ""
     if not codename:
         raise NotDebian(image=image, reason=f"its /etc/os-release names no VERSION_CODENAME ("
                                             f"{fields.get('PRETTY_NAME', os_id)}: a testing or unstable "
