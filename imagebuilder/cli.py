@@ -248,6 +248,40 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
     report.raise_if_failed()
 
 
+# --- scan -----------------------------------------------------------------------------------
+
+
+@cli.command("scan")
+@click.argument("image")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--allowlist", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="YAML list of accepted vulnerabilities: id (CVE or OSV id), reason, expires (YYYY-MM-DD).")
+@options.security_mirror("--mirror")
+@click.option("--osv", type=click.Path(path_type=Path), metavar="FILE",
+              help="OSV records (a zip such as PyPI's all.zip, or a folder of JSON) to check the image's "
+                   "Python packages (its SBOM) against.")
+def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | None, osv: Path | None) -> None:
+    """Which packages of IMAGE (a local Debian or Ubuntu image) have a fix it lacks?
+
+    Each package with a newer version in the OS's security suite, with the CVE ids the fixed
+    package's changelog names since the installed version. Exit 1 when a finding is not
+    allowlisted, 0 when none, 2 when the image cannot be scanned (docs/scan.md).
+
+    \b
+    Examples:
+      imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime
+      imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime --allowlist allowlist.yaml --json
+      imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime --osv all.zip
+    """
+    from .engine.docker import DockerEngine
+    from .scan import HttpMirror, ScanRequest, load_allowlist, scan_image
+
+    request = ScanRequest(image, load_allowlist(allowlist), mirror=mirror, osv=osv)
+    report = scan_image(request, DockerEngine(), HttpMirror(progress).get, progress)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
+    report.raise_if_vulnerable()
+
+
 # --- publish --------------------------------------------------------------------------------
 
 
@@ -267,13 +301,22 @@ def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, 
 @click.option("--start-command", default=None, metavar="CMD",
               help="With --compression estargz or zstd:chunked: the start whose opened files go first in each layer, run once "
                    "in the image as its user (default: import torch and a first torch.compile); '' for none.")
+@click.option("--scan", "scan", is_flag=True,
+              help="After an image's smoke tests, scan it (`imagebuilder scan`: its OS's security suite) and push it "
+                   "only without a finding the --allowlist does not cover (docs/scan.md).")
+@click.option("--allowlist", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="With --scan: the vulnerabilities accepted until their expiry (docs/scan.md).")
+@click.option("--allow-vulnerable", is_flag=True,
+              help="With --scan: push an image with findings anyway; its line in the report names them.")
+@options.security_mirror("--security-mirror")
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
-                registry_policy: RetryPolicy, squashfs: bool, start_command: str | None) -> None:
+                registry_policy: RetryPolicy, squashfs: bool, start_command: str | None, scan: bool,
+                allowlist: Path | None, allow_vulnerable: bool, mirror: str | None) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -289,13 +332,22 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
     """
     from .publish import publish_command
 
+    if (allowlist is not None or allow_vulnerable) and not scan:  # (the mirror may come from the environment)
+        raise click.UsageError("--allowlist and --allow-vulnerable are for --scan")
+    gate = None
+    if scan:
+        from .engine.docker import DockerEngine
+        from .scan import HttpMirror, ScanGate, load_allowlist
+
+        gate = ScanGate(DockerEngine(), HttpMirror(progress).get, progress, load_allowlist(allowlist),
+                        allow_vulnerable=allow_vulnerable, mirror=mirror)
     publish_command(ctx.matrix, ctx.matrix_path, selection, rendering, target, push=push, dry_run=dry_run,
                     keep_going=keep_going, force=force, allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
                     day=day.date() if day is not None else None, quiet=quiet, no_cache=no_cache, pull=pull,
                     report=report, registry_ca=registry_ca, builder_choice=builder_choice,
                     buildx_builder=buildx_builder, platforms=platforms, merge=merge, merge_only=merge_only,
                     compression=compression, sign_key=sign_key, registry_policy=registry_policy, squashfs=squashfs,
-                    echo=click.echo, note=note, progress=progress, start_command=start_command)
+                    echo=click.echo, note=note, progress=progress, start_command=start_command, scan=gate)
 
 
 # --- squashfs -------------------------------------------------------------------------------

@@ -137,10 +137,18 @@ with_extras = click.option(
          "(repeatable), e.g. --with 'pandas==2.2.3'. Build with the same --with you locked with.")
 
 
-def _mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.startswith(("http://", "https://", "file://")):
         raise click.BadParameter(f"{value!r} is not an http(s):// or file:// URL", ctx, param)
     return value.rstrip("/") if value else None
+
+
+def security_mirror(name: str) -> Callable[[F], F]:
+    """The mirror of the OS's security suite that `scan` (--mirror) and `publish --scan`
+    (--security-mirror) read, handed to the command as `mirror`."""
+    return click.option(name, "mirror", metavar="URL", envvar="IMAGEBUILDER_SECURITY_MIRROR", callback=mirror_url,
+                        help="The mirror of the OS's security suite. Default: http://deb.debian.org/debian-security "
+                             "(Debian), http://archive.ubuntu.com/ubuntu (Ubuntu). Env: IMAGEBUILDER_SECURITY_MIRROR.")
 
 
 def _index_url(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None) -> Any:
@@ -178,7 +186,7 @@ def rendering(f: F) -> F:
                      help="Image repository name. Default: matrix.yaml's defaults.repository (pytorch)."),
         with_extras,
         click.option("--python-mirror", metavar="URL", envvar="IMAGEBUILDER_PYTHON_MIRROR",
-                     callback=_mirror_url,
+                     callback=mirror_url,
                      help="Where a Python the OS does not ship is downloaded from: a mirror of "
                           "python-build-standalone's GitHub releases (uv's UV_PYTHON_INSTALL_MIRROR). "
                           "Default: GitHub. Env: IMAGEBUILDER_PYTHON_MIRROR."),

@@ -19,8 +19,9 @@ What each command costs decides how it runs:
   verify of an image or registry that is not here (or of a GPU this host lacks), must fail
   with exit 1 for that reason (EXPECTED_FAILURES), never with a traceback or a usage error.
   The README's main job is built for real by conftest's runtime_image, which CI runs anyway;
-- lock, matrix check --online, matrix add and project read the package index: parsed only here
-  (their own network tests run them), so CI never resolves or downloads for a documentation line.
+- lock, matrix check --online, matrix add and project read the package index, scan the Debian
+  archive: parsed only here (their own network tests run them), so CI never resolves or downloads
+  for a documentation line.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def subcommand(argv: list[str]) -> list[str]:
 
 def tier(argv: list[str]) -> str:
     words = subcommand(argv)
-    if words in (["lock"], ["matrix", "add"], ["project"]) or (words == ["matrix", "check"] and "--online" in argv):
-        return NETWORK
+    if words in (["lock"], ["matrix", "add"], ["project"], ["scan"]) or (words == ["matrix", "check"] and "--online" in argv):
+        return NETWORK  # scan: the Debian archive (tests/test_scan_real.py runs it)
     if words and words[0] in ("build", "publish", "verify", "squashfs"):  # squashfs: asks a registry
         return DOCKER
     return FAST

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("build", "engine", "lock", "matrix", "project", "publish", "registry", "trust", "verify")
+PACKAGES = ("build", "engine", "lock", "matrix", "project", "publish", "registry", "scan", "trust", "verify")
 # The code outside a package that may use its face: the rest of imagebuilder, and bench/.
 CALLERS = (REPO / "imagebuilder", REPO / "bench")
 

@@ -39,10 +39,11 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
                     buildx_builder: str | None, platforms: str | None, merge: bool, merge_only: bool,
                     compression: Compression | None, sign_key: str | None, registry_policy: RetryPolicy,
                     squashfs: bool, echo: Echo, note: Echo, progress: Echo,
-                    start_command: str | None = None) -> None:
+                    start_command: str | None = None, scan: Callable[[str], tuple[bool, str]] | None = None) -> None:
     """`imagebuilder publish` with what its options parsed: the request checked before any daemon or
     registry is asked, the plan printed on `echo`, then the run (or the indexes of a publish that
-    builds nothing). `note` and `progress` write the lines of stderr."""
+    builds nothing). `note` and `progress` write the lines of stderr. `scan` (--scan) judges each
+    image after its verify and before its push (RunOptions.scan)."""
     from ..build.platforms import parse_platforms
     from ..engine.docker import DockerEngine
     from ..engine.export import choose
@@ -108,7 +109,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         run_options = RunOptions(matrix_path=matrix_path, push=push, keep_going=keep_going,
                                  allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                  pull=pull, export=export, cache_registry=target if export is not None else None,
-                                 signer=signer, squashfs=hook, estargz=estargz)
+                                 signer=signer, squashfs=hook, estargz=estargz, scan=scan)
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
                        events=EventPrinter(sys.stderr, quiet=quiet), echo=echo)

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 BUILD, RETAG, SKIP = "build", "retag", "skip"
 CACHE = "cache"
 """The event, every 15 s, of a push (or the end of a --no-push step) waiting for the image's registry cache export."""
+SCAN = "scan"
+"""The event before `--scan` reads an image, between its verify and its push."""
 
 # Outcome statuses.
 PUSHED, RETAGGED, SKIPPED, VERIFIED, FAILED, NOT_RUN, INTERRUPTED = (
@@ -181,6 +183,9 @@ class RunOptions:
     squashfs: Callable[[Outcome, str], Outcome] | None = None
     """`--squashfs`: a published image's outcome (and its platform) -> the same with its squashfs
     artifact, or failed for it (squashfs.with_squashfs); None: no squashfs."""
+    scan: Callable[[str], tuple[bool, str]] | None = None
+    """`--scan`: an image's ref -> (push it?, the line its outcome carries), after verify and before
+    push (scan.ScanGate); None: no scan."""
     estargz: EstargzPublisher | None = None
     """`--compression estargz`: pushes the verified (zstd) image as eStargz ordered by its start
     (estargz.py); None: `docker push` sends the blobs the store keeps."""

@@ -26,12 +26,12 @@ from ..trust.signing import Signed, pinned
 from ..verify import VerifyReport, verify_image
 from .blobs import published_layers
 from .indexes import IndexOutcome, plan_indexes, write_indexes
-from .plan import (BUILD, CACHE, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SKIP, SKIPPED, VERIFIED, Outcome, RunOptions,
-                   Step, short)
+from .plan import (BUILD, CACHE, FAILED, NOT_RUN, PUSHED, RETAG, RETAGGED, SCAN, SKIP, SKIPPED, VERIFIED, Outcome,
+                   RunOptions, Step, short)
 from .push import Pushing, export_for, layers_of, push_image, put_tag, sign_pushed
 
 Event = Callable[[str, Step], None]
-"""Called with "build", "verify", "push" or "retag" before that phase of a step starts."""
+"""Called with "build", "verify", "scan", "push" or "retag" before that phase of a step starts."""
 Verifier = Callable[[Engine, Registry, str, RunOptions], VerifyReport]
 
 
@@ -140,6 +140,24 @@ def _verify_push(step: Step, built: Built, export: Export | None, engine: Engine
     if report is not None and not report.ok:
         why = "; ".join(f"{name}: {reason}" for name, reason in report.failures)
         return Outcome(step, FAILED, f"verification failed: {why}", built=built, verify=report, timings=timings)
+    scanned = None
+    if options.scan is not None:
+        on_event(SCAN, step)
+        started = time.monotonic()
+        try:
+            push_it, scanned = options.scan(step.image.ref)
+        except ImageBuilderError as e:
+            return Outcome(step, FAILED, f"scan failed: {e}", built=built, verify=report, timings=timings)
+        finally:
+            timings["scan_s"] = time.monotonic() - started
+        if not push_it:
+            return Outcome(step, FAILED, f"not pushed: {scanned}", built=built, verify=report, timings=timings)
+    outcome = _push_or_keep(step, built, report, export, engine, registry, options, on_event, timings)
+    return replace(outcome, reason=f"{outcome.reason}; {scanned}") if scanned and not outcome.failed else outcome
+
+
+def _push_or_keep(step: Step, built: Built, report: VerifyReport | None, export: Export | None, engine: Engine,
+                  registry: Registry, options: RunOptions, on_event: Event, timings: dict[str, float]) -> Outcome:
     if not options.push:
         cache_failed = _cache_exported(step, built, on_event, timings)
         return Outcome(step, VERIFIED, "--no-push" + (f"; {cache_failed}" if cache_failed else ""), built=built,

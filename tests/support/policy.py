@@ -19,6 +19,8 @@ FIXTURE_MARKERS: dict[str, frozenset[str]] = {
     "registry": frozenset({"registry"}),
     "local_registry": frozenset({"registry"}),
     "docs_registry": frozenset({"registry"}),
+    # scan's one read of the real Debian security mirror, of the suite's base image.
+    "real_scan": frozenset({"docker", "network"}),
     # Real torch images (GBs, minutes): built through the CLI once per module or session.
     **{name: frozenset({"slow"}) for name in (
         "runtime_image", "devel_image", "devel_jupyter_image", "jupyter_image", "buildkit_images",
