@@ -28,6 +28,9 @@ from .project import ProjectRequest
                                            "(its signature and SBOM attestation are checked before the build).")
 @click.option("--sign-key", metavar="KEY", help="cosign key to sign the pushed image with (with --push): the "
                                                 "signature and an SBOM attestation naming the base and the lock.")
+@click.option("--rebase", metavar="IMAGE",
+              help="Re-make this published project image on --base (a republished base with the same venv) without "
+                   "rebuilding its layers, where that is sound; else rebuild. Needs --push.")
 @click.option("--no-cache", is_flag=True, help="Build every project layer anew (BuildKit's cache unused).")
 @click.option("--locked", is_flag=True, help="Refuse to re-resolve: the project's lock must match its requirements "
                                              "and base (for CI).")
@@ -39,7 +42,7 @@ from .project import ProjectRequest
               help="The uv that resolves the lock. Default: the one beside imagebuilder's Python, else PATH's.")
 @pass_context
 def project(ctx: Context, path: Path, base: str, tag: str, push: bool, checks: tuple[str, ...], allow_no_gpu: bool,
-            key: str | None, sign_key: str | None, no_cache: bool, locked: bool, report: Path | None, ca_bundle: Path | None,
+            key: str | None, sign_key: str | None, rebase: str | None, no_cache: bool, locked: bool, report: Path | None, ca_bundle: Path | None,
             index_url: str | None, extra_index_urls: tuple[str, ...], uv_path: str | None) -> None:
     """Build your project on a verified torch image: resolve, layer, prove, tag (and push, sign).
 
@@ -72,7 +75,7 @@ def project(ctx: Context, path: Path, base: str, tag: str, push: bool, checks: t
     builder = make_builder(decision, engine)
     labels = engine.image_labels(base) if engine.image_exists(base) else {}
     request = ProjectRequest(path=path.resolve(), base=base, tag=tag, push=push, checks=checks,
-                             allow_no_gpu=allow_no_gpu, no_cache=no_cache, key=key, sign_key=sign_key, locked=locked, report=report,
+                             allow_no_gpu=allow_no_gpu, no_cache=no_cache, rebase=rebase, key=key, sign_key=sign_key, locked=locked, report=report,
                              ca_bundle=ca_bundle, uv=uv_path or default_uv(),
                              index_args=index_args(ctx.matrix, labels, index_url, extra_index_urls))
     done = project_command(request, engine=engine, builder=builder, registry=HttpRegistry(), say=progress,

@@ -21,7 +21,7 @@ import pytest
 from support.cleanup import remove_local_tags
 from support.real_images import ca_bundle_args, imagebuilder
 
-pytestmark = [pytest.mark.docker, pytest.mark.network]
+pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
 
 PYPROJECT = """
 [project]
@@ -84,11 +84,9 @@ def first(signed_publish: dict[str, Any], signing_keys: dict[str, Path], docker_
         yield {"folder": folder, "repository": repository, "base": base, "done": done,
                "report": json.loads(report.read_text()), "root": root}
     finally:
-        remove_local_tags(docker_engine, repository)
+        remove_local_tags(docker_engine, repository)  # the rebase test's base and image too
 
 
-@pytest.mark.slow
-@pytest.mark.registry
 def test_the_project_image_is_resolved_built_proven_pushed_and_signed(first: dict[str, Any],
                                                                       signing_keys: dict[str, Path]) -> None:
     from imagebuilder.trust.cosign import Cosign
@@ -123,7 +121,6 @@ def test_the_project_image_is_resolved_built_proven_pushed_and_signed(first: dic
     assert "signature: " in first["done"].stderr  # the base's signature was checked first
 
 
-@pytest.mark.slow
 def test_a_code_only_change_rebuilds_only_the_code_layer_and_reuses_the_lock(first: dict[str, Any]) -> None:
     folder = first["folder"]
     lock_before = (folder / "imagebuilder-project.lock").read_text()
@@ -168,7 +165,6 @@ def test_a_requirement_that_would_replace_torch_exits_2_before_any_build(first: 
     assert "build:" not in done.stderr and _images_named(marker) == [] and not (folder / "imagebuilder-project.lock").exists()
 
 
-@pytest.mark.slow
 def test_a_project_that_overwrites_a_torch_file_is_not_tagged_and_leaves_no_image(first: dict[str, Any]) -> None:
     """The silent replacement users report, made on purpose: the package's data files overwrite
     torch/version.py. The proof names the file; nothing is tagged and no candidate image stays."""
@@ -192,3 +188,28 @@ def test_an_image_imagebuilder_did_not_make_is_refused_in_one_line(docker_engine
     assert done.returncode == 2
     assert f"error: {base_image} was not built by imagebuilder (no io.imagebuilder.inputs-hash label)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_republished_base_takes_the_project_layers_as_they_are(first: dict[str, Any], docker_engine: Any) -> None:
+    """The base republished with the same venv (an OS fix: one more layer, the same lock label):
+    --rebase re-makes the pushed project image on it in the registry (only a config uploaded,
+    every layer mounted), proves it and tags it; the code in it is the old image's."""
+    new_base = f"{first['repository']}-base:fixed"
+    folder = first["root"] / "os-fix"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text(f"FROM {first['base']}\nUSER 0\nRUN echo fixed > /etc/os-fix\nUSER 1000\n")
+    built = subprocess.run(["docker", "buildx", "build", "--output", f"type=image,name={new_base},push=true",
+                            str(folder)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    report = first["root"] / "rebase.json"
+    tag = f"{first['repository']}:rebased"
+    done = _run(first["folder"], new_base, tag, "--rebase", f"{first['repository']}:1", "--push", report=report)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads(report.read_text())
+    assert doc["rebased"] == f"{first['repository']}:1" and doc["uploaded_blobs"] == 1
+    assert doc["proof"][0].startswith("torch stack: ") and doc["proof"][1].startswith("smoke tests: passed")
+    old_own = _layers(f"{first['repository']}:1")[len(_layers(first["base"])):]
+    assert _layers(tag) == [*_layers(new_base), *old_own]
+    ran = subprocess.run(["docker", "run", "--rm", tag, "sh", "-c", "cat /etc/os-fix; python -c 'import trainer; "
+                          "print(trainer.VERSION)'"], capture_output=True, text=True, timeout=120)
+    assert ran.stdout.split() == ["fixed", "1"], ran.stdout + ran.stderr

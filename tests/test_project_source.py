@@ -5,10 +5,12 @@ are tests/test_project.py's."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.version import Version
@@ -204,3 +206,85 @@ def test_the_family_must_be_the_bases_byte_for_byte() -> None:
         "triton 3.2.0 was added (the base has none): it would shadow the base's stack"]
     assert family_differences(base, _family(torch=("2.6.0", "r1", 0))) == [
         "nvidia-nccl-cu12 2.21.5 is gone from the project image"]
+
+
+class _Registry:
+    """Images as documents: what plan_rebase and push_rebased ask of a registry."""
+
+    def __init__(self, images: dict[str, tuple[list[str], dict[str, str], int]]) -> None:
+        self.images: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {ref: ({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                              "config": {"digest": "sha256:c", "size": 1},
+                              "layers": [{"digest": d, "size": 1} for d in layers]},
+                             {"config": {"Labels": labels}, "rootfs": {"diff_ids": [f"diff-{d}" for d in layers]},
+                              "history": [{}] * history})
+                       for ref, (layers, labels, history) in images.items()}
+        self.mounted: list[tuple[str, str]] = []
+        self.uploaded: list[str] = []
+        self.put: list[str] = []
+
+    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
+        found = self.images.get(ref)
+        return (found[0], str(found[0]["mediaType"])) if found else None
+
+    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+        found = self.images.get(ref)
+        return (found[1], ()) if found else None
+
+    def has_blob(self, ref: str, digest: str) -> bool:
+        return False
+
+    def mount(self, ref: str, digest: str, source: str) -> bool:
+        self.mounted.append((digest, source))
+        return True
+
+    def upload_blob(self, ref: str, digest: str, source: Any, size: int) -> None:
+        self.uploaded.append(digest)
+
+    def put_manifest(self, ref: str, body: bytes, media_type: str) -> dict[str, str]:
+        self.put.append(ref)
+        return {}
+
+
+BASE_LABELS = {"io.imagebuilder.lock": "locks/x.txt sha256:1", "io.imagebuilder.python": "3.11"}
+OLD = {"io.imagebuilder.project.base.digest": "sha256:b1", "io.imagebuilder.project.base.name": "r:5000/base:1",
+       "io.imagebuilder.project.lock": "sha256:l", "io.imagebuilder.project.apt": "", **BASE_LABELS}
+
+
+def _registry(old: dict[str, str] = OLD, new_base: dict[str, str] = BASE_LABELS) -> _Registry:
+    return _Registry({"r:5000/base@sha256:b1": (["b1", "b2"], BASE_LABELS, 3),
+                      "r:5000/base:2": (["b1", "b3", "b4"], new_base, 4),
+                      "r:5000/app:1": (["b1", "b2", "deps", "code"], old, 5)})
+
+
+def test_a_rebase_takes_the_project_layers_onto_the_new_base_and_uploads_only_the_config() -> None:
+    from imagebuilder.project.rebase import RebasePlan, plan_rebase, push_rebased, rebased
+
+    registry = _registry()
+    plan = plan_rebase(registry, "r:5000/app:1", "r:5000/base:2", "sha256:l")
+    assert isinstance(plan, RebasePlan), plan
+    config, manifest = rebased(plan, "r:5000/base:2", "sha256:b9")
+    doc, conf = json.loads(manifest), json.loads(config)
+    assert [x["digest"] for x in doc["layers"]] == ["b1", "b3", "b4", "deps", "code"]
+    assert conf["rootfs"]["diff_ids"] == ["diff-b1", "diff-b3", "diff-b4", "diff-deps", "diff-code"]
+    assert len(conf["history"]) == 4 + 2
+    assert conf["config"]["Labels"]["io.imagebuilder.project.base.digest"] == "sha256:b9"
+    digest, uploaded = push_rebased(registry, plan, "r:5000/app:2", config, manifest)
+    assert uploaded == 1 and registry.mounted == [("b1", "r:5000/base:2"), ("b3", "r:5000/base:2"),
+                                                  ("b4", "r:5000/base:2"), ("deps", "r:5000/app:1"),
+                                                  ("code", "r:5000/app:1")]
+    assert registry.put == [f"r:5000/app@{digest}"]  # by digest: tagged only once proven
+
+
+@pytest.mark.parametrize(("old", "new_base", "lock", "why"), [
+    ({**OLD, "io.imagebuilder.project.apt": "libsndfile1"}, BASE_LABELS, "sha256:l", "installed OS packages"),
+    (OLD, BASE_LABELS, "sha256:other", "the project's lock changed"),
+    (OLD, {**BASE_LABELS, "io.imagebuilder.lock": "locks/y.txt sha256:2"}, "sha256:l", "another venv"),
+    (OLD, {"io.imagebuilder.python": "3.11"}, "sha256:l", "(none)"),
+    ({k: v for k, v in OLD.items() if "project" not in k}, BASE_LABELS, "sha256:l", "is not a project image"),
+])
+def test_a_rebase_that_is_not_sound_says_why(old: dict[str, str], new_base: dict[str, str], lock: str,
+                                             why: str) -> None:
+    from imagebuilder.project.rebase import plan_rebase
+
+    plan = plan_rebase(_registry(old, new_base), "r:5000/app:1", "r:5000/base:2", lock)
+    assert isinstance(plan, str) and why in plan, plan

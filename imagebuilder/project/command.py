@@ -23,6 +23,7 @@ from ..verify.run import verify_image
 from .base import find_base
 from .lock import resolve
 from .probe import family_differences, probe
+from .rebase import RebasePlan, plan_rebase, push_rebased, rebased
 from .render import render_project
 from .source import read_project
 
@@ -34,6 +35,10 @@ class ProofFailed(ImageBuilderError):
 
     def details(self) -> list[str]:
         return list(self.fields.get("more", []))
+
+
+class RebaseNeedsPush(BadRequest):
+    template = "--rebase re-makes a published image in its registry: add --push (and a registry --tag)"
 
 
 class NeedsRegistryBase(BadRequest):
@@ -60,6 +65,8 @@ class ProjectRequest:
     key: str | None = None
     sign_key: str | None = None
     locked: bool = False
+    rebase: str | None = None
+    """A published project image to re-make on --base without rebuilding its layers, where sound."""
     report: Path | None = None
     ca_bundle: Path | None = None
     index_args: tuple[str, ...] = ()
@@ -79,6 +86,8 @@ class ProjectReport:
     executed_steps: int = 0
     cached_steps: int = 0
     proof: list[str] = field(default_factory=list)
+    rebased: str | None = None
+    """--rebase: the image re-made on the base ("" when it was not sound and the image was rebuilt)."""
     pushed_digest: str | None = None
     uploaded_blobs: int | None = None
     signed: dict[str, str] | None = None
@@ -90,6 +99,8 @@ class ProjectReport:
 def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Builder, registry: Any,
                     say: Callable[[str], None], signer: Any = None, cosign: Any = None) -> ProjectReport:
     parse_reference(req.tag, "--tag")  # refused before the daemon is asked
+    if req.rebase is not None and not req.push:
+        raise RebaseNeedsPush()
     project = read_project(req.path, req.uv)
     if req.key is not None and "/" not in req.base.split("@")[0].rsplit(":", 1)[0]:
         raise NeedsRegistryBase(ref=req.base)
@@ -114,6 +125,12 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
                               ca=req.ca_bundle is not None, local_alias=alias)
     report = ProjectReport(tag=req.tag, base=base.name, base_digest=base.digest, project=str(project.path),
                            lock=lock.digest, lock_reused=lock.reused)
+    if req.rebase is not None:
+        plan = plan_rebase(registry, req.rebase, req.base, lock.digest)
+        if isinstance(plan, RebasePlan):
+            return _rebase(plan, req, engine, registry, base, base_venv, report, say, signer)
+        say(f"rebase: not sound ({plan}); building the project's layers instead")
+        report.rebased = ""
     candidate = f"imagebuilder-project-candidate:{run}"
     with tempfile.TemporaryDirectory(prefix="imagebuilder-project-") as tmp:
         root = Path(tmp)
@@ -158,11 +175,41 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
             signed = signer.sign(target, _sbom(engine, req.tag, base.digest, lock.digest))
             report.signed = signed.to_json()
             say(f"signed {target}")
+    return _written(report, req)
+
+
+def _written(report: ProjectReport, req: ProjectRequest) -> ProjectReport:
     if req.report is not None:
         tmp_report = req.report.with_name(f".{req.report.name}.tmp")
         tmp_report.write_text(json.dumps(report.to_json(), indent=2) + "\n")
         tmp_report.replace(req.report)
     return report
+
+
+def _rebase(plan: RebasePlan, req: ProjectRequest, engine: ProjectEngine, registry: Any, base: Any, base_venv: Any,
+            report: ProjectReport, say: Callable[[str], None], signer: Any) -> ProjectReport:
+    """The project's layers from `plan.old` on the new base, in the registry; pulled and proven
+    as a build is; tagged only then."""
+    config, manifest = rebased(plan, base.name, base.digest)
+    digest, uploaded = push_rebased(registry, plan, req.tag, config, manifest)
+    pinned = f"{parse_reference(req.tag).name}@{digest}"
+    say(f"rebase: {len(plan.own_layers)} layer(s) of {req.rebase} on {base.name}, mounted; {pinned}")
+    engine.pull(pinned)
+    try:
+        report.proof = _prove(engine, pinned, base_venv, req, say)
+    except BaseException:
+        engine.remove_image(pinned, force=True)
+        raise
+    registry.put_tag(req.tag, digest)
+    engine.tag_image(pinned, req.tag)
+    report.rebased, report.pushed_digest, report.uploaded_blobs = req.rebase, digest, uploaded
+    report.image_id = str(engine.inspect_image(req.tag).get("Id") or "")
+    say(f"tagged and pushed {req.tag} ({digest}); {uploaded} blob(s) uploaded (the config), every layer mounted")
+    if signer is not None:
+        signed = signer.sign(pinned, _sbom(engine, req.tag, base.digest, report.lock))
+        report.signed = signed.to_json()
+        say(f"signed {pinned}")
+    return _written(report, req)
 
 
 def _prove(engine: ProjectEngine, image: str, base_venv: Any, req: ProjectRequest,

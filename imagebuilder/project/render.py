@@ -27,6 +27,8 @@ PROJECT = f"{L.PREFIX}.project"
 PROJECT_BASE_DIGEST = f"{L.PREFIX}.project.base.digest"
 PROJECT_BASE_NAME = f"{L.PREFIX}.project.base.name"
 PROJECT_LOCK = f"{L.PREFIX}.project.lock"
+PROJECT_APT = f"{L.PREFIX}.project.apt"
+"""The OS packages the project installed (space-separated; empty: none): a rebase needs none."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def render_project(project: Project, base: BaseFacts, lock: Lock, lock_digest: s
              for name, pins in (("requirements.lock", isolated), ("no-build-isolation.lock", not_isolated)) if pins}
     installs = [(name, name == "requirements.lock") for name in files]
     labels = {PROJECT: project.name or project.path.name, PROJECT_BASE_NAME: base.name,
-              PROJECT_BASE_DIGEST: base.digest, PROJECT_LOCK: lock_digest}
+              PROJECT_BASE_DIGEST: base.digest, PROJECT_LOCK: lock_digest, PROJECT_APT: " ".join(project.apt)}
     text = _template().render(
         version=__version__, project=project.name or project.path.name, base_name=base.name,
         base_from=base.from_ref.replace("{local_alias}", local_alias), base_digest=base.digest,
