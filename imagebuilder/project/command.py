@@ -19,7 +19,10 @@ from typing import Any, Protocol
 from ..engine.api import Builder, BuildRequest, Engine
 from ..errors import BadRequest, ImageBuilderError
 from ..registry.reference import parse_reference
+from ..build.run import ProgressPrinter
+from ..verify.report import Live
 from ..verify.run import verify_image
+from ..trust.signature_check import names_a_registry
 from .base import find_base
 from .lock import resolve
 from .probe import family_differences, probe
@@ -102,7 +105,7 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
     if req.rebase is not None and not req.push:
         raise RebaseNeedsPush()
     project = read_project(req.path, req.uv)
-    if req.key is not None and "/" not in req.base.split("@")[0].rsplit(":", 1)[0]:
+    if req.key is not None and not names_a_registry(req.base):
         raise NeedsRegistryBase(ref=req.base)
     base, _labels = find_base(engine, req.base, say)
     if req.key is not None:
@@ -146,13 +149,15 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
             contexts["imagebuilder-ca"] = root / "ca"
         say(f"build: {project.kind} project on {base.name}")
         aliased = alias in rendered.dockerfile
+        printer = ProgressPrinter("project")
         if aliased:
             engine.tag_image(base.image_id, alias)
         try:
             built = builder.build(BuildRequest(context=project.path, tags=(candidate,),
                                                dockerfile=str(root / "Dockerfile"), contexts=contexts,
-                                               nocache=req.no_cache))
+                                               nocache=req.no_cache), printer)
         finally:
+            printer.close()
             if aliased:
                 engine.remove_image(alias, force=False)  # the name only: the base stays
     report.image_id, report.build_seconds = built.image_id, round(built.seconds, 1)
@@ -223,7 +228,7 @@ def _prove(engine: ProjectEngine, image: str, base_venv: Any, req: ProjectReques
     say(f"proof: {done[-1]}")
     started = time.monotonic()
     verified = verify_image(engine, image, registry=_NoRegistry(), allow_no_gpu=req.allow_no_gpu,
-                            read_provenance=False)
+                            read_provenance=False, live=Live(say))  # a line per check as it ends
     if not verified.ok:
         raise ProofFailed(tag=req.tag, what="the base's smoke tests failed in the project image",
                           more=verified.format(None).splitlines()[-12:])
