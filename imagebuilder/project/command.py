@@ -93,6 +93,9 @@ class ProjectReport:
     """--rebase: the image re-made on the base ("" when it was not sound and the image was rebuilt)."""
     pushed_digest: str | None = None
     uploaded_blobs: int | None = None
+    uploaded: list[str] = field(default_factory=list)
+    """The short ids (12 hex digits) of the blobs the push uploaded."""
+    uploaded_bytes: int | None = None
     signed: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -174,6 +177,8 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
         pushed = engine.push_counted(req.tag)
         report.pushed_digest = pushed.digest
         report.uploaded_blobs = len(pushed.uploaded)
+        report.uploaded = sorted(pushed.uploaded)
+        report.uploaded_bytes = pushed.uploaded_bytes(registry.blobs(req.tag))
         say(f"pushed {req.tag} ({pushed.digest}); {len(pushed.uploaded)} layer(s) uploaded, the base's mounted or there")
         if signer is not None:
             target = f"{parse_reference(req.tag).name}@{pushed.digest}"
@@ -251,7 +256,7 @@ def _arch(engine: Engine, image: str) -> str:
 
 def _sbom(engine: ProjectEngine, image: str, base_digest: str, lock_digest: str) -> bytes:
     run = engine.run(image, ["python3", "/opt/imagebuilder/sbom.py", "/opt/venv", "/dev/stdout"], timeout=300)
-    doc = json.loads(run.output[run.output.index("{"):])
+    doc, _ = json.JSONDecoder().raw_decode(run.output[run.output.index("{"):])  # its digest line follows
     metadata = doc.setdefault("metadata", {})
     metadata.setdefault("properties", []).extend([
         {"name": "io.imagebuilder.project.base.digest", "value": base_digest},
