@@ -159,6 +159,9 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
             built = builder.build(BuildRequest(context=project.path, tags=(candidate,),
                                                dockerfile=str(root / "Dockerfile"), contexts=contexts,
                                                nocache=req.no_cache), printer)
+        except BaseException:
+            engine.remove_image(candidate, force=True)  # an export that failed after naming it, Ctrl-C
+            raise
         finally:
             printer.close()
             if aliased:
