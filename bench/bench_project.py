@@ -48,8 +48,11 @@ COPY . /opt/project
 """
 
 
-def sh(*cmd: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, check=True, **kw)  # type: ignore[call-overload]
+def sh(*cmd: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(cmd), capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd[:3])} failed:\n{done.stderr[-2000:]}")
+    return done
 
 
 def manifest_layers(registry: str, repository: str, tag: str) -> list[tuple[str, int]]:
@@ -131,9 +134,10 @@ def main() -> int:
                 (folder / "ca.pem").write_bytes(Path(args.ca_bundle or "/etc/ssl/certs/ca-certificates.crt").read_bytes())
                 plain = f"{args.registry}/bench-{run}/plain:1"
                 print(f"bench: building the plain image FROM {os_base}", file=sys.stderr, flush=True)
-                sh("docker", "buildx", "build", "--output", f"type=image,name={plain},push=true,compression=zstd",
-                   "-f", str(folder / "Dockerfile.plain"), str(folder))
                 made.append(plain)
+                sh("docker", "buildx", "build", "--output", f"type=image,name={plain},compression=zstd,force-compression=true",
+                   "-f", str(folder / "Dockerfile.plain"), str(folder))
+                sh("docker", "push", plain)
                 plain_bytes = sum(size for _, size in manifest_layers(args.registry, f"bench-{run}/plain", "1"))
                 print(f"pull on a node with the base: project {sum(own)} bytes; plain FROM+pip image {plain_bytes} "
                       f"bytes: {sum(own) / plain_bytes:.3f}x  target <= 0.2x")
