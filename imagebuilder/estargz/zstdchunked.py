@@ -52,8 +52,6 @@ OLD_POSITION = "io.containers.zstd-chunked.manifest-position"
 SKIPPABLE_MAGIC = b"\x50\x2a\x4d\x18"
 SKIPPABLE_HEADER = 8
 FOOTER_MAGIC = b"GnUlInUx"
-STORAGE_FOOTER_SIZE = 64
-SNAPSHOTTER_FOOTER_SIZE = 40
 MANIFEST_TYPE_CRFS = 1
 DEFAULT_LEVEL = 3  # zstd's own default, and BuildKit's
 
