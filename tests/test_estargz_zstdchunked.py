@@ -1,10 +1,13 @@
 """write_estargz(codec="zstd:chunked"), checked with the zstd tool, tarfile and json alone, the
-way the stargz snapshotter's zstdchunked reader reads a blob: the footer's skippable frame, the
-TOC it points at, each chunk decompressed from its own offset; and the whole blob as any zstd
-puller reads it (skippable frames skipped): the layer's tar."""
+way the stargz snapshotter's zstdchunked reader reads a blob (the last footer's skippable frame,
+the TOC it points at, each chunk decompressed from its own offset) and the way containers/storage
+does (its annotations, the TOC and the tar-split, checked against each other as its partial pull
+checks them); and the whole blob as any zstd puller reads it (skippable frames skipped): the
+layer's tar."""
 
 from __future__ import annotations
 
+import base64
 import ctypes.util
 import hashlib
 import io
@@ -37,24 +40,66 @@ def _write(layer: bytes, profile: tuple[str, ...] = (), **options: object) -> tu
     return out.getvalue(), written
 
 
+SKIPPABLE = b"\x50\x2a\x4d\x18"
+
+
+def _frame(blob: bytes, offset: int, size: int) -> bytes:
+    """The payload of the skippable frame whose payload starts at `offset`, checked to be one."""
+    assert blob[offset - 8:offset] == SKIPPABLE + struct.pack("<I", size)
+    return blob[offset:offset + size]
+
+
+def _footers(blob: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the snapshotter's footer: TOC offset, compressed, raw, type), (containers/storage's: TOC
+    offset, compressed, raw, type, tar-split offset, compressed, raw), each from its frame: the
+    40-byte one last, the 64-byte one before it."""
+    last, before = blob[-48:], blob[-48 - 72:-48]
+    assert last[:8] == SKIPPABLE + struct.pack("<I", 40) and last[40:] == b"GnUlInUx"
+    assert before[:8] == SKIPPABLE + struct.pack("<I", 64) and before[64:] == b"GnUlInUx"
+    return struct.unpack("<4Q", last[8:40]), struct.unpack("<7Q", before[8:64])
+
+
 def _toc(blob: bytes, written: Written) -> tuple[int, list[dict]]:
-    """(the TOC's offset, its entries), read from the footer as the reader does."""
-    frame = blob[-48:]
-    assert frame[:8] == b"\x50\x2a\x4d\x18" + struct.pack("<I", 40)
-    offset, compressed, raw, kind = struct.unpack("<QQQQ", frame[8:40])
-    assert frame[40:] == b"GnUlInUx" and kind == 1
-    assert blob[offset - 8:offset] == b"\x50\x2a\x4d\x18" + struct.pack("<I", compressed)
-    assert offset + compressed == len(blob) - 48
-    document = _unzstd(blob[offset:offset + compressed])
+    """(the TOC's offset, its entries), read from the last footer as the snapshotter does, the
+    same TOC as containers/storage's footer and both annotation sets name."""
+    (offset, compressed, raw, kind), storage = _footers(blob)
+    assert kind == 1 and storage[:4] == (offset, compressed, raw, 1)
+    compressed_toc = _frame(blob, offset, compressed)
+    document = _unzstd(compressed_toc)
     assert len(document) == raw and _sha(document) == written.toc_digest
+    split_offset, split_compressed, split_raw = storage[4:]
+    assert split_offset == offset + compressed + 8 and split_offset + split_compressed == len(blob) - 48 - 72
     assert written.annotations() == {
         "containerd.io/snapshot/stargz/toc.digest": written.toc_digest,
         "io.containers.estargz.uncompressed-size": str(written.uncompressed_size),
-        "io.containers.zstd-chunked.manifest-checksum": _sha(blob[offset:offset + compressed]),
+        "io.containers.zstd-chunked.manifest-checksum": _sha(compressed_toc),
         "io.containers.zstd-chunked.manifest-position": f"{offset}:{compressed}:{raw}:1"}
+    assert written.storage_annotations == {
+        "io.github.containers.zstd-chunked.manifest-checksum": _sha(compressed_toc),
+        "io.github.containers.zstd-chunked.manifest-position": f"{offset}:{compressed}:{raw}:1",
+        "io.github.containers.zstd-chunked.tarsplit-position": f"{split_offset}:{split_compressed}:{split_raw}"}
     toc = json.loads(document)
     assert toc["version"] == 1
     return offset, toc["entries"]
+
+
+def _tar_split(blob: bytes) -> tuple[str, list[dict]]:
+    """(the compressed tar-split's sha256, its entries), from containers/storage's footer."""
+    _, storage = _footers(blob)
+    compressed = _frame(blob, storage[4], storage[5])
+    document = _unzstd(compressed)
+    assert len(document) == storage[6] and document.endswith(b"\n")
+    return _sha(compressed), [json.loads(line) for line in document.splitlines()]
+
+
+def _crc64(data: bytes) -> bytes:
+    """Go's crc64.Checksum(data, crc64.MakeTable(crc64.ISO)), bit by bit."""
+    crc = (1 << 64) - 1
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xD800000000000000 if crc & 1 else 0)
+    return (crc ^ ((1 << 64) - 1)).to_bytes(8, "big")
 
 
 def test_the_blob_decompresses_to_the_layer_with_the_landmark_and_no_toc_entry():
@@ -142,3 +187,71 @@ def test_compression_contexts_are_reused_across_writes_not_made_per_thread():
     for _ in range(5):
         _write(layer, workers=4)
     assert 1 <= len(zstdchunked._library().free) <= 4
+
+
+def test_the_crc64_is_gos_iso_one():
+    """Values Go 1.19's hash/crc64 (ISO table) gives, and the bitwise definition on what spans
+    several reductions."""
+    from imagebuilder.estargz.tarsplit import Crc64
+
+    def crc(*parts: bytes) -> str:
+        state = Crc64()
+        for part in parts:
+            state.update(part)
+        return state.digest().hex()
+
+    assert crc(b"") == "0000000000000000" and crc(b"a") == "3420000000000000"
+    assert crc(b"hello world") == "b9cf3f572ad9ac3e" == crc(b"hello", b"", b" world")
+    assert crc(bytes(1000)) == "3fdf09cf356acf35"
+    assert crc(BIG[:5000], BIG[5000:]) == _crc64(BIG).hex()
+
+
+def test_the_tar_split_rebuilds_the_diff_and_the_toc_names_its_digest():
+    """containers/storage's checks of a partial pull: the TOC's tarSplitDigest is the compressed
+    tar-split's; the tar-split's segments and the files' contents, in order, are the diff byte for
+    byte (its DiffID); each file's CRC-64 is its content's; its file entries are the TOC's entries."""
+    blob, written = _write(_layer(), ("/usr/lib/big.so",))
+    _, entries = _toc(blob, written)
+    digest, split = _tar_split(blob)
+    (offset, compressed, _, _), _ = _footers(blob)
+    assert json.loads(_unzstd(_frame(blob, offset, compressed)))["tarSplitDigest"] == digest
+    stream = _unzstd(blob)
+    with tarfile.open(fileobj=io.BytesIO(stream)) as tar:
+        contents = {info.name: tar.extractfile(info).read() for info in tar if info.isreg()}  # type: ignore[union-attr]
+    rebuilt = []
+    for position, entry in enumerate(split):
+        assert entry["position"] == position and entry["type"] in (1, 2)
+        if entry["type"] == 2:
+            rebuilt.append(base64.b64decode(entry["payload"]))
+            continue
+        data = contents.get(entry["name"].rstrip("/"), b"")
+        assert entry.get("size", 0) == len(data)
+        assert entry["payload"] == (base64.b64encode(_crc64(data)).decode() if data else None)
+        rebuilt.append(data)
+    assert b"".join(rebuilt) == stream and _sha(stream) == written.diff_id
+    assert split[0]["type"] == 2 and base64.b64decode(split[-2]["payload"]).endswith(bytes(1024))
+    assert split[-1] == {"type": 2, "payload": "", "position": len(split) - 1}  # as tar-split's disassembler ends
+    files = [entry["name"] for entry in split if entry["type"] == 1]
+    assert files == [entry["name"] for entry in entries if entry["type"] != "chunk"]
+
+
+def test_each_header_says_what_its_toc_entry_says():
+    """containers/storage compares every header in the tar-split with its TOC entry (mode, ids,
+    size, link, modtime, atime, ctime, xattrs: ensureFileMetadataAttributesMatch): a header with a
+    time under the second or PAX atime/ctime records is written as the TOC says it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, mtime in (("late", 1_700_000_000.75), ("early", 0.25)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 1, mtime
+            info.pax_headers = {"atime": "1700000001.5", "ctime": "1700000002.5", "mtime": str(mtime)}
+            tar.addfile(info, io.BytesIO(b"x"))
+    blob, written = _write(buffer.getvalue())
+    _, entries = _toc(blob, written)
+    by_name = {entry["name"]: entry for entry in entries}
+    with tarfile.open(fileobj=io.BytesIO(_unzstd(blob))) as tar:
+        for info in tar:
+            entry = by_name[info.name]
+            assert info.mtime == (1_700_000_001 if info.name == "late" else 0)
+            assert entry.get("modtime", "") == ("2023-11-14T22:13:21Z" if info.name == "late" else "")
+            assert not {"atime", "ctime", "mtime"} & set(info.pax_headers), info.pax_headers

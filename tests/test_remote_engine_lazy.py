@@ -54,6 +54,8 @@ from support.unavailable import _unavailable
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 TOC_DIGEST = "containerd.io/snapshot/stargz/toc.digest"
+STORAGE_KEYS = {f"io.github.containers.zstd-chunked.{key}" for key in ("manifest-checksum", "manifest-position",
+                                                                       "tarsplit-position")}
 FOOTER = 51
 START = ("sh", "-c", "cat /marker /data/f7 /data/f8 >/dev/null")
 CHUNK = 50_000
@@ -61,15 +63,16 @@ CHUNK = 50_000
 it asks for starts and ends on it."""
 
 
-def _manifest(registry: str, repository: str, reference: str) -> dict[str, Any]:
-    """The image's manifest from the registry (the amd64 one, when it pushed an index)."""
+def _manifest(registry: str, repository: str, reference: str, entry: int = 0) -> dict[str, Any]:
+    """The image's manifest from the registry (when it pushed an index, its `entry`th amd64 one:
+    the first is what containerd takes)."""
     request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{reference}",
                                      headers={"Accept": f"{OCI_MANIFEST},{OCI_INDEX}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         manifest: dict[str, Any] = json.load(response)
     if manifest.get("mediaType") == OCI_INDEX:
-        (digest,) = [m["digest"] for m in manifest["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
-        return _manifest(registry, repository, digest)
+        digests = [m["digest"] for m in manifest["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
+        return _manifest(registry, repository, digests[entry])
     return manifest
 
 
@@ -128,8 +131,7 @@ def _manifest_digest(registry: str, repository: str) -> str:
                                      headers={"Accept": f"{OCI_MANIFEST},{OCI_INDEX}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         top = json.load(response)
-    (digest,) = [m["digest"] for m in top["manifests"] if m.get("platform", {}).get("architecture") == "amd64"]
-    return str(digest)
+    return str([m["digest"] for m in top["manifests"] if m.get("platform", {}).get("architecture") == "amd64"][0])
 
 
 def _blob(registry: str, repository: str, digest: str) -> bytes:
@@ -190,6 +192,11 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
     layers, repository = estargz_image["layers"], estargz_image["repository"]
     converted = estargz_image["converted"]
     assert all(TOC_DIGEST in layer.get("annotations", {}) for layer in layers), layers
+    if estargz_image["codec"] == "zstd:chunked":  # containers/storage's manifest: the same blobs, its own keys
+        storage = _manifest(registry, repository, "v1", entry=1)["layers"]
+        assert [layer["digest"] for layer in storage] == [layer["digest"] for layer in layers]
+        assert all(TOC_DIGEST not in layer["annotations"] and STORAGE_KEYS <= set(layer["annotations"])
+                   for layer in storage), storage
     suffix = "+zstd" if estargz_image["codec"] == "zstd:chunked" else "+gzip"
     assert converted.to_json()["format"] == estargz_image["codec"]
     assert all(layer["mediaType"].endswith(suffix) for layer in layers), layers

@@ -124,11 +124,14 @@ def entry_of(info: tarfile.TarInfo, header_name: str, owners: OwnerNames) -> dic
     return entry
 
 
-def toc_json(entries: Iterable[Mapping[str, Any]]) -> bytes:
+def toc_json(entries: Iterable[Mapping[str, Any]], tar_split_digest: str = "") -> bytes:
     """The TOC document, laid out as Go's json.MarshalIndent(toc, "", "\\t"), with no newline after
-    it (the reader hashes the bytes its decoder reads)."""
-    document = {"version": 1, "entries": [
+    it (the reader hashes the bytes its decoder reads). `tar_split_digest`: zstd:chunked's
+    `tarSplitDigest` (containers/storage's TOC; the snapshotter passes over it)."""
+    document: dict[str, Any] = {"version": 1, "entries": [
         {key: entry[key] for key in FIELDS if key in ("name", "type") or entry.get(key)} for entry in entries]}
+    if tar_split_digest:
+        document["tarSplitDigest"] = tar_split_digest
     return json.dumps(document, indent="\t").encode()
 
 

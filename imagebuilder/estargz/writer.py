@@ -13,13 +13,17 @@ order. At most a few chunks per thread are in flight, so memory stays bounded; t
 the input, the profile and the level only, never on the number of threads.
 
 zstd:chunked (zstdchunked.py) is the same layout with a zstd frame for each gzip member and its own
-end (the TOC in a skippable frame): `codec` chooses.
+end (the TOC and the tar-split in skippable frames, then the footers): `codec` chooses. Its
+tar-split (tarsplit.py) is gathered as the tar is written; containers/storage checks that each
+header it holds matches the TOC's entry, so a zstd:chunked header keeps no more than the TOC says:
+its mtime in whole seconds, no atime or ctime.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import os
 import tarfile
 from collections import deque
@@ -34,8 +38,8 @@ from .order import prioritize
 from .toc import (ANNOTATION_TOC_DIGEST, ANNOTATION_UNCOMPRESSED_SIZE, DEFAULT_CHUNK_SIZE, END_OF_TAR,
                   LANDMARK_CONTENTS, TOC_NAME, OwnerNames, entry_of, footer, gzip_member, header, kind_of, padding,
                   synthetic, toc_json)
-from .zstdchunked import MANIFEST_CHECKSUM, MANIFEST_POSITION, position, skippable, zstd_frame
-from .zstdchunked import footer as zstd_footer
+from .tarsplit import Crc64, TarSplit
+from .zstdchunked import trailer, zstd_frame
 
 CODECS: dict[str, Callable[[Sequence[bytes], int], bytes]] = {ESTARGZ: gzip_member, ZSTD_CHUNKED: zstd_frame}
 
@@ -62,7 +66,10 @@ class Written:
     """Content bytes written before the landmark (the profile's files and hard links' targets)."""
     codec: str = ESTARGZ
     toc_annotations: dict[str, str] = field(default_factory=dict)
-    """zstd:chunked's: the compressed TOC's digest and position."""
+    """zstd:chunked's for the snapshotter: the compressed TOC's digest and position, by their older names."""
+    storage_annotations: dict[str, str] = field(default_factory=dict)
+    """zstd:chunked's for containers/storage: the compressed TOC's digest and position, the tar-split's
+    position. Never beside annotations(): containers/image refuses a layer with both (zstdchunked.py)."""
 
     def annotations(self) -> dict[str, str]:
         """The layer descriptor's annotations the snapshotter reads."""
@@ -102,44 +109,66 @@ def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = 
             raise BadLayer(detail=f"{info.name} ends {size - len(data)} bytes early")
         return data
 
+    split = TarSplit() if codec == ZSTD_CHUNKED else None
     with _Members(out, compress, level, threads, chunk_size, on_progress) as blob:
         owners, entries = OwnerNames(), []
         for info in (*order.before, landmark, *order.after):
-            entries.extend(_write_entry(blob, info, owners, chunk_size, content))
+            entries.extend(_write_entry(blob, info, owners, chunk_size, content, split))
         payload_end = blob.finish_payload()
-        document = toc_json(entries)
-        more = {}
-        if codec == ESTARGZ:  # the TOC is the tar's last entry, in the member the footer points at
+        old, storage = {}, {}
+        if split is None:  # eStargz: the TOC is the tar's last entry, in the member the footer points at
+            document = toc_json(entries)
             blob.write_last([header(synthetic(TOC_NAME, len(document))), document, padding(len(document)), END_OF_TAR])
             blob.write_raw(footer(payload_end))
-        else:  # the tar's end is the last frame; the TOC is no tar entry, in a skippable frame
+        else:  # the tar's end is the last frame; the TOC and the tar-split are no tar entries
             blob.write_last([END_OF_TAR])
+            split.raw(END_OF_TAR)
+            raw_split = split.document()
+            compressed_split = zstd_frame([raw_split], level)
+            document = toc_json(entries, tar_split_digest="sha256:" + hashlib.sha256(compressed_split).hexdigest())
             compressed = zstd_frame([document], level)
-            toc_offset = blob.written + 8  # past the skippable frame's magic and size
-            blob.write_raw(skippable(compressed))
-            blob.write_raw(zstd_footer(toc_offset, len(compressed), len(document)))
-            more = {MANIFEST_CHECKSUM: "sha256:" + hashlib.sha256(compressed).hexdigest(),
-                    MANIFEST_POSITION: position(toc_offset, len(compressed), len(document))}
+            end = trailer(blob.written, compressed, len(document), compressed_split, len(raw_split))
+            blob.write_raw(end.data)
+            old, storage = end.old_annotations(), end.storage_annotations()
     return Written(digest=blob.digest(), size=blob.written, diff_id=blob.diff_id(),
                    uncompressed_size=blob.uncompressed, toc_digest="sha256:" + hashlib.sha256(document).hexdigest(),
                    prioritized=order.found, prioritized_bytes=sum(i.size for i in order.before if i.isreg()),
-                   codec=codec, toc_annotations=more)
+                   codec=codec, toc_annotations=old, storage_annotations=storage)
+
+
+def _whole_seconds(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """The member as its zstd:chunked header says it: the mtime the TOC's modtime says (whole
+    seconds, the epoch for under a second), no PAX times (a PAX record outranks the field)."""
+    kept = {key: value for key, value in info.pax_headers.items() if key not in ("mtime", "atime", "ctime")}
+    mtime = 0 if math.floor(info.mtime) == 0 else math.floor(info.mtime + 0.5)
+    if mtime == info.mtime and kept == info.pax_headers:
+        return info
+    info = copy.copy(info)
+    info.mtime, info.pax_headers = mtime, kept
+    return info
 
 
 def _write_entry(blob: _Members, info: tarfile.TarInfo, owners: OwnerNames, chunk_size: int,
-                 content: Callable[[tarfile.TarInfo, int, int], bytes]) -> list[dict[str, Any]]:
+                 content: Callable[[tarfile.TarInfo, int, int], bytes], split: TarSplit | None) -> list[dict[str, Any]]:
     """Write one tar member: its header into the open gzip member, each content chunk at the start
-    of a new one. Its TOC entries (one, and a "chunk" per further chunk)."""
+    of a new one, and into `split` (zstd:chunked's tar-split). Its TOC entries (one, and a "chunk"
+    per further chunk)."""
     if kind_of(info) == "reg" and info.type != tarfile.REGTYPE:
         info = copy.copy(info)  # an old type ('\\0', contiguous '7') written as '0', as Go's tar reader reads it
         info.type = tarfile.REGTYPE
+    if split is not None:
+        info = _whole_seconds(info)
     encoded = header(info)
     entry = entry_of(info, info.name + "/" if info.isdir() else info.name, owners)
     blob.add(encoded)
-    if not info.isreg():
-        return [entry]
-    if info.size == 0:
-        entry["digest"] = EMPTY_DIGEST
+    crc = Crc64() if split is not None and info.isreg() and info.size else None
+    if split is not None:
+        split.raw(encoded)
+    if not info.isreg() or info.size == 0:
+        if info.isreg():
+            entry["digest"] = EMPTY_DIGEST
+        if split is not None:
+            split.file(entry["name"], 0, None)
         return [entry]
     whole = hashlib.sha256() if info.size > chunk_size else None
     entries = []
@@ -152,11 +181,16 @@ def _write_entry(blob: _Members, info: tarfile.TarInfo, owners: OwnerNames, chun
         data = content(info, start, size)
         if whole is not None:
             whole.update(data)
+        if crc is not None:
+            crc.update(data)
         blob.start_chunk(data, chunk, file_digest=entry if whole is None else None)
         entries.append(chunk)
     if whole is not None:
         entry["digest"] = "sha256:" + whole.hexdigest()
     blob.add(padding(info.size))
+    if split is not None and crc is not None:
+        split.file(entry["name"], info.size, crc.digest())
+        split.raw(padding(info.size))
     return entries
 
 

@@ -1,14 +1,31 @@
-"""zstd:chunked's bytes, as the stargz snapshotter's reader (estargz/zstdchunked, 0.12+) reads them.
+"""zstd:chunked's bytes, as containers/storage writes them and the stargz snapshotter reads them.
 
 The same layout as eStargz (toc.py), with zstd frames for gzip members: every chunk of a file's
 content starts a frame, so the blob still decompresses to the layer's tar with any zstd reader
-(Docker >= 23, containerd >= 1.5 pull it as plain zstd), while the snapshotter decompresses a
-chunk from its TOC offset alone. The end differs: the tar's end blocks are the last frame, then
-the TOC JSON, zstd-compressed, in a skippable frame (no tar entry: decoders skip it, so it is not
-in the diff), then a skippable frame holding the 40-byte footer: the compressed TOC's offset,
-its compressed and raw sizes, the manifest type (1: this CRFS-style TOC) and "GnUlInUx".
-The layer's annotations name the compressed TOC's digest and position (containers/storage's
-names); the snapshotter checks the raw TOC's sha256 against ANNOTATION_TOC_DIGEST, as for eStargz.
+(Docker >= 23, containerd >= 1.5 pull it as plain zstd), while a lazy reader decompresses a chunk
+from its TOC offset alone. After the tar's end blocks (the last zstd frame) come skippable frames,
+which decoders pass over, so none is in the diff:
+  1. the TOC JSON, zstd-compressed; it names the tar-split's digest (`tarSplitDigest`);
+  2. the tar-split (tarsplit.py), zstd-compressed: without it containers/storage (Podman, CRI-O)
+     will not pull a layer partially (pkg/chunked/storage_linux.go, makeZstdChunkedDiffer);
+  3. containers/storage's 64-byte footer (pkg/chunked/internal/minimal, footerDataToBlob): the
+     TOC's offset, compressed and raw length, the manifest type (1), the tar-split's offset,
+     compressed and raw length, "GnUlInUx";
+  4. the 40-byte footer the snapshotter reads, last: it reads only the blob's last 40 bytes
+     (estargz/zstdchunked, ParseFooter: offset, compressed and raw length, type, magic; 0.12 and
+     its main branch of 2026-08 alike), where the 64-byte one would give it the manifest type as
+     the TOC's offset. containers/storage reads neither footer: it finds both frames from the
+     layer's annotations (readZstdChunkedManifest), so the 64-byte one describes the blob for
+     other readers, 48 bytes before the end.
+Offsets are where a frame's compressed bytes start (its skippable frame's start + 8).
+
+Two annotation sets name the frames, and no one manifest can carry both: containers/storage's
+(io.github.containers.zstd-chunked.*: the TOC's compressed digest and position, the tar-split's
+position) and the snapshotter's, which checks the raw TOC's sha256 against eStargz's
+ANNOTATION_TOC_DIGEST (it takes no other: fs/fs.go). containers/image >= 5.30 refuses a layer
+with both ("both zstd:chunked and eStargz TOC found", storage's pkg/chunked/toc GetTOCDigest), in
+every pull, partial or not. The snapshotter's set keeps the older io.containers.zstd-chunked.*
+names, which its stargz-store and containers/storage up to 1.4x (Podman 4) read.
 
 Frames are made by libzstd (the zstd CLI's library, on every Debian and in every image that
 runs dpkg) through ctypes: its compression releases the GIL, so the writer's pool compresses
@@ -18,18 +35,23 @@ on every core, like zlib's gzip members.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import ctypes.util
 import struct
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import BadRequest
 
-MANIFEST_CHECKSUM = "io.containers.zstd-chunked.manifest-checksum"
-MANIFEST_POSITION = "io.containers.zstd-chunked.manifest-position"
+STORAGE_CHECKSUM = "io.github.containers.zstd-chunked.manifest-checksum"
+STORAGE_POSITION = "io.github.containers.zstd-chunked.manifest-position"
+STORAGE_TAR_SPLIT = "io.github.containers.zstd-chunked.tarsplit-position"
+OLD_CHECKSUM = "io.containers.zstd-chunked.manifest-checksum"
+OLD_POSITION = "io.containers.zstd-chunked.manifest-position"
 SKIPPABLE_MAGIC = b"\x50\x2a\x4d\x18"
+SKIPPABLE_HEADER = 8
 FOOTER_MAGIC = b"GnUlInUx"
-FOOTER_SIZE = 40
 MANIFEST_TYPE_CRFS = 1
 DEFAULT_LEVEL = 3  # zstd's own default, and BuildKit's
 
@@ -109,12 +131,45 @@ def skippable(payload: bytes) -> bytes:
     return SKIPPABLE_MAGIC + struct.pack("<I", len(payload)) + payload
 
 
-def footer(toc_offset: int, compressed: int, raw: int) -> bytes:
-    """The last 48 bytes: a skippable frame of the 40-byte footer. `toc_offset` is where the
-    compressed TOC's bytes start (its skippable frame's start + 8)."""
-    return skippable(struct.pack("<QQQQ", toc_offset, compressed, raw, MANIFEST_TYPE_CRFS) + FOOTER_MAGIC)
+@dataclass(frozen=True)
+class Span:
+    """Where a skippable frame's compressed payload lies in the blob, and its raw size."""
+    offset: int
+    compressed: int
+    raw: int
 
 
-def position(toc_offset: int, compressed: int, raw: int) -> str:
-    """MANIFEST_POSITION's value: "offset:compressed:raw:type"."""
-    return f"{toc_offset}:{compressed}:{raw}:{MANIFEST_TYPE_CRFS}"
+@dataclass(frozen=True)
+class Trailer:
+    """The blob's bytes after the tar, and where its TOC and tar-split lie."""
+    data: bytes
+    toc: Span
+    tar_split: Span
+    toc_checksum: str
+    """sha256:HEX of the compressed TOC."""
+
+    def storage_annotations(self) -> dict[str, str]:
+        """containers/storage's: "offset:compressed:raw:type" and "offset:compressed:raw"."""
+        return {STORAGE_CHECKSUM: self.toc_checksum, STORAGE_POSITION: _position(self.toc) + f":{MANIFEST_TYPE_CRFS}",
+                STORAGE_TAR_SPLIT: _position(self.tar_split)}
+
+    def old_annotations(self) -> dict[str, str]:
+        """The older names of the TOC's checksum and position (the snapshotter's store, Podman 4)."""
+        return {OLD_CHECKSUM: self.toc_checksum, OLD_POSITION: _position(self.toc) + f":{MANIFEST_TYPE_CRFS}"}
+
+
+def trailer(start: int, toc: bytes, toc_raw: int, tar_split: bytes, tar_split_raw: int) -> Trailer:
+    """What follows the tar's last frame, which ends at blob offset `start`: the compressed TOC
+    and tar-split, each in its skippable frame, then the two footers (the module's comment)."""
+    toc_span = Span(start + SKIPPABLE_HEADER, len(toc), toc_raw)
+    split_span = Span(toc_span.offset + len(toc) + SKIPPABLE_HEADER, len(tar_split), tar_split_raw)
+    storage_footer = struct.pack("<7Q", toc_span.offset, toc_span.compressed, toc_span.raw, MANIFEST_TYPE_CRFS,
+                                 split_span.offset, split_span.compressed, split_span.raw) + FOOTER_MAGIC
+    snapshotter_footer = struct.pack("<4Q", toc_span.offset, toc_span.compressed, toc_span.raw,
+                                     MANIFEST_TYPE_CRFS) + FOOTER_MAGIC
+    data = skippable(toc) + skippable(tar_split) + skippable(storage_footer) + skippable(snapshotter_footer)
+    return Trailer(data, toc_span, split_span, "sha256:" + hashlib.sha256(toc).hexdigest())
+
+
+def _position(span: Span) -> str:
+    return f"{span.offset}:{span.compressed}:{span.raw}"

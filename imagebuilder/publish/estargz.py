@@ -15,6 +15,8 @@ blobs) and verify runs it as usual. At the push, instead of `docker push`:
      BuildKit attached provenance, an index over the manifest and that attestation, whose
      subject stays the zstd manifest the build exported (named in SOURCE_ANNOTATION), go up
      through the registry API, under each tag, each tag confirmed as `docker push`'s are.
+     zstd:chunked pushes a second manifest over the same blobs, with containers/storage's
+     annotations, marked zstd in the index (_readers says why).
 
 The profile and its command are in the report and in the manifest's annotations.
 """
@@ -40,7 +42,7 @@ from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
 from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
-from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST
+from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST, ZSTD_ANNOTATION
 from ..trust.signing import pinned
 
 LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
@@ -211,19 +213,21 @@ def _put(ref: str, refs: Sequence[str], saved: SavedImage, written: Sequence[Wri
         annotations |= {PROFILE_COMMAND: json.dumps(list(profile.command)),
                         PROFILE_DIGEST: "sha256:" + hashlib.sha256("\n".join(profile.files).encode()).hexdigest(),
                         PROFILE_FILES: str(len(profile.files))}
-    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config_body)},
-                "layers": [{"mediaType": LAYER_TYPES[w.codec], "digest": w.digest, "size": w.size,
-                            "annotations": {**w.annotations(), PROFILE_FILES: str(len(w.prioritized)),
-                                            PROFILE_BYTES: str(w.prioritized_bytes)}} for w in written],
-                "annotations": annotations}
-    body = _canonical(manifest)
-    digest = "sha256:" + hashlib.sha256(body).hexdigest()
-    registry.put_manifest(pinned(ref, digest), body, OCI_MANIFEST)
-    top, top_type, top_body = digest, OCI_MANIFEST, body
-    entry = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(body),
-             **({"platform": dict(saved.platform)} if saved.platform else {})}
-    entries = [entry]
+    bodies = [_canonical({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                          "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config_body)},
+                          "layers": [{"mediaType": LAYER_TYPES[w.codec], "digest": w.digest, "size": w.size,
+                                      "annotations": {**reader(w), PROFILE_FILES: str(len(w.prioritized)),
+                                                      PROFILE_BYTES: str(w.prioritized_bytes)}} for w in written],
+                          "annotations": annotations}) for reader in _readers(written, saved.platform)]
+    entries: list[dict[str, Any]] = []
+    for body in bodies:
+        manifest_digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        registry.put_manifest(pinned(ref, manifest_digest), body, OCI_MANIFEST)
+        entries.append({"mediaType": OCI_MANIFEST, "digest": manifest_digest, "size": len(body),
+                        **({"platform": dict(saved.platform)} if saved.platform else {}),
+                        **({"annotations": {ZSTD_ANNOTATION: "true"}} if entries else {})})
+    digest = str(entries[0]["digest"])
+    top, top_type, top_body = digest, OCI_MANIFEST, bodies[0]
     if saved.attestation is not None:
         entries.append(_attestation(ref, saved, digest, registry))
     if len(entries) > 1:
@@ -233,6 +237,18 @@ def _put(ref: str, refs: Sequence[str], saved: SavedImage, written: Sequence[Wri
     for tag in refs:
         registry.put_manifest(tag, top_body, top_type)
     return top, digest
+
+
+def _readers(written: Sequence[Written], platform: Mapping[str, str] | None) -> list[Callable[[Written], dict[str, str]]]:
+    """The layer annotations of each manifest pushed, in the index's order. zstd:chunked has two
+    sets that no one manifest may carry (estargz/zstdchunked.py), so two manifests over the same
+    blobs: the snapshotter's first, which containerd and Podman 4 take (the first of their
+    platform), then containers/storage's, marked zstd, which containers/image >= 5.25 (Podman
+    4.5+, CRI-O) prefers, as it does gzip+zstd's zstd entry. Without a platform an index could not
+    tell them apart for either: the snapshotter's alone."""
+    if not written or not written[0].storage_annotations or not platform:
+        return [Written.annotations]
+    return [Written.annotations, lambda w: dict(w.storage_annotations)]
 
 
 def _attestation(ref: str, saved: SavedImage, digest: str, registry: EstargzRegistry) -> dict[str, Any]:
