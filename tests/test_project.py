@@ -217,3 +217,42 @@ def test_a_republished_base_takes_the_project_layers_as_they_are(first: dict[str
     ran = subprocess.run(["docker", "run", "--rm", tag, "sh", "-c", "cat /etc/os-fix; python -c 'import trainer; "
                           "print(trainer.VERSION)'"], capture_output=True, text=True, timeout=120)
     assert ran.stdout.split() == ["fixed", "1"], ran.stdout + ran.stderr
+
+
+@pytest.mark.parametrize("kind", ["requirements.txt", "uv.lock"])
+def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[str, Any], docker_engine: Any,
+                                                                    kind: str) -> None:
+    """The other declarations, built for real on the same base: requirements.txt (code on the
+    venv's path, the image's CMD from imagebuilder.toml) and uv.lock (through `uv export`, the
+    project installed as its package)."""
+    import sys
+
+    folder = first["root"] / kind.replace(".", "-")
+    folder.mkdir()
+    if kind == "requirements.txt":
+        (folder / "requirements.txt").write_text("tqdm==4.67.1\n")
+        (folder / "app.py").write_text("import tqdm\nprint('app', tqdm.__version__)\n")
+        (folder / "imagebuilder.toml").write_text('start = "python -m app"\n')
+        check = "python -m app"
+    else:
+        (folder / "uvapp").mkdir()
+        (folder / "uvapp" / "__init__.py").write_text("import tqdm\n")
+        (folder / "pyproject.toml").write_text('[project]\nname = "uvapp"\nversion = "0.1"\nrequires-python = ">=3.10"\n'
+                                               'dependencies = ["tqdm==4.67.1"]\n[tool.setuptools]\npackages = ["uvapp"]\n')
+        uv = str(Path(sys.executable).parent / "uv")
+        locked = subprocess.run([uv, "lock", "--directory", str(folder)], capture_output=True, text=True, timeout=300)
+        assert locked.returncode == 0, locked.stderr
+        check = "python -c 'import uvapp'"
+    marker = f"{kind.split('.')[0]}-{uuid.uuid4().hex[:8]}"
+    tag = f"imagebuilder-test/{marker}:1"
+    try:
+        done = _run(folder, first["base"], tag, "--check", check)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert f"build: {kind} project" in done.stderr and f"proof: check: {check}" in done.stderr
+        assert "tqdm==4.67.1" in (folder / "imagebuilder-project.lock").read_text()
+        if kind == "requirements.txt":
+            cmd = subprocess.run(["docker", "image", "inspect", tag, "--format", "{{json .Config.Cmd}}"],
+                                 capture_output=True, text=True, check=True).stdout
+            assert json.loads(cmd) == ["python", "-m", "app"]
+    finally:
+        remove_local_tags(docker_engine, marker)

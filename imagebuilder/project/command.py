@@ -177,6 +177,9 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
     engine.remove_image(candidate, force=False)  # the name only: the image stays under --tag
     say(f"tagged {req.tag}")
     if req.push:
+        mounted = _mount_base(registry, base, req.tag)
+        if mounted:
+            say(f"push: {mounted} blob(s) of the base mounted into {parse_reference(req.tag).name}")
         pushed = engine.push_counted(req.tag)
         report.pushed_digest = pushed.digest
         report.uploaded_blobs = len(pushed.uploaded)
@@ -251,6 +254,21 @@ def _prove(engine: ProjectEngine, image: str, base_venv: Any, req: ProjectReques
         done.append(f"check: {check}")
         say(f"proof: {done[-1]}")
     return done
+
+
+def _mount_base(registry: Any, base: Any, tag: str) -> int:
+    """The base's blobs linked into `tag`'s repository before the push, where both are in one
+    registry: the engine then finds them there and uploads only the project's. (The engine
+    mounts on its own only blobs it knows came from that registry, which a base built here and
+    published by imagebuilder's own writer are not.)"""
+    if not names_a_registry(base.name) or parse_reference(base.name).host != parse_reference(tag).host:
+        return 0
+    source = f"{parse_reference(base.name).name}@{base.digest}"
+    mounted = 0
+    for digest in registry.blobs(source):
+        if not registry.has_blob(tag, digest) and registry.mount(tag, digest, source):
+            mounted += 1
+    return mounted
 
 
 def _arch(engine: Engine, image: str) -> str:
