@@ -11,7 +11,7 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -290,7 +290,3 @@ class _NoRegistry:
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
-
-
-def checks_of(values: Sequence[str]) -> tuple[str, ...]:
-    return tuple(v for v in values if v.strip())
