@@ -312,7 +312,7 @@ def _rebuild(signed_run: dict[str, Any], base_image: str, namespace: str | None 
     from support.published_images import rendered_signed
 
     return rendered_signed(f"{signed_run['address']}/{namespace}" if namespace else signed_run["registry"], base_image,
-                     buildkit=True)
+                           buildkit=True)
 
 
 def _recorded(signed_run: dict[str, Any], ok: bool = True) -> Verifier:

@@ -18,9 +18,10 @@ BOTH = ("linux/amd64", "linux/arm64")
 
 
 def rendered_signed(registry: str, base_image: str, buildkit: bool = False) -> RenderedImage:
-    """The image `publish` renders for the test's options (the CA bundle is outside the hash):
-    with the session's CA (session_ca_bundle), whose bytes are in the install steps' cache keys, so
-    a rebuild is served from signed_publish's layers."""
+    """The signed image (torch 2.6, CUDA 12.4, debian12 runtime on `base_image`) as `publish`
+    renders it for `registry` with test_publish's and test_signing's options (the CA bundle is
+    outside the hash): with the session's CA (session_ca_bundle), whose bytes are in the install
+    steps' cache keys, so a rebuild is served from signed_publish's layers."""
     from imagebuilder.pipeline import source_label
 
     matrix = load_matrix(default_matrix_path())
@@ -32,7 +33,8 @@ def rendered_signed(registry: str, base_image: str, buildkit: bool = False) -> R
 
 
 def merge_images(registry: str) -> list[RenderedImage]:
-    """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
+    """The images test_publish's MERGE_COORDINATES select (torch 2.11, CUDA 13.0, Python 3.11,
+    debian12: runtime, devel, jupyter, devel-jupyter), for `registry`."""
     from imagebuilder.build.per_platform import Reading, each_platform
     from imagebuilder.matrix.selection import Selection
 
@@ -46,4 +48,5 @@ def merge_images(registry: str) -> list[RenderedImage]:
 
 
 def platform_ref(ref: str, platform: str) -> str:
+    """The ref under which one platform's job pushes its image of `ref` (TAG-amd64, TAG-arm64)."""
     return f"{ref}-{platform.rpartition('/')[2]}"
