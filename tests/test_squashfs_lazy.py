@@ -230,8 +230,9 @@ def test_lazy_reads_an_artifact_without_a_chunk_table_whole_and_says_so(lazy_ima
 @pytest.mark.registry
 def test_the_pyxis_importer_serves_lazily_with_imagebuilder_lazy(lazy_image: dict, upstream: str,
                                                                 tmp_path: Path) -> None:
+    """With a venv activated (another python3 first on PATH), as on a login node."""
     _need_tools()
-    env = {**os.environ, "IMAGEBUILDER_LAZY": "1", "IMAGEBUILDER_SQUASHFS_DIR": str(tmp_path),
+    env = {**os.environ, **_other_python(tmp_path), "IMAGEBUILDER_LAZY": "1", "IMAGEBUILDER_SQUASHFS_DIR": str(tmp_path),
            "IMAGEBUILDER": f"{sys.executable} -m imagebuilder", "PYTHONPATH": str(REPO_ROOT),
            "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
     importer = str(REPO_ROOT / "contrib" / "pyxis-importer")
@@ -248,3 +249,56 @@ def test_the_pyxis_importer_serves_lazily_with_imagebuilder_lazy(lazy_image: dic
         released = subprocess.run([importer, "release"], env=env, capture_output=True, text=True, timeout=120)
     assert released.returncode == 0, released.stderr
     assert not path.exists() and not work_folder(path).exists()
+
+
+# --- round five: what a new user met ------------------------------------------------------------
+
+
+def _other_python(tmp_path: Path) -> dict[str, str]:
+    """PATH with a venv of the test's interpreter first, whose home is a Python of nbdkit's
+    version with a standard library that is not nbdkit's (as a pyenv's, a conda's or an HPC
+    module's Python is): an activated venv, as a user has one."""
+    version = subprocess.run(["nbdkit", "python", "--dump-plugin"], capture_output=True, text=True,
+                             check=True).stdout.partition("python_version=")[2].split(".")[:2]
+    home = tmp_path / "other-python"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "python3").symlink_to(sys.executable)
+    stdlib = home / "lib" / f"python{'.'.join(version)}"
+    stdlib.mkdir(parents=True)
+    (stdlib / "os.py").write_text("raise ImportError('the standard library of another Python')\n")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python3").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {home / 'bin'}\ninclude-system-site-packages = false\n")
+    return {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
+
+
+@pytest.mark.registry
+def test_lazy_serves_with_another_python_first_on_path(lazy_image: dict, upstream: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_tools()
+    for name, value in _other_python(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    output = tmp_path / "image.sqfs"
+    done = CliRunner().invoke(cli, ["squashfs", f"{upstream}/{lazy_image['repository']}:runtime", "-o", str(output),
+                                    "--lazy"])
+    try:
+        assert done.exit_code == 0, done.output
+        with open(output, "rb") as f:
+            assert f.read(4) == b"hsqs"
+    finally:
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+
+
+@pytest.mark.registry
+def test_a_failed_mount_keeps_its_log_and_says_why(lazy_image: dict, proxy: FaultProxy, tmp_path: Path) -> None:
+    _need_tools()
+    proxy.inject(Fault("GET", "/blobs/" + lazy_image["outcome"].blob, status=404, times=None))
+    output = tmp_path / "image.sqfs"
+    done = CliRunner().invoke(cli, ["squashfs", f"{proxy.address}/{lazy_image['repository']}:runtime", "-o",
+                                    str(output), "--lazy", "--registry-timeout", "5"])
+    kept = tmp_path / ".image.sqfs.lazy.log"
+    assert done.exit_code == 1, done.output
+    assert f"(log: {kept})" in done.output and "server disconnected" not in done.output, done.output
+    assert "error: " in kept.read_text(), done.output
+    assert not output.exists() and not work_folder(output).exists()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -35,6 +36,7 @@ from .make import HEARTBEAT_S, ToolMissing, human
 
 PLUGIN = Path(__file__).with_name("nbdkit_plugin.py")
 READY_TIMEOUT_S = 60.0
+PYTHON_ERROR = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
 TOOLS = (("nbdfuse", "libnbd-bin"), ("nbdkit", "nbdkit"), ("fusermount3", "fuse3"))
 
 
@@ -61,13 +63,30 @@ def work_folder(output: Path) -> Path:
     return output.parent / f".{output.name}.lazy"
 
 
+def failed_log(output: Path) -> Path:
+    """Where the log of a mount that failed is kept, beside FILE (its folder is removed)."""
+    return output.parent / f".{output.name}.lazy.log"
+
+
 def require_tools() -> None:
     for tool, package in TOOLS:
         if shutil.which(tool) is None:
             raise ToolMissing(tool=tool, package=package)
-    plugin = subprocess.run(["nbdkit", "--dump-plugin", "python"], capture_output=True, text=True, timeout=60)
+    plugin = subprocess.run(["nbdkit", "--dump-plugin", "python"], capture_output=True, text=True, timeout=60,
+                            env=nbdkit_env())
     if plugin.returncode != 0:
         raise ToolMissing(tool="nbdkit's python plugin", package="nbdkit-plugin-python")
+
+
+def nbdkit_env() -> dict[str, str]:
+    """This environment for nbdkit, whose embedded Python finds its standard library from the
+    first `python3` on PATH: an activated venv's, a pyenv's, a conda's or a `module load`'s
+    would load that Python's library into the system's (`undefined symbol: _PyModule_Add`). So
+    nbdkit's own folder, where its distribution's python3 lies, comes first; and PYTHONPATH is
+    only imagebuilder's folder."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    folder = os.path.dirname(os.path.realpath(shutil.which("nbdkit") or "/usr/bin/nbdkit"))
+    return {**env, "PATH": os.pathsep.join([folder, env.get("PATH", "")]), "PYTHONPATH": str(PLUGIN.parents[2])}
 
 
 def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
@@ -97,14 +116,16 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
         raise FetchError(f"cannot make {folder} beside {output} for its cache: {e.strerror}; give -o a file in a "
                          "folder you can write") from e
     made = not output.exists()
+    log = folder / "log"
     try:
         (folder / "chunks.json").write_bytes(body.getvalue())
         output.touch(0o644)
-        log = folder / "log"
         process = _start(f"{target.partition('@')[0]}@{blob}", size, folder, output, log)
         _wait_ready(image, output, folder / "pid", process, log, say)
     except BaseException:
         _unmount(output)
+        if log.exists():  # the tools' words outlive the failed mount: its message names this file
+            os.replace(log, failed_log(output))
         shutil.rmtree(folder, ignore_errors=True)
         if made:
             output.unlink(missing_ok=True)
@@ -116,14 +137,11 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
 
 def _start(ref: str, size: int, folder: Path, output: Path, log: Path) -> subprocess.Popen[bytes]:
     """nbdfuse over FILE with nbdkit under it, in a session of their own: they outlive the command."""
-    # Only imagebuilder's own folder: nbdkit embeds the system's Python, whose standard library
-    # must not be shadowed by this process's (a venv's or pyenv's build of it).
-    env = {**os.environ, "PYTHONPATH": str(PLUGIN.parents[2])}
     argv = ["nbdfuse", "-r", "-P", str(folder / "pid"), str(output), "--command",
             "nbdkit", "-s", "--exit-with-parent", "--threads", "16", "python", str(PLUGIN),
             f"ref={ref}", f"size={size}", f"table={folder / 'chunks.json'}", f"cache={folder / 'cache'}"]
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True,
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=nbdkit_env(), start_new_session=True,
                          close_fds=True)
 
 
@@ -136,24 +154,32 @@ def _wait_ready(image: str, output: Path, pidfile: Path, process: subprocess.Pop
         while not pidfile.exists():
             if time.monotonic() - started > READY_TIMEOUT_S:
                 raise MountFailed(image=image, path=output, detail=f"not ready within {READY_TIMEOUT_S:g} s",
-                                  log=log)
+                                  log=failed_log(output))
             if process.poll() is not None:
-                raise MountFailed(image=image, path=output, detail=_last_line(log), log=log)
+                raise MountFailed(image=image, path=output, detail=_last_line(log), log=failed_log(output))
             time.sleep(0.05)
     try:
         with open(output, "rb") as f:
             magic = f.read(4)
     except OSError as e:
         raise MountFailed(image=image, path=output, detail=f"reading it: {e.strerror}; {_last_line(log)}",
-                          log=log) from e
+                          log=failed_log(output)) from e
     if magic != b"hsqs":
-        raise MountFailed(image=image, path=output, detail="it does not start as a squashfs", log=log)
+        raise MountFailed(image=image, path=output, detail="it does not start as a squashfs",
+                          log=failed_log(output))
 
 
 def _last_line(log: Path) -> str:
-    lines = [line for line in (log.read_text(errors="replace") if log.exists() else "").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error: ")]
-    return (errors or lines or ["it stopped without a word"])[-1].strip()[-300:]
+    """The line of the log that says why: the plugin's `error: ...`, else a Python exception's
+    (nbdkit could not load the plugin), else nbdkit's, else the last (nbdfuse's, mostly "server
+    disconnected unexpectedly", which says nothing of the cause)."""
+    lines = [line.strip() for line in (log.read_text(errors="replace") if log.exists() else "").splitlines()
+             if line.strip()]
+    for wanted in (lambda line: line.startswith("error: "), PYTHON_ERROR.match, lambda line: "nbdkit: error" in line):
+        found = [line for line in lines if wanted(line)]
+        if found:
+            return found[-1][-300:]
+    return (lines or ["it stopped without a word"])[-1][-300:]
 
 
 def _unmount(output: Path) -> bool:
