@@ -405,8 +405,8 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
 @cli.command("squashfs-release")
 @click.argument("file", type=click.Path(path_type=Path))
 def squashfs_release_cmd(file: Path) -> None:
-    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache (a file
-    downloaded whole is removed). Safe to repeat.
+    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache. Anything
+    else at FILE is left alone. Safe to repeat.
 
     \b
     Example:
@@ -414,7 +414,8 @@ def squashfs_release_cmd(file: Path) -> None:
     """
     from .squashfs.lazy import release
 
-    progress(f"{file}: released" if release(file) else f"{file}: nothing to release")
+    progress(f"{file}: released" if release(file) else
+             f"{file}: nothing to release (not served by `imagebuilder squashfs --lazy`)")
 
 
 def main() -> None:

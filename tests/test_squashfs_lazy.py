@@ -302,3 +302,49 @@ def test_a_failed_mount_keeps_its_log_and_says_why(lazy_image: dict, proxy: Faul
     assert f"(log: {kept})" in done.output and "server disconnected" not in done.output, done.output
     assert "error: " in kept.read_text(), done.output
     assert not output.exists() and not work_folder(output).exists()
+
+
+def test_release_leaves_alone_what_lazy_did_not_serve(tmp_path: Path) -> None:
+    _need_tools()
+    plain = tmp_path / "plain.sqfs"
+    plain.write_bytes(b"hsqs mine")
+    done = CliRunner().invoke(cli, ["squashfs-release", str(plain)])
+    assert done.exit_code == 0 and "nothing to release" in done.output and plain.read_bytes() == b"hsqs mine"
+    other = tmp_path / "other-mount"  # another FUSE mount over a file: nbdfuse with nbdkit's memory disk
+    other.touch()
+    mounter = subprocess.Popen(["nbdfuse", str(other), "--command", "nbdkit", "-s", "memory", "1M"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if subprocess.run(["findmnt", str(other)], capture_output=True).returncode == 0:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        done = CliRunner().invoke(cli, ["squashfs-release", str(other)])
+        assert done.exit_code == 0 and "nothing to release" in done.output, done.output
+        assert subprocess.run(["findmnt", str(other)], capture_output=True).returncode == 0  # still mounted
+    finally:
+        subprocess.run(["fusermount3", "-u", str(other)], capture_output=True, check=False)
+        mounter.wait(timeout=30)
+    for bad in (str(tmp_path), ""):
+        done = CliRunner().invoke(cli, ["squashfs-release", bad])
+        assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+        assert done.output.count("\n") == 1 and "a folder, not a file" in done.output, done.output
+
+
+@pytest.mark.registry
+def test_release_of_another_user_s_served_file_is_one_line(served: Path) -> None:
+    """As a user who may not enter the folder beside FILE: root without the capabilities that
+    pass over file permissions, the folder made another user's for the while."""
+    if os.getuid() != 0:
+        _unavailable("the test makes the folder another user's: it runs as root (as CI does)")
+    folder = work_folder(served)
+    os.chown(folder, 65534, 65534)
+    try:
+        done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                               sys.executable, "-m", "imagebuilder", "squashfs-release", str(served)],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    finally:
+        os.chown(folder, 0, 0)
+    assert (done.returncode, done.stderr.count("\n")) == (1, 1), done.stderr
+    assert f"cannot release {served}: Permission denied" in done.stderr and "Traceback" not in done.stderr
+    assert subprocess.run(["findmnt", str(served)], capture_output=True).returncode == 0  # left as it was

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ImageBuilderError
+from ..errors import BadRequest, ImageBuilderError
 from ..registry.heartbeat import every
 from ..trust.cosign import Cosign
 from .artifact import chunk_layer
@@ -46,6 +46,14 @@ class MountFailed(FetchError):
 
 class AlreadyServed(ImageBuilderError):
     template = "{path} is served already (by an earlier --lazy); release it first: imagebuilder squashfs-release {path}"
+
+
+class NotServable(BadRequest):
+    template = "squashfs-release {path}: a folder, not a file that `imagebuilder squashfs --lazy` serves; give that FILE"
+
+
+class NotYours(ImageBuilderError):
+    template = "cannot release {path}: {detail}; it was served by another user, who releases it"
 
 
 @dataclass(frozen=True)
@@ -193,16 +201,24 @@ def _unmount(output: Path) -> bool:
 
 
 def release(output: Path) -> bool:
-    """Unmount FILE and remove it and its folder; True where something was released. Safe to repeat."""
+    """Unmount FILE and remove it and its folder, where `squashfs --lazy` served it (its folder
+    beside it holds the chunk table); True where something was released. Anything else at FILE
+    (a file it did not serve, another mount) is left alone. Safe to repeat."""
+    if str(output) in ("", ".") or output.is_dir():
+        raise NotServable(path=output)
     folder = work_folder(output)
-    mounted = _unmount(output) if output.exists() or folder.exists() else False
-    pidfile = folder / "pid"
-    if pidfile.exists():
-        _wait_gone(pidfile)
-    shutil.rmtree(folder, ignore_errors=True)
-    existed = output.exists()
-    output.unlink(missing_ok=True)
-    return mounted or existed
+    try:
+        if not (folder / "chunks.json").is_file():
+            return False
+        _unmount(output)
+        pidfile = folder / "pid"
+        if pidfile.exists():
+            _wait_gone(pidfile)
+        shutil.rmtree(folder)
+        output.unlink(missing_ok=True)
+    except PermissionError as e:
+        raise NotYours(path=output, detail=e.strerror) from e
+    return True
 
 
 def _wait_gone(pidfile: Path, timeout_s: float = 30.0) -> None:
