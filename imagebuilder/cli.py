@@ -392,7 +392,7 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
         from .squashfs.lazy import Mounted, mount_lazy
 
         served = mount_lazy(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                            say=progress)
+                            timeout_s=registry_policy.timeout_s, say=progress)
         if isinstance(served, Mounted):
             return
         fetched = served  # published before the chunk table: downloaded whole

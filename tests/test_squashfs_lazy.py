@@ -17,6 +17,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -348,3 +350,57 @@ def test_release_of_another_user_s_served_file_is_one_line(served: Path) -> None
     assert (done.returncode, done.stderr.count("\n")) == (1, 1), done.stderr
     assert f"cannot release {served}: Permission denied" in done.stderr and "Traceback" not in done.stderr
     assert subprocess.run(["findmnt", str(served)], capture_output=True).returncode == 0  # left as it was
+
+
+def _serve(address: str, repository: str, output: Path, *options: str) -> None:
+    done = CliRunner().invoke(cli, ["squashfs", f"{address}/{repository}:runtime", "-o", str(output), "--lazy",
+                                    *options])
+    assert done.exit_code == 0, done.output
+
+
+@pytest.mark.registry
+def test_lazy_reads_give_up_a_paused_registry_after_registry_timeout(lazy_image: dict, proxy: FaultProxy,
+                                                                      tmp_path: Path) -> None:
+    from cluster_runtimes import squashfs_mounted
+
+    _need_tools()
+    output = tmp_path / "image.sqfs"
+    _serve(proxy.address, lazy_image["repository"], output, "--registry-timeout", "1")
+    try:
+        with squashfs_mounted(output) as root:
+            proxy.inject(Fault("GET", "/blobs/" + lazy_image["outcome"].blob, stall_s=60, times=None))
+            started = time.monotonic()
+            with pytest.raises(OSError):
+                (root / "data/big.bin").read_bytes()
+            assert time.monotonic() - started < 20  # two tries of 1 s and a backoff, not 2 x 300 s
+            log = (work_folder(output) / "log").read_text()
+    finally:
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+    assert any(line.startswith("error: ") and "within 1 s (2 tries)" in line for line in log.splitlines()), log
+
+
+@pytest.mark.registry
+def test_lazy_reads_outlive_a_registry_restart(lazy_image: dict, upstream: str, tmp_path: Path) -> None:
+    """A refused connection (the registry restarting) is tried again, as a reset is."""
+    from cluster_runtimes import squashfs_mounted
+
+    _need_tools()
+    output = tmp_path / "image.sqfs"
+    first = FaultProxy(upstream).__enter__()
+    port = int(first.address.rpartition(":")[2])
+    _serve(first.address, lazy_image["repository"], output)
+    try:
+        with squashfs_mounted(output) as root:
+            assert (root / "data/small.txt").read_text() == "small\n"
+            first.__exit__(None, None, None)  # down: connections are refused
+            restarted: list[FaultProxy] = []
+            restart = threading.Timer(2.0, lambda: restarted.append(FaultProxy(upstream, port).__enter__()))
+            restart.start()
+            assert hashlib.sha256((root / "data/big.bin").read_bytes()).digest() == hashlib.sha256(BIG).digest()
+            restart.join()
+            log = (work_folder(output) / "log").read_text()
+    finally:
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+        for running in restarted:
+            running.__exit__(None, None, None)
+    assert "Connection refused" in log, log

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..errors import BadRequest, ImageBuilderError
 from ..registry.heartbeat import every
+from ..registry.retry import REGISTRY_POLICY
 from ..trust.cosign import Cosign
 from .artifact import chunk_layer
 from .chunks import parse_table
@@ -99,7 +100,7 @@ def nbdkit_env() -> dict[str, str]:
 
 def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
                platform: str = "linux/amd64", cosign: Cosign | None = None,
-               say: Callable[[str], None]) -> Mounted | Fetched:
+               timeout_s: float = REGISTRY_POLICY.timeout_s, say: Callable[[str], None]) -> Mounted | Fetched:
     """FILE serving `image`'s squashfs lazily; the whole file downloaded where the artifact has no table."""
     require_tools()
     if work_folder(output).exists():
@@ -128,7 +129,7 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
     try:
         (folder / "chunks.json").write_bytes(body.getvalue())
         output.touch(0o644)
-        process = _start(f"{target.partition('@')[0]}@{blob}", size, folder, output, log)
+        process = _start(f"{target.partition('@')[0]}@{blob}", size, folder, output, log, timeout_s)
         _wait_ready(image, output, folder / "pid", process, log, say)
     except BaseException:
         _unmount(output)
@@ -143,11 +144,13 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
     return Mounted(output, target, artifact, size, time.monotonic() - started, log)
 
 
-def _start(ref: str, size: int, folder: Path, output: Path, log: Path) -> subprocess.Popen[bytes]:
+def _start(ref: str, size: int, folder: Path, output: Path, log: Path,
+           timeout_s: float) -> subprocess.Popen[bytes]:
     """nbdfuse over FILE with nbdkit under it, in a session of their own: they outlive the command."""
     argv = ["nbdfuse", "-r", "-P", str(folder / "pid"), str(output), "--command",
             "nbdkit", "-s", "--exit-with-parent", "--threads", "16", "python", str(PLUGIN),
-            f"ref={ref}", f"size={size}", f"table={folder / 'chunks.json'}", f"cache={folder / 'cache'}"]
+            f"ref={ref}", f"size={size}", f"table={folder / 'chunks.json'}", f"cache={folder / 'cache'}",
+            f"timeout={timeout_s:g}"]
     with open(log, "ab") as out:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=nbdkit_env(), start_new_session=True,
                          close_fds=True)
