@@ -9,6 +9,7 @@ the pyxis importer with IMAGEBUILDER_LAZY=1. Seconds each: the squashfs is of ~1
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -404,3 +405,52 @@ def test_lazy_reads_outlive_a_registry_restart(lazy_image: dict, upstream: str, 
         for running in restarted:
             running.__exit__(None, None, None)
     assert "Connection refused" in log, log
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` at `path`: a disk that fills."""
+    if os.getuid() != 0:
+        _unavailable("a small disk is a tmpfs mounted here: the test runs as root (as CI does)")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("lazy", [[], ["--lazy"]], ids=["whole", "lazy"])
+def test_a_disk_too_small_is_said_in_one_line_before_the_download(lazy_image: dict, upstream: str, tmp_path: Path,
+                                                                  lazy: list[str]) -> None:
+    _need_tools()
+    with _small_disk(tmp_path / "disk", "4m") as disk:
+        done = CliRunner().invoke(cli, ["squashfs", f"{upstream}/{lazy_image['repository']}:runtime", "-o",
+                                        str(disk / "image.sqfs"), *lazy])
+        assert done.exit_code == 1 and done.output.count("\n") == 1, done.output
+        assert done.output.startswith(f"error: {disk} has 4.2 MB free, and the squashfs of ") and \
+            "is 12.6 MB" in done.output, done.output
+        assert list(disk.iterdir()) == []
+
+
+@pytest.mark.registry
+def test_a_lazy_cache_on_a_disk_that_fills_says_so_in_its_log(lazy_image: dict, upstream: str, tmp_path: Path) -> None:
+    _need_tools()
+    with _small_disk(tmp_path / "disk", "14m") as disk:
+        output = disk / "image.sqfs"
+        _serve(upstream, lazy_image["repository"], output)
+        try:
+            with open(disk / "filler", "wb") as filler:
+                with pytest.raises(OSError):
+                    while True:
+                        filler.write(b"\0" * MIB)
+                        filler.flush()
+            with open(output, "rb") as served, pytest.raises(OSError) as raised:
+                os.pread(served.fileno(), 100, 6 * MIB)  # a chunk not cached yet
+            assert raised.value.errno == errno.EIO
+            log = (work_folder(output) / "log").read_text()
+        finally:
+            CliRunner().invoke(cli, ["squashfs-release", str(output)])
+    assert any(line.startswith("error: cannot write the lazy squashfs's cache ") and "No space left on device" in line
+               for line in log.splitlines()), log

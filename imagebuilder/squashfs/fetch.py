@@ -9,6 +9,7 @@ before a byte of it is downloaded, the blob streamed into a temp file beside FIL
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +53,19 @@ class OutputIsFolder(BadRequest):
 
 class NoOutputFolder(BadRequest):
     template = "-o {path}: the folder {folder} does not exist"
+
+
+class NoSpace(FetchError):
+    template = ("{folder} has {free} free, and the squashfs of {image} is {size}; free some space there or give -o a "
+                "file on another disk")
+
+
+def check_space(folder: Path, size: int, image: str) -> None:
+    """Room for the squashfs's `size` bytes on the disk of `folder`, before a byte is fetched
+    (a full disk would read as a registry that stopped answering)."""
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise NoSpace(folder=folder, free=human(free), image=image, size=human(size))
 
 
 class FetchRegistry(ArtifactRegistry, Protocol):
@@ -124,6 +138,7 @@ def download_squashfs(registry: FetchRegistry, image: str, output: Path, target:
     """The squashfs blob `layer` of `artifact` (checked_artifact's answer for `image`) as FILE,
     its digest checked, written atomically."""
     digest, size = str(layer["digest"]), int(layer.get("size") or 0)
+    check_space(output.parent, size, image)
     manifest = registry.manifest(artifact)
     annotations: Mapping[str, Any] = (manifest[0].get("annotations") or {}) if manifest else {}
     say(f"{image}: downloading its squashfs ({human(size)}, {artifact.rpartition('@')[2][:19]})")

@@ -15,6 +15,7 @@ chunk: the command says so and downloads it whole (fetch.py), as without --lazy.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -32,11 +33,13 @@ from ..registry.retry import REGISTRY_POLICY
 from ..trust.cosign import Cosign
 from .artifact import chunk_layer
 from .chunks import parse_table
-from .fetch import FetchError, Fetched, FetchRegistry, checked_artifact, download_squashfs
+from .fetch import FetchError, Fetched, FetchRegistry, check_space, checked_artifact, download_squashfs
 from .make import HEARTBEAT_S, ToolMissing, human
 
 PLUGIN = Path(__file__).with_name("nbdkit_plugin.py")
 READY_TIMEOUT_S = 60.0
+LOG_RESERVE = 64 << 10
+"""Bytes of the log allocated before the tools write to it (from its start: NULs follow their words)."""
 PYTHON_ERROR = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b.*: ")
 TOOLS = (("nbdfuse", "libnbd-bin"), ("nbdkit", "nbdkit"), ("fusermount3", "fuse3"))
 
@@ -113,6 +116,7 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
             "lazily), so it cannot be checked chunk by chunk; downloading it whole")
         return download_squashfs(registry, image, output, target, artifact, layer, started=started, say=say)
     blob, size = str(layer["digest"]), int(layer.get("size") or 0)
+    check_space(output.parent, size, image)  # the cache grows to the whole file as it is read
     body = io.BytesIO()
     registry.download_blob(target, str(table_layer["digest"]), body)
     if "sha256:" + hashlib.sha256(body.getvalue()).hexdigest() != table_layer["digest"]:
@@ -133,8 +137,8 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
         _wait_ready(image, output, folder / "pid", process, log, say)
     except BaseException:
         _unmount(output)
-        if log.exists():  # the tools' words outlive the failed mount: its message names this file
-            os.replace(log, failed_log(output))
+        with contextlib.suppress(OSError):  # the tools' words outlive the failed mount: its message names this file
+            failed_log(output).write_text(_read_log(log))
         shutil.rmtree(folder, ignore_errors=True)
         if made:
             output.unlink(missing_ok=True)
@@ -151,9 +155,11 @@ def _start(ref: str, size: int, folder: Path, output: Path, log: Path,
             "nbdkit", "-s", "--exit-with-parent", "--threads", "16", "python", str(PLUGIN),
             f"ref={ref}", f"size={size}", f"table={folder / 'chunks.json'}", f"cache={folder / 'cache'}",
             f"timeout={timeout_s:g}"]
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=nbdkit_env(), start_new_session=True,
-                         close_fds=True)
+    with open(log, "wb") as out:
+        with contextlib.suppress(OSError):  # taken now: a disk the cache fills up later still takes their words
+            os.posix_fallocate(out.fileno(), 0, LOG_RESERVE)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=nbdkit_env(),
+                                start_new_session=True, close_fds=True)
 
 
 def _wait_ready(image: str, output: Path, pidfile: Path, process: subprocess.Popen[bytes], log: Path,
@@ -180,12 +186,15 @@ def _wait_ready(image: str, output: Path, pidfile: Path, process: subprocess.Pop
                           log=failed_log(output))
 
 
+def _read_log(log: Path) -> str:
+    return log.read_text(errors="replace").replace("\0", "") if log.exists() else ""
+
+
 def _last_line(log: Path) -> str:
     """The line of the log that says why: the plugin's `error: ...`, else a Python exception's
     (nbdkit could not load the plugin), else nbdkit's, else the last (nbdfuse's, mostly "server
     disconnected unexpectedly", which says nothing of the cause)."""
-    lines = [line.strip() for line in (log.read_text(errors="replace") if log.exists() else "").splitlines()
-             if line.strip()]
+    lines = [line.strip() for line in _read_log(log).splitlines() if line.strip()]
     for wanted in (lambda line: line.startswith("error: "), PYTHON_ERROR.match, lambda line: "nbdkit: error" in line):
         found = [line for line in lines if wanted(line)]
         if found:
