@@ -454,3 +454,34 @@ def test_a_lazy_cache_on_a_disk_that_fills_says_so_in_its_log(lazy_image: dict, 
             CliRunner().invoke(cli, ["squashfs-release", str(output)])
     assert any(line.startswith("error: cannot write the lazy squashfs's cache ") and "No space left on device" in line
                for line in log.splitlines()), log
+
+
+@pytest.mark.registry
+def test_a_whole_fetch_onto_a_served_file_is_refused_before_the_registry(served: Path, lazy_image: dict,
+                                                                          proxy: FaultProxy) -> None:
+    proxy.inject()
+    done = CliRunner().invoke(cli, ["squashfs", f"{proxy.address}/{lazy_image['repository']}:runtime", "-o",
+                                    str(served)])
+    assert done.exit_code == 1 and done.output.count("\n") == 1 and "is served already" in done.output, done.output
+    assert proxy.seen == [] and subprocess.run(["findmnt", str(served)], capture_output=True).returncode == 0
+
+
+def test_o_into_a_folder_the_user_cannot_write_is_one_line(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        _unavailable("the test runs as root without the capabilities that pass over permissions (as CI is root)")
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, 65534, 65534)
+    for output in (folder / "image.sqfs", folder / "sub" / "image.sqfs"):
+        done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                               sys.executable, "-m", "imagebuilder", "squashfs", "127.0.0.1:9/none:tag", "-o", str(output)],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "Traceback" not in done.stderr and "-o " in done.stderr
+    os.chmod(folder, 0o700)
+    done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                           sys.executable, "-m", "imagebuilder", "squashfs", "127.0.0.1:9/none:tag", "-o",
+                           str(folder / "image.sqfs")],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 2 and done.stderr.startswith(f"error: -o {folder / 'image.sqfs'}: cannot write in "), \
+        done.stderr

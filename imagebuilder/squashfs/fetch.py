@@ -83,12 +83,33 @@ class Fetched:
     annotations: Mapping[str, str]
 
 
+class OutputNotWritable(BadRequest):
+    template = "-o {path}: cannot write in {folder} ({detail}); give -o a file in a folder you can write"
+
+
+class AlreadyServed(ImageBuilderError):
+    template = "{path} is served already (by an earlier --lazy); release it first: imagebuilder squashfs-release {path}"
+
+
+def work_folder(output: Path) -> Path:
+    """The folder beside FILE with its cache, chunk table and log, while `--lazy` serves FILE."""
+    return output.parent / f".{output.name}.lazy"
+
+
 def check_output(path: Path) -> None:
     """-o's value, refused before any registry is asked."""
-    if path.is_dir():
-        raise OutputIsFolder(path=path)
-    if not path.parent.is_dir():
-        raise NoOutputFolder(path=path, folder=path.parent)
+    try:
+        if path.is_dir():
+            raise OutputIsFolder(path=path)
+        if not path.parent.is_dir():
+            raise NoOutputFolder(path=path, folder=path.parent)
+        served = work_folder(path).exists()
+    except PermissionError as e:
+        raise OutputNotWritable(path=path, folder=path.parent, detail=e.strerror) from e
+    if served:
+        raise AlreadyServed(path=path)
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise OutputNotWritable(path=path, folder=path.parent, detail="permission denied")
 
 
 def image_digest(registry: ArtifactRegistry, image: str, platform: str) -> str:

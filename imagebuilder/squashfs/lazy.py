@@ -33,7 +33,8 @@ from ..registry.retry import REGISTRY_POLICY
 from ..trust.cosign import Cosign
 from .artifact import chunk_layer
 from .chunks import parse_table
-from .fetch import FetchError, Fetched, FetchRegistry, check_space, checked_artifact, download_squashfs
+from .fetch import (AlreadyServed, FetchError, Fetched, FetchRegistry, check_space, checked_artifact,
+                    download_squashfs, work_folder)
 from .make import HEARTBEAT_S, ToolMissing, human
 
 PLUGIN = Path(__file__).with_name("nbdkit_plugin.py")
@@ -46,10 +47,6 @@ TOOLS = (("nbdfuse", "libnbd-bin"), ("nbdkit", "nbdkit"), ("fusermount3", "fuse3
 
 class MountFailed(FetchError):
     template = "nbdfuse could not serve {image}'s squashfs at {path}: {detail} (log: {log})"
-
-
-class AlreadyServed(ImageBuilderError):
-    template = "{path} is served already (by an earlier --lazy); release it first: imagebuilder squashfs-release {path}"
 
 
 class NotServable(BadRequest):
@@ -68,11 +65,6 @@ class Mounted:
     size: int
     seconds: float
     log: Path
-
-
-def work_folder(output: Path) -> Path:
-    """The folder beside FILE with its cache, chunk table and log."""
-    return output.parent / f".{output.name}.lazy"
 
 
 def failed_log(output: Path) -> Path:
