@@ -443,3 +443,23 @@ def test_long_work_is_never_silent(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     made = make.make_squashfs(Slow(), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lines.append)
     assert made.path.stat().st_size > 0
     assert sum("127.0.0.1:1/a/b: layer 1/1" in line and "unpacked so far" in line for line in lines) >= 3, lines
+
+
+H = "a" * 64
+
+
+@pytest.mark.parametrize(("uri", "reference"), [
+    ("docker://ubuntu:22.04", "ubuntu:22.04"),
+    (f"docker://ubuntu@sha256:{H}", f"ubuntu@sha256:{H}"),
+    (f"docker://alice@ubuntu@sha256:{H}", f"ubuntu@sha256:{H}"),
+    ("docker://alice@ubuntu:22.04", "ubuntu:22.04"),
+    (f"docker://alice@ghcr.io#acme/torch@sha256:{H}", f"ghcr.io/acme/torch@sha256:{H}"),
+    (f"docker://127.0.0.1:5000#ml/torch:2.6@sha256:{H}", f"127.0.0.1:5000/ml/torch:2.6@sha256:{H}"),
+])
+def test_the_pyxis_importer_reads_enroot_s_uris(uri: str, reference: str) -> None:
+    """The importer's own `reference` function (taken out of the script), as enroot's URIs come."""
+    function = subprocess.run(["sed", "-n", "/^reference() {/,/^}/p", str(IMPORTER)], capture_output=True, text=True,
+                              check=True).stdout
+    done = subprocess.run(["bash", "-c", f'{function}\nreference "$1"', "bash", uri], capture_output=True, text=True,
+                          timeout=30)
+    assert (done.returncode, done.stdout) == (0, reference + "\n"), done.stderr
