@@ -463,3 +463,20 @@ def test_the_pyxis_importer_reads_enroot_s_uris(uri: str, reference: str) -> Non
     done = subprocess.run(["bash", "-c", f'{function}\nreference "$1"', "bash", uri], capture_output=True, text=True,
                           timeout=30)
     assert (done.returncode, done.stdout) == (0, reference + "\n"), done.stderr
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("how", ["estargz", "zstd:chunked"])
+def test_the_squashfs_of_a_lazy_format_image_leaves_out_its_toc_and_landmarks(published: dict, how: str,
+                                                                               tmp_path: Path) -> None:
+    from imagebuilder.squashfs.make import make_squashfs
+
+    host, repository = published["host"], "imagebuilder-test/squashfs-" + how.replace(":", "-")
+    digest = push_image(host, repository, "lazy", [([E("app", "dir"), E("app/main.py", data="print(1)\n")], how)],
+                        {"Env": ENV})
+    output = tmp_path / "image.sqfs"
+    make_squashfs(published["registry"], f"{host}/{repository}@{digest}", output, say=lambda line: None)
+    listed = subprocess.run(["unsquashfs", "-l", "-d", "", str(output)], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert "/app/main.py" in listed
+    assert not {"/.prefetch.landmark", "/.no.prefetch.landmark", "/stargz.index.json"} & set(listed), listed
