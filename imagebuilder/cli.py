@@ -388,6 +388,10 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
     (platform,) = parse_platforms(platform)
     check_output(output)
     pub = key_reference(key, "--key") if key is not None else None
+    if pub is not None and Path(pub).is_file():  # (a KMS key is asked for where it is used)
+        from .trust.cosign import Cosign
+
+        Cosign().require().try_public_key(pub, "--key")
     if lazy:
         from .squashfs.lazy import Mounted, mount_lazy
 

@@ -271,6 +271,20 @@ def test_bad_input_is_refused_before_any_registry_is_asked(args: list[str], mess
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("key", ["not-a-key", "private"])
+def test_a_key_cosign_cannot_read_is_refused_before_any_registry_is_asked(key: str, signing_keys: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """As publish's --sign-key: exit 2 in one line, port 1 (which answers nothing) never asked."""
+    path = signing_keys["key"] if key == "private" else tmp_path / "garbage.pub"
+    if key == "not-a-key":
+        path.write_text("not a key\n")
+    done = CliRunner().invoke(cli, ["squashfs", "127.0.0.1:1/a/b:tag", "-o", str(tmp_path / "x.sqfs"),
+                                    "--key", str(path)])
+    assert done.exit_code == 2 and len(done.output.strip().splitlines()) == 1, done.output
+    assert done.output.startswith(f"error: --key {path} is not a public key cosign can read: "), done.output
+    assert not (tmp_path / "x.sqfs").exists()
+
+
 @pytest.mark.registry
 def test_a_signed_squashfs_is_checked_before_it_is_downloaded(published: dict, signing_keys: dict[str, Path],
                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
