@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -485,3 +486,25 @@ def test_o_into_a_folder_the_user_cannot_write_is_one_line(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 2 and done.stderr.startswith(f"error: -o {folder / 'image.sqfs'}: cannot write in "), \
         done.stderr
+
+
+@pytest.mark.registry
+def test_ctrl_c_once_served_leaves_a_served_mount_and_exit_0(lazy_image: dict, upstream: str, tmp_path: Path) -> None:
+    """The command said "served at": a Ctrl-C while it exits changes nothing (it was an exit 130
+    with the mount left up)."""
+    _need_tools()
+    output = tmp_path / "image.sqfs"
+    command = subprocess.Popen([sys.executable, "-m", "imagebuilder", "squashfs",
+                                f"{upstream}/{lazy_image['repository']}:runtime", "-o", str(output), "--lazy"],
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        assert command.stderr is not None
+        said = next(line for line in command.stderr if "is served at" in line or line.startswith("error"))
+        command.send_signal(signal.SIGINT)  # while it exits (a tenth of a second)
+        assert "is served at" in said, said
+        assert command.wait(timeout=60) == 0, command.stderr.read()
+    finally:
+        command.wait(timeout=60)
+        mounted = subprocess.run(["findmnt", str(output)], capture_output=True).returncode == 0
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+    assert mounted

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import interrupts
 from ..errors import BadRequest, ImageBuilderError
 from ..registry.heartbeat import every
 from ..registry.retry import REGISTRY_POLICY
@@ -127,6 +128,7 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
         output.touch(0o644)
         process = _start(f"{target.partition('@')[0]}@{blob}", size, folder, output, log, timeout_s)
         _wait_ready(image, output, folder / "pid", process, log, say)
+        interrupts.settle()  # served: an interrupt before this line unmounts, one after it is ignored
     except BaseException:
         _unmount(output)
         with contextlib.suppress(OSError):  # the tools' words outlive the failed mount: its message names this file
