@@ -133,3 +133,32 @@ def test_strace_flags_are_ones_this_strace_takes(tmp_path: Path) -> None:
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert "/etc/hostname" in [entry.path for entry in parse_trace(out.read_text().splitlines())]
+
+
+@pytest.mark.docker
+def test_a_start_that_fails_at_once_is_said_before_the_image_is_read(docker_engine: DockerEngine, base_image: str,
+                                                                      tmp_path: Path) -> None:
+    """Issue 52: the profile runs beside the save of the image; its failure ends the save."""
+    import time
+
+    from imagebuilder.publish.estargz import EstargzPublisher
+
+    if shutil.which("strace") is None:
+        _unavailable("strace is missing: .ci/setup installs it")
+
+    class Slow:
+        """The engine's own save, at 50 MB/s at most (the read of a large image)."""
+
+        finished = False
+
+        def save_image(self, ref: str):  # type: ignore[no-untyped-def]
+            for chunk in docker_engine.save_image(ref):
+                time.sleep(len(chunk) / 50e6)
+                yield chunk
+            Slow.finished = True
+
+    publisher = EstargzPublisher(Slow(), registry=None, start=("sh", "-c", "echo no torch here >&2; exit 1"),  # type: ignore[arg-type]
+                                 workdir=tmp_path, say=lambda line: None)
+    with pytest.raises(StartFailed, match=r"exited with 1, .* It said: no torch here$"):
+        publisher.push(base_image, [], None)
+    assert not Slow.finished and list(tmp_path.iterdir()) == []
