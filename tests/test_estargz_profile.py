@@ -162,3 +162,11 @@ def test_a_start_that_fails_at_once_is_said_before_the_image_is_read(docker_engi
     with pytest.raises(StartFailed, match=r"exited with 1, .* It said: no torch here$"):
         publisher.push(base_image, [], None)
     assert not Slow.finished and list(tmp_path.iterdir()) == []
+
+
+def test_a_start_that_does_not_end_is_told_what_it_can_change() -> None:
+    """Issue 52: the limit is fixed (600 s), so the line advises no timeout that no option sets."""
+    from imagebuilder.estargz.profile import StartTimedOut
+
+    said = str(StartTimedOut(ref="r:t", command="python -m server", timeout=600))
+    assert "within 600 s" in said and "--start-command" in said and "longer timeout" not in said
