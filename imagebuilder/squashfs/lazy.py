@@ -131,8 +131,9 @@ def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | 
         interrupts.settle()  # served: an interrupt before this line unmounts, one after it is ignored
     except BaseException:
         _unmount(output)
-        with contextlib.suppress(OSError):  # the tools' words outlive the failed mount: its message names this file
-            failed_log(output).write_text(_read_log(log))
+        if log.exists():  # the tools' words outlive the failed mount: its message names this file
+            with contextlib.suppress(OSError):
+                failed_log(output).write_text(_read_log(log))
         shutil.rmtree(folder, ignore_errors=True)
         if made:
             output.unlink(missing_ok=True)
