@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,7 +152,7 @@ def test_a_start_that_fails_at_once_is_said_before_the_image_is_read(docker_engi
 
         finished = False
 
-        def save_image(self, ref: str):  # type: ignore[no-untyped-def]
+        def save_image(self, ref: str) -> Iterator[bytes]:
             for chunk in docker_engine.save_image(ref):
                 time.sleep(len(chunk) / 50e6)
                 yield chunk

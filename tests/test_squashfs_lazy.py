@@ -37,7 +37,7 @@ from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.squashfs.artifact import CHUNKS_TYPE, LAYER_TYPE, push_artifact
 from imagebuilder.squashfs.chunk_cache import ChunkCache
 from imagebuilder.squashfs.chunks import BadChunkTable, ChunkCorrupt, ChunkTable, parse_table, table_of
-from imagebuilder.squashfs.lazy import work_folder
+from imagebuilder.squashfs.fetch import work_folder
 
 MIB = 1 << 20
 BIG = b"".join(hashlib.sha256(str(n).encode()).digest() for n in range(12 * MIB // 32))
