@@ -147,22 +147,27 @@ def test_a_start_that_fails_at_once_is_said_before_the_image_is_read(docker_engi
     if shutil.which("strace") is None:
         _unavailable("strace is missing: .ci/setup installs it")
 
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", base_image], capture_output=True,
+                              text=True, check=True).stdout)
+
     class Slow:
-        """The engine's own save, at 50 MB/s at most (the read of a large image)."""
+        """The engine's own save, taking 120 s (the read of a large image): the failed start,
+        seconds in, must end it long before."""
 
         finished = False
 
         def save_image(self, ref: str) -> Iterator[bytes]:
             for chunk in docker_engine.save_image(ref):
-                time.sleep(len(chunk) / 50e6)
+                time.sleep(len(chunk) * 120 / size)
                 yield chunk
             Slow.finished = True
 
     publisher = EstargzPublisher(Slow(), registry=None, start=("sh", "-c", "echo no torch here >&2; exit 1"),  # type: ignore[arg-type]
                                  workdir=tmp_path, say=lambda line: None)
+    started = time.monotonic()
     with pytest.raises(StartFailed, match=r"exited with 1, .* It said: no torch here$"):
         publisher.push(base_image, [], None)
-    assert not Slow.finished and list(tmp_path.iterdir()) == []
+    assert not Slow.finished and time.monotonic() - started < 90 and list(tmp_path.iterdir()) == []
 
 
 def test_a_start_that_does_not_end_is_told_what_it_can_change() -> None:
