@@ -388,11 +388,15 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
     (platform,) = parse_platforms(platform)
     check_output(output)
     pub = key_reference(key, "--key") if key is not None else None
+    if pub is not None and Path(pub).is_file():  # (a KMS key is asked for where it is used)
+        from .trust.cosign import Cosign
+
+        Cosign().require().try_public_key(pub, "--key")
     if lazy:
         from .squashfs.lazy import Mounted, mount_lazy
 
         served = mount_lazy(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                            say=progress)
+                            timeout_s=registry_policy.timeout_s, say=progress)
         if isinstance(served, Mounted):
             return
         fetched = served  # published before the chunk table: downloaded whole
@@ -405,8 +409,8 @@ def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy:
 @cli.command("squashfs-release")
 @click.argument("file", type=click.Path(path_type=Path))
 def squashfs_release_cmd(file: Path) -> None:
-    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache (a file
-    downloaded whole is removed). Safe to repeat.
+    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache. Anything
+    else at FILE is left alone. Safe to repeat.
 
     \b
     Example:
@@ -414,7 +418,8 @@ def squashfs_release_cmd(file: Path) -> None:
     """
     from .squashfs.lazy import release
 
-    progress(f"{file}: released" if release(file) else f"{file}: nothing to release")
+    progress(f"{file}: released" if release(file) else
+             f"{file}: nothing to release (not served by `imagebuilder squashfs --lazy`)")
 
 
 def main() -> None:

@@ -15,8 +15,11 @@ INTERRUPTED = 130
 class _Handler:
     def __init__(self) -> None:
         self.pressed = False
+        self.settled = False
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.settled:
+            return
         if self.pressed:
             os.write(2, b"interrupted\n")
             os._exit(INTERRUPTED)
@@ -24,8 +27,20 @@ class _Handler:
         raise KeyboardInterrupt
 
 
+_installed: list[_Handler] = []
+
+
 def install() -> None:
     """Take SIGINT and SIGTERM as above (main thread only, as Python runs signal handlers)."""
     handler = _Handler()
+    _installed.append(handler)
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def settle() -> None:
+    """The command's work is done and meant to outlive it (a lazy mount serving on): a Ctrl-C
+    from now on, while the command says so and exits, changes nothing (not an exit 130 with the
+    work left behind)."""
+    for handler in _installed:
+        handler.settled = True

@@ -54,7 +54,7 @@ class Fault:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, port: int = 0) -> None:
         self.upstream = upstream
         self.faults: list[Fault] = []
         self.seen: list[tuple[str, str, str]] = []
@@ -62,7 +62,7 @@ class FaultProxy:
         self.ranges: list[tuple[str, str, str | None]] = []
         """(method, path, its Range header or None) of every request, in the order they came."""
         self._lock = threading.Lock()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

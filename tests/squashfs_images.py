@@ -51,8 +51,15 @@ def layer_tar(entries: Sequence[E]) -> bytes:
 
 
 def compress(tar: bytes, how: str) -> tuple[bytes, str]:
-    """The layer blob and its media type: gzip, zstd or none."""
+    """The layer blob and its media type: gzip, zstd, estargz, zstd:chunked (imagebuilder's
+    writer, as publish --compression writes them) or none."""
     base = "application/vnd.oci.image.layer.v1.tar"
+    if how in ("estargz", "zstd:chunked"):
+        from imagebuilder.estargz.writer import write_estargz
+
+        out = io.BytesIO()
+        write_estargz(io.BytesIO(tar), out, codec=how, workers=1)
+        return out.getvalue(), base + ("+gzip" if how == "estargz" else "+zstd")
     if how == "gzip":
         return gzip.compress(tar), base + "+gzip"
     if how == "zstd":

@@ -142,6 +142,10 @@ ROWS = {
                                                              "--start-command orders eStargz layers: give --compression estargz"),
     "publish --dry-run --start-command without compression": Row((*PUBLISH, "--dry-run", "--start-command", ""), 2,
                                                                  "give --compression estargz (or zstd:chunked) with it, or drop it"),
+    # issue 52, round five: a start command sh could not read either
+    "publish --dry-run --start-command with a quote unclosed": Row(
+        (*PUBLISH, "--dry-run", "--compression", "estargz", "--start-command", "python -c 'import torch"), 2,
+        "--start-command \"python -c 'import torch\" does not read as a shell command (no closing quotation)"),
     "build --compression zstd:chunked": Row((*BUILD, "--compression", "zstd:chunked"), 2,
                                             "--compression zstd:chunked is written by publish"),
     "publish --dry-run --compression zstd:chunked level 23": Row(

@@ -413,3 +413,13 @@ def test_every_test_docs_clusters_names_exists():
         pattern = re.compile("^" + name.replace("*", r"\w+") + "$")
         matches = [test for test in defined if pattern.match(test)]
         assert len(matches) >= (2 if "*" in name else 1), name
+
+
+def test_the_readme_s_command_table_has_every_command() -> None:
+    """Issue 52: a new user reads the table first; `squashfs` and `squashfs-release` were missing."""
+    from imagebuilder.cli import cli
+
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+    missing = [name for name in sorted(cli.commands) if not any(re.match(rf"\| `{re.escape(name)}[ `]", row)
+                                                                for row in rows)]
+    assert missing == [], f"README.md's command table lacks {missing}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,3 +134,45 @@ def test_strace_flags_are_ones_this_strace_takes(tmp_path: Path) -> None:
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert "/etc/hostname" in [entry.path for entry in parse_trace(out.read_text().splitlines())]
+
+
+@pytest.mark.docker
+def test_a_start_that_fails_at_once_is_said_before_the_image_is_read(docker_engine: DockerEngine, base_image: str,
+                                                                      tmp_path: Path) -> None:
+    """Issue 52: the profile runs beside the save of the image; its failure ends the save."""
+    import time
+
+    from imagebuilder.publish.estargz import EstargzPublisher
+
+    if shutil.which("strace") is None:
+        _unavailable("strace is missing: .ci/setup installs it")
+
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", base_image], capture_output=True,
+                              text=True, check=True).stdout)
+
+    class Slow:
+        """The engine's own save, taking 120 s (the read of a large image): the failed start,
+        seconds in, must end it long before."""
+
+        finished = False
+
+        def save_image(self, ref: str) -> Iterator[bytes]:
+            for chunk in docker_engine.save_image(ref):
+                time.sleep(len(chunk) * 120 / size)
+                yield chunk
+            Slow.finished = True
+
+    publisher = EstargzPublisher(Slow(), registry=None, start=("sh", "-c", "echo no torch here >&2; exit 1"),  # type: ignore[arg-type]
+                                 workdir=tmp_path, say=lambda line: None)
+    started = time.monotonic()
+    with pytest.raises(StartFailed, match=r"exited with 1, .* It said: no torch here$"):
+        publisher.push(base_image, [], None)
+    assert not Slow.finished and time.monotonic() - started < 90 and list(tmp_path.iterdir()) == []
+
+
+def test_a_start_that_does_not_end_is_told_what_it_can_change() -> None:
+    """Issue 52: the limit is fixed (600 s), so the line advises no timeout that no option sets."""
+    from imagebuilder.estargz.profile import StartTimedOut
+
+    said = str(StartTimedOut(ref="r:t", command="python -m server", timeout=600))
+    assert "within 600 s" in said and "--start-command" in said and "longer timeout" not in said

@@ -272,6 +272,20 @@ def test_bad_input_is_refused_before_any_registry_is_asked(args: list[str], mess
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("key", ["not-a-key", "private"])
+def test_a_key_cosign_cannot_read_is_refused_before_any_registry_is_asked(key: str, signing_keys: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """As publish's --sign-key: exit 2 in one line, port 1 (which answers nothing) never asked."""
+    path = signing_keys["key"] if key == "private" else tmp_path / "garbage.pub"
+    if key == "not-a-key":
+        path.write_text("not a key\n")
+    done = CliRunner().invoke(cli, ["squashfs", "127.0.0.1:1/a/b:tag", "-o", str(tmp_path / "x.sqfs"),
+                                    "--key", str(path)])
+    assert done.exit_code == 2 and len(done.output.strip().splitlines()) == 1, done.output
+    assert done.output.startswith(f"error: --key {path} is not a public key cosign can read: "), done.output
+    assert not (tmp_path / "x.sqfs").exists()
+
+
 @pytest.mark.registry
 def test_a_signed_squashfs_is_checked_before_it_is_downloaded(published: dict, signing_keys: dict[str, Path],
                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -425,3 +439,40 @@ def test_long_work_is_never_silent(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     made = make.make_squashfs(Slow(ENV), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lines.append)
     assert made.path.stat().st_size > 0
     assert sum("127.0.0.1:1/a/b: layer 1/1" in line and "unpacked so far" in line for line in lines) >= 3, lines
+
+
+H = "a" * 64
+
+
+@pytest.mark.parametrize(("uri", "reference"), [
+    ("docker://ubuntu:22.04", "ubuntu:22.04"),
+    (f"docker://ubuntu@sha256:{H}", f"ubuntu@sha256:{H}"),
+    (f"docker://alice@ubuntu@sha256:{H}", f"ubuntu@sha256:{H}"),
+    ("docker://alice@ubuntu:22.04", "ubuntu:22.04"),
+    (f"docker://alice@ghcr.io#acme/torch@sha256:{H}", f"ghcr.io/acme/torch@sha256:{H}"),
+    (f"docker://127.0.0.1:5000#ml/torch:2.6@sha256:{H}", f"127.0.0.1:5000/ml/torch:2.6@sha256:{H}"),
+])
+def test_the_pyxis_importer_reads_enroot_s_uris(uri: str, reference: str) -> None:
+    """The importer's own `reference` function (taken out of the script), as enroot's URIs come."""
+    function = subprocess.run(["sed", "-n", "/^reference() {/,/^}/p", str(IMPORTER)], capture_output=True, text=True,
+                              check=True).stdout
+    done = subprocess.run(["bash", "-c", f'{function}\nreference "$1"', "bash", uri], capture_output=True, text=True,
+                          timeout=30)
+    assert (done.returncode, done.stdout) == (0, reference + "\n"), done.stderr
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("how", ["estargz", "zstd:chunked"])
+def test_the_squashfs_of_a_lazy_format_image_leaves_out_its_toc_and_landmarks(published: dict, how: str,
+                                                                               tmp_path: Path) -> None:
+    from imagebuilder.squashfs.make import make_squashfs
+
+    host, repository = published["host"], "imagebuilder-test/squashfs-" + how.replace(":", "-")
+    digest = push_image(host, repository, "lazy", [([E("app", "dir"), E("app/main.py", data="print(1)\n")], how)],
+                        {"Env": ENV})
+    output = tmp_path / "image.sqfs"
+    make_squashfs(published["registry"], f"{host}/{repository}@{digest}", output, say=lambda line: None)
+    listed = subprocess.run(["unsquashfs", "-l", "-d", "", str(output)], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert "/app/main.py" in listed
+    assert not {"/.prefetch.landmark", "/.no.prefetch.landmark", "/stargz.index.json"} & set(listed), listed

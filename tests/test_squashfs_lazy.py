@@ -9,14 +9,18 @@ the pyxis importer with IMAGEBUILDER_LAZY=1. Seconds each: the squashfs is of ~1
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +37,7 @@ from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.squashfs.artifact import CHUNKS_TYPE, LAYER_TYPE, push_artifact
 from imagebuilder.squashfs.chunk_cache import ChunkCache
 from imagebuilder.squashfs.chunks import BadChunkTable, ChunkCorrupt, ChunkTable, parse_table, table_of
-from imagebuilder.squashfs.lazy import work_folder
+from imagebuilder.squashfs.fetch import work_folder
 
 MIB = 1 << 20
 BIG = b"".join(hashlib.sha256(str(n).encode()).digest() for n in range(12 * MIB // 32))
@@ -230,8 +234,9 @@ def test_lazy_reads_an_artifact_without_a_chunk_table_whole_and_says_so(lazy_ima
 @pytest.mark.registry
 def test_the_pyxis_importer_serves_lazily_with_imagebuilder_lazy(lazy_image: dict, upstream: str,
                                                                 tmp_path: Path) -> None:
+    """With a venv activated (another python3 first on PATH), as on a login node."""
     _need_tools()
-    env = {**os.environ, "IMAGEBUILDER_LAZY": "1", "IMAGEBUILDER_SQUASHFS_DIR": str(tmp_path),
+    env = {**os.environ, **_other_python(tmp_path), "IMAGEBUILDER_LAZY": "1", "IMAGEBUILDER_SQUASHFS_DIR": str(tmp_path),
            "IMAGEBUILDER": f"{sys.executable} -m imagebuilder", "PYTHONPATH": str(REPO_ROOT),
            "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
     importer = str(REPO_ROOT / "contrib" / "pyxis-importer")
@@ -248,3 +253,258 @@ def test_the_pyxis_importer_serves_lazily_with_imagebuilder_lazy(lazy_image: dic
         released = subprocess.run([importer, "release"], env=env, capture_output=True, text=True, timeout=120)
     assert released.returncode == 0, released.stderr
     assert not path.exists() and not work_folder(path).exists()
+
+
+# --- round five: what a new user met ------------------------------------------------------------
+
+
+def _other_python(tmp_path: Path) -> dict[str, str]:
+    """PATH with a venv of the test's interpreter first, whose home is a Python of nbdkit's
+    version with a standard library that is not nbdkit's (as a pyenv's, a conda's or an HPC
+    module's Python is): an activated venv, as a user has one."""
+    version = subprocess.run(["nbdkit", "python", "--dump-plugin"], capture_output=True, text=True,
+                             check=True).stdout.partition("python_version=")[2].split(".")[:2]
+    home = tmp_path / "other-python"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "python3").symlink_to(sys.executable)
+    stdlib = home / "lib" / f"python{'.'.join(version)}"
+    stdlib.mkdir(parents=True)
+    (stdlib / "os.py").write_text("raise ImportError('the standard library of another Python')\n")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python3").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {home / 'bin'}\ninclude-system-site-packages = false\n")
+    return {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
+
+
+@pytest.mark.registry
+def test_lazy_serves_with_another_python_first_on_path(lazy_image: dict, upstream: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_tools()
+    for name, value in _other_python(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    output = tmp_path / "image.sqfs"
+    done = CliRunner().invoke(cli, ["squashfs", f"{upstream}/{lazy_image['repository']}:runtime", "-o", str(output),
+                                    "--lazy"])
+    try:
+        assert done.exit_code == 0, done.output
+        with open(output, "rb") as f:
+            assert f.read(4) == b"hsqs"
+    finally:
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+
+
+@pytest.mark.registry
+def test_a_failed_mount_keeps_its_log_and_says_why(lazy_image: dict, proxy: FaultProxy, tmp_path: Path) -> None:
+    _need_tools()
+    proxy.inject(Fault("GET", "/blobs/" + lazy_image["outcome"].blob, status=404, times=None))
+    output = tmp_path / "image.sqfs"
+    done = CliRunner().invoke(cli, ["squashfs", f"{proxy.address}/{lazy_image['repository']}:runtime", "-o",
+                                    str(output), "--lazy", "--registry-timeout", "5"])
+    kept = tmp_path / ".image.sqfs.lazy.log"
+    assert done.exit_code == 1, done.output
+    assert f"(log: {kept})" in done.output and "server disconnected" not in done.output, done.output
+    assert "error: " in kept.read_text(), done.output
+    assert not output.exists() and not work_folder(output).exists()
+
+
+def test_release_leaves_alone_what_lazy_did_not_serve(tmp_path: Path) -> None:
+    _need_tools()
+    plain = tmp_path / "plain.sqfs"
+    plain.write_bytes(b"hsqs mine")
+    done = CliRunner().invoke(cli, ["squashfs-release", str(plain)])
+    assert done.exit_code == 0 and "nothing to release" in done.output and plain.read_bytes() == b"hsqs mine"
+    other = tmp_path / "other-mount"  # another FUSE mount over a file: nbdfuse with nbdkit's memory disk
+    other.touch()
+    mounter = subprocess.Popen(["nbdfuse", str(other), "--command", "nbdkit", "-s", "memory", "1M"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if subprocess.run(["findmnt", str(other)], capture_output=True).returncode == 0:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        done = CliRunner().invoke(cli, ["squashfs-release", str(other)])
+        assert done.exit_code == 0 and "nothing to release" in done.output, done.output
+        assert subprocess.run(["findmnt", str(other)], capture_output=True).returncode == 0  # still mounted
+    finally:
+        subprocess.run(["fusermount3", "-u", str(other)], capture_output=True, check=False)
+        mounter.wait(timeout=30)
+    for bad in (str(tmp_path), ""):
+        done = CliRunner().invoke(cli, ["squashfs-release", bad])
+        assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+        assert done.output.count("\n") == 1 and "a folder, not a file" in done.output, done.output
+
+
+@pytest.mark.registry
+def test_release_of_another_user_s_served_file_is_one_line(served: Path) -> None:
+    """As a user who may not enter the folder beside FILE: root without the capabilities that
+    pass over file permissions, the folder made another user's for the while."""
+    if os.getuid() != 0:
+        _unavailable("the test makes the folder another user's: it runs as root (as CI does)")
+    folder = work_folder(served)
+    os.chown(folder, 65534, 65534)
+    try:
+        done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                               sys.executable, "-m", "imagebuilder", "squashfs-release", str(served)],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    finally:
+        os.chown(folder, 0, 0)
+    assert (done.returncode, done.stderr.count("\n")) == (1, 1), done.stderr
+    assert f"cannot release {served}: Permission denied" in done.stderr and "Traceback" not in done.stderr
+    assert subprocess.run(["findmnt", str(served)], capture_output=True).returncode == 0  # left as it was
+
+
+def _serve(address: str, repository: str, output: Path, *options: str) -> None:
+    done = CliRunner().invoke(cli, ["squashfs", f"{address}/{repository}:runtime", "-o", str(output), "--lazy",
+                                    *options])
+    assert done.exit_code == 0, done.output
+
+
+@pytest.mark.registry
+def test_lazy_reads_give_up_a_paused_registry_after_registry_timeout(lazy_image: dict, proxy: FaultProxy,
+                                                                      tmp_path: Path) -> None:
+    from cluster_runtimes import squashfs_mounted
+
+    _need_tools()
+    output = tmp_path / "image.sqfs"
+    _serve(proxy.address, lazy_image["repository"], output, "--registry-timeout", "1")
+    try:
+        with squashfs_mounted(output) as root:
+            proxy.inject(Fault("GET", "/blobs/" + lazy_image["outcome"].blob, stall_s=60, times=None))
+            started = time.monotonic()
+            with pytest.raises(OSError):
+                (root / "data/big.bin").read_bytes()
+            assert time.monotonic() - started < 20  # two tries of 1 s and a backoff, not 2 x 300 s
+            log = (work_folder(output) / "log").read_text()
+    finally:
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+    assert any(line.startswith("error: ") and "within 1 s (2 tries)" in line for line in log.splitlines()), log
+
+
+@pytest.mark.registry
+def test_lazy_reads_outlive_a_registry_restart(lazy_image: dict, upstream: str, tmp_path: Path) -> None:
+    """A refused connection (the registry restarting) is tried again, as a reset is."""
+    from cluster_runtimes import squashfs_mounted
+
+    _need_tools()
+    output = tmp_path / "image.sqfs"
+    first = FaultProxy(upstream).__enter__()
+    port = int(first.address.rpartition(":")[2])
+    _serve(first.address, lazy_image["repository"], output)
+    try:
+        with squashfs_mounted(output) as root:
+            assert (root / "data/small.txt").read_text() == "small\n"
+            first.__exit__(None, None, None)  # down: connections are refused
+            restarted: list[FaultProxy] = []
+            restart = threading.Timer(2.0, lambda: restarted.append(FaultProxy(upstream, port).__enter__()))
+            restart.start()
+            assert hashlib.sha256((root / "data/big.bin").read_bytes()).digest() == hashlib.sha256(BIG).digest()
+            restart.join()
+            log = (work_folder(output) / "log").read_text()
+    finally:
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+        for running in restarted:
+            running.__exit__(None, None, None)
+    assert "Connection refused" in log, log
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` at `path`: a disk that fills."""
+    if os.getuid() != 0:
+        _unavailable("a small disk is a tmpfs mounted here: the test runs as root (as CI does)")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("lazy", [[], ["--lazy"]], ids=["whole", "lazy"])
+def test_a_disk_too_small_is_said_in_one_line_before_the_download(lazy_image: dict, upstream: str, tmp_path: Path,
+                                                                  lazy: list[str]) -> None:
+    _need_tools()
+    with _small_disk(tmp_path / "disk", "4m") as disk:
+        done = CliRunner().invoke(cli, ["squashfs", f"{upstream}/{lazy_image['repository']}:runtime", "-o",
+                                        str(disk / "image.sqfs"), *lazy])
+        assert done.exit_code == 1 and done.output.count("\n") == 1, done.output
+        assert done.output.startswith(f"error: {disk} has 4.2 MB free, and the squashfs of ") and \
+            "is 12.6 MB" in done.output, done.output
+        assert list(disk.iterdir()) == []
+
+
+@pytest.mark.registry
+def test_a_lazy_cache_on_a_disk_that_fills_says_so_in_its_log(lazy_image: dict, upstream: str, tmp_path: Path) -> None:
+    _need_tools()
+    with _small_disk(tmp_path / "disk", "14m") as disk:
+        output = disk / "image.sqfs"
+        _serve(upstream, lazy_image["repository"], output)
+        try:
+            with open(disk / "filler", "wb") as filler:
+                with pytest.raises(OSError):
+                    while True:
+                        filler.write(b"\0" * MIB)
+                        filler.flush()
+            with open(output, "rb") as served, pytest.raises(OSError) as raised:
+                os.pread(served.fileno(), 100, 6 * MIB)  # a chunk not cached yet
+            assert raised.value.errno == errno.EIO
+            log = (work_folder(output) / "log").read_text()
+        finally:
+            CliRunner().invoke(cli, ["squashfs-release", str(output)])
+    assert any(line.startswith("error: cannot write the lazy squashfs's cache ") and "No space left on device" in line
+               for line in log.splitlines()), log
+
+
+@pytest.mark.registry
+def test_a_whole_fetch_onto_a_served_file_is_refused_before_the_registry(served: Path, lazy_image: dict,
+                                                                          proxy: FaultProxy) -> None:
+    proxy.inject()
+    done = CliRunner().invoke(cli, ["squashfs", f"{proxy.address}/{lazy_image['repository']}:runtime", "-o",
+                                    str(served)])
+    assert done.exit_code == 1 and done.output.count("\n") == 1 and "is served already" in done.output, done.output
+    assert proxy.seen == [] and subprocess.run(["findmnt", str(served)], capture_output=True).returncode == 0
+
+
+def test_o_into_a_folder_the_user_cannot_write_is_one_line(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        _unavailable("the test runs as root without the capabilities that pass over permissions (as CI is root)")
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, 65534, 65534)
+    for output in (folder / "image.sqfs", folder / "sub" / "image.sqfs"):
+        done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                               sys.executable, "-m", "imagebuilder", "squashfs", "127.0.0.1:9/none:tag", "-o", str(output)],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "Traceback" not in done.stderr and "-o " in done.stderr
+    os.chmod(folder, 0o700)
+    done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                           sys.executable, "-m", "imagebuilder", "squashfs", "127.0.0.1:9/none:tag", "-o",
+                           str(folder / "image.sqfs")],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 2 and done.stderr.startswith(f"error: -o {folder / 'image.sqfs'}: cannot write in "), \
+        done.stderr
+
+
+@pytest.mark.registry
+def test_ctrl_c_once_served_leaves_a_served_mount_and_exit_0(lazy_image: dict, upstream: str, tmp_path: Path) -> None:
+    """The command said "served at": a Ctrl-C while it exits changes nothing (it was an exit 130
+    with the mount left up)."""
+    _need_tools()
+    output = tmp_path / "image.sqfs"
+    command = subprocess.Popen([sys.executable, "-m", "imagebuilder", "squashfs",
+                                f"{upstream}/{lazy_image['repository']}:runtime", "-o", str(output), "--lazy"],
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        assert command.stderr is not None
+        said = next(line for line in command.stderr if "is served at" in line or line.startswith("error"))
+        command.send_signal(signal.SIGINT)  # while it exits (a tenth of a second)
+        assert "is served at" in said, said
+        assert command.wait(timeout=60) == 0, command.stderr.read()
+    finally:
+        command.wait(timeout=60)
+        mounted = subprocess.run(["findmnt", str(output)], capture_output=True).returncode == 0
+        CliRunner().invoke(cli, ["squashfs-release", str(output)])
+    assert mounted

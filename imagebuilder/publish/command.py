@@ -120,6 +120,10 @@ class StartWithoutEstargz(BadRequest):
                 "or drop it")
 
 
+class StartCommandUnreadable(BadRequest):
+    template = "--start-command {command!r} does not read as a shell command ({detail}); quote it as sh would"
+
+
 def start_profile_command(asked: str | None, compression: Compression | None) -> tuple[str, ...] | None:
     """--start-command as the argv the profile runs: the torch start when not given; None for
     '' (no profile); refused (exit 2) without --compression estargz or zstd:chunked."""
@@ -129,7 +133,10 @@ def start_profile_command(asked: str | None, compression: Compression | None) ->
         raise StartWithoutEstargz()
     if asked is None:
         return TORCH_START
-    return tuple(shlex.split(asked)) or None
+    try:
+        return tuple(shlex.split(asked)) or None
+    except ValueError as e:  # "No closing quotation", "No escaped character"
+        raise StartCommandUnreadable(command=asked, detail=str(e).lower()) from e
 
 
 def run_and_report(plans: Sequence[tuple[str, Sequence[Step]]], *, engine: Engine, builder: Builder,

@@ -92,6 +92,17 @@ class Converted:
                 **{k: round(v, 2) for k, v in self.seconds.items()}}
 
 
+def _failing_first(profiled: Future[StartProfile] | None, on_progress: Callable[[int], None]) -> Callable[[int], None]:
+    """`on_progress`, raising the start profile's error as soon as it has one: a start command
+    that fails at once is said then, not after the whole image was read."""
+    def checked(done: int) -> None:
+        if profiled is not None and profiled.done() and profiled.exception() is not None:
+            profiled.result()
+        on_progress(done)
+
+    return checked
+
+
 @dataclass(frozen=True)
 class EstargzPublisher:
     """Made at the edge (publish/command.py), handed to the run in RunOptions.estargz."""
@@ -116,7 +127,8 @@ class EstargzPublisher:
             with ThreadPoolExecutor(1, thread_name_prefix="start-profile") as pool:
                 profiled = pool.submit(self._profile, ref) if self.start is not None else None
                 saved = save_layers(ref, self.engine.save_image(ref), folder, platform or host_platform(),
-                                    on_progress=self._every(f"{ref}: reading its layers", SAY_EVERY))
+                                    on_progress=_failing_first(profiled,
+                                                               self._every(f"{ref}: reading its layers", SAY_EVERY)))
                 seconds["save_s"] = time.monotonic() - started
                 profile = (self._wait(profiled, f"{ref}: its start profile still runs ({' '.join(self.start or ())[:60]})")
                            if profiled is not None else None)

@@ -61,6 +61,9 @@ class RetryPolicy:
     timeout_s: float = DEFAULT_TIMEOUT_S
     timeout_option: str = "--registry-timeout"
     """The option that sets `timeout_s`, for the lines that name it ("" where none does)."""
+    refused_passes: bool = False
+    """A refused connection is tried again too: a lazy mount (squashfs/nbdkit_plugin.py) reads
+    for hours and outlives a registry's restart; a command asks once and says so at once."""
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.stalled_attempts < 1:
@@ -141,7 +144,8 @@ def decide(policy: RetryPolicy, attempt: int, fault: Fault, headers: Mapping[str
     if isinstance(fault, int):
         passing, did_nothing = fault in TRANSIENT, fault in NOT_PROCESSED
     else:
-        passing, did_nothing = is_timeout(fault) or _is_reset(_cause(fault)), False
+        refused = policy.refused_passes and isinstance(_cause(fault), ConnectionRefusedError)
+        passing, did_nothing = is_timeout(fault) or _is_reset(_cause(fault)) or refused, refused
     if not passing:
         return Stop(reason)
     if not idempotent and not did_nothing:

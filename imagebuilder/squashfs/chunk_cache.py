@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import ImageBuilderError
 from .chunks import ChunkTable
 
 READAHEAD = 2
@@ -28,6 +29,10 @@ LONGEST_GET = 8
 """Chunks one range GET asks for at most."""
 RECENT = 32
 """Reads remembered to tell a read in a row (readahead) from a jump (none)."""
+
+
+class CacheFailed(ImageBuilderError):
+    template = "cannot write the lazy squashfs's cache {cache}: {detail}; free space on its disk, release and serve again"
 
 
 class RangeReader(Protocol):
@@ -42,6 +47,7 @@ class ChunkCache:
         self._reader, self._ref, self._blob, self._table = reader, ref, blob, table
         self._readahead = readahead
         self._say = say
+        self._path = cache
         self._fd = os.open(cache, os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(self._fd, table.size)  # sparse: only fetched chunks take disk
         self._have = bytearray(len(table.digests))
@@ -117,7 +123,10 @@ class ChunkCache:
                 begin, size = self._table.span(index)
                 piece = data[begin - start:begin - start + size]
                 self._table.check(index, piece, self._blob)
-                os.pwrite(self._fd, piece, begin)
+                try:
+                    os.pwrite(self._fd, piece, begin)
+                except OSError as e:
+                    raise CacheFailed(cache=self._path, detail=e.strerror) from e
                 with self._lock:  # the readahead's threads fetch beside the reads
                     self._have[index] = 1
                     self.fetched_bytes += size

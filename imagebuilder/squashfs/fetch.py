@@ -9,6 +9,7 @@ before a byte of it is downloaded, the blob streamed into a temp file beside FIL
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +55,19 @@ class NoOutputFolder(BadRequest):
     template = "-o {path}: the folder {folder} does not exist"
 
 
+class NoSpace(FetchError):
+    template = ("{folder} has {free} free, and the squashfs of {image} is {size}; free some space there or give -o a "
+                "file on another disk")
+
+
+def check_space(folder: Path, size: int, image: str) -> None:
+    """Room for the squashfs's `size` bytes on the disk of `folder`, before a byte is fetched
+    (a full disk would read as a registry that stopped answering)."""
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise NoSpace(folder=folder, free=human(free), image=image, size=human(size))
+
+
 class FetchRegistry(ArtifactRegistry, Protocol):
     def download_blob(self, ref: str, digest: str, out: IO[bytes]) -> None: ...
 
@@ -69,12 +83,33 @@ class Fetched:
     annotations: Mapping[str, str]
 
 
+class OutputNotWritable(BadRequest):
+    template = "-o {path}: cannot write in {folder} ({detail}); give -o a file in a folder you can write"
+
+
+class AlreadyServed(ImageBuilderError):
+    template = "{path} is served already (by an earlier --lazy); release it first: imagebuilder squashfs-release {path}"
+
+
+def work_folder(output: Path) -> Path:
+    """The folder beside FILE with its cache, chunk table and log, while `--lazy` serves FILE."""
+    return output.parent / f".{output.name}.lazy"
+
+
 def check_output(path: Path) -> None:
     """-o's value, refused before any registry is asked."""
-    if path.is_dir():
-        raise OutputIsFolder(path=path)
-    if not path.parent.is_dir():
-        raise NoOutputFolder(path=path, folder=path.parent)
+    try:
+        if path.is_dir():
+            raise OutputIsFolder(path=path)
+        if not path.parent.is_dir():
+            raise NoOutputFolder(path=path, folder=path.parent)
+        served = work_folder(path).exists()
+    except PermissionError as e:
+        raise OutputNotWritable(path=path, folder=path.parent, detail=e.strerror) from e
+    if served:
+        raise AlreadyServed(path=path)
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise OutputNotWritable(path=path, folder=path.parent, detail="permission denied")
 
 
 def image_digest(registry: ArtifactRegistry, image: str, platform: str) -> str:
@@ -124,6 +159,7 @@ def download_squashfs(registry: FetchRegistry, image: str, output: Path, target:
     """The squashfs blob `layer` of `artifact` (checked_artifact's answer for `image`) as FILE,
     its digest checked, written atomically."""
     digest, size = str(layer["digest"]), int(layer.get("size") or 0)
+    check_space(output.parent, size, image)
     manifest = registry.manifest(artifact)
     annotations: Mapping[str, Any] = (manifest[0].get("annotations") or {}) if manifest else {}
     say(f"{image}: downloading its squashfs ({human(size)}, {artifact.rpartition('@')[2][:19]})")

@@ -5,7 +5,7 @@ The OCI image spec's rules (image-spec layer.md), as containerd and enroot apply
 the layers below put there; an entry replaces what was at its path (a file over a folder
 removes the folder), a folder over a folder keeps its contents. Hard links and symbolic links
 are kept as links; device nodes are left out (enroot's import leaves out dev/*; a runtime mounts
-its own /dev). Owners are not kept: the squashfs is made with `mksquashfs -all-root`.
+its own /dev), and so are eStargz's and zstd:chunked's TOC and landmarks in the root. Owners are not kept: the squashfs is made with `mksquashfs -all-root`.
 
 `entry_path()` and `whiteout()` are the pure decisions; `apply_layer()` the thin I/O over a tar
 stream, never writing outside the root (an entry under a symbolic link is refused).
@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import ImageBuilderError
+from ..estargz.toc import RESERVED
 
+LAZY_FORMAT_ENTRIES = RESERVED
+"""The TOC and landmarks eStargz and zstd:chunked layers carry in their root, which no runtime
+shows (the stargz snapshotter hides them): not files of the image."""
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 CHUNK = 1 << 20
@@ -86,7 +90,7 @@ def apply_layer(stream: IO[bytes], root: Path, applied: Applied, name: str,
             if path == "":
                 applied.folders[path] = (member.mode, member.mtime)
                 continue
-            if path.startswith("dev/") or member.ischr() or member.isblk():
+            if path.startswith("dev/") or member.ischr() or member.isblk() or path in LAZY_FORMAT_ENTRIES:
                 continue
             _write(tar, member, root, path, applied, name)
             added.add(path)

@@ -1,17 +1,20 @@
 """nbdkit's Python plugin (Debian's nbdkit-plugin-python) over chunk_cache.ChunkCache: the squashfs
 blob as a read-only NBD disk, every chunk checked before it is served. lazy.py starts it as
 
-    nbdkit -s --exit-with-parent python nbdkit_plugin.py ref=REPOSITORY@BLOB table=FILE cache=FILE
+    nbdkit -s --exit-with-parent python nbdkit_plugin.py ref=REPOSITORY@BLOB table=FILE cache=FILE timeout=S
 
 under nbdfuse, with PYTHONPATH the folder imagebuilder is in (nbdkit embeds the system's
 Python 3, the one imagebuilder's Debian install runs on). A chunk that fails its check is an
 EIO for the reader and one line `error: ...` on nbdkit's stderr (lazy.py's log); never its bytes.
+Range GETs follow the registry client's retry policy with the command's --registry-timeout
+(timeout=S), and a refused connection is tried again as a reset is (a registry restarting).
 """
 
 from __future__ import annotations
 
 import errno
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import nbdkit  # type: ignore[import-not-found]  # nbdkit's embedded module, the
 
 from imagebuilder.errors import ImageBuilderError
 from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.retry import REGISTRY_POLICY
 from imagebuilder.squashfs.chunk_cache import ChunkCache
 from imagebuilder.squashfs.chunks import parse_table
 
@@ -49,7 +53,9 @@ def get_ready() -> None:
     repository, _, blob = _settings["ref"].partition("@")
     table_path = Path(_settings["table"])
     table = parse_table(table_path.read_bytes(), table_path.name, int(_settings["size"]))
-    _cache.append(ChunkCache(HttpRegistry(say=_say), _settings["ref"], blob, table, Path(_settings["cache"]),
+    policy = replace(REGISTRY_POLICY, timeout_s=float(_settings.get("timeout", REGISTRY_POLICY.timeout_s)),
+                     refused_passes=True)
+    _cache.append(ChunkCache(HttpRegistry(say=_say, policy=policy), _settings["ref"], blob, table, Path(_settings["cache"]),
                              say=_say))
 
 

@@ -39,6 +39,10 @@ class KeyUnusable(BadRequest):
     template = "{option} {key} cannot sign: {detail}{hint}"
 
 
+class PublicKeyUnusable(BadRequest):
+    template = "{option} {key} is not a public key cosign can read: {detail}; give the .pub of the signing key"
+
+
 class CosignMissing(SigningError):
     template = ("cosign is not installed ({binary}: not found): install cosign >= 2.5 "
                 "(Debian: apt-get install cosign; .ci/cosign-install.sh does it on Debian 12 too)")
@@ -122,6 +126,24 @@ class Cosign:
             hint = ("; give the private key (not the .pub) and its password in COSIGN_PASSWORD" if asked
                     else _hint(detail))
             raise KeyUnusable(option=option, key=key, detail=detail, hint=hint)
+
+    def try_public_key(self, key: str, option: str) -> None:
+        """Read the public key as verifying would, offline: a check of a made-up signature of an
+        empty blob, which fails on the signature where cosign could read the key."""
+        with tempfile.TemporaryDirectory(prefix="imagebuilder-key-") as folder:
+            blob, signature = Path(folder) / "blob", Path(folder) / "signature"
+            blob.write_bytes(b"")
+            signature.write_text(base64.b64encode(b"\0" * 64).decode())
+            try:
+                done = self._bounded([self.binary, "verify-blob", "--key", key, "--signature", str(signature),
+                                      "--insecure-ignore-tlog=true", str(blob)], f"cosign verify-blob --key {key}")
+            except FileNotFoundError as e:
+                raise CosignMissing(binary=self.binary) from e
+            except subprocess.TimeoutExpired as e:
+                raise CosignTimedOut(action="verify-blob", target=key, timeout=self.timeout) from e
+        detail = _last_error(done.stderr)
+        if done.returncode != 0 and "public key" in detail:
+            raise PublicKeyUnusable(option=option, key=key, detail=detail)
 
     def _bounded(self, command: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
         """Run `command` without a prompt, saying every HEARTBEAT_S that it still runs (a stalled
