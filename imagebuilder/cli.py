@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__, interrupts, options, pipeline
-from .build import RenderOptions, contexts
+from .build import RenderOptions, contexts, for_command
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
 from .cli_project import project
@@ -135,7 +135,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if dry_run and len(wanted) > 1:
         raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
     kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
-    opts = pipeline.render_options(ctx.matrix, rendering, kind)
+    opts = for_command(ctx.matrix, rendering, kind)
     if render_all:
         count, files = contexts.render_tree(ctx.matrix, selection, opts, note)
         assert output is not None
@@ -198,7 +198,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
                                engine.keeps_compressed_layers, lambda ref: registry.digest(ref) is not None)
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
+    opts = for_command(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
@@ -330,7 +330,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
       imagebuilder publish --torch 2.6 --cuda 12.4 --registry 127.0.0.1:5000/ml --allow-no-gpu
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
-    from .publish import publish_command
+    from .publish import PublishRequest, publish_command
 
     if (allowlist is not None or allow_vulnerable) and not scan:  # (the mirror may come from the environment)
         raise click.UsageError("--allowlist and --allow-vulnerable are for --scan")
@@ -341,13 +341,14 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
 
         gate = ScanGate(DockerEngine(), HttpMirror(progress).get, progress, load_allowlist(allowlist),
                         allow_vulnerable=allow_vulnerable, mirror=mirror)
-    publish_command(ctx.matrix, ctx.matrix_path, selection, rendering, target, push=push, dry_run=dry_run,
-                    keep_going=keep_going, force=force, allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
-                    day=day.date() if day is not None else None, quiet=quiet, no_cache=no_cache, pull=pull,
-                    report=report, registry_ca=registry_ca, builder_choice=builder_choice,
-                    buildx_builder=buildx_builder, platforms=platforms, merge=merge, merge_only=merge_only,
-                    compression=compression, sign_key=sign_key, registry_policy=registry_policy, squashfs=squashfs,
-                    echo=click.echo, note=note, progress=progress, start_command=start_command, scan=gate)
+    request = PublishRequest(
+        selection, rendering, target, registry_policy, push=push, dry_run=dry_run, keep_going=keep_going, force=force,
+        allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, day=day.date() if day is not None else None,
+        quiet=quiet, no_cache=no_cache, pull=pull, report=report, registry_ca=registry_ca,
+        builder_choice=builder_choice, buildx_builder=buildx_builder, platforms=platforms, merge=merge,
+        merge_only=merge_only, compression=compression, sign_key=sign_key, squashfs=squashfs,
+        start_command=start_command)
+    publish_command(ctx.matrix, ctx.matrix_path, request, echo=click.echo, note=note, progress=progress, scan=gate)
 
 
 # --- squashfs -------------------------------------------------------------------------------

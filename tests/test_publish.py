@@ -399,7 +399,7 @@ def _rendered(registry: str, base_image: str, buildkit: bool = False) -> Rendere
     """The image `publish` renders for the test's options (the CA bundle is outside the hash):
     with the session's CA (session_ca_bundle), whose bytes are in the install steps' cache keys, so
     a rebuild is served from signed_publish's layers."""
-    from imagebuilder.pipeline import source_label
+    from imagebuilder.build.render_options import source_label
 
     matrix = load_matrix(default_matrix_path())
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from .. import resources
+from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec, resolve
 from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
@@ -138,3 +139,33 @@ def _with_parents(specs: list[BuildSpec], ref: Callable[[BuildSpec], str], exist
             refs.add(ref(parent))
         out.append(spec)
     return out
+
+
+def check_for_any_os(matrix: Matrix, selection: Selection, check: Callable[[Selection], object]) -> None:
+    """`check` (a command's plan, made with no daemon to ask and printing no notes: the run's
+    own plan prints them) the selection. A --base-image's OS is read from the image later, so
+    without --os any OS of the matrix that the request passes for will do here; else its refusal."""
+    base_given = selection.base_image is not None or bool(selection.platform_bases)
+    oses = list(matrix.oses) if base_given and selection.os is None else [selection.os]
+    refusal: BadRequest | None = None
+    for os_name in oses:
+        try:
+            check(replace(selection, os=os_name))
+            return
+        except BadRequest as e:
+            refusal = refusal or e
+    assert refusal is not None
+    raise refusal
+
+
+def base_os_reader(selection: Selection) -> ReadOsRelease | None:
+    """How a command that builds nothing (matrix, a dry run, --merge-only) reads --base-image's
+    OS: as the run does, through the daemon (pulling the image if it is not here), when one
+    answers; None (the OS is then assumed) without a base image or a daemon."""
+    # Imported here: the docker SDK loads only for a --base-image, not for every render.
+    from ..engine.docker import answering_engine
+
+    if selection.base_image is None and not selection.platform_bases:
+        return None
+    engine = answering_engine()
+    return engine.os_release if engine else None

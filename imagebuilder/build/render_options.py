@@ -1,12 +1,15 @@
 """What a render is asked for besides the image's BuildSpec: the repository, the package index,
 a CA bundle, the builder, extras and the locks (RenderOptions). The command line's rendering
-options (options.rendering) parse into one; pipeline.render_options completes it for a command."""
+options (options.rendering) parse into one; for_command() completes it for a command."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
-from ..lock.lockfile import LockSet
+from ..engine.api import BuilderKind
+from ..lock.lockfile import LockSet, load_locks, locks_dir
+from ..matrix.model import Matrix
 
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -36,3 +39,20 @@ class RenderOptions:
     # the host's, or every platform of publish --platform).
     platform: str | None = None
     platform_tags: bool = False
+
+
+def source_label() -> str:
+    """The image's source label (labels.SOURCE): the repository CI builds from."""
+    server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    return f"{server}/{repo}" if server and repo else DEFAULT_SOURCE
+
+
+def for_command(matrix: Matrix, asked: RenderOptions, kind: BuilderKind, repository: str | None = None, *,
+                buildx: bool = True) -> RenderOptions:
+    """The options every image of a command renders with: what the command line asked
+    (options.rendering), with the matrix's locks, for the builder `kind` that engine.select
+    decided (the same for a dry run as for the run); `repository`: publish's, under its
+    registry; `buildx`: BuildKit through buildx, which takes named build contexts (the CA
+    bundle's), not an old CLI's built-in one."""
+    return replace(asked, locks=load_locks(locks_dir(matrix)), repository=repository or asked.repository,
+                   source=source_label(), buildkit=kind == "buildkit", ca_context=kind == "buildkit" and buildx)
