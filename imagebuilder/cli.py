@@ -181,21 +181,22 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     """
     from .build import build_all, parse_platforms, report_plan
     from .engine.docker import DockerEngine
-    from .engine.export import choose_for_build
+    from .engine.export_decision import decide_export
     from .engine.select import decide, kind_before_probing, make_builder
     from .registry.client import HttpRegistry
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
     pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice), compression,
-                         cache_from_registry is not None)
+                         cache_from_registry)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
     registry = HttpRegistry(policy=registry_policy)
-    exports = choose_for_build(compression, cache_from_registry, decision.kind == "buildkit",
-                               engine.keeps_compressed_layers, lambda ref: registry.digest(ref) is not None)
+    buildkit = decision.kind == "buildkit"
+    exported = decide_export(compression, command="build", buildkit=buildkit, cache=cache_from_registry,
+                             image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = for_command(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
@@ -204,7 +205,8 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     if dry_run:
         return report_plan(plan, report=report, echo=click.echo)
     build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-              quiet=quiet, exports=exports, report=report, echo=click.echo, err=progress)
+              quiet=quiet, exports=lambda key: exported.for_image(key, lambda ref: registry.digest(ref) is not None),
+              report=report, echo=click.echo, err=progress)
 
 
 # --- verify ---------------------------------------------------------------------------------

@@ -12,10 +12,12 @@ from .build import (
     Exists, Reading, RenderOptions, RenderedImage, check_for_any_os, each_platform, for_command, host_platform, never,
 )
 from .engine.api import BuilderKind
-from .engine.export import Compression, check_asked, check_build_compression
+from .engine.export import Compression
+from .engine.export_decision import decide_export
 from .lock import DigestSource, LockSet, UvCompile, default_uv, parse_extras, pin_base
 from .lock import command as locking
 from .matrix import Matrix, Note, NothingSelected, ReadOsRelease, Selection, select_specs, settle_os
+from .registry import RegistryTarget
 
 # --------------------------------------------------------------------------- build
 
@@ -43,15 +45,15 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
 
 def check_build(matrix: Matrix, selection: Selection, asked: RenderOptions, platforms: Sequence[str],
                 kind: BuilderKind = "buildkit", compression: Compression | None = None,
-                cache_from_registry: bool = False) -> None:
+                cache_from_registry: RegistryTarget | None = None) -> None:
     """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):
     a wrong request (a --with against the pins, an unknown torch) is exit 2 with its own line,
     also where no daemon answers. `kind`: the builder as far as it is known before probing
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
     one refuses waits for the decided builder; the classic builder asked for refuses an export
     (--compression, --cache-from-registry) here."""
-    check_build_compression(compression)
-    check_asked(compression, buildkit=kind == "buildkit", cache_from_registry=cache_from_registry)
+    decide_export(compression, command="build", buildkit=kind == "buildkit", image_store=None,
+                  cache=cache_from_registry)
     options = for_command(matrix, asked, kind)
     check_for_any_os(matrix, selection, lambda chosen: plan_build(
         matrix, chosen, options, platforms, None, never, lambda text: None))

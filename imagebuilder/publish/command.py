@@ -18,7 +18,7 @@ from ..engine.export import ORDERED, Compression
 from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..registry.api import Registry
-from .estargz import NAMES, EstargzPublisher, split_export
+from .estargz import LEVELS, NAMES, EstargzPublisher
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
 from .plan import RunOptions, Step
@@ -38,7 +38,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
     image after its verify and before its push (RunOptions.scan)."""
     from ..build.platforms import parse_platforms
     from ..engine.docker import DockerEngine
-    from ..engine.export import choose
+    from ..engine.export_decision import decide_export
     from ..engine.select import CLASSIC, decide, kind_before_probing, make_builder
     from ..registry.client import HttpRegistry
     from ..trust.signing import key_signer
@@ -87,21 +87,23 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
             hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
         builder = make_builder(decision, engine)
         buildkit = decision.kind == "buildkit"
-        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
-        export = choose(compression, buildkit=buildkit, provenance=True,
-                        image_store=buildkit and engine.keeps_compressed_layers())
+        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere;
         # --compression estargz|zstd:chunked: the push writes them ordered by the image's start (estargz.py).
-        export, estargz = split_export(export, lambda codec, level: EstargzPublisher(
-            engine, registry, level=level, codec=codec, start=start, say=progress))
+        exported = decide_export(compression, command="publish", buildkit=buildkit, cache=r.target,
+                                 image_store=buildkit and engine.keeps_compressed_layers())
+        ordered = exported.ordered
+        estargz = None if ordered is None else EstargzPublisher(
+            engine, registry, level=LEVELS[ordered.codec] if ordered.level is None else ordered.level,
+            codec=ordered.codec, start=start, say=progress)
         if not r.quiet:
             progress(f"builder: {builder.describe()}")
-            progress(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}")
+            progress(f"layers: {exported.describe()}")
             if estargz is not None:
                 progress(f"pushed as: {NAMES[estargz.codec]}, level {estargz.level}, "
                          + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
         run_options = RunOptions(matrix_path=matrix_path, push=r.push, keep_going=r.keep_going,
                                  allow_no_gpu=r.allow_no_gpu, verify_timeout=r.verify_timeout, nocache=r.no_cache,
-                                 pull=r.pull, export=export, cache_registry=r.target if export is not None else None,
+                                 pull=r.pull, export=exported.export, cache_registry=exported.cache if exported.export else None,
                                  signer=signer, squashfs=hook, estargz=estargz, scan=scan)
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=r.multi, merge=r.merge, index_platforms=plan.index_platforms, ledger=ledger,

@@ -11,7 +11,8 @@ from datetime import date
 from ..build.per_platform import Reading, base_os_reader, check_for_any_os, each_platform
 from ..build.render import RenderedImage
 from ..build.render_options import RenderOptions
-from ..engine.export import ZSTD_CHUNKED, Compression, check_asked
+from ..engine.export import ZSTD_CHUNKED, Compression
+from ..engine.export_decision import decide_export
 from ..estargz.zstdchunked import check_available as check_libzstd
 from ..matrix.model import Matrix
 from ..matrix.selection import Note, ReadOsRelease, Selection
@@ -87,7 +88,7 @@ def check_publish(matrix: Matrix, selection: Selection, options: RenderOptions, 
     is asked (issue 29), as pipeline's `check_build` does for `build`: `options` rendered for the
     builder as far as it is known before probing for one (--merge-only builds nothing, so exports nothing)."""
     if not merge_only:
-        check_asked(compression, buildkit=options.buildkit)
+        decide_export(compression, command="publish", buildkit=options.buildkit, image_store=None)
         if compression is not None and compression.kind == ZSTD_CHUNKED:
             check_libzstd()
     check_for_any_os(matrix, selection, lambda chosen: publish_images(
