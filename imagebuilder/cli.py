@@ -20,6 +20,7 @@ from .cli_project import project
 from .engine.export import Compression
 from .errors import BadRequest
 from .matrix import Selection, matrix_file
+from .platforms import DEFAULT_PLATFORM
 from .registry import RegistryTarget, RetryPolicy
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
@@ -362,7 +363,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
               help="Where to write the squashfs (atomically: a temp file beside it, renamed).")
 @click.option("--key", metavar="PUB", default=None,
               help="Check the artifact's cosign signature with this public key before downloading it.")
-@click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
+@click.option("--platform", default=DEFAULT_PLATFORM, show_default=True, metavar="OS/ARCH",
               help="The image of a multi-platform tag whose squashfs to fetch.")
 @click.option("--lazy", is_flag=True,
               help="Serve FILE at once and fetch its bytes as they are read (nbdkit and nbdfuse; each 1 MiB "

@@ -12,11 +12,11 @@ import shlex
 from dataclasses import dataclass, replace
 
 from ..lock.index_url import netrc, parse_index_url
-from ..lock.lockfile import PLATFORMS as LOCK_PLATFORMS
 from ..lock.lockfile import Lock, index_args, requirements
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
+from ..platforms import PLATFORMS
 from .image_contents import JUPYTER_LOCK_PATH, LOCK_PATH, USER_ID, VENV, python_path
 from .layers import wheel_groups
 from .render_options import RenderOptions
@@ -232,7 +232,7 @@ def native_install(spec: BuildSpec, options: RenderOptions, venv: SharedVenv | N
     that uv installs (that would be the host's, not the image's)."""
     if options.foreign_platform is None or venv is None or not options.buildkit or not spec.python_from_os:
         return None
-    return NativeInstall(options.foreign_platform, LOCK_PLATFORMS[options.foreign_platform])
+    return NativeInstall(options.foreign_platform, PLATFORMS[options.foreign_platform].uv_platform)
 
 
 def _uv_bootstrap(matrix: Matrix) -> str:

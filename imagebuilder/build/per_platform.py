@@ -7,7 +7,7 @@ children needs its inputs hash.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -20,7 +20,6 @@ from .image_plan import image_tags, plan_image, repository_of
 from .platforms import host_platform
 from .render import RenderedImage, render
 from .render_options import RenderOptions
-from .run import build_order
 from .tags import image_ref, tags_for
 
 Exists = Callable[[str], bool]  # image reference -> whether the engine has it
@@ -28,6 +27,14 @@ Exists = Callable[[str], bool]  # image reference -> whether the engine has it
 
 def never(ref: str) -> bool:
     return False
+
+
+def build_order(images: Iterable[RenderedImage]) -> list[RenderedImage]:
+    """Runtime images before the jupyter images built FROM them; otherwise as given."""
+    images = list(images)
+    ours = {image.ref for image in images}
+    first = [i for i in images if i.depends_on is None or i.depends_on not in ours]
+    return first + [i for i in images if i not in first]
 
 
 @dataclass

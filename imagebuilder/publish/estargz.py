@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..build.platforms import host_platform
-from ..build.run import human_size
 from ..engine.export import ESTARGZ, ZSTD_CHUNKED
+from ..engine.progress import human_size
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
 from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
 from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST, ZSTD_ANNOTATION
-from ..trust.signing import pinned
+from ..registry.reference import pinned
 
 LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
                ZSTD_CHUNKED: "application/vnd.oci.image.layer.v1.tar+zstd"}

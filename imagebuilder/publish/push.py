@@ -24,8 +24,9 @@ from ..engine.export import DUAL, Export, gzip_ref
 from ..engine.export_decision import ExportDecision
 from ..errors import ImageBuilderError
 from ..registry.api import Registry
+from ..registry.reference import pinned, repository_of
 from ..trust.labels import SBOM_DIGEST
-from ..trust.signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
+from ..trust.signing import SbomNotTheImages, Signed, Signer
 from .blobs import Before, Layers, check_before, published_layers, pushed_layers
 from .dual import dual_index
 from .estargz import Converted, EstargzPublisher

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ImageBuilderError
+from ..platforms import DEFAULT_PLATFORM
 from ..registry.heartbeat import every
 from ..trust.cosign import Cosign
 from .artifact import chunk_layer
@@ -71,7 +72,7 @@ def require_tools() -> None:
 
 
 def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
-               platform: str = "linux/amd64", cosign: Cosign | None = None,
+               platform: str = DEFAULT_PLATFORM, cosign: Cosign | None = None,
                say: Callable[[str], None]) -> Mounted | Fetched:
     """FILE serving `image`'s squashfs lazily; the whole file downloaded where the artifact has no table."""
     require_tools()
