@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from ..errors import BadRequest
-from ..registry.reference import RegistryTarget
 
 DUAL = "gzip+zstd"
 ESTARGZ = "estargz"
@@ -155,7 +154,14 @@ class Export:
         return what + ("; SLSA provenance (mode=max)" if self.provenance else "")
 
 
-def cache_ref(registry: RegistryTarget, key: str) -> str:
+class CacheHome(Protocol):
+    """Where registry caches go: registry.reference's RegistryTarget (--registry, --cache-from-registry),
+    declared here so that the engine imports nothing of registry/."""
+
+    def repository(self, name: str) -> str: ...
+
+
+def cache_ref(registry: CacheHome, key: str) -> str:
     """The registry ref of an image's build cache: one tag per image key beside its images."""
     return f"{registry.repository(CACHE_REPOSITORY)}:{key}"
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..errors import BadRequest
-from ..registry.reference import RegistryTarget
-from .export import DUAL, ORDERED, ZSTD_CHUNKED, Compression, Export, cache_ref
+from .export import DUAL, ORDERED, ZSTD_CHUNKED, CacheHome, Compression, Export, cache_ref
 
 Command = Literal["build", "publish"]
 
@@ -61,7 +60,7 @@ class ExportDecision:
     """publish: the layers pushed ordered by the image's start, written by publish itself."""
     gzip_too: bool = False
     """gzip+zstd: each image built goes up as gzip under gzip_ref() too."""
-    cache: RegistryTarget | None = None
+    cache: CacheHome | None = None
     """Where each image's registry cache lives (cache_ref()): imported where the registry has it."""
     cache_to: bool = False
     """publish: each image's cache exported there too (build only imports it)."""
@@ -82,7 +81,7 @@ class ExportDecision:
 
 
 def decide_export(asked: Compression | None, *, command: Command, buildkit: bool, image_store: bool | None,
-                  cache: RegistryTarget | None = None) -> ExportDecision:
+                  cache: CacheHome | None = None) -> ExportDecision:
     """`asked` (--compression, --compression-level) for `command` with BuildKit or the classic builder,
     and an image store that keeps what BuildKit compressed (the containerd store) or not; None: not
     known yet (the checks before any daemon is asked: only what the builder refuses is refused then).

@@ -103,7 +103,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
                          + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
         run_options = RunOptions(matrix_path=matrix_path, push=r.push, keep_going=r.keep_going,
                                  allow_no_gpu=r.allow_no_gpu, verify_timeout=r.verify_timeout, nocache=r.no_cache,
-                                 pull=r.pull, export=exported.export, cache_registry=exported.cache if exported.export else None,
+                                 pull=r.pull, export=exported.export, cache_registry=r.target if exported.export else None,
                                  signer=signer, squashfs=hook, estargz=estargz, scan=scan)
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=r.multi, merge=r.merge, index_platforms=plan.index_platforms, ledger=ledger,
