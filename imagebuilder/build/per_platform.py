@@ -39,18 +39,16 @@ def build_order(images: Iterable[RenderedImage]) -> list[RenderedImage]:
 
 @dataclass
 class Renderer:
-    """A command's renders, each image once per options (so once per platform)."""
+    """A command's renders, each image once per options (so once per platform): keyed by value."""
 
     matrix: Matrix
     carried: Mapping[str, bytes] = field(default_factory=lambda: resources.carried_files())
-    done: dict[tuple[str, str, int], RenderedImage] = field(default_factory=dict)
-    _options: list[RenderOptions] = field(default_factory=list)  # kept alive: done is keyed by their id
+    done: dict[tuple[str, str, RenderOptions], RenderedImage] = field(default_factory=dict)
 
     def image(self, spec: BuildSpec, options: RenderOptions) -> RenderedImage:
-        key = (spec.key, spec.base_image, id(options))
+        key = (spec.key, spec.base_image, options)
         if key not in self.done:
             parent = self.image(spec.parent, options) if spec.parent is not None else None
-            self._options.append(options)
             self.done[key] = render(plan_image(spec, self.matrix, options, self.carried, parent))
         return self.done[key]
 

@@ -40,6 +40,11 @@ class RenderOptions:
     platform: str | None = None
     platform_tags: bool = False
 
+    @property
+    def index_urls(self) -> tuple[str | None, ...]:
+        """--index-url (None: the wheel variant's) and every --extra-index-url."""
+        return (self.index_url, *self.extra_index_urls)
+
 
 def source_label() -> str:
     """The image's source label (labels.SOURCE): the repository CI builds from."""

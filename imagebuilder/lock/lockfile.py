@@ -249,6 +249,11 @@ class LockSet:
     bases: Mapping[str, BasePin] = field(default_factory=dict)
     platform: str = DEFAULT_PLATFORM  # whose locks lock_for gives
 
+    def __hash__(self) -> int:
+        # A value (a render's options are a cache key, build/per_platform.Renderer): equal sets hash
+        # alike; the mappings are compared by __eq__, which meets the same Lock objects first.
+        return hash((self.directory, self.platform, len(self.locks), len(self.bases)))
+
     def for_platform(self, platform: str) -> LockSet:
         """The same folder, giving `platform`'s locks: each platform builds from its own."""
         return replace(self, platform=platform)
