@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__, interrupts, options, pipeline
-from .build import RenderOptions, contexts, for_command
+from .build import RenderRequest, contexts, for_command
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
 from .cli_project import project
@@ -105,7 +105,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: RenderOptions, builder_choice: str | None, platforms: str | None) -> None:
+               rendering: RenderRequest, builder_choice: str | None, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
 
     -o writes what `build` builds: one image's context into DIR, or, when the request builds
@@ -169,7 +169,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.compression
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: RenderOptions, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              rendering: RenderRequest, builder_choice: str, buildx_builder: str | None, platforms: str | None,
               dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None,
               registry_policy: RetryPolicy) -> None:
     """Render, build and tag images with the Docker Engine.
@@ -315,7 +315,7 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderRequest,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
                 registry_policy: RetryPolicy, squashfs: bool, start_command: str | None, scan: bool,

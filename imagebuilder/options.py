@@ -1,6 +1,6 @@
 """Click options shared by several commands, defined once.
 
-Groups of options reach a command as one typed value (a Selection, RenderOptions), not as
+Groups of options reach a command as one typed value (a Selection, a RenderRequest), not as
 loose keyword arguments."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
-from .build import PSEUDO_FILE_SYSTEMS, RenderOptions, check_output, file_system_type, parse_base_images
+from .build import PSEUDO_FILE_SYSTEMS, RenderRequest, check_output, file_system_type, parse_base_images
 from .engine.export import DUAL, Compression
 from .errors import BadRequest
 from .lock import BadUv, parse_index_url
@@ -174,7 +174,7 @@ def index_urls(f: F) -> F:
 
 
 def rendering(f: F) -> F:
-    """Handed to the command as `rendering: RenderOptions` (what it asks; pipeline.render_options
+    """Handed to the command as `rendering: RenderRequest` (what it asks; build.for_command
     completes it with the matrix's locks and the builder)."""
     return _stack(
         index_urls,
@@ -196,12 +196,12 @@ def rendering(f: F) -> F:
 
 
 def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
-               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderOptions:
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderRequest:
     """Checked before anything runs: a bad name or CA bundle would fail the build minutes later.
     The CA bundle is read here, once, for every image the command renders."""
     if repository is not None:
         check_repository(repository)
-    return RenderOptions(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
+    return RenderRequest(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
                          ca_bundle=read_ca_bundle(ca_bundle) if ca_bundle is not None else None,
                          python_mirror=python_mirror, extras=tuple(extras))
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .build import (
-    Exists, Reading, RenderOptions, RenderedImage, check_for_any_os, each_platform, for_command, host_platform, never,
+    Exists, Reading, RenderedImage, RenderOptions, RenderRequest, check_for_any_os, each_platform, for_command,
+    host_platform, never,
 )
 from .engine.api import BuilderKind
 from .engine.export import Compression
@@ -43,7 +44,7 @@ def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, pla
     return [(each.platform, image) for each in per_platform for image in each.images]
 
 
-def check_build(matrix: Matrix, selection: Selection, asked: RenderOptions, platforms: Sequence[str],
+def check_build(matrix: Matrix, selection: Selection, asked: RenderRequest, platforms: Sequence[str],
                 kind: BuilderKind = "buildkit", compression: Compression | None = None,
                 cache_from_registry: RegistryTarget | None = None) -> None:
     """What `plan_build` refuses without asking a daemon, checked before one is asked (issue 29):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from ..build.render_options import RenderOptions
+from ..build.render_options import RenderRequest
 from ..engine.export import Compression
 from ..matrix.selection import Selection
 from ..registry.reference import RegistryTarget
@@ -18,7 +18,7 @@ from ..verify.run import DEFAULT_TIMEOUT
 @dataclass(frozen=True)
 class PublishRequest:
     selection: Selection
-    rendering: RenderOptions
+    rendering: RenderRequest
     target: RegistryTarget
     """--registry: where the images, their indexes and the registry cache go."""
     registry_policy: RetryPolicy
