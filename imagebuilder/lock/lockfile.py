@@ -33,7 +33,7 @@ from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
 from ..platforms import DEFAULT_PLATFORM, PLATFORMS
 from .base_pin import BasePin
-from .index import CUDA_RUNTIME_PACKAGES
+from .requires_dist import CUDA_RUNTIME_PACKAGES
 
 LOCKS_DIR = "locks"
 BASES_FILE = "base-images.json"

@@ -24,8 +24,8 @@ from packaging.version import Version
 from ..atomic import os_reason, write_atomic
 from ..errors import ImageBuilderError
 from ..lock.drift import lacking, missing_releases
-from ..lock.index import (BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, applies, cuda_pins,
-                          cuda_platforms, pinned)
+from ..lock.index import BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, cuda_platforms
+from ..lock.requires_dist import applies, cuda_pins, pinned
 from ..platforms import ARM64
 from .load import load_matrix, parse_matrix
 from .model import Matrix, MatrixError
