@@ -1,5 +1,6 @@
 """The imagebuilder command line: parse, call one pipeline function (the `matrix` commands are in
-cli_matrix.py; cli_context.py's Group maps errors to exit codes).
+cli_matrix.py, `project` in cli_project.py, `verify` in cli_verify.py, `squashfs` and
+`squashfs-release` in cli_squashfs.py; cli_context.py's Group maps errors to exit codes).
 
 Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag), 130 Ctrl-C.
 """
@@ -17,10 +18,11 @@ from .build import RenderRequest, contexts, for_command
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
 from .cli_project import project
+from .cli_squashfs import squashfs, squashfs_release
+from .cli_verify import verify
 from .engine.export import Compression
 from .errors import BadRequest
 from .matrix import Selection, matrix_file
-from .platforms import DEFAULT_PLATFORM
 from .registry import RegistryTarget, RetryPolicy
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
@@ -48,6 +50,9 @@ def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
 
 cli.add_command(matrix)
 cli.add_command(project)
+cli.add_command(squashfs)
+cli.add_command(verify)
+cli.add_command(squashfs_release)
 
 
 # --- lock -----------------------------------------------------------------------------------
@@ -210,47 +215,6 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
               report=report, echo=click.echo, err=progress)
 
 
-# --- verify ---------------------------------------------------------------------------------
-
-
-@cli.command("verify")
-@click.argument("tag", required=False)
-@options.verifying
-def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
-               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool,
-               registry_policy: RetryPolicy) -> None:
-    """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
-
-    Exit 0 only when every check passed.
-
-    \b
-    Examples:
-      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
-      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime --allow-no-gpu --json
-      imagebuilder verify --local --timeout 600
-      imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
-    """
-    from .verify import Live, verify_local, verify_published
-
-    live = None if as_json else Live(click.echo)  # the header and preflight at once, a line per check as it ends
-    if local or tag is None:  # options checked the combinations
-        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
-    else:
-        from .engine.docker import DockerEngine
-        from .registry.client import HttpRegistry
-        from .trust import Cosign
-
-        # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
-        cosign = Cosign(timeout=registry_policy.timeout_s, say=progress, timeout_option=registry_policy.timeout_option)
-        report = verify_published(DockerEngine(), tag, registry=HttpRegistry(policy=registry_policy), key=key,
-                                  cosign=cosign, signature_only=signature_only, live=live,
-                                  allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
-    for notice in report.notices:
-        click.echo(notice, err=True)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format(live))
-    report.raise_if_failed()
-
-
 # --- scan -----------------------------------------------------------------------------------
 
 
@@ -352,73 +316,6 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
         merge_only=merge_only, compression=compression, sign_key=sign_key, squashfs=squashfs,
         start_command=start_command)
     publish_command(ctx.matrix, ctx.matrix_path, request, echo=click.echo, note=note, progress=progress, scan=gate)
-
-
-# --- squashfs -------------------------------------------------------------------------------
-
-
-@cli.command("squashfs")
-@click.argument("image")
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), metavar="FILE",
-              help="Where to write the squashfs (atomically: a temp file beside it, renamed).")
-@click.option("--key", metavar="PUB", default=None,
-              help="Check the artifact's cosign signature with this public key before downloading it.")
-@click.option("--platform", default=DEFAULT_PLATFORM, show_default=True, metavar="OS/ARCH",
-              help="The image of a multi-platform tag whose squashfs to fetch.")
-@click.option("--lazy", is_flag=True,
-              help="Serve FILE at once and fetch its bytes as they are read (nbdkit and nbdfuse; each 1 MiB "
-                   "checked against the signed chunk table); the mount stays until `imagebuilder squashfs-release "
-                   "FILE`.")
-@options.registry_timeout
-def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy: bool,
-                 registry_policy: RetryPolicy) -> None:
-    """Fetch the squashfs `publish --squashfs` pushed beside IMAGE into FILE, for pyxis/enroot.
-
-    Exit 1 when the registry has none for the image's digest.
-
-    \b
-    Examples:
-      imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /tmp/torch.sqfs
-      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
-      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --lazy
-    """
-    from .build import parse_platforms
-    from .registry.client import HttpRegistry
-    from .registry import parse_reference
-    from .squashfs.fetch import check_output, fetch_squashfs
-    from .trust import key_reference
-
-    parse_reference(image)
-    (platform,) = parse_platforms(platform)
-    check_output(output)
-    pub = key_reference(key, "--key") if key is not None else None
-    if lazy:
-        from .squashfs.lazy import Mounted, mount_lazy
-
-        served = mount_lazy(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                            say=progress)
-        if isinstance(served, Mounted):
-            return
-        fetched = served  # published before the chunk table: downloaded whole
-    else:
-        fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                                 say=progress)
-    progress(f"wrote {fetched.path} ({fetched.size} bytes, the squashfs of {fetched.image}) in {fetched.seconds:.1f} s")
-
-
-@cli.command("squashfs-release")
-@click.argument("file", type=click.Path(path_type=Path))
-def squashfs_release_cmd(file: Path) -> None:
-    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache (a file
-    downloaded whole is removed). Safe to repeat.
-
-    \b
-    Example:
-      imagebuilder squashfs-release /tmp/torch.sqfs
-    """
-    from .squashfs.lazy import release
-
-    progress(f"{file}: released" if release(file) else f"{file}: nothing to release")
 
 
 def main() -> None:
