@@ -69,7 +69,7 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
     Comments and order of the file stay; what the metadata does not say is left for you, and
     `imagebuilder matrix check` names it.
     """
-    from .matrix import add_releases
+    from .lock import add_releases
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")

@@ -12,7 +12,7 @@ depend on, and nothing an installer's configuration would change):
 
 The index is the one given (`--index-url`), else PIP_INDEX_URL / UV_DEFAULT_INDEX, else
 pip's default; a TLS-intercepting proxy's CA comes from SSL_CERT_FILE (OpenSSL reads it).
-`matrix check --online` (drift.py) and `matrix add` (matrix/add.py) both read through here.
+`matrix check --online` (drift.py) and `matrix add` (matrix_add.py) both read through here.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class IndexFile:
 
 
 class Index(Protocol):
-    """What drift.py and matrix/add.py read (a fake in tests is a dict or two)."""
+    """What drift.py and matrix_add.py read (a fake in tests is a dict or two)."""
 
     def versions_with_wheels(self, project: str, python: Version, platform: str = DEFAULT_PLATFORM,
                              abi: str | None = None) -> tuple[Version, ...]: ...

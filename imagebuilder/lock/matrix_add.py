@@ -23,12 +23,12 @@ from packaging.version import Version
 
 from ..atomic import os_reason, write_atomic
 from ..errors import ImageBuilderError
-from ..lock.drift import lacking, missing_releases
-from ..lock.index import BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, cuda_platforms
-from ..lock.requires_dist import applies, cuda_pins, pinned
+from ..matrix.load import load_matrix, parse_matrix
+from ..matrix.model import Matrix, MatrixError
 from ..platforms import ARM64
-from .load import load_matrix, parse_matrix
-from .model import Matrix, MatrixError
+from .drift import lacking, missing_releases
+from .index import BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, cuda_platforms
+from .requires_dist import applies, cuda_pins, pinned
 
 # Pythons probed for wheels; a release outside this range would need this line to move.
 CANDIDATE_PYTHONS = tuple(Version(f"3.{minor}") for minor in range(8, 17))
