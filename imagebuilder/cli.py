@@ -1,5 +1,6 @@
 """The imagebuilder command line: parse, call one pipeline function (the `matrix` commands are in
-cli_matrix.py; cli_context.py's Group maps errors to exit codes).
+cli_matrix.py, `project` in cli_project.py, `verify` in cli_verify.py, `squashfs` and
+`squashfs-release` in cli_squashfs.py; cli_context.py's Group maps errors to exit codes).
 
 Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag), 130 Ctrl-C.
 """
@@ -13,10 +14,12 @@ from pathlib import Path
 import click
 
 from . import __version__, interrupts, options, pipeline
-from .build import RenderOptions, contexts
+from .build import RenderRequest, contexts, for_command
 from .cli_context import Context, Group, note, pass_context, progress
 from .cli_matrix import matrix
 from .cli_project import project
+from .cli_squashfs import squashfs, squashfs_release
+from .cli_verify import verify
 from .engine.export import Compression
 from .errors import BadRequest
 from .matrix import Selection, matrix_file
@@ -47,6 +50,9 @@ def cli(click_ctx: click.Context, matrix_path: str | None) -> None:
 
 cli.add_command(matrix)
 cli.add_command(project)
+cli.add_command(squashfs)
+cli.add_command(verify)
+cli.add_command(squashfs_release)
 
 
 # --- lock -----------------------------------------------------------------------------------
@@ -104,7 +110,7 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
 @click.option("--dry-run", is_flag=True, help="Print the Dockerfile instead of writing files.")
 @pass_context
 def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: bool, selection: Selection,
-               rendering: RenderOptions, builder_choice: str | None, platforms: str | None) -> None:
+               rendering: RenderRequest, builder_choice: str | None, platforms: str | None) -> None:
     """Render Dockerfiles and their build contexts.
 
     -o writes what `build` builds: one image's context into DIR, or, when the request builds
@@ -135,7 +141,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if dry_run and len(wanted) > 1:
         raise click.UsageError("--dry-run prints one Dockerfile; give one --platform (or -o DIR for several)")
     kind = decide_for_render(builder_choice, pipeline.needs_buildkit(wanted)).kind
-    opts = pipeline.render_options(ctx.matrix, rendering, kind)
+    opts = for_command(ctx.matrix, rendering, kind)
     if render_all:
         count, files = contexts.render_tree(ctx.matrix, selection, opts, note)
         assert output is not None
@@ -168,7 +174,7 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
 @options.compression
 @pass_context
 def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Path | None, selection: Selection,
-              rendering: RenderOptions, builder_choice: str, buildx_builder: str | None, platforms: str | None,
+              rendering: RenderRequest, builder_choice: str, buildx_builder: str | None, platforms: str | None,
               dry_run: bool, compression: Compression | None, cache_from_registry: RegistryTarget | None,
               registry_policy: RetryPolicy) -> None:
     """Render, build and tag images with the Docker Engine.
@@ -181,71 +187,32 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     """
     from .build import build_all, parse_platforms, report_plan
     from .engine.docker import DockerEngine
-    from .engine.export import choose_for_build
+    from .engine.export_decision import decide_export
     from .engine.select import decide, kind_before_probing, make_builder
     from .registry.client import HttpRegistry
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
     pipeline.check_build(ctx.matrix, selection, rendering, wanted, kind_before_probing(builder_choice), compression,
-                         cache_from_registry is not None)
+                         cache_from_registry)
     decision = decide(builder_choice, buildx_builder)
     engine = DockerEngine()
     engine.ping()
     builder = make_builder(decision, engine)
     registry = HttpRegistry(policy=registry_policy)
-    exports = choose_for_build(compression, cache_from_registry, decision.kind == "buildkit",
-                               engine.keeps_compressed_layers, lambda ref: registry.digest(ref) is not None)
+    buildkit = decision.kind == "buildkit"
+    exported = decide_export(compression, command="build", buildkit=buildkit, cache=cache_from_registry,
+                             image_store=buildkit and engine.keeps_compressed_layers())
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
-    opts = pipeline.render_options(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
+    opts = for_command(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, engine.os_release,
                                engine.image_exists, note)
     if dry_run:
         return report_plan(plan, report=report, echo=click.echo)
     build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
-              quiet=quiet, exports=exports, report=report, echo=click.echo, err=progress)
-
-
-# --- verify ---------------------------------------------------------------------------------
-
-
-@cli.command("verify")
-@click.argument("tag", required=False)
-@options.verifying
-def verify_cmd(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, timeout: float,
-               manifest: str | None, mount_smoke_tests: bool, key: str | None, signature_only: bool,
-               registry_policy: RetryPolicy) -> None:
-    """Will PyTorch jobs in this image work on this machine? Preflight the host, run the smoke tests.
-
-    Exit 0 only when every check passed.
-
-    \b
-    Examples:
-      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime
-      imagebuilder verify pytorch:2.6.0-cuda12.4-cudnn9-runtime --allow-no-gpu --json
-      imagebuilder verify --local --timeout 600
-      imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
-    """
-    from .verify import Live, verify_local, verify_published
-
-    live = None if as_json else Live(click.echo)  # the header and preflight at once, a line per check as it ends
-    if local or tag is None:  # options checked the combinations
-        report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
-    else:
-        from .engine.docker import DockerEngine
-        from .registry.client import HttpRegistry
-        from .trust import Cosign
-
-        # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
-        cosign = Cosign(timeout=registry_policy.timeout_s, say=progress, timeout_option=registry_policy.timeout_option)
-        report = verify_published(DockerEngine(), tag, registry=HttpRegistry(policy=registry_policy), key=key,
-                                  cosign=cosign, signature_only=signature_only, live=live,
-                                  allow_no_gpu=allow_no_gpu, timeout=timeout, mount_smoke_tests=mount_smoke_tests)
-    for notice in report.notices:
-        click.echo(notice, err=True)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format(live))
-    report.raise_if_failed()
+              quiet=quiet, exports=lambda key: exported.for_image(key, lambda ref: registry.digest(ref) is not None),
+              report=report, echo=click.echo, err=progress)
 
 
 # --- scan -----------------------------------------------------------------------------------
@@ -312,7 +279,7 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
-                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderOptions,
+                report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderRequest,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
                 registry_policy: RetryPolicy, squashfs: bool, start_command: str | None, scan: bool,
@@ -330,7 +297,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
       imagebuilder publish --torch 2.6 --cuda 12.4 --registry 127.0.0.1:5000/ml --allow-no-gpu
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
-    from .publish import publish_command
+    from .publish import PublishRequest, publish_command
 
     if (allowlist is not None or allow_vulnerable) and not scan:  # (the mirror may come from the environment)
         raise click.UsageError("--allowlist and --allow-vulnerable are for --scan")
@@ -341,85 +308,14 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
 
         gate = ScanGate(DockerEngine(), HttpMirror(progress).get, progress, load_allowlist(allowlist),
                         allow_vulnerable=allow_vulnerable, mirror=mirror)
-    publish_command(ctx.matrix, ctx.matrix_path, selection, rendering, target, push=push, dry_run=dry_run,
-                    keep_going=keep_going, force=force, allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout,
-                    day=day.date() if day is not None else None, quiet=quiet, no_cache=no_cache, pull=pull,
-                    report=report, registry_ca=registry_ca, builder_choice=builder_choice,
-                    buildx_builder=buildx_builder, platforms=platforms, merge=merge, merge_only=merge_only,
-                    compression=compression, sign_key=sign_key, registry_policy=registry_policy, squashfs=squashfs,
-                    echo=click.echo, note=note, progress=progress, start_command=start_command, scan=gate)
-
-
-# --- squashfs -------------------------------------------------------------------------------
-
-
-@cli.command("squashfs")
-@click.argument("image")
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), metavar="FILE",
-              help="Where to write the squashfs (atomically: a temp file beside it, renamed).")
-@click.option("--key", metavar="PUB", default=None,
-              help="Check the artifact's cosign signature with this public key before downloading it.")
-@click.option("--platform", default="linux/amd64", show_default=True, metavar="OS/ARCH",
-              help="The image of a multi-platform tag whose squashfs to fetch.")
-@click.option("--lazy", is_flag=True,
-              help="Serve FILE at once and fetch its bytes as they are read (nbdkit and nbdfuse; each 1 MiB "
-                   "checked against the signed chunk table); the mount stays until `imagebuilder squashfs-release "
-                   "FILE`.")
-@options.registry_timeout
-def squashfs_cmd(image: str, output: Path, key: str | None, platform: str, lazy: bool,
-                 registry_policy: RetryPolicy) -> None:
-    """Fetch the squashfs `publish --squashfs` pushed beside IMAGE into FILE, for pyxis/enroot.
-
-    Exit 1 when the registry has none for the image's digest.
-
-    \b
-    Examples:
-      imagebuilder squashfs registry.example.com/ml/pytorch:2.6.0-cuda12.4-cudnn9-runtime -o /tmp/torch.sqfs
-      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
-      imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --lazy
-    """
-    from .build import parse_platforms
-    from .registry.client import HttpRegistry
-    from .registry import parse_reference
-    from .squashfs.fetch import check_output, fetch_squashfs
-    from .trust import key_reference
-
-    parse_reference(image)
-    (platform,) = parse_platforms(platform)
-    check_output(output)
-    pub = key_reference(key, "--key") if key is not None else None
-    if pub is not None and Path(pub).is_file():  # (a KMS key is asked for where it is used)
-        from .trust.cosign import Cosign
-
-        Cosign().require().try_public_key(pub, "--key")
-    if lazy:
-        from .squashfs.lazy import Mounted, mount_lazy
-
-        served = mount_lazy(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                            timeout_s=registry_policy.timeout_s, say=progress)
-        if isinstance(served, Mounted):
-            return
-        fetched = served  # published before the chunk table: downloaded whole
-    else:
-        fetched = fetch_squashfs(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
-                                 say=progress)
-    progress(f"wrote {fetched.path} ({fetched.size} bytes, the squashfs of {fetched.image}) in {fetched.seconds:.1f} s")
-
-
-@cli.command("squashfs-release")
-@click.argument("file", type=click.Path(path_type=Path))
-def squashfs_release_cmd(file: Path) -> None:
-    """Unmount FILE served by `imagebuilder squashfs --lazy`, and remove it and its cache. Anything
-    else at FILE is left alone. Safe to repeat.
-
-    \b
-    Example:
-      imagebuilder squashfs-release /tmp/torch.sqfs
-    """
-    from .squashfs.lazy import release
-
-    progress(f"{file}: released" if release(file) else
-             f"{file}: nothing to release (not served by `imagebuilder squashfs --lazy`)")
+    request = PublishRequest(
+        selection, rendering, target, registry_policy, push=push, dry_run=dry_run, keep_going=keep_going, force=force,
+        allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, day=day.date() if day is not None else None,
+        quiet=quiet, no_cache=no_cache, pull=pull, report=report, registry_ca=registry_ca,
+        builder_choice=builder_choice, buildx_builder=buildx_builder, platforms=platforms, merge=merge,
+        merge_only=merge_only, compression=compression, sign_key=sign_key, squashfs=squashfs,
+        start_command=start_command)
+    publish_command(ctx.matrix, ctx.matrix_path, request, echo=click.echo, note=note, progress=progress, scan=gate)
 
 
 def main() -> None:

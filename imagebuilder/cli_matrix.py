@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 from packaging.version import Version
 
-from . import options, pipeline
-from .build import listing
+from . import options
+from .build import base_os_reader, listing
 from .cli_context import Context, Group, note, pass_context, progress
 from .matrix import Selection, enumerate_matrix, settle_os
 
@@ -32,7 +32,7 @@ def matrix(click_ctx: click.Context, ctx: Context, fmt: str, selection: Selectio
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    selection = settle_os(ctx.matrix, selection, pipeline.base_os_reader(selection), note)
+    selection = settle_os(ctx.matrix, selection, base_os_reader(selection), note)
     click.echo(listing.format_listing(listing.matrix_rows(ctx.matrix, selection), fmt))
 
 
@@ -69,7 +69,7 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
     Comments and order of the file stay; what the metadata does not say is left for you, and
     `imagebuilder matrix check` names it.
     """
-    from .matrix import add_releases
+    from .lock import add_releases
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")

@@ -1,6 +1,6 @@
 """Click options shared by several commands, defined once.
 
-Groups of options reach a command as one typed value (a Selection, RenderOptions), not as
+Groups of options reach a command as one typed value (a Selection, a RenderRequest), not as
 loose keyword arguments."""
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ import click
 
 from packaging.version import InvalidVersion, Version
 
-from .build import PSEUDO_FILE_SYSTEMS, RenderOptions, check_output, file_system_type, parse_base_images
+from .build import PSEUDO_FILE_SYSTEMS, RenderRequest, check_output, file_system_type, parse_base_images
 from .engine.export import DUAL, Compression
 from .errors import BadRequest
 from .lock import BadUv, parse_index_url
 from .matrix import ALL, VARIANTS, Selection, check_not_empty
-from .registry import REGISTRY_POLICY, RegistryTarget, RetryPolicy, check_repository, parse_reference
+from .registry import REGISTRY_POLICY, RegistryTarget, RetryPolicy, check_repository
 from .trust import read_ca_bundle, read_certificates
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+def stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     def apply(f: F) -> F:
         for decorator in reversed(decorators):
             f = decorator(f)
@@ -51,7 +51,7 @@ def _collect(name: str, make: Callable[..., Any], keys: tuple[str, ...]) -> Call
     return decorator
 
 
-def _check(validate: Callable[..., None]) -> Callable[[F], F]:
+def refuse_unless(validate: Callable[..., None]) -> Callable[[F], F]:
     """Refuse a combination of options before the command does any work: validate(**options)
     raises BadRequest (exit 2, one line)."""
     def decorator(f: F) -> F:
@@ -65,7 +65,7 @@ def _check(validate: Callable[..., None]) -> Callable[[F], F]:
     return decorator
 
 
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+def seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     """A timeout: a finite number of seconds, at least 1 and at most a week (inf, nan and 1e300
     are no deadline a container can be given)."""
     if not math.isfinite(value) or not 1 <= value <= WEEK:
@@ -107,7 +107,7 @@ def selection(required: bool, all_variants: bool = False, strict: bool = False) 
     variants = list(VARIANTS) + ([ALL] if all_variants else [])
     keys = ("torch_version", "cuda_version", "python_version", "variant", "os_name", "base_image") + (
         ("strict",) if strict else ())
-    return _stack(
+    return stack(
         click.option("--torch", "torch_version", required=required, metavar="V",
                      help="PyTorch release: 2.6 or 2.6.0."),
         click.option("--cuda", "cuda_version", required=required, metavar="V",
@@ -166,7 +166,7 @@ index_url = click.option("--index-url", metavar="URL", callback=_index_url,
 
 def index_urls(f: F) -> F:
     """The package indexes wheels come from (rendering, locking)."""
-    return _stack(
+    return stack(
         index_url,
         click.option("--extra-index-url", "extra_index_urls", multiple=True, metavar="URL", callback=_index_url,
                      help="Additional package index; repeatable."),
@@ -174,9 +174,9 @@ def index_urls(f: F) -> F:
 
 
 def rendering(f: F) -> F:
-    """Handed to the command as `rendering: RenderOptions` (what it asks; pipeline.render_options
+    """Handed to the command as `rendering: RenderRequest` (what it asks; build.for_command
     completes it with the matrix's locks and the builder)."""
-    return _stack(
+    return stack(
         index_urls,
         click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      metavar="PATH",
@@ -196,18 +196,18 @@ def rendering(f: F) -> F:
 
 
 def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
-               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderOptions:
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderRequest:
     """Checked before anything runs: a bad name or CA bundle would fail the build minutes later.
     The CA bundle is read here, once, for every image the command renders."""
     if repository is not None:
         check_repository(repository)
-    return RenderOptions(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
+    return RenderRequest(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
                          ca_bundle=read_ca_bundle(ca_bundle) if ca_bundle is not None else None,
                          python_mirror=python_mirror, extras=tuple(extras))
 
 
 def building(f: F) -> F:
-    return _stack(
+    return stack(
         click.option("--no-cache", is_flag=True, help="Build without the layer cache."),
         click.option("--pull/--no-pull", default=False, show_default=True,
                      help="Pull a newer base image before building."),
@@ -231,7 +231,7 @@ render_builder = click.option(
 
 
 def builders(f: F) -> F:
-    return _stack(
+    return stack(
         click.option("--builder", "builder_choice", type=click.Choice(BUILDER_CHOICES),
                      default="auto", show_default=True, envvar="IMAGEBUILDER_BUILDER",
                      help="auto: BuildKit when a docker CLI here builds with it (buildx, or a CLI with "
@@ -257,7 +257,7 @@ def _registry_target(ctx: click.Context, param: click.Parameter, value: str | No
 
 def build_only(f: F) -> F:
     """build's own options: a dry run, and the registry caches to import."""
-    return _stack(
+    return stack(
         click.option("--dry-run", is_flag=True,
                      help="Print what would be built, in build order, and stop: nothing is built (the daemon "
                           "is still asked for the base image's OS and the images already there)."),
@@ -268,55 +268,9 @@ def build_only(f: F) -> F:
     )(f)
 
 
-def _verifying(tag: str | None, local: bool, manifest: str | None, mount_smoke_tests: bool, key: str | None,
-               signature_only: bool, **_: Any) -> None:
-    if local:
-        if tag is not None:
-            raise BadRequest(f"--local checks this Python environment, not an image; give TAG ({tag}) or --local")
-        if mount_smoke_tests:
-            raise BadRequest("--mount-smoke-tests is for images; --local runs the shipped smoke tests")
-        if key is not None or signature_only:
-            raise BadRequest("--key and --signature-only check a published image; --local checks this environment")
-        return
-    if tag is None:
-        raise BadRequest("give the image TAG to verify, or --local for this environment")
-    parse_reference(tag, "verify")  # before the registry is asked for its signature
-    if manifest is not None:
-        raise BadRequest("--manifest is for --local; an image carries its own manifest")
-    if signature_only and key is None:
-        raise BadRequest("--signature-only checks the signature against --key: give --key PUB (without "
-                         "--signature-only, verify says whether the image is signed and runs its checks)")
-
-
-def verifying(f: F) -> F:
-    """verify's own options: what to check, how long, how to report."""
-    return _stack(
-        _check(_verifying),
-        click.option("--local", is_flag=True,
-                     help="Check this Python environment instead of an image (bare-metal hosts, pods)."),
-        allow_no_gpu,
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
-        click.option("--timeout", type=float, callback=_seconds, default=1800, show_default=True, metavar="S",
-                     help="Seconds the smoke tests may take in all; the container is killed and removed after."),
-        click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
-                     help="With --local: the manifest.json whose versions to expect. Default: none."),
-        click.option("--mount-smoke-tests", is_flag=True,
-                     help="Run this imagebuilder's smoke tests in the image even when it has its own copy "
-                          "(an image an older imagebuilder built). Images without imagebuilder's labels "
-                          "get them anyway."),
-        click.option("--key", metavar="PUB",
-                     help="Before any container starts, check that the digest TAG names in its registry is "
-                          "signed by this cosign public key (a file, env://VAR or a KMS URI), and that its SBOM "
-                          "attestation verifies and is the image's own; the smoke tests then run that digest. "
-                          "Offline: no transparency log. Without --key, verify says whether the image is signed."),
-        click.option("--signature-only", is_flag=True, help="Check the signature (and SBOM attestation) and stop."),
-        registry_timeout,
-    )(f)
-
-
 def _registry_policy(ctx: click.Context, param: click.Parameter, value: float) -> RetryPolicy:
     """--registry-timeout, parsed once into the policy every registry request of the command follows."""
-    return replace(REGISTRY_POLICY, timeout_s=_seconds(ctx, param, value))
+    return replace(REGISTRY_POLICY, timeout_s=seconds(ctx, param, value))
 
 
 registry_timeout = click.option(
@@ -343,8 +297,8 @@ def _publishing(merge: bool, merge_only: bool, platforms: str | None, **_: Any) 
 
 def publishing(f: F) -> F:
     """publish's own options: where to, what to push, how to merge, which day."""
-    return _stack(
-        _check(_publishing),
+    return stack(
+        refuse_unless(_publishing),
         click.option("--registry", "target", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=_registry_target,
                      help="Where the images go: HOST[:PORT]/NAMESPACE/REPOSITORY:TAG. https as dockerd uses it "
                           "(http for a loopback registry without TLS); credentials as docker finds them."),
@@ -364,7 +318,7 @@ def publishing(f: F) -> F:
                           "platform each; a --merge-only job writes the indexes after them."),
         click.option("--merge-only", is_flag=True,
                      help="Build nothing: make each TAG an index over the --platform images already pushed."),
-        click.option("--verify-timeout", type=float, callback=_seconds, default=1800, show_default=True, metavar="S",
+        click.option("--verify-timeout", type=float, callback=seconds, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),
@@ -416,7 +370,7 @@ def _compression(compression: str | None, compression_level: int | None) -> Comp
 
 def compression(f: F) -> F:
     """Handed to the command as `compression: Compression | None` (None: neither option given)."""
-    return _stack(
+    return stack(
         click.option("--compression", metavar="|".join(Compression.NAMES), default=None,
                      help="Export the layers with this compression into Docker's containerd image store "
                           "(BuildKit) and push them as verified; publish then also attaches SLSA provenance "

@@ -6,7 +6,8 @@ import io
 from pathlib import Path
 
 from imagebuilder.build.per_platform import render_spec as render
-from imagebuilder.build.run import ProgressPrinter, build_order, human_size
+from imagebuilder.build.per_platform import build_order
+from imagebuilder.engine.progress import ProgressPrinter, human_size
 from imagebuilder.engine.api import Progress
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.matrix.resolve import Request, resolve

@@ -20,7 +20,8 @@ from imagebuilder.build.install_steps import CA_CONTEXT, CA_SECRET_PATH
 from imagebuilder.build.per_platform import render_spec as render
 from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.engine.api import BuildRequest, Progress
-from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli, PlainProgress, dockerfile_stages
+from imagebuilder.engine.buildkit import BuildKitBuilder, BuildKitCli
+from imagebuilder.engine.buildkit_progress import PlainProgress, dockerfile_stages
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.errors import BaseImageMissing, BuildFailed, EngineError
@@ -196,14 +197,14 @@ def test_the_export_is_announced_and_its_seconds_counted():
 
 
 def test_silence_gets_a_heartbeat_naming_what_is_still_going(monkeypatch):
-    from imagebuilder.engine import buildkit
+    from imagebuilder.engine import buildkit_progress
 
     events: list[Progress] = []
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     state = PlainProgress(TWO_STAGES, 1000.0, events.append, export_note="zstd")
     state.feed("#5 [a 2/2] RUN sleep 100\n")  # a step without output
-    quiet = buildkit.QUIET_FOR
+    quiet = buildkit_progress.QUIET_FOR
     clock[0] += quiet * 0.9
     state.heartbeat()
     assert len(events) == 1  # not yet

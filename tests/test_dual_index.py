@@ -19,7 +19,8 @@ from support.real_images import imagebuilder
 from support.canned_publish import images
 
 from imagebuilder.engine.api import Pushed
-from imagebuilder.engine.export import Compression, CompressionUnavailable, Export, choose, gzip_ref, output_args
+from imagebuilder.engine.export import Compression, Export, gzip_ref, output_args
+from imagebuilder.engine.export_decision import CompressionUnavailable, decide_export
 from imagebuilder.errors import BadRequest
 from imagebuilder.publish.dual import dual_index, images_of, marked_zstd
 from imagebuilder.publish.plan import RunOptions, plan
@@ -50,8 +51,9 @@ def test_gzip_zstd_takes_no_level_and_needs_the_containerd_store() -> None:
     with pytest.raises(BadRequest, match="gzip\\+zstd exports each at BuildKit's default"):
         Compression("gzip+zstd", 3)
     with pytest.raises(CompressionUnavailable, match="--compression gzip\\+zstd"):
-        choose(DUAL, buildkit=True, image_store=False, provenance=True)
-    assert choose(DUAL, buildkit=True, image_store=True, provenance=True) == Export(DUAL, provenance=True)
+        decide_export(DUAL, command="publish", buildkit=True, image_store=False)
+    decision = decide_export(DUAL, command="publish", buildkit=True, image_store=True)
+    assert decision.export == Export(DUAL, provenance=True) and decision.gzip_too
 
 
 def _entry(name: str, platform: str | None = "linux/amd64", **annotations: str) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from imagebuilder.engine.api import Pushed
-from imagebuilder.engine.export import (Compression, CompressionUnavailable, Export, cache_ref, cannot_pull, choose, choose_for_build,
-                                 compression_of, output_args)
+from imagebuilder.engine.export import Compression, Export, cache_ref, cannot_pull, compression_of, output_args
+from imagebuilder.engine.export_decision import (ChunkedAtPublish, CompressionUnavailable, ExportDecision,
+                                                 ExportNeedsBuildKit, Ordered, decide_export)
 from imagebuilder.errors import BadRequest
 from imagebuilder.registry.reference import RegistryTarget
 from imagebuilder.trust.provenance import built_from
@@ -69,8 +70,9 @@ def test_output_args(export: Export | None, expected: list[str]) -> None:
     (Compression("gzip"), False, False, None),
     (None, False, True, None),
 ])
-def test_choose(asked: Compression | None, buildkit: bool, store: bool, expected: Export | None) -> None:
-    assert choose(asked, buildkit=buildkit, image_store=store, provenance=True) == expected
+def test_publish_exports(asked: Compression | None, buildkit: bool, store: bool, expected: Export | None) -> None:
+    decision = decide_export(asked, command="publish", buildkit=buildkit, image_store=store)
+    assert decision.export == expected and decision.ordered is None and not decision.gzip_too
 
 
 @pytest.mark.parametrize("asked, buildkit, store, expected", [
@@ -82,19 +84,58 @@ def test_choose(asked: Compression | None, buildkit: bool, store: bool, expected
 ])
 def test_build_defaults_to_zstd_where_buildkit_exports_into_the_store(
         asked: Compression | None, buildkit: bool, store: bool, expected: Export | None) -> None:
-    for_image = choose_for_build(asked, None, buildkit, lambda: store, lambda ref: False)
-    assert for_image("2.6.0-cuda12.1-cudnn9-py3.11-debian12-runtime") == expected
+    decision = decide_export(asked, command="build", buildkit=buildkit, image_store=store)
+    assert decision.for_image("2.6.0-cuda12.1-cudnn9-py3.11-debian12-runtime", lambda ref: False) == expected
+
+
+def test_build_imports_its_registry_cache_where_the_registry_has_it_and_publish_exports_it_too() -> None:
+    target = RegistryTarget.parse("127.0.0.1:5000/ml")
+    key = "2.6.0-cuda12.1-cudnn9-debian12-runtime"
+    build = decide_export(None, command="build", buildkit=True, image_store=True, cache=target)
+    assert build.for_image(key, lambda ref: ref == CACHE) == Export(Compression("zstd"), cache_from=(CACHE,))
+    assert build.for_image(key, lambda ref: False) == Export(Compression("zstd"))
+    publish = decide_export(None, command="publish", buildkit=True, image_store=True, cache=target)
+    assert publish.for_image(key, lambda ref: False) == Export(Compression("zstd"), provenance=True, cache_to=CACHE)
+
+
+@pytest.mark.parametrize("asked, ordered", [
+    (Compression("estargz"), Ordered("estargz", None)), (Compression("estargz", 4), Ordered("estargz", 4)),
+    (Compression("zstd:chunked"), Ordered("zstd:chunked", None)),
+    (Compression("zstd:chunked", 12), Ordered("zstd:chunked", 12))])
+def test_publish_exports_ordered_layers_as_zstd_and_pushes_them_itself(asked: Compression, ordered: Ordered) -> None:
+    decision = decide_export(asked, command="publish", buildkit=True, image_store=True)
+    assert decision == ExportDecision(Export(Compression("zstd"), provenance=True), ordered=ordered, cache_to=True)
+    assert decision.describe().startswith("zstd, exported by BuildKit")
+
+
+def test_build_exports_estargz_itself_and_refuses_zstd_chunked_before_any_daemon() -> None:
+    assert decide_export(Compression("estargz"), command="build", buildkit=True, image_store=True).export == Export(
+        Compression("estargz"))
+    with pytest.raises(ChunkedAtPublish):
+        decide_export(Compression("zstd:chunked"), command="build", buildkit=True, image_store=None)
+
+
+@pytest.mark.parametrize("asked, cache, said", [
+    (Compression("zstd"), None, "--compression zstd needs BuildKit: the classic builder"),
+    (Compression("gzip", 9), None, "--compression-level needs BuildKit: the classic builder"),
+    (None, RegistryTarget.parse("127.0.0.1:5000/ml"), "--cache-from-registry needs BuildKit: the classic builder"),
+])
+def test_the_classic_builder_asked_for_refuses_an_export_before_any_daemon(
+        asked: Compression | None, cache: RegistryTarget | None, said: str) -> None:
+    with pytest.raises(ExportNeedsBuildKit, match=said):
+        decide_export(asked, command="build", buildkit=False, image_store=None, cache=cache)
+    assert decide_export(Compression("gzip"), command="publish", buildkit=False, image_store=None).export is None
 
 
 @pytest.mark.parametrize("asked, buildkit, store, cache, said", [
-    (Compression("zstd"), True, False, (), "--compression zstd needs BuildKit"),
-    (Compression("gzip", 9), False, True, (), "--compression-level needs BuildKit"),
-    (None, False, False, (CACHE,), "--cache-from-registry needs BuildKit"),
+    (Compression("zstd"), True, False, None, "--compression zstd needs BuildKit"),
+    (Compression("gzip", 9), False, False, None, "--compression-level needs BuildKit"),
+    (None, False, False, RegistryTarget.parse("127.0.0.1:5000/ml"), "--cache-from-registry needs BuildKit"),
 ])
 def test_what_only_the_containerd_store_gives_is_a_bad_request_elsewhere(
-        asked: Compression | None, buildkit: bool, store: bool, cache: tuple[str, ...], said: str) -> None:
+        asked: Compression | None, buildkit: bool, store: bool, cache: RegistryTarget | None, said: str) -> None:
     with pytest.raises(CompressionUnavailable, match=said) as e:
-        choose(asked, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache)
+        decide_export(asked, command="build", buildkit=buildkit, image_store=store, cache=cache)
     assert e.value.exit_code == 2 and "containerd-snapshotter" in str(e.value)
 
 
@@ -246,7 +287,7 @@ def test_estargz_layers_are_gzip_ones_to_every_puller(kind: str, suffix: str) ->
 
 def test_estargz_needs_the_containerd_store_and_takes_gzip_levels() -> None:
     with pytest.raises(CompressionUnavailable, match="--compression estargz needs BuildKit"):
-        choose(Compression("estargz"), buildkit=True, image_store=False, provenance=True)
+        decide_export(Compression("estargz"), command="publish", buildkit=True, image_store=False)
     assert Compression("estargz", 9).level == 9
     with pytest.raises(BadRequest, match="estargz takes 0..9"):
         Compression("estargz", 10)

@@ -19,7 +19,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from imagebuilder.lock import drift
-from imagebuilder.lock.index import PackageIndex, applies, cuda_pins, cuda_platforms, pinned
+from imagebuilder.lock.index import PackageIndex, cuda_platforms
+from imagebuilder.lock.requires_dist import applies, cuda_pins, pinned
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.resources import default_matrix_path
 

@@ -17,7 +17,7 @@ from packaging.version import Version
 from support.matrix_text import remove_block
 from imagebuilder.cli import cli
 from imagebuilder.lock.index import PackageIndex
-from imagebuilder.matrix.add import CannotAdd, NewRelease, Variant, add_release, block_text, insert_block
+from imagebuilder.lock.matrix_add import CannotAdd, NewRelease, Variant, add_release, block_text, insert_block
 from imagebuilder.matrix.load import load_matrix, parse_matrix
 from imagebuilder.resources import default_matrix_path
 
@@ -87,7 +87,7 @@ def test_every_variant_in_the_packaged_matrix_names_its_source():
 def test_a_release_whose_torchaudio_needs_torchcodec_says_the_block_lacks_it(tmp_path, monkeypatch):
     """torchaudio 2.9+ loads and saves audio through torchcodec, which no Requires-Dist names:
     the block is written, `matrix add` says what it could not fill, and `matrix check` fails it."""
-    from imagebuilder.matrix import add as matrix_add
+    from imagebuilder.lock import matrix_add
 
     monkeypatch.setattr(matrix_add, "read_release", lambda index, version, cuda_variants=(): release("2.13.0", torchaudio="2.13.0"))
     path = tmp_path / "m.yaml"
@@ -156,7 +156,7 @@ def test_an_unreachable_index_is_an_error_that_names_its_host(dead_index, args, 
 
 
 def test_an_unreachable_pytorch_index_is_named_and_nothing_is_guessed(monkeypatch):
-    from imagebuilder.matrix import add as matrix_add
+    from imagebuilder.lock import matrix_add
 
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -171,7 +171,7 @@ def test_an_unreachable_pytorch_index_is_named_and_nothing_is_guessed(monkeypatc
 def test_what_metadata_cannot_say_is_left_for_the_user_and_named(tmp_path, monkeypatch):
     """A release on a CUDA the matrix has no block for: the block is written, and the problem
     `matrix check` reports is handed back instead of a guessed CUDA block."""
-    from imagebuilder.matrix import add as matrix_add
+    from imagebuilder.lock import matrix_add
 
     new = release("2.9.1", cuda="12.9.79")
     new = NewRelease(**{**new.__dict__, "pypi_variant": Variant("cu129", Version("12.9.79"), Version("9.10.2.21"),

@@ -104,9 +104,9 @@ def test_the_scan_sees_imports_relative_absolute_and_as_a_module(tmp_path: Path)
     root = tmp_path / "caller"
     root.mkdir()
     (root / "a.py").write_text("from imagebuilder.publish import Ledger, squashfs\n")
-    (root / "b.py").write_text("from imagebuilder import publish\npublish.plan([], {})\npublish.push.x\n")
+    (root / "b.py").write_text("from imagebuilder import publish\npublish.publish_command()\npublish.push.x\n")
     (root / "c.py").write_text("import imagebuilder.publish as p\np.Step\n")
     (tmp_path / "imagebuilder").mkdir()
     (tmp_path / "imagebuilder" / "publish").symlink_to(REPO / "imagebuilder" / "publish")
     assert {name: sorted(modules) for name, modules in _uses("publish", (root,), tmp_path).items()} == {
-        "Ledger": ["caller.a"], "plan": ["caller.b"], "Step": ["caller.c"]}
+        "Ledger": ["caller.a"], "publish_command": ["caller.b"], "Step": ["caller.c"]}

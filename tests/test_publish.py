@@ -721,7 +721,7 @@ def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a
     """What --report lists of an image published for two platforms, read through the registry
     API: each platform manifest's layer with its digest and size; and what a push would have
     asked first, a HEAD of each in the image's repository (another repository has none)."""
-    from imagebuilder.trust.signing import pinned
+    from imagebuilder.registry.reference import pinned
 
     ref = f"{fresh_registry.address}/ns/pytorch:2.11-runtime"
     layers = {platform: os.urandom(1000 + n) for n, platform in enumerate(BOTH)}

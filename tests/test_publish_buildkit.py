@@ -32,8 +32,7 @@ from support.replay import cli_replaying, verify_replaying
 from imagebuilder.engine.export import cache_ref
 from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.registry.manifests import INDEXES, pick_manifest
-from imagebuilder.registry.reference import RegistryTarget
-from imagebuilder.trust.signing import pinned
+from imagebuilder.registry.reference import pinned, RegistryTarget
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slow, pytest.mark.most_disk]
 

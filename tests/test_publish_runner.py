@@ -20,7 +20,6 @@ from support.canned_registry import (CannedBlobs, CannedCache, CannedCacheTimeli
 
 from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.matrix.load import load_matrix
-from imagebuilder.publish.estargz import EstargzPublisher, split_export
 from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
 from imagebuilder.publish.ledger import report_document
 from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
@@ -195,24 +194,6 @@ def test_estargz_pushes_through_the_publisher_not_docker_push_and_reports_its_pr
     assert report["pushed_bytes"] == 1234
     assert report["estargz"]["profile"]["files"][1].endswith("libtorch_cpu.so")
     assert report["estargz"]["profile"]["command"] == ["python3", "-c", "import torch"]
-
-
-@pytest.mark.parametrize("asked, made_as", [
-    (Compression("estargz"), ("estargz", 6)), (Compression("estargz", 4), ("estargz", 4)),
-    (Compression("zstd:chunked"), ("zstd:chunked", 3)), (Compression("zstd:chunked", 12), ("zstd:chunked", 12))])
-def test_ordered_layers_are_exported_as_zstd_and_pushed_by_a_publisher_at_the_asked_level(
-        asked: Compression, made_as: tuple[str, int]) -> None:
-    made: list[tuple[str, int]] = []
-
-    def publisher(codec: str, at: int) -> EstargzPublisher:
-        made.append((codec, at))
-        return _estargz(CannedRegistry())
-
-    export, estargz = split_export(Export(asked, provenance=True), publisher)
-    assert export == Export(Compression("zstd"), provenance=True) and estargz is not None and made == [made_as]
-    for other in (None, Export(Compression("gzip")), Export(None)):
-        assert split_export(other, publisher) == (other, None)
-    assert made == [made_as]
 
 
 def test_an_emulated_platform_s_estargz_goes_up_unordered_without_running_its_start() -> None:

@@ -38,10 +38,11 @@ from imagebuilder.registry import retry as http_retry
 from imagebuilder.registry.api import RegistryTimeout
 from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.registry.manifests import OCI_MANIFEST
+from imagebuilder.registry.reference import pinned
 from imagebuilder.registry.retry import RetryPolicy
 from imagebuilder.trust.cosign import Cosign, CosignTimedOut
 from imagebuilder.trust.signature_check import SIGNED, UNKNOWN, UNSIGNED, check_image
-from imagebuilder.trust.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, pinned, signature_tag
+from imagebuilder.trust.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING, signature_tag
 
 if TYPE_CHECKING:
     from imagebuilder.engine.docker import DockerEngine

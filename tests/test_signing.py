@@ -43,6 +43,7 @@ from imagebuilder.publish.plan import BUILD, FAILED, PUSHED, SKIP, Outcome, plan
 from imagebuilder.publish.report import format_summary, PublishFailed, raise_if_failed
 from imagebuilder.publish.run import publish, Verifier
 from imagebuilder.registry.client import HttpRegistry
+from imagebuilder.registry.reference import pinned
 from imagebuilder.resources import default_matrix_path
 from imagebuilder.trust import cosign, signature_check, signing
 from imagebuilder.trust.labels import SBOM_DIGEST
@@ -233,7 +234,7 @@ def signed_run(signed_publish: dict[str, Any], builder: BuildKitBuilder) -> dict
     signed_publish, which test_publish's first run is too (their modules run back to back; this
     module's last test moves the published tags, after test_publish's reruns)."""
     assert (TORCH, CUDA, OS) == (SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS)
-    return {**signed_publish, "pinned": signing.pinned(signed_publish["image"]["ref"], signed_publish["digest"])}
+    return {**signed_publish, "pinned": pinned(signed_publish["image"]["ref"], signed_publish["digest"])}
 
 
 def _verify(ref: str, *args: str) -> subprocess.CompletedProcess[str]:

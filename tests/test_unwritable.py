@@ -60,8 +60,8 @@ def test_the_progress_line_claims_a_resolution_not_a_lock() -> None:
 
 
 def test_matrix_add_on_a_full_file_system_is_one_line_and_leaves_the_matrix(tmp_path, monkeypatch) -> None:
-    from imagebuilder.matrix import add as matrix_add
-    from imagebuilder.matrix.add import NewRelease, Variant
+    from imagebuilder.lock import matrix_add
+    from imagebuilder.lock.matrix_add import NewRelease, Variant
 
     variant = Variant("cu128", Version("12.8.90"), Version("9.10.2.21"), Version("2.27.5"),
                       "https://download.pytorch.org/whl/cu128", "test: Requires-Dist")

@@ -156,11 +156,12 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
     two_stage = ca is not None and not options.buildkit
     venv = shared_venv(spec, matrix, options, lock, extras)
     native = native_install(spec, options, venv)
-    apt_mounts, install_mounts = run_mounts(options)
+    apt_mounts, install_mounts = run_mounts(options.buildkit, ca, options.ca_context,
+                                            bool(index_netrc(options.index_urls)))
     # apt's cache mount is locked while one apt runs: the image's apt, emulated, takes one of
     # its own machine type's, so that the native stage's apt does not wait minutes for it.
     mounts = Mounts(options.buildkit, apt_mount(native.platform.rpartition("/")[2]) if native else apt_mounts,
-                    apt_options(options), install_mounts, apt_mounts)
+                    apt_options(options.buildkit), install_mounts, apt_mounts)
     lock_path = JUPYTER_LOCK_PATH if spec.parent is not None else LOCK_PATH
     steps = Steps(
         nvcc_check=nvcc_check(spec), shared_venv=venv is not None, added=venv is not None and venv.added is not None,
@@ -200,7 +201,7 @@ def _check(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> None:
         check_platform(matrix, spec.torch, options.platform)
     if options.foreign_platform is not None and not options.buildkit:
         raise ForeignNeedsBuildKit(platform=options.foreign_platform)
-    if index_netrc(options) and not options.buildkit:
+    if index_netrc(options.index_urls) and not options.buildkit:
         raise CredentialsNeedBuildKit()
 
 
@@ -215,7 +216,7 @@ def _ca_delivery(options: RenderOptions,
         contexts = (CA_CONTEXT,)
     elif ca is not None:
         secrets[CA_SECRET_ID] = ca
-    credentials = index_netrc(options)
+    credentials = index_netrc(options.index_urls)
     if credentials:
         secrets[NETRC_SECRET_ID] = credentials
     return files, secrets, contexts

@@ -9,14 +9,15 @@ a foreign platform); what a jupyter or devel image adds on top.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ..lock.index_url import netrc, parse_index_url
-from ..lock.lockfile import PLATFORMS as LOCK_PLATFORMS
 from ..lock.lockfile import Lock, index_args, requirements
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
+from ..platforms import PLATFORMS
 from .image_contents import JUPYTER_LOCK_PATH, LOCK_PATH, USER_ID, VENV, python_path
 from .layers import wheel_groups
 from .render_options import RenderOptions
@@ -40,11 +41,11 @@ APT_CACHE = f"{CACHE_DIR}/apt"
 UV_CACHE = f"{CACHE_DIR}/uv"
 
 
-def _cert_file(options: RenderOptions, single_stage: bool) -> str | None:
+def _cert_file(buildkit: bool, ca_bundle: bytes | None, single_stage: bool) -> str | None:
     """The CA bundle pip and uv trust in the install RUN; None: the stage's ENV names it.
     Without --ca-bundle they trust the image's own CA store (which a site's base image may
     extend) rather than their bundled roots."""
-    if options.buildkit and options.ca_bundle is not None:
+    if buildkit and ca_bundle is not None:
         return CA_SECRET_PATH
     return SYSTEM_CA if single_stage else None
 
@@ -65,8 +66,8 @@ def _uv_env(options: RenderOptions, single_stage: bool, cache: str = UV_CACHE, l
                f"UV_LINK_MODE={link} UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1")
     else:
         env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
-    cert = _cert_file(options, single_stage)
-    netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options) else ""
+    cert = _cert_file(options.buildkit, options.ca_bundle, single_stage)
+    netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options.index_urls) else ""
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
 
 
@@ -77,28 +78,29 @@ def apt_mount(machine: str | None = None) -> str:
     return f"--mount=type=cache,id={cache_id},target={APT_CACHE},sharing=locked \\\n    "
 
 
-def run_mounts(options: RenderOptions) -> tuple[str, str]:
-    """BuildKit's `RUN --mount=...` prefixes of the image's apt RUN and of the install RUN."""
-    if not options.buildkit:
+def run_mounts(buildkit: bool, ca_bundle: bytes | None, ca_context: bool, credentials: bool) -> tuple[str, str]:
+    """BuildKit's `RUN --mount=...` prefixes of the image's apt RUN and of the install RUN: the CA
+    bundle's (a bind mount of its named context, else a secret), the index `credentials`' netrc."""
+    if not buildkit:
         return "", ""
     apt = apt_mount()
     install = [f"--mount=type=cache,id=imagebuilder-uv,target={UV_CACHE},uid={USER_ID},gid={USER_ID}"]
-    if options.ca_bundle is not None and options.ca_context:
+    if ca_bundle is not None and ca_context:
         # Read-only, from outside the context's COPYs: in no layer and no history entry.
         install.append(f"--mount=type=bind,from={CA_CONTEXT},source={CA_CONTEXT_FILE},target={CA_SECRET_PATH}")
-    elif options.ca_bundle is not None:
+    elif ca_bundle is not None:
         install.append(f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},"
                        f"uid={USER_ID},required=true")
-    if index_netrc(options):
+    if credentials:
         install.append(f"--mount=type=secret,id={NETRC_SECRET_ID},target={NETRC_SECRET_PATH},"
                        f"uid={USER_ID},required=true")
     return apt, "".join(f"{m} \\\n    " for m in install)
 
 
-def apt_options(options: RenderOptions) -> str:
+def apt_options(buildkit: bool) -> str:
     # Outside /var/cache/apt/archives, which the docker-clean hook of Debian/Ubuntu images
     # empties after every install: the .debs stay in the cache mount for the next image.
-    if not options.buildkit:
+    if not buildkit:
         return ""
     return f" -o Dir::Cache::Archives={APT_CACHE} -o APT::Keep-Downloaded-Packages=true"
 
@@ -110,9 +112,9 @@ def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
             for option, value in index_args(spec, options.index_url, options.extra_index_urls)]
 
 
-def index_netrc(options: RenderOptions) -> bytes:
+def index_netrc(urls: Iterable[str | None]) -> bytes:
     """The netrc secret of the index URLs' credentials; empty when they carry none."""
-    return netrc(parse_index_url(url) for url in (options.index_url, *options.extra_index_urls) if url)
+    return netrc(parse_index_url(url) for url in urls if url)
 
 
 def _pip_install(args: list[str]) -> str:
@@ -232,7 +234,7 @@ def native_install(spec: BuildSpec, options: RenderOptions, venv: SharedVenv | N
     that uv installs (that would be the host's, not the image's)."""
     if options.foreign_platform is None or venv is None or not options.buildkit or not spec.python_from_os:
         return None
-    return NativeInstall(options.foreign_platform, LOCK_PLATFORMS[options.foreign_platform])
+    return NativeInstall(options.foreign_platform, PLATFORMS[options.foreign_platform].uv_platform)
 
 
 def _uv_bootstrap(matrix: Matrix) -> str:

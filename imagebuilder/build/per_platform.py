@@ -7,11 +7,12 @@ children needs its inputs hash.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 from .. import resources
+from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec, resolve
 from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
@@ -19,7 +20,6 @@ from .image_plan import image_tags, plan_image, repository_of
 from .platforms import host_platform
 from .render import RenderedImage, render
 from .render_options import RenderOptions
-from .run import build_order
 from .tags import image_ref, tags_for
 
 Exists = Callable[[str], bool]  # image reference -> whether the engine has it
@@ -29,20 +29,26 @@ def never(ref: str) -> bool:
     return False
 
 
+def build_order(images: Iterable[RenderedImage]) -> list[RenderedImage]:
+    """Runtime images before the jupyter images built FROM them; otherwise as given."""
+    images = list(images)
+    ours = {image.ref for image in images}
+    first = [i for i in images if i.depends_on is None or i.depends_on not in ours]
+    return first + [i for i in images if i not in first]
+
+
 @dataclass
 class Renderer:
-    """A command's renders, each image once per options (so once per platform)."""
+    """A command's renders, each image once per options (so once per platform): keyed by value."""
 
     matrix: Matrix
     carried: Mapping[str, bytes] = field(default_factory=lambda: resources.carried_files())
-    done: dict[tuple[str, str, int], RenderedImage] = field(default_factory=dict)
-    _options: list[RenderOptions] = field(default_factory=list)  # kept alive: done is keyed by their id
+    done: dict[tuple[str, str, RenderOptions], RenderedImage] = field(default_factory=dict)
 
     def image(self, spec: BuildSpec, options: RenderOptions) -> RenderedImage:
-        key = (spec.key, spec.base_image, id(options))
+        key = (spec.key, spec.base_image, options)
         if key not in self.done:
             parent = self.image(spec.parent, options) if spec.parent is not None else None
-            self._options.append(options)
             self.done[key] = render(plan_image(spec, self.matrix, options, self.carried, parent))
         return self.done[key]
 
@@ -138,3 +144,33 @@ def _with_parents(specs: list[BuildSpec], ref: Callable[[BuildSpec], str], exist
             refs.add(ref(parent))
         out.append(spec)
     return out
+
+
+def check_for_any_os(matrix: Matrix, selection: Selection, check: Callable[[Selection], object]) -> None:
+    """`check` (a command's plan, made with no daemon to ask and printing no notes: the run's
+    own plan prints them) the selection. A --base-image's OS is read from the image later, so
+    without --os any OS of the matrix that the request passes for will do here; else its refusal."""
+    base_given = selection.base_image is not None or bool(selection.platform_bases)
+    oses = list(matrix.oses) if base_given and selection.os is None else [selection.os]
+    refusal: BadRequest | None = None
+    for os_name in oses:
+        try:
+            check(replace(selection, os=os_name))
+            return
+        except BadRequest as e:
+            refusal = refusal or e
+    assert refusal is not None
+    raise refusal
+
+
+def base_os_reader(selection: Selection) -> ReadOsRelease | None:
+    """How a command that builds nothing (matrix, a dry run, --merge-only) reads --base-image's
+    OS: as the run does, through the daemon (pulling the image if it is not here), when one
+    answers; None (the OS is then assumed) without a base image or a daemon."""
+    # Imported here: the docker SDK loads only for a --base-image, not for every render.
+    from ..engine.docker import answering_engine
+
+    if selection.base_image is None and not selection.platform_bases:
+        return None
+    engine = answering_engine()
+    return engine.os_release if engine else None

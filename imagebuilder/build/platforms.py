@@ -13,15 +13,14 @@ import platform as _host
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import BadRequest
-from ..matrix.model import PLATFORMS, Matrix, TorchRelease
+from ..matrix.model import Matrix, TorchRelease
+from ..platforms import DEFAULT_PLATFORM, PLATFORMS, platform_of_machine
 from ..registry.reference import parse_reference
-
-_MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
 
 class UnknownPlatform(BadRequest):
     requested: str
-    template = "unknown platform {requested!r}; known: linux/amd64, linux/arm64"
+    template = "unknown platform {requested!r}; known: " + ", ".join(PLATFORMS)
 
 
 class NoWheelsForPlatform(BadRequest):
@@ -37,7 +36,7 @@ class NoWheelsForPlatform(BadRequest):
 
 
 def host_platform() -> str:
-    return _MACHINES.get(_host.machine().lower(), "linux/amd64")
+    return platform_of_machine(_host.machine()) or DEFAULT_PLATFORM
 
 
 def arch(platform: str) -> str:

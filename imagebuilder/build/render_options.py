@@ -1,18 +1,40 @@
-"""What a render is asked for besides the image's BuildSpec: the repository, the package index,
-a CA bundle, the builder, extras and the locks (RenderOptions). The command line's rendering
-options (options.rendering) parse into one; pipeline.render_options completes it for a command."""
+"""What a render is asked for besides the image's BuildSpec, in two values: what the user asked
+(RenderRequest: the repository, the package index, a CA bundle, a Python mirror, extras; the
+command line's rendering options, options.rendering, parse into one), and what one image on one
+platform renders with (RenderOptions: the request completed by for_command() with the builder,
+the source and the matrix's locks, then per platform by per_platform.platform_options())."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from ..lock.lockfile import LockSet
+from ..engine.api import BuilderKind
+from ..lock.lockfile import LockSet, load_locks, locks_dir
+from ..matrix.model import Matrix
 
 DEFAULT_SOURCE = "imagebuilder"
 
 
 @dataclass(frozen=True)
+class RenderRequest:
+    """What the user asked of every image a command renders (hashable: a value)."""
+
+    repository: str | None = None  # None: the matrix's defaults.repository
+    index_url: str | None = None  # replaces the wheel variant's index (mirrors, air-gapped sites)
+    extra_index_urls: tuple[str, ...] = ()
+    # --ca-bundle's certificates, read (and checked) once, when the option is parsed: trusted
+    # inside the build only.
+    ca_bundle: bytes | None = None
+    python_mirror: str | None = None  # where `uv python install` downloads CPython (UV_PYTHON_INSTALL_MIRROR)
+    extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
+
+
+@dataclass(frozen=True)
 class RenderOptions:
+    """What one image renders with on one platform: the request's values, the builder's, the locks
+    and the platform (its target). Hashable: build/per_platform's renders are keyed by it."""
+
     repository: str | None = None  # None: the matrix's defaults.repository
     index_url: str | None = None  # replaces the wheel variant's index (mirrors, air-gapped sites)
     extra_index_urls: tuple[str, ...] = ()
@@ -36,3 +58,27 @@ class RenderOptions:
     # the host's, or every platform of publish --platform).
     platform: str | None = None
     platform_tags: bool = False
+
+    @property
+    def index_urls(self) -> tuple[str | None, ...]:
+        """--index-url (None: the wheel variant's) and every --extra-index-url."""
+        return (self.index_url, *self.extra_index_urls)
+
+
+def source_label() -> str:
+    """The image's source label (labels.SOURCE): the repository CI builds from."""
+    server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    return f"{server}/{repo}" if server and repo else DEFAULT_SOURCE
+
+
+def for_command(matrix: Matrix, asked: RenderRequest, kind: BuilderKind, repository: str | None = None, *,
+                buildx: bool = True) -> RenderOptions:
+    """The options every image of a command renders with: what the command line asked
+    (options.rendering), with the matrix's locks, for the builder `kind` that engine.select
+    decided (the same for a dry run as for the run); `repository`: publish's, under its
+    registry; `buildx`: BuildKit through buildx, which takes named build contexts (the CA
+    bundle's), not an old CLI's built-in one."""
+    return RenderOptions(repository=repository or asked.repository, index_url=asked.index_url,
+                         extra_index_urls=asked.extra_index_urls, ca_bundle=asked.ca_bundle,
+                         python_mirror=asked.python_mirror, extras=asked.extras, locks=load_locks(locks_dir(matrix)),
+                         source=source_label(), buildkit=kind == "buildkit", ca_context=kind == "buildkit" and buildx)

@@ -23,6 +23,7 @@ from ..atomic import write_json
 from ..engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from ..engine.errors import BuildFailed, EngineError, network_hint
 from ..engine.export import Export, gzip_ref
+from ..engine.progress import ProgressPrinter, human_size
 from ..trust.labels import SBOM_DIGEST
 from ..trust.sbom import DIGEST_LINE
 from ._build_labels import build_labels
@@ -95,14 +96,6 @@ class Built:
 def log_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "imagebuilder" / "logs"
-
-
-def build_order(images: Iterable[RenderedImage]) -> list[RenderedImage]:
-    """Runtime images before the jupyter images built FROM them; otherwise as given."""
-    images = list(images)
-    ours = {image.ref for image in images}
-    first = [i for i in images if i.depends_on is None or i.depends_on not in ours]
-    return first + [i for i in images if i not in first]
 
 
 def build_image(
@@ -349,55 +342,3 @@ def format_built(built: Built) -> str:
 
 
 SBOM_DOCKERFILE = "Dockerfile.sbom"
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{size} B"
-        value /= 1000
-    return f"{size} B"
-
-
-class ProgressPrinter:
-    """Step n/m, the instruction and the elapsed time: one updating line per step on a
-    terminal, plain lines elsewhere (CI logs)."""
-
-    HEARTBEAT = 10.0  # seconds between lines for a long step, when not on a terminal
-
-    def __init__(self, label: str, stream: Any = None, tty: bool | None = None) -> None:
-        self.label = label
-        self.printed_at = 0.0
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.step = 0
-        self.activity: str | None = None
-        self.width = 0
-
-    def __call__(self, p: Progress) -> None:
-        instruction = re.sub(r"\s+", " ", p.instruction)
-        if p.activity is not None:
-            text = f"[{self.label}] {p.activity[:90]}"
-        else:
-            text = f"[{self.label}] step {p.step}/{p.total} {instruction[:70]}"
-            text += " (cached)" if p.cached else ""
-        if self.tty:
-            line = f"{text} {p.elapsed:6.1f}s"
-            if (p.step != self.step or p.activity != self.activity) and self.step:
-                self.stream.write("\n")
-            self.stream.write("\r" + line.ljust(self.width))
-            self.width = len(line)
-            self.stream.flush()
-        elif p.step != self.step or p.activity != self.activity or p.elapsed - self.printed_at >= self.HEARTBEAT:
-            still = "" if p.step != self.step or p.activity != self.activity else " still running"
-            self.stream.write(f"{text}{still} at {p.elapsed:.1f}s\n")
-            self.stream.flush()
-            self.printed_at = p.elapsed
-        self.step = p.step
-        self.activity = p.activity
-
-    def close(self) -> None:
-        if self.tty and self.step:
-            self.stream.write("\n")
-            self.stream.flush()

@@ -10,12 +10,11 @@ recompresses them with gzip), so there compression is not ours to choose.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from ..errors import BadRequest
-from ..registry.reference import RegistryTarget
 
 DUAL = "gzip+zstd"
 ESTARGZ = "estargz"
@@ -93,7 +92,7 @@ class Compression:
     @classmethod
     def asked(cls, kind: str | None, level: int | None) -> Compression | None:
         """--compression and --compression-level as one value, checked before anything runs (dry
-        runs too); None when neither is given: the engine's default (`choose`)."""
+        runs too); None when neither is given: the engine's default (export_decision.decide_export)."""
         if kind is None:
             if level is not None:
                 raise LevelWithoutCompression(level=level, known=_either(cls.NAMES))
@@ -155,7 +154,14 @@ class Export:
         return what + ("; SLSA provenance (mode=max)" if self.provenance else "")
 
 
-def cache_ref(registry: RegistryTarget, key: str) -> str:
+class CacheHome(Protocol):
+    """Where registry caches go: registry.reference's RegistryTarget (--registry, --cache-from-registry),
+    declared here so that the engine imports nothing of registry/."""
+
+    def repository(self, name: str) -> str: ...
+
+
+def cache_ref(registry: CacheHome, key: str) -> str:
     """The registry ref of an image's build cache: one tag per image key beside its images."""
     return f"{registry.repository(CACHE_REPOSITORY)}:{key}"
 
@@ -199,83 +205,6 @@ def output_args(export: Export | None) -> list[str]:
                  f"compression={compression},force-compression=true"
                  + (",ignore-error=true" if export.image else "") + (",registry.insecure=true" if _insecure(ref) else "")]
     return args
-
-
-class ChunkedAtPublish(BadRequest):
-    template = ("--compression " + ZSTD_CHUNKED + " is written by publish (its layers ordered by the image's start); "
-                "build exports zstd: give --compression zstd, or publish")
-
-
-def check_build_compression(asked: Compression | None) -> None:
-    """What `build` cannot export: zstd:chunked, which only publish writes."""
-    if asked is not None and asked.kind == ZSTD_CHUNKED:
-        raise ChunkedAtPublish()
-
-
-class CompressionUnavailable(BadRequest):
-    asked: str
-    template = ("{asked} needs BuildKit (buildx) exporting into Docker's containerd image store "
-                "(daemon.json: {{\"features\": {{\"containerd-snapshotter\": true}}}}); this engine "
-                "recompresses on push with gzip: drop the option, or use such an engine")
-
-
-class ExportNeedsBuildKit(BadRequest):
-    asked: str
-    template = ("{asked} needs BuildKit: the classic builder exports nothing of its own (docker push compresses "
-                "with gzip at its level); drop the option, or use --builder buildkit")
-
-
-def check_asked(asked: Compression | None, *, buildkit: bool, cache_from_registry: bool = False) -> None:
-    """What `choose` refuses that is known before any daemon is asked (dry runs too): the
-    classic builder (asked for) exports nothing of ours, so it takes no --compression but
-    docker push's own (gzip, at its level) and no --cache-from-registry."""
-    try:
-        choose(asked, buildkit=buildkit, image_store=True, provenance=False,
-               cache_from=("--cache-from-registry",) if cache_from_registry else ())
-    except CompressionUnavailable as e:
-        raise ExportNeedsBuildKit(asked=e.fields["asked"]) from None
-
-
-def choose(asked: Compression | None, *, buildkit: bool, image_store: bool, provenance: bool,
-           cache_from: tuple[str, ...] = ()) -> Export | None:
-    """The export for a build: what was asked (else the DEFAULT) where the image store keeps
-    the blobs BuildKit compressed, with provenance when asked; None where the engine cannot
-    (the classic store: `docker push` compresses with gzip, `build` loads as `docker build`
-    does), unless something was asked that only such an engine gives."""
-    if not (buildkit and image_store):
-        wanted = []
-        if asked is not None and asked.kind != Compression.PUSHED:
-            wanted.append(f"--compression {asked.kind}")
-        if asked is not None and asked.level is not None:
-            wanted.append("--compression-level")
-        if cache_from:
-            wanted.append("--cache-from-registry")
-        if wanted:
-            raise CompressionUnavailable(asked=" and ".join(wanted))
-        return None
-    return Export(asked or Compression(Compression.DEFAULT), provenance=provenance, cache_from=cache_from)
-
-
-def choose_for_build(asked: Compression | None, cache: RegistryTarget | None, buildkit: bool,
-                     image_store: Callable[[], bool],
-                     cached: Callable[[str], bool]) -> Callable[[str], Export | None]:
-    """`build`'s export per image key: the DEFAULT (or what was asked) where the store keeps
-    what BuildKit compressed, and the image's registry cache (--cache-from-registry) imported
-    where `cached` says the registry has it (BuildKit fails a build whose cache is missing).
-
-    zstd by default, as publish: `--load` into the containerd store compresses every layer with
-    gzip on one core (212.6 s of a 365.9 s cold build of the 2.6 runtime image, measured), zstd
-    at ~180 MB/s a core; a later `docker push` sends those blobs as they are."""
-    store = buildkit and image_store()
-    choose(asked, buildkit=buildkit, image_store=store, provenance=False,
-           cache_from=(cache.base,) if cache else ())  # refused before any build, not after one
-
-    def for_image(key: str) -> Export | None:
-        ref = cache_ref(cache, key) if cache else None
-        cache_from = (ref,) if ref and cached(ref) else ()
-        return choose(asked, buildkit=buildkit, image_store=store, provenance=False, cache_from=cache_from)
-
-    return for_image
 
 
 ZSTD_DOCKER = "23.0"  # moby/moby#41759: dockerd pulls zstd layers from Docker 23.0 on

@@ -19,7 +19,8 @@ from packaging.version import Version
 
 from ..errors import ImageBuilderError
 from ..matrix.model import Matrix, TorchRelease
-from .index import Index, PackageIndex, applies, cuda_pins, cuda_platforms, pinned
+from .index import Index, PackageIndex, cuda_platforms
+from .requires_dist import applies, cuda_pins, pinned
 
 
 def probe_python(release: TorchRelease) -> Version:

@@ -12,7 +12,7 @@ depend on, and nothing an installer's configuration would change):
 
 The index is the one given (`--index-url`), else PIP_INDEX_URL / UV_DEFAULT_INDEX, else
 pip's default; a TLS-intercepting proxy's CA comes from SSL_CERT_FILE (OpenSSL reads it).
-`matrix check --online` (drift.py) and `matrix add` (matrix/add.py) both read through here.
+`matrix check --online` (drift.py) and `matrix add` (matrix_add.py) both read through here.
 """
 
 from __future__ import annotations
@@ -33,23 +33,17 @@ from html.parser import HTMLParser
 from typing import Protocol
 
 from packaging import tags as wheel_tags
-from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from ..errors import ImageBuilderError
+from ..platforms import DEFAULT_PLATFORM, PLATFORMS
 from ..registry.retry import TRANSIENT, HttpFault, RetryPolicy, send, stderr
 from .index_url import redact
+from .requires_dist import cuda_pins
 
-# The manylinux tags a glibc-2.35 host (ubuntu22.04, the oldest OS we build) accepts.
-_GLIBC = range(17, 36)
-PLATFORM_TAGS: dict[str, tuple[str, ...]] = {
-    "linux/amd64": ("manylinux1_x86_64", "manylinux2014_x86_64", *(f"manylinux_2_{n}_x86_64" for n in _GLIBC)),
-    "linux/arm64": ("manylinux2014_aarch64", *(f"manylinux_2_{n}_aarch64" for n in _GLIBC)),
-}
-MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 POLICY = RetryPolicy(timeout_s=60.0, timeout_option="")
 """registry.retry's rules, with the minute an index page or a range of a wheel may take."""
 CHUNK = 256 * 1024  # the least a range request asks for: the zip's tail, a member's header
@@ -95,13 +89,13 @@ class IndexFile:
 
 
 class Index(Protocol):
-    """What drift.py and matrix/add.py read (a fake in tests is a dict or two)."""
+    """What drift.py and matrix_add.py read (a fake in tests is a dict or two)."""
 
-    def versions_with_wheels(self, project: str, python: Version, platform: str = "linux/amd64",
+    def versions_with_wheels(self, project: str, python: Version, platform: str = DEFAULT_PLATFORM,
                              abi: str | None = None) -> tuple[Version, ...]: ...
 
     def wheel_metadata(self, project: str, version: Version, python: Version,
-                       platform: str = "linux/amd64") -> WheelMetadata: ...
+                       platform: str = DEFAULT_PLATFORM) -> WheelMetadata: ...
 
 
 def default_index_url() -> str:
@@ -117,7 +111,7 @@ def default_index_url() -> str:
 def supported_tags(python: Version, platform: str, abi: str | None = None) -> list[wheel_tags.Tag]:
     """The tags pip accepts for CPython `python` on `platform`, most preferred first."""
     version = (python.major, python.minor)
-    platforms = list(reversed(PLATFORM_TAGS[platform]))  # the newest glibc first, as pip prefers
+    platforms = list(reversed(PLATFORMS[platform].wheel_tags))  # the newest glibc first, as pip prefers
     return [*wheel_tags.cpython_tags(version, [abi] if abi else None, platforms),
             *wheel_tags.compatible_tags(version, f"cp{python.major}{python.minor}", platforms)]
 
@@ -217,7 +211,7 @@ class PackageIndex:
                 found.setdefault(version, []).append((best, file))
         return found
 
-    def versions_with_wheels(self, project: str, python: Version, platform: str = "linux/amd64",
+    def versions_with_wheels(self, project: str, python: Version, platform: str = DEFAULT_PLATFORM,
                              abi: str | None = None) -> tuple[Version, ...]:
         """Final releases of `project` that have a wheel for this Python (and ABI) on this platform,
         newest first; empty when there is none."""
@@ -227,7 +221,7 @@ class PackageIndex:
     # ---- one wheel's metadata
 
     def wheel_metadata(self, project: str, version: Version, python: Version,
-                       platform: str = "linux/amd64") -> WheelMetadata:
+                       platform: str = DEFAULT_PLATFORM) -> WheelMetadata:
         """The metadata of the wheel pip would install for this Python and platform."""
         wanted = Version(str(version))
         # `torch==2.14.1` is also 2.14.1+cu126 (PyTorch's own indexes label their builds so).
@@ -364,60 +358,10 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
-# --------------------------------------------------------------------------- reading Requires-Dist (pure)
-
-
-def marker_environment(python: Version, platform: str = "linux/amd64") -> dict[str, str]:
-    """The environment Requires-Dist markers see on a Linux host of that Python and machine,
-    whatever host we run on."""
-    env: dict[str, str] = {key: str(value) for key, value in default_environment().items()}
-    env.update(python_version=f"{python.major}.{python.minor}", python_full_version=f"{python.major}.{python.minor}.0",
-               implementation_name="cpython", platform_python_implementation="CPython",
-               sys_platform="linux", platform_system="Linux", os_name="posix",
-               platform_machine=MACHINE[platform], extra="")
-    return env
-
-
-def applies(req: Requirement, python: Version, platform: str = "linux/amd64") -> bool:
-    return req.marker is None or req.marker.evaluate(marker_environment(python, platform))
-
-
-def pinned(reqs: tuple[Requirement, ...], name: str, python: Version, platform: str = "linux/amd64") -> Version | None:
-    """The version a requirement on `name` pins (== or ~=) where it applies, else None."""
-    for req in reqs:
-        if req.name == name and applies(req, python, platform):
-            for spec in req.specifier:
-                # ~= is how newer releases pin triton ("~=3.8.0": the 3.8 series from 3.8.0).
-                if spec.operator in ("==", "~="):
-                    return Version(spec.version)
-    return None
-
-
-CUDA_RUNTIME_PACKAGES = ("nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13",
-                         "nvidia-cuda-runtime", "cuda-toolkit")
-"""The packages through which a torch wheel pins its CUDA runtime, first match wins: 2.11 and later
-pin it through the cuda-toolkit meta-package."""
-
-
-def cuda_pins(reqs: tuple[Requirement, ...], python: Version, platform: str = "linux/amd64") -> dict[str, Version | None]:
-    """CUDA runtime, cuDNN and NCCL as a torch wheel's Requires-Dist pins them (all None for
-    a CPU wheel). 2.11 and later pin the runtime through the cuda-toolkit meta-package."""
-    def first(*names: str) -> Version | None:
-        return next((v for n in names if (v := pinned(reqs, n, python, platform)) is not None), None)
-
-    cuda = first(*CUDA_RUNTIME_PACKAGES)
-    major = f"cu{cuda.major}" if cuda else ""
-    return {
-        "cuda": cuda,
-        "cudnn": first(f"nvidia-cudnn-{major}") if cuda else None,
-        "nccl": first(f"nvidia-nccl-{major}") if cuda else None,
-    }
-
-
 def cuda_platforms(index: Index, version: Version, python: Version) -> tuple[str, ...]:
     """The platforms whose torch wheel on the index is a CUDA build (it pins a CUDA runtime)."""
     return tuple(
-        platform for platform in PLATFORM_TAGS
+        platform for platform in PLATFORMS
         if version in index.versions_with_wheels("torch", python, platform)
         and cuda_pins(index.wheel_metadata("torch", version, python, platform).requires_dist, python, platform)["cuda"]
     )

@@ -31,15 +31,12 @@ from ..errors import BadRequest, ImageBuilderError
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
+from ..platforms import DEFAULT_PLATFORM, PLATFORMS
 from .base_pin import BasePin
-from .index import CUDA_RUNTIME_PACKAGES
+from .requires_dist import CUDA_RUNTIME_PACKAGES
 
 LOCKS_DIR = "locks"
 BASES_FILE = "base-images.json"
-# The wheels' platform: every OS of the matrix has glibc >= 2.35, and torch's own wheels
-# need 2.28 (2.9+) or less. Another architecture (arm64) maps to its own tag here.
-PLATFORMS = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
-DEFAULT_PLATFORM = "linux/amd64"
 # What the in-image constraint file pins: the packages whose replacement breaks the image's
 # CUDA build of torch (a dependency wanting another torch would bring another CUDA stack).
 PROTECTED = re.compile(r"^(torch|torchvision|torchaudio|torchcodec|triton|pytorch-triton|nvidia-.*)$")
@@ -155,7 +152,7 @@ def lock_name(spec: BuildSpec, extras: Sequence[str] = (), platform: str = DEFAU
     if extras:
         parts.append("with-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:8])
     if platform != DEFAULT_PLATFORM:
-        parts.append(PLATFORMS[platform].split("-")[0])
+        parts.append(PLATFORMS[platform].machine)
     return "-".join(parts)
 
 
@@ -251,6 +248,11 @@ class LockSet:
     locks: Mapping[str, Lock] = field(default_factory=dict, repr=False)
     bases: Mapping[str, BasePin] = field(default_factory=dict)
     platform: str = DEFAULT_PLATFORM  # whose locks lock_for gives
+
+    def __hash__(self) -> int:
+        # A value (a render's options are a cache key, build/per_platform.Renderer): equal sets hash
+        # alike; the mappings are compared by __eq__, which meets the same Lock objects first.
+        return hash((self.directory, self.platform, len(self.locks), len(self.bases)))
 
     def for_platform(self, platform: str) -> LockSet:
         """The same folder, giving `platform`'s locks: each platform builds from its own."""

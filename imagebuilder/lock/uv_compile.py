@@ -19,7 +19,8 @@ from pathlib import Path
 from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
-from .lockfile import (DEFAULT_PLATFORM, PLATFORMS, SEED, Lock, LockError, index_args, lock_name, parse_lock,
+from ..platforms import DEFAULT_PLATFORM, PLATFORMS
+from .lockfile import (SEED, Lock, LockError, index_args, lock_name, parse_lock,
                        requirements)
 
 
@@ -112,7 +113,7 @@ class UvCompile:
         # behind a proxy that serves only the index it spends ~45 s in retries each time.
         cmd = [self.uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header",
                "--no-annotate", "--no-build", "--no-python-downloads", "--python-version", str(spec.python),
-               "--python-platform", PLATFORMS[request.platform]]
+               "--python-platform", PLATFORMS[request.platform].uv_platform]
         for option, value in index_args(spec, request.index_url, request.extra_index_urls):
             cmd += [option, value]
         if constraints is not None:
@@ -158,4 +159,4 @@ def resolve_lock(request: LockRequest, matrix: Matrix, resolver: Resolver, paren
         have = {(p.name, p.version) for p in parent.pins}
         pins = tuple(p for p in pins if (p.name, p.version) not in have)
     return Lock(name=lock_name(spec, request.extras, request.platform), requirements=tuple(asked),
-                platform=PLATFORMS[request.platform], python=str(spec.python), pins=pins)
+                platform=PLATFORMS[request.platform].uv_platform, python=str(spec.python), pins=pins)

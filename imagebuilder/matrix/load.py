@@ -14,9 +14,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from ..platforms import DEFAULT_PLATFORM, PLATFORMS
 from ..resources import default_matrix_path
 from ._yaml import compose
-from .model import (NOTEBOOK, PLATFORMS, SERVER_PROXY_FLOOR, CudaRelease, Defaults, KeyPath, Matrix, MatrixError,
+from .model import (NOTEBOOK, SERVER_PROXY_FLOOR, CudaRelease, Defaults, KeyPath, Matrix, MatrixError,
                     MatrixMissing, NotebookPins, OSRelease, Problem, Tools, TorchCodec, TorchRelease, WheelVariant,
                     driver_key)
 from .variants import VARIANTS
@@ -255,10 +256,10 @@ def _parse_torch(c: _Checker, key: str, data: Any, path: KeyPath) -> TorchReleas
 
 
 def _parse_platforms(c: _Checker, d: dict[str, Any], path: KeyPath) -> tuple[str, ...]:
-    raw = d.get("platforms", ["linux/amd64"])
+    raw = d.get("platforms", [DEFAULT_PLATFORM])
     if not isinstance(raw, list) or not raw or not all(p in PLATFORMS for p in raw):
         c.problem(path + ("platforms",), f"expected a list of platforms among {', '.join(PLATFORMS)}, got {raw!r}")
-        return ("linux/amd64",)
+        return (DEFAULT_PLATFORM,)
     return tuple(raw)
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..errors import BadRequest
+from ..platforms import DEFAULT_PLATFORM
 from ..resources import default_matrix_path
 from .variants import JUPYTER_PARENTS as JUPYTER_PARENTS
 from .variants import VARIANTS as VARIANTS
 
-PLATFORMS = ("linux/amd64", "linux/arm64")
 KeyPath = tuple[str, ...]
 
 
@@ -122,7 +122,7 @@ class TorchRelease:
     variants: tuple[WheelVariant, ...]
     source: str
     # Where the PyPI wheels (pypi_variant) are CUDA builds; before 2.11 PyPI's aarch64 torch is CPU-only.
-    platforms: tuple[str, ...] = ("linux/amd64",)
+    platforms: tuple[str, ...] = (DEFAULT_PLATFORM,)
     torchcodec: TorchCodec | None = None
 
     def variant(self, name: str) -> WheelVariant:

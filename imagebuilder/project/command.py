@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..engine.api import Builder, BuildRequest, Engine
+from ..engine.progress import ProgressPrinter
 from ..errors import BadRequest, ImageBuilderError
+from ..platforms import AMD64, PLATFORMS
 from ..registry.reference import parse_reference
-from ..build.run import ProgressPrinter
 from ..verify.report import Live
 from ..verify.run import verify_image
 from ..trust.signature_check import names_a_registry
@@ -120,7 +121,7 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
             raise ProofFailed(tag=req.tag, what=f"the base's signature does not verify: {checked.detail}")
     say(f"base: {base.name} ({base.digest}), python {base.python}; reading its packages")
     base_venv = probe(engine, base.image_id)
-    platform = "aarch64-manylinux_2_28" if _arch(engine, base.image_id) == "arm64" else "x86_64-manylinux_2_28"
+    platform = next((p for p in PLATFORMS.values() if p.arch == _arch(engine, base.image_id)), AMD64).uv_platform
     lock = resolve(project, uv=req.uv, base_dists=base_venv.dists, base_name=base.name, python=base_venv.python,
                    platform=platform, index_args=req.index_args, locked=req.locked)
     say(f"lock: {'reused' if lock.reused else 'resolved and wrote'} {project.path / 'imagebuilder-project.lock'} "
@@ -272,7 +273,7 @@ def _mount_base(registry: Any, base: Any, tag: str) -> int:
 
 
 def _arch(engine: Engine, image: str) -> str:
-    return str(engine.inspect_image(image).get("Architecture") or "amd64")
+    return str(engine.inspect_image(image).get("Architecture") or AMD64.arch)
 
 
 def _sbom(engine: ProjectEngine, image: str, base_digest: str, lock_digest: str) -> bytes:

@@ -10,23 +10,21 @@
 - indexes.py: the image indexes over each tag's platform images, planned (reads) then written;
 - report.py: the lines, the summary and the failure that ends a run;
 - ledger.py: the --report document, kept as the run goes and written however it ends;
+- request.py: PublishRequest, what the command was asked, as one value;
+- planner.py: the images per platform compared with the registry (PublishPlan), and the checks
+  made before a daemon or registry is asked;
 - command.py: the command (publish_command): the checks, the plan, the run or its dry run over them.
 
 The modules' own docstrings say the rules (when an image is skipped or re-pointed, the dated
 tags, what counts as pushed, signing).
 
-The names below are what imagebuilder outside this package uses (the CLI's publish_command, the
-planner in pipeline.py); everything else, tests included, imports from the module that defines it.
+The names below are what imagebuilder outside this package uses (the CLI's PublishRequest and
+publish_command); everything else, tests included, imports from the module that defines it.
 """
 
 from __future__ import annotations
 
 from .command import publish_command
-from .indexes import IndexOutcome, IndexRegistry, IndexStep, plan_indexes, write_indexes
-from .lookup import lookup
-from .plan import Step, plan
+from .request import PublishRequest
 
-__all__ = [
-    "IndexOutcome", "IndexRegistry", "IndexStep", "Step", "lookup", "plan", "plan_indexes", "publish_command",
-    "write_indexes",
-]
+__all__ = ["PublishRequest", "publish_command"]

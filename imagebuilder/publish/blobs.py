@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..build.run import human_size
+from ..engine.progress import human_size
 from ..errors import ImageBuilderError
 from ..registry.manifests import INDEXES
-from ..trust.signing import ATTESTATION_MANIFEST, pinned
+from ..registry.reference import pinned
+from ..trust.signing import ATTESTATION_MANIFEST
 
 
 class LayerRegistry(Protocol):

@@ -1,4 +1,4 @@
-"""The `publish` command: what the CLI parsed -> the checks, the plan, then its two endings, over
+"""The `publish` command: what the CLI parsed (a PublishRequest) -> the checks, the plan, then its two endings, over
 report.py's lines and ledger.py's --report: a run (publish_all() with a line per outcome and index,
 the summary, the --report kept as the run goes and however it ends, the failure) and a publish that
 builds nothing (the dry run, --merge-only)."""
@@ -9,84 +9,77 @@ import functools
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import pipeline
-from ..build.render_options import RenderOptions
+from ..build.render_options import for_command
 from ..engine.api import Builder, Engine
 from ..engine.export import ORDERED, Compression
 from ..errors import BadRequest
 from ..matrix.model import Matrix
-from ..matrix.selection import Selection
 from ..registry.api import Registry
-from ..registry.reference import RegistryTarget
-from ..registry.retry import RetryPolicy
-from .estargz import NAMES, EstargzPublisher, split_export
+from .estargz import LEVELS, NAMES, EstargzPublisher
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
 from .plan import RunOptions, Step
+from .planner import check_publish, plan_publish
 from .report import EventPrinter, format_indexes, format_plan, format_summary, raise_if_failed
+from .request import PublishRequest
 from .run import publish_all
 
 Echo = Callable[[str], None]
 
 
-def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, rendering: RenderOptions,
-                    target: RegistryTarget, *, push: bool, dry_run: bool, keep_going: bool, force: bool,
-                    allow_no_gpu: bool, verify_timeout: float, day: date | None, quiet: bool, no_cache: bool,
-                    pull: bool, report: Path | None, registry_ca: Path | None, builder_choice: str,
-                    buildx_builder: str | None, platforms: str | None, merge: bool, merge_only: bool,
-                    compression: Compression | None, sign_key: str | None, registry_policy: RetryPolicy,
-                    squashfs: bool, echo: Echo, note: Echo, progress: Echo,
-                    start_command: str | None = None, scan: Callable[[str], tuple[bool, str]] | None = None) -> None:
+def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, *, echo: Echo, note: Echo,
+                    progress: Echo, scan: Callable[[str], tuple[bool, str]] | None = None) -> None:
     """`imagebuilder publish` with what its options parsed: the request checked before any daemon or
     registry is asked, the plan printed on `echo`, then the run (or the indexes of a publish that
     builds nothing). `note` and `progress` write the lines of stderr. `scan` (--scan) judges each
     image after its verify and before its push (RunOptions.scan)."""
     from ..build.platforms import parse_platforms
     from ..engine.docker import DockerEngine
-    from ..engine.export import choose
+    from ..engine.export_decision import decide_export
     from ..engine.select import CLASSIC, decide, kind_before_probing, make_builder
     from ..registry.client import HttpRegistry
     from ..trust.signing import key_signer
 
-    start = start_profile_command(start_command, compression)
-    repository = target.repository(rendering.repository or matrix.defaults.repository)
-    wanted = parse_platforms(platforms)
-    # --platform: each platform's images under their own tags (TAG-arm64), then an index per TAG.
-    multi = platforms is not None
+    r = request
+    compression = r.compression
+    start = start_profile_command(r.start_command, compression)
+    repository = r.target.repository(r.rendering.repository or matrix.defaults.repository)
+    wanted = parse_platforms(r.platforms)
     # A wrong request is refused before any daemon or registry is asked (deciding the builder may probe one).
-    known = CLASSIC.kind if merge_only else kind_before_probing(builder_choice)
-    pipeline.check_publish(matrix, selection, pipeline.render_options(matrix, rendering, known, repository),
-                           wanted, multi=multi, merge_only=merge_only, compression=compression)
+    known = CLASSIC.kind if r.merge_only else kind_before_probing(r.builder_choice)
+    check_publish(matrix, r.selection, for_command(matrix, r.rendering, known, repository),
+                  wanted, multi=r.multi, merge_only=r.merge_only, compression=compression)
     # The dry run is the run's plan: a key the run would refuse is refused here too (exit 2).
-    signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
+    signer = key_signer(r.sign_key, try_key=True) if r.sign_key is not None else None
     # From here the --report records what happens, also when an error or Ctrl-C ends the run.
-    with Ledger(report, target.base, push, dry_run).kept() as ledger:
+    with Ledger(r.report, r.target.base, r.push, r.dry_run).kept() as ledger:
         # Decided once, alike for the dry run and the run: it decides the render, so the inputs hash.
-        decision = CLASSIC if merge_only else decide(builder_choice, buildx_builder)
-        engine = None if dry_run or merge_only else DockerEngine()
+        decision = CLASSIC if r.merge_only else decide(r.builder_choice, r.buildx_builder)
+        engine = None if r.dry_run or r.merge_only else DockerEngine()
         if engine is not None:
             engine.ping()
-        opts = pipeline.render_options(matrix, rendering, decision.kind, repository, buildx=decision.buildx)
-        registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
-        today = day if day is not None else datetime.now(timezone.utc).date()
-        plan = pipeline.plan_publish(matrix, selection, opts, wanted, multi=multi,
-                                     read_os_release=engine.os_release if engine else None,
-                                     registry=registry, force=force, day=today, merge_only=merge_only, note=note,
-                                     signing=signer is not None,
-                                     dual=compression is not None and compression.also is not None)
+        opts = for_command(matrix, r.rendering, decision.kind, repository, buildx=decision.buildx)
+        registry = HttpRegistry(policy=r.registry_policy, ca_file=r.registry_ca)
+        today = r.day if r.day is not None else datetime.now(timezone.utc).date()
+        plan = plan_publish(matrix, r.selection, opts, wanted, multi=r.multi,
+                            read_os_release=engine.os_release if engine else None,
+                            registry=registry, force=r.force, day=today, merge_only=r.merge_only, note=note,
+                            signing=signer is not None,
+                            dual=compression is not None and compression.also is not None)
         ledger.planned = plan.planned
         for platform, steps in plan.steps:
-            echo((f"{platform}:\n" if multi else "") + format_plan(steps, push))
+            echo((f"{platform}:\n" if r.multi else "") + format_plan(steps, r.push))
         if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
-            merged = plan.indexes(registry, merge=merge_only or (merge and push),
-                                  signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
+            writes = r.merge_only and not r.dry_run
+            merged = plan.indexes(registry, merge=r.merge_only or (r.merge and r.push),
+                                  signer=signer if writes else None, write=writes)
             report_indexes(merged, ledger, echo=echo)
             return
         hook = None
-        if squashfs:  # its tools are checked before anything is built
+        if r.squashfs:  # its tools are checked before anything is built
             from ..squashfs.make import require_tools
             from .squashfs import SquashfsPublisher, with_squashfs
 
@@ -94,25 +87,27 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
             hook = functools.partial(with_squashfs, SquashfsPublisher(registry, signer, say=progress))
         builder = make_builder(decision, engine)
         buildkit = decision.kind == "buildkit"
-        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere.
-        export = choose(compression, buildkit=buildkit, provenance=True,
-                        image_store=buildkit and engine.keeps_compressed_layers())
+        # Compression.DEFAULT (zstd) where BuildKit exports into the containerd store; gzip by docker push elsewhere;
         # --compression estargz|zstd:chunked: the push writes them ordered by the image's start (estargz.py).
-        export, estargz = split_export(export, lambda codec, level: EstargzPublisher(
-            engine, registry, level=level, codec=codec, start=start, say=progress))
-        if not quiet:
+        exported = decide_export(compression, command="publish", buildkit=buildkit, cache=r.target,
+                                 image_store=buildkit and engine.keeps_compressed_layers())
+        ordered = exported.ordered
+        estargz = None if ordered is None else EstargzPublisher(
+            engine, registry, level=LEVELS[ordered.codec] if ordered.level is None else ordered.level,
+            codec=ordered.codec, start=start, say=progress)
+        if not r.quiet:
             progress(f"builder: {builder.describe()}")
-            progress(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}")
+            progress(f"layers: {exported.describe()}")
             if estargz is not None:
                 progress(f"pushed as: {NAMES[estargz.codec]}, level {estargz.level}, "
                          + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
-        run_options = RunOptions(matrix_path=matrix_path, push=push, keep_going=keep_going,
-                                 allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
-                                 pull=pull, export=export, cache_registry=target if export is not None else None,
+        run_options = RunOptions(matrix_path=matrix_path, push=r.push, keep_going=r.keep_going,
+                                 allow_no_gpu=r.allow_no_gpu, verify_timeout=r.verify_timeout, nocache=r.no_cache,
+                                 pull=r.pull, export=exported.export, cache_registry=r.target if exported.export else None,
                                  signer=signer, squashfs=hook, estargz=estargz, scan=scan)
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
-                       multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
-                       events=EventPrinter(sys.stderr, quiet=quiet), echo=echo)
+                       multi=r.multi, merge=r.merge, index_platforms=plan.index_platforms, ledger=ledger,
+                       events=EventPrinter(sys.stderr, quiet=r.quiet), echo=echo)
 
 
 class StartWithoutEstargz(BadRequest):

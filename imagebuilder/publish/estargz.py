@@ -31,19 +31,19 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..build.platforms import host_platform
-from ..build.run import human_size
-from ..engine.export import ESTARGZ, ORDERED, ZSTD_CHUNKED, Compression, Export
+from ..engine.export import ESTARGZ, ZSTD_CHUNKED
+from ..engine.progress import human_size
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
 from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
 from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST, ZSTD_ANNOTATION
-from ..trust.signing import pinned
+from ..registry.reference import pinned
 
 LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
                ZSTD_CHUNKED: "application/vnd.oci.image.layer.v1.tar+zstd"}
@@ -186,18 +186,6 @@ class EstargzPublisher:
                 uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
             uploaded = sum(self._wait(upload, f"{ref}: uploading its {NAMES[self.codec]} layers") for upload in uploads)
         return written, uploaded
-
-
-def split_export(export: Export | None, publisher: Callable[[str, int], EstargzPublisher]
-                 ) -> tuple[Export | None, EstargzPublisher | None]:
-    """--compression estargz or zstd:chunked at publish: BuildKit exports zstd (every core; verify
-    and the registry cache use it) and `publisher(codec, level)` pushes the ordered layers; any
-    other export stays as it is."""
-    if export is None or export.compression is None or export.compression.kind not in ORDERED:
-        return export, None
-    codec = export.compression.kind  # the writer's codecs are named as the compressions are
-    level = export.compression.level if export.compression.level is not None else LEVELS[codec]
-    return replace(export, compression=Compression(Compression.DEFAULT)), publisher(codec, level)
 
 
 def _upload(registry: EstargzRegistry, ref: str, written: Written, path: Path) -> int:

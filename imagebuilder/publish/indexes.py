@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from ..build.platforms import platform_tags
 from ..errors import ImageBuilderError
-from ..registry.reference import parse_reference
-from ..trust.signing import Signed, Signer, has_signature, pinned
+from ..registry.reference import parse_reference, pinned
+from ..trust.signing import Signed, Signer, has_signature
 from .plan import FAILED, SKIP, SKIPPED
 
 # Index steps (WRITE, UNCHANGED, SKIP) and their outcomes (WRITTEN, UNCHANGED, SKIPPED, FAILED).

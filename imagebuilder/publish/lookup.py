@@ -8,8 +8,9 @@ from datetime import date
 
 from ..build.render import RenderedImage
 from ..registry.api import Registry
+from ..registry.reference import pinned
 from ..trust.labels import INPUTS_HASH
-from ..trust.signing import has_signature, pinned
+from ..trust.signing import has_signature
 from .plan import Remote, dated_ref
 
 # --------------------------------------------------------------------------- lookup (I/O)

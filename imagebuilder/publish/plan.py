@@ -23,8 +23,9 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..build.per_platform import build_order
 from ..build.render import RenderedImage
-from ..build.run import Built, build_order
+from ..build.run import Built
 from ..build.tags import dated_tag, image_ref
 from ..engine.export import Export, gzip_ref
 from ..registry.reference import RegistryTarget, parse_reference

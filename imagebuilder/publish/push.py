@@ -20,11 +20,13 @@ from ..build.platforms import host_platform
 from ..build.render import RenderedImage
 from ..build.run import Built
 from ..engine.api import Engine
-from ..engine.export import DUAL, Export, cache_ref, gzip_ref
+from ..engine.export import DUAL, Export, gzip_ref
+from ..engine.export_decision import ExportDecision
 from ..errors import ImageBuilderError
 from ..registry.api import Registry
+from ..registry.reference import pinned, repository_of
 from ..trust.labels import SBOM_DIGEST
-from ..trust.signing import SbomNotTheImages, Signed, Signer, pinned, repository_of
+from ..trust.signing import SbomNotTheImages, Signed, Signer
 from .blobs import Before, Layers, check_before, published_layers, pushed_layers
 from .dual import dual_index
 from .estargz import Converted, EstargzPublisher
@@ -56,13 +58,8 @@ def put_tag(registry: Registry, ref: str, digest: str) -> str:
 def export_for(image: RenderedImage, options: RunOptions, registry: Registry) -> Export | None:
     """The image's export: options.export with this image's registry cache, imported where
     the registry has it (BuildKit fails a build whose cache is not there) and exported."""
-    export = options.export
-    if export is None or options.cache_registry is None:
-        return export
-    ref = cache_ref(options.cache_registry, image.spec.key)
-    found = (ref,) if registry.digest(ref) is not None else ()
-    return replace(export, cache_from=(*export.cache_from, *found), cache_to=ref)
-
+    decision = ExportDecision(options.export, cache=options.cache_registry, cache_to=True)
+    return decision.for_image(image.spec.key, lambda ref: registry.digest(ref) is not None)
 
 
 def _mount_from_cache(ref: str, engine: Engine, registry: Registry, cache: str,

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..build.run import ProgressPrinter, human_size
 from ..engine.api import Progress
+from ..engine.progress import ProgressPrinter, human_size
 from ..errors import ImageBuilderError
-from ..registry.reference import parse_reference
 from ..build.table import format_table
+from ..registry.reference import parse_reference
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
 from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, Step, short
 

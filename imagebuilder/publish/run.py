@@ -22,7 +22,8 @@ from ..engine.api import Builder, Engine, OnProgress
 from ..engine.export import Export, gzip_ref
 from ..errors import ImageBuilderError
 from ..registry.api import Registry
-from ..trust.signing import Signed, pinned
+from ..registry.reference import pinned
+from ..trust.signing import Signed
 from ..verify import VerifyReport, verify_image
 from .blobs import published_layers
 from .indexes import IndexOutcome, plan_indexes, write_indexes

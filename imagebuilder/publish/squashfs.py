@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ImageBuilderError
+from ..registry.reference import pinned
 from ..squashfs.artifact import (BLOCK_SIZE, COMPRESSION, ENROOT_CONFIG, FLATTENED_BY, ArtifactRegistry, Pushed,
                                  find_artifact, push_artifact)
 from ..squashfs.chunks import digest_and_table
@@ -28,7 +29,7 @@ from ..squashfs.fetch import image_digest
 from ..squashfs.make import BLOCK_SIZE as BLOCK_BYTES
 from ..squashfs.make import COMPRESSION as ZSTD
 from ..squashfs.make import LEVEL, LayerRegistry, make_squashfs
-from ..trust.signing import Signed, Signer, pinned
+from ..trust.signing import Signed, Signer
 from .plan import FAILED, PUSHED, RETAGGED, SKIPPED, Outcome
 
 

@@ -30,11 +30,11 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ..platforms import DEFAULT_PLATFORM
 from ._transport import RegistryTransport
 from .api import RegistryError, RegistryProtocolError
 from .manifests import ACCEPT, DOCKER_MANIFEST, INDEXES, OCI_INDEX, index_document, pick_manifest, platform_entries
 from .reference import Reference, parse_reference
-
 
 class HttpRegistry(RegistryTransport):
     """Registry over HTTP API v2. One instance per run: it caches tokens per repository scope."""
@@ -66,7 +66,7 @@ class HttpRegistry(RegistryTransport):
             return None
         document, media_type = manifest
         if media_type in INDEXES or document.get("mediaType") in INDEXES:
-            child = self._manifest(r, pick_manifest(document, platform or "linux/amd64"))
+            child = self._manifest(r, pick_manifest(document, platform or DEFAULT_PLATFORM))
             if child is None:
                 return None
             document = child[0]

@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..platforms import DEFAULT_PLATFORM
+
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -20,7 +22,7 @@ REFERENCE_DIGEST = "vnd.docker.reference.digest"  # an attestation manifest's im
 ZSTD_ANNOTATION = "io.github.containers.compression.zstd"
 
 
-def pick_manifest(index: Mapping[str, Any], platform: str = "linux/amd64") -> str:
+def pick_manifest(index: Mapping[str, Any], platform: str = DEFAULT_PLATFORM) -> str:
     """The digest of an index's image for `platform` (OS/ARCH), else of its first entry."""
     entries = index.get("manifests") or []
     if not entries:

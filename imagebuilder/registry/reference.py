@@ -203,3 +203,14 @@ def check_repository(text: str, what: str = "--repository") -> str:
     if problem is not None:
         raise InvalidRepository(what=what, text=text, why=problem)
     return text
+
+
+def repository_of(ref: str) -> str:
+    """HOST/REPOSITORY of an image reference, docker's defaults filled in."""
+    r = parse_reference(ref)
+    return f"{r.host}/{r.repository}"
+
+
+def pinned(ref: str, digest: str) -> str:
+    """REPOSITORY@DIGEST: what cosign signs and checks (never a tag)."""
+    return f"{repository_of(ref)}@{digest}"

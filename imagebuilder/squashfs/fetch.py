@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ..errors import BadRequest, ImageBuilderError
+from ..platforms import DEFAULT_PLATFORM
 from ..registry.heartbeat import every
 from ..registry.manifests import INDEXES
+from ..registry.reference import pinned
 from ..trust.cosign import Cosign
-from ..trust.signing import pinned
 from .artifact import ArtifactRegistry, find_artifact
 from .make import HEARTBEAT_S, human, sha256_file
 
@@ -147,7 +148,7 @@ def checked_artifact(registry: ArtifactRegistry, image: str, *, key: str | None,
 
 
 def fetch_squashfs(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
-                   platform: str = "linux/amd64", cosign: Cosign | None = None,
+                   platform: str = DEFAULT_PLATFORM, cosign: Cosign | None = None,
                    say: Callable[[str], None]) -> Fetched:
     started = time.monotonic()
     target, artifact, layer = checked_artifact(registry, image, key=key, platform=platform, cosign=cosign, say=say)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .. import interrupts
 from ..errors import BadRequest, ImageBuilderError
+from ..platforms import DEFAULT_PLATFORM
 from ..registry.heartbeat import every
 from ..registry.retry import REGISTRY_POLICY
 from ..trust.cosign import Cosign
@@ -95,7 +96,7 @@ def nbdkit_env() -> dict[str, str]:
 
 
 def mount_lazy(registry: FetchRegistry, image: str, output: Path, *, key: str | None = None,
-               platform: str = "linux/amd64", cosign: Cosign | None = None,
+               platform: str = DEFAULT_PLATFORM, cosign: Cosign | None = None,
                timeout_s: float = REGISTRY_POLICY.timeout_s, say: Callable[[str], None]) -> Mounted | Fetched:
     """FILE serving `image`'s squashfs lazily; the whole file downloaded where the artifact has no table."""
     require_tools()

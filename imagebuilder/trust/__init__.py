@@ -6,6 +6,6 @@ from the module that defines a name."""
 
 from .certificates import read_ca_bundle, read_certificates
 from .cosign import Cosign
-from .signing import Signer, key_reference
+from .signing import key_reference
 
-__all__ = ["Cosign", "Signer", "key_reference", "read_ca_bundle", "read_certificates"]
+__all__ = ["Cosign", "key_reference", "read_ca_bundle", "read_certificates"]

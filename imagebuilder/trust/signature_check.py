@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from ..registry.api import RegistryError
 from ..registry.manifests import INDEXES, pick_manifest
-from ..registry.reference import parse_reference
+from ..registry.reference import parse_reference, pinned
 from .cosign import Cosign, CosignFailed
 from .labels import INPUTS_HASH, SBOM_DIGEST
-from .signing import ATTESTATION_MANIFEST, has_signature, pinned, sbom_digest, signature_tag, torch_of
+from .signing import ATTESTATION_MANIFEST, has_signature, sbom_digest, signature_tag, torch_of
 
 # check_image() statuses
 VERIFIED, SIGNED, UNSIGNED, RETAGGED, OTHER_KEY, NO_ATTESTATION, SBOM_MISMATCH, NOT_PUBLISHED, NOT_CHECKED = (

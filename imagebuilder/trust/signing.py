@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import BadRequest
-from ..registry.reference import parse_reference
 from .cosign import Cosign, SigningError
 
 KEY_SCHEMES = ("env://", "awskms://", "gcpkms://", "azurekms://", "hashivault://", "k8s://", "pkcs11:")
@@ -70,16 +69,6 @@ def torch_of(document: Mapping[str, Any]) -> str | None:
         if component.get("name") == "torch" and str(component.get("purl", "")).startswith("pkg:pypi/"):
             return str(component.get("version"))
     return None
-
-
-def repository_of(ref: str) -> str:
-    r = parse_reference(ref)
-    return f"{r.host}/{r.repository}"
-
-
-def pinned(ref: str, digest: str) -> str:
-    """REPOSITORY@DIGEST: what cosign signs and checks (never a tag)."""
-    return f"{repository_of(ref)}@{digest}"
 
 
 def signature_tag(target: str, suffix: str = "sig") -> str:

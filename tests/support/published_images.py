@@ -22,7 +22,7 @@ def rendered_signed(registry: str, base_image: str, buildkit: bool = False) -> R
     renders it for `registry` with test_publish's and test_signing's options (the CA bundle is
     outside the hash): with the session's CA (session_ca_bundle), whose bytes are in the install
     steps' cache keys, so a rebuild is served from signed_publish's layers."""
-    from imagebuilder.pipeline import source_label
+    from imagebuilder.build.render_options import source_label
 
     matrix = load_matrix(default_matrix_path())
     spec = resolve(matrix, Request(SIGNED_TORCH, SIGNED_CUDA, None, "runtime", SIGNED_OS, base_image=base_image))

@@ -23,11 +23,12 @@ from packaging.version import Version
 
 from ..atomic import os_reason, write_atomic
 from ..errors import ImageBuilderError
-from ..lock.drift import lacking, missing_releases
-from ..lock.index import (BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, applies, cuda_pins,
-                          cuda_platforms, pinned)
-from .load import load_matrix, parse_matrix
-from .model import Matrix, MatrixError
+from ..matrix.load import load_matrix, parse_matrix
+from ..matrix.model import Matrix, MatrixError
+from ..platforms import ARM64
+from .drift import lacking, missing_releases
+from .index import BadIndexAnswer, Index, IndexUnavailable, PackageIndex, WheelMetadata, cuda_platforms
+from .requires_dist import applies, cuda_pins, pinned
 
 # Pythons probed for wheels; a release outside this range would need this line to move.
 CANDIDATE_PYTHONS = tuple(Version(f"3.{minor}") for minor in range(8, 17))
@@ -146,7 +147,7 @@ def read_release(index: Index, version: Version, cuda_variants: tuple[str, ...] 
               + (f"torchaudio {audio[0]} Requires-Dist {audio[1]}" if audio else
                  f"no torchaudio among the {COMPANION_TRIES} newest declares it accepts torch {version}")
               + (f"; left out: Python {'; '.join(left_out)}" if left_out else "")
-              + ("; PyPI aarch64 wheel is a CUDA build" if "linux/arm64" in platforms else ""))
+              + ("; PyPI aarch64 wheel is a CUDA build" if ARM64.name in platforms else ""))
     return NewRelease(version=version, torchvision=vision[0], torchaudio=audio[0] if audio else None,
                       triton=triton, pythons=tuple(pythons), platforms=platforms, pypi_variant=pypi,
                       extra_variants=extras, source=source, left_out=tuple(left_out))
