@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING
 
-from .build import Exists, Reading, RenderOptions, RenderedImage, each_platform, host_platform, never
+from .build import Exists, Reading, ReadOsState, RenderOptions, RenderedImage, each_platform, host_platform, never
 from .engine.api import BuilderKind
 from .engine.export import ZSTD_CHUNKED, Compression, check_asked, check_build_compression
 from .errors import BadRequest
@@ -27,6 +27,7 @@ from .registry import Registry
 # cli imports this module for every command, and `render` or `--help` need neither.
 if TYPE_CHECKING:
     from . import publish
+    from .engine.docker import DockerEngine
     from .publish import IndexRegistry
     from .trust import Signer
 
@@ -67,12 +68,14 @@ def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
 
 
 def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
-               read_os_release: ReadOsRelease | None, exists: Exists, note: Note) -> list[tuple[str, RenderedImage]]:
+               read_os_release: ReadOsRelease | None, exists: Exists, note: Note,
+               read_os_state: ReadOsState | None = None) -> list[tuple[str, RenderedImage]]:
     """`build` (and `render`, which shows it): (platform, image) in build order, every
     platform's images resolved and checked (wheels for the platform; BuildKit for a foreign
     one; no --base-image PLATFORM=IMAGE for a platform not asked for) before anything builds."""
     per_platform = each_platform(matrix, selection, options, platforms, Reading(request=True, notices=True),
-                                 read_os_release=read_os_release, note=note, exists=exists)
+                                 read_os_release=read_os_release, note=note, exists=exists,
+                                 read_os_state=read_os_state)
     return [(each.platform, image) for each in per_platform for image in each.images]
 
 
@@ -139,17 +142,19 @@ class PublishPlan:
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, read_os_release: ReadOsRelease | None, registry: Registry,
                  force: bool, day: date, merge_only: bool, note: Note, signing: bool = False,
-                 dual: bool = False) -> PublishPlan:
+                 dual: bool = False, read_os_state: ReadOsState | None = None) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
     platform, each compared with what the registry holds (skip, retag or build; `signing`: an
-    unsigned one is rebuilt; `dual`: --compression gzip+zstd, each build pushes TAG-gzip too)."""
+    unsigned one is rebuilt; `dual`: --compression gzip+zstd, each build pushes TAG-gzip too;
+    `read_os_state`: the base images' OS, for the security fixes each image holds, so an image
+    whose OS published a fix it lacks has new inputs and is rebuilt)."""
     from . import publish
 
     # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
     # the run reads it, when a daemon answers: the plan is the run's.
     per_platform, index_platforms = publish_images(matrix, selection, options, platforms, multi=multi,
                                                    read_os_release=read_os_release or base_os_reader(selection),
-                                                   merge_only=merge_only, note=note)
+                                                   merge_only=merge_only, note=note, read_os_state=read_os_state)
     plans: list[tuple[str, tuple[publish.Step, ...]]] = []
     for platform, images in [] if merge_only else per_platform:  # --merge-only builds nothing
         remotes = {} if force else publish.lookup(registry, images, day, signing=signing)
@@ -159,13 +164,13 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
 
 def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                    multi: bool, read_os_release: ReadOsRelease | None, merge_only: bool,
-                   note: Note) -> tuple[list[tuple[str, list[RenderedImage]]], dict[str, list[str]]]:
+                   note: Note, read_os_state: ReadOsState | None = None) -> tuple[list[tuple[str, list[RenderedImage]]], dict[str, list[str]]]:
     """The images `publish` selects per platform, each checked for its platform (none with
     --merge-only: it builds nothing), and each plain ref -> the platforms its index joins.
     Asks no registry, and no daemon but through `read_os_release`."""
     reading = Reading(request=False, multi=multi, builds=not merge_only)
     per_platform = each_platform(matrix, selection, options, platforms, reading, read_os_release=read_os_release,
-                                 note=note)
+                                 note=note, read_os_state=None if merge_only else read_os_state)
     index_platforms: dict[str, list[str]] = {}
     for each in per_platform:
         for ref in each.plain_refs:
@@ -191,12 +196,18 @@ def base_os_reader(selection: Selection) -> ReadOsRelease | None:
     """How a command that builds nothing (matrix, a dry run, --merge-only) reads --base-image's
     OS: as the run does, through the daemon (pulling the image if it is not here), when one
     answers; None (the OS is then assumed) without a base image or a daemon."""
+    engine = base_reader(selection)
+    return engine.os_release if engine else None
+
+
+def base_reader(selection: Selection) -> DockerEngine | None:
+    """The daemon that reads --base-image's files for a command that builds nothing, when one
+    answers; None without a base image (the matrix's, not pulled for a plan) or a daemon."""
     from .engine.docker import answering_engine
 
     if selection.base_image is None and not selection.platform_bases:
         return None
-    engine = answering_engine()
-    return engine.os_release if engine else None
+    return answering_engine()
 
 
 # --------------------------------------------------------------------------- lock

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.apt_repo import AptRepo, served
 from support.cleanup import remove_local_tags
 from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch,
                                  session_ca_bundle)
@@ -38,6 +39,7 @@ from support.unavailable import _unavailable
 from imagebuilder.build.image_contents import SBOM_PATH
 from imagebuilder.build.layers import wheel_groups
 from imagebuilder.build.per_platform import render_spec as render
+from imagebuilder.build.platforms import arch, host_platform
 from imagebuilder.build.render import RenderedImage
 from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.engine.classic import ClassicBuilder
@@ -54,6 +56,8 @@ from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest
 from imagebuilder.registry.reference import parse_reference
 from imagebuilder.resources import default_matrix_path
+from imagebuilder.scan import HttpMirror, OsStates
+from imagebuilder.scan.fixes import OsState
 from imagebuilder.trust.labels import INPUTS_HASH as HASH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -173,6 +177,16 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
     return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime", "--builder", "buildkit",
             "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
+
+
+@pytest.fixture(scope="module")
+def empty_security_mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A mirror of bookworm and bookworm-security with no packages, served on loopback."""
+    repo = AptRepo(tmp_path_factory.mktemp("apt"))
+    for suite in ("bookworm", "bookworm-security"):
+        repo.publish(suite, [])
+    with served(repo.root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -395,17 +409,30 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
     assert _head(with_alias.refs[-1]) == digest
 
 
-def _rendered(registry: str, base_image: str, buildkit: bool = False) -> RenderedImage:
+def _os_states(base_image: str, mirror: str | None) -> dict[str, OsState]:
+    """What publish reads of the base's OS for the security fixes (through the daemon where one
+    answers, as its dry run does; the security suite at `mirror`, the OS's own for None)."""
+    from imagebuilder.engine.docker import answering_engine
+
+    engine = answering_engine()
+    if engine is None:
+        return {}
+    states = OsStates(engine, HttpMirror(lambda line: None).get, mirror, lambda line: None)
+    return {base_image: states(base_image, arch(host_platform()))}
+
+
+def _rendered(registry: str, base_image: str, buildkit: bool = False, mirror: str | None = None) -> RenderedImage:
     """The image `publish` renders for the test's options (the CA bundle is outside the hash):
     with the session's CA (session_ca_bundle), whose bytes are in the install steps' cache keys, so
-    a rebuild is served from signed_publish's layers."""
+    a rebuild is served from signed_publish's layers; and with the security fixes publish reads."""
     from imagebuilder.pipeline import source_label
 
     matrix = load_matrix(default_matrix_path())
     spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
     ca = session_ca_bundle()
     opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=ca.read_bytes() if ca else None,
-                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
+                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit,
+                         security_mirror=mirror, os_states=_os_states(base_image, mirror))
     return render(spec, matrix, opts)
 
 
@@ -438,7 +465,7 @@ def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
 
 @pytest.mark.registry
 def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: LocalRegistry,
-                                                                tmp_path: Path) -> None:
+                                                                empty_security_mirror: str, tmp_path: Path) -> None:
     """The registry holds what a BuildKit publish pushes (the BuildKit render's inputs hash
     under every tag and today's dated tag): `publish --builder buildkit --dry-run` plans to
     skip it. The dry run decides the builder where the run does (engine.select), so it
@@ -448,13 +475,16 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
 
     if detect_buildkit()[0] is None:
         _unavailable("no docker CLI here builds with BuildKit")
-    base_image = "imagebuilder-base:bookworm"  # named in FROM only: a dry run reads no image
+    # Named in FROM; where a daemon answers, the dry run reads its OS as the run does (the
+    # security fixes, from a suite made here: no network).
+    base_image = "imagebuilder-base:bookworm"
     registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
-    image = _rendered(registry, base_image, buildkit=True)
-    assert image.inputs_hash != _rendered(registry, base_image).inputs_hash  # the builder matters
+    image = _rendered(registry, base_image, buildkit=True, mirror=empty_security_mirror)
+    assert image.inputs_hash != _rendered(registry, base_image, mirror=empty_security_mirror).inputs_hash  # the builder matters
     today = datetime.now(timezone.utc).date()
     digest = _put_labelled_image([*image.refs, dated_ref(image, today)], {HASH: image.inputs_hash})
-    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"))
+    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"),
+                       env_extra={"IMAGEBUILDER_SECURITY_MIRROR": empty_security_mirror})
     assert dry.returncode == 0, dry.stderr[-4000:]
     rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
     assert [(action, ref) for _, action, ref, _ in rows] == [(SKIP, image.ref)], dry.stdout

@@ -15,14 +15,16 @@ from .. import resources
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec, resolve
 from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
+from ..scan.fixes import OsState
 from .image_plan import image_tags, plan_image, repository_of
-from .platforms import host_platform
+from .platforms import arch, host_platform
 from .render import RenderedImage, render
 from .render_options import RenderOptions
 from .run import build_order
 from .tags import image_ref, tags_for
 
 Exists = Callable[[str], bool]  # image reference -> whether the engine has it
+ReadOsState = Callable[[str, str], OsState]  # base image, Debian architecture -> its OS's state (scan.updates.OsStates)
 
 
 def never(ref: str) -> bool:
@@ -89,9 +91,11 @@ def platform_options(options: RenderOptions, platform: str, *, own_tags: bool = 
 
 def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
                   reading: Reading, *, read_os_release: ReadOsRelease | None, note: Note,
-                  exists: Exists = never, host: str | None = None) -> list[PlatformImages]:
+                  exists: Exists = never, host: str | None = None,
+                  read_os_state: ReadOsState | None = None) -> list[PlatformImages]:
     """Every platform's images, each platform's checked before the next is read: nothing is built
-    until the whole list is back."""
+    until the whole list is back. `read_os_state`: each base image's OS on the platform, for the
+    security fixes its images hold (None: none known, as `render` shows them)."""
     selection.check_platform_bases(platforms)
     renderer, out = Renderer(matrix), []
     for platform in platforms:
@@ -112,6 +116,10 @@ def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, 
         repository = repository_of(matrix, own)
         if reading.parents:
             specs = _with_parents(specs, partial(_ref, matrix, own), exists)
+        if read_os_state is not None:
+            # A jupyter image's parent is rendered for its inputs hash, built here or not.
+            bases = dict.fromkeys((spec.parent or spec).base_image for spec in specs)
+            own = replace(own, os_states={base: read_os_state(base, arch(platform)) for base in bases})
         images = [renderer.image(spec, own) for spec in specs]
         if reading.notices:  # the requested images': what their lock and base pin leave unpinned
             for notice in dict.fromkeys(n for image in images if image.spec.key in asked for n in image.notices):

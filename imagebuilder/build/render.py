@@ -207,6 +207,7 @@ def _context(plan: ImagePlan, naming: Naming, inputs_hash: str) -> dict[str, obj
     return {
         "naming": naming, "spec": spec, "python": str(spec.python), "notices": plan.notices,
         "base": plan.base, "ca": plan.ca, "mounts": plan.mounts, "steps": plan.steps, "packages": plan.packages,
+        "security": plan.security,
         "labels": [(k, json.dumps(v)) for k, v in _labels(plan, inputs_hash, naming.source).items()],
         "env": env_for(spec), "python_path": python_path(spec), "venv": VENV,
         "user": USER_NAME, "uid": USER_ID, "workspace": WORKSPACE, "home": HOME, "compile_caches": COMPILE_CACHES,

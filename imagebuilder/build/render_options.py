@@ -4,9 +4,11 @@ options (options.rendering) parse into one; pipeline.render_options completes it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..lock.lockfile import LockSet
+from ..scan.fixes import OsState
 
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -36,3 +38,8 @@ class RenderOptions:
     # the host's, or every platform of publish --platform).
     platform: str | None = None
     platform_tags: bool = False
+    # The mirror of the OS's security suite the image's apt step reads (None: the OS's own,
+    # scan/release.py), and what was read of each base image's OS for this platform
+    # (scan.updates.OsStates): the security fixes its image holds. Empty: none known (`render`).
+    security_mirror: str | None = None
+    os_states: Mapping[str, OsState] = field(default_factory=dict)

@@ -22,6 +22,7 @@ from ..matrix.selection import Selection
 from ..registry.api import Registry
 from ..registry.reference import RegistryTarget
 from ..registry.retry import RetryPolicy
+from ..scan import HttpMirror, OsStates, Scanning, cached
 from .estargz import NAMES, EstargzPublisher, split_export
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
@@ -30,6 +31,7 @@ from .report import EventPrinter, format_indexes, format_plan, format_summary, r
 from .run import publish_all
 
 Echo = Callable[[str], None]
+SCAN_BY_DEFAULT = Scanning()
 
 
 def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, rendering: RenderOptions,
@@ -39,11 +41,12 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
                     buildx_builder: str | None, platforms: str | None, merge: bool, merge_only: bool,
                     compression: Compression | None, sign_key: str | None, registry_policy: RetryPolicy,
                     squashfs: bool, echo: Echo, note: Echo, progress: Echo,
-                    start_command: str | None = None, scan: Callable[[str], tuple[bool, str]] | None = None) -> None:
+                    start_command: str | None = None, scanning: Scanning = SCAN_BY_DEFAULT) -> None:
     """`imagebuilder publish` with what its options parsed: the request checked before any daemon or
     registry is asked, the plan printed on `echo`, then the run (or the indexes of a publish that
-    builds nothing). `note` and `progress` write the lines of stderr. `scan` (--scan) judges each
-    image after its verify and before its push (RunOptions.scan)."""
+    builds nothing). `note` and `progress` write the lines of stderr. Each image holds the security
+    fixes its OS published (its base read through the daemon, the suite's index through the
+    security mirror, once per run), and `scanning` judges it after its verify and before its push."""
     from ..build.platforms import parse_platforms
     from ..engine.docker import DockerEngine
     from ..engine.export import choose
@@ -72,11 +75,20 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         opts = pipeline.render_options(matrix, rendering, decision.kind, repository, buildx=decision.buildx)
         registry = HttpRegistry(policy=registry_policy, ca_file=registry_ca)
         today = day if day is not None else datetime.now(timezone.utc).date()
+        # One fetch of each index per run: the plan's fixes and every image's scan read the same.
+        get = cached(HttpMirror(progress).get)
+        # The dry run reads a --base-image as the run does where a daemon answers: the plan is the run's.
+        files = engine if engine is not None or merge_only else pipeline.base_reader(selection)
+        if files is None and not merge_only:
+            note("the dry run's inputs hashes leave out the security fixes the images would hold: the run reads "
+                 "them from the base images (a dry run only from a --base-image, through a daemon)")
         plan = pipeline.plan_publish(matrix, selection, opts, wanted, multi=multi,
                                      read_os_release=engine.os_release if engine else None,
                                      registry=registry, force=force, day=today, merge_only=merge_only, note=note,
                                      signing=signer is not None,
-                                     dual=compression is not None and compression.also is not None)
+                                     dual=compression is not None and compression.also is not None,
+                                     read_os_state=OsStates(files, get, opts.security_mirror, progress)
+                                     if files is not None else None)
         ledger.planned = plan.planned
         for platform, steps in plan.steps:
             echo((f"{platform}:\n" if multi else "") + format_plan(steps, push))
@@ -109,7 +121,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         run_options = RunOptions(matrix_path=matrix_path, push=push, keep_going=keep_going,
                                  allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                  pull=pull, export=export, cache_registry=target if export is not None else None,
-                                 signer=signer, squashfs=hook, estargz=estargz, scan=scan)
+                                 signer=signer, squashfs=hook, estargz=estargz,
+                                 scan=scanning.gate(engine, get, opts.security_mirror, progress))
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
                        events=EventPrinter(sys.stderr, quiet=quiet), echo=echo)
