@@ -45,6 +45,11 @@ def _check(expected: Sequence[tuple[str, str]]) -> str | None:
             " || { echo \"${fixed%%=*} ${have#* } lacks the security fix ${fixed#*=}\" >&2; exit 1; }; done")
 
 
+def fixes_label(expected: Sequence[tuple[str, str]]) -> str:
+    """The fixes as the image's label carries them (labels.SECURITY_FIXES): name=version, space-separated."""
+    return " ".join(f"{name}={version}" for name, version in expected)
+
+
 def security_step(spec: BuildSpec, options: RenderOptions, packages: Sequence[str]) -> SecurityStep:
     """The security suite's part of the image's apt RUN; the fixes are those options.os_states
     found for its base (none where nothing was read: `render`)."""
