@@ -14,6 +14,7 @@ from support.apt_repo import AptRepo, Deb, ImageFiles, debian_image, debian_rele
 from test_publish_runner import CannedEngine, CannedRegistry, images, run
 
 from imagebuilder.build.per_platform import Reading, each_platform, render_spec
+from imagebuilder.build.render import RenderedImage
 from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.build.security_step import SOURCES_FILE
 from imagebuilder.matrix.load import load_matrix
@@ -88,9 +89,9 @@ def test_fixes_are_those_the_image_holds(security, base, packages, fixes):
     assert fixes_for(_state(security, base), packages) == fixes
 
 
-def _render(state: OsState | None, **options: object):
-    return render_spec(SPEC, M, RenderOptions(buildkit=True, platform="linux/amd64",
-                                              os_states={SPEC.base_image: state} if state else {}, **options))
+def _render(state: OsState | None, mirror: str | None = None) -> RenderedImage:
+    return render_spec(SPEC, M, RenderOptions(buildkit=True, platform="linux/amd64", security_mirror=mirror,
+                                              os_states={SPEC.base_image: state} if state else {}))
 
 
 def test_the_apt_step_adds_the_suite_for_its_run_upgrades_and_checks_the_fixes():
@@ -118,7 +119,7 @@ def test_the_fixes_and_the_mirror_decide_the_inputs_hash():
     assert _render(_state({"libzstd1": "1.5.4-2+deb12u1", "chromium": "121"})).inputs_hash == first.inputs_hash
     assert _render(_state({"libzstd1": "1.5.4-2+deb12u2"})).inputs_hash != first.inputs_hash
     assert _render(None).inputs_hash != first.inputs_hash
-    mirrored = _render(fixed, security_mirror="http://mirror.local/debian-security")
+    mirrored = _render(fixed, "http://mirror.local/debian-security")
     assert "deb http://mirror.local/debian-security $(" in mirrored.dockerfile
     assert mirrored.inputs_hash != first.inputs_hash
 
