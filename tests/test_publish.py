@@ -56,7 +56,8 @@ from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest
 from imagebuilder.registry.reference import parse_reference
 from imagebuilder.resources import default_matrix_path
-from imagebuilder.scan import HttpMirror, OsStates
+from imagebuilder.scan.mirror import HttpMirror
+from imagebuilder.scan.updates import OsStates
 from imagebuilder.scan.fixes import OsState
 from imagebuilder.trust.labels import INPUTS_HASH as HASH
 

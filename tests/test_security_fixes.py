@@ -21,7 +21,8 @@ from imagebuilder.matrix.load import load_matrix
 from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.matrix.selection import Selection
 from imagebuilder.publish.plan import BUILD, PUSHED, SKIP, Remote, plan
-from imagebuilder.scan import HttpMirror, OsStates
+from imagebuilder.scan.mirror import HttpMirror
+from imagebuilder.scan.updates import OsStates
 from imagebuilder.scan.debian import DebVersion, Package
 from imagebuilder.scan.fixes import Fixes, OsState, dependency_graph, fixes_for
 from imagebuilder.scan.gate import Scanning, not_scanned

@@ -17,9 +17,9 @@ The names below are what code outside the package uses (the CLI, publish).
 """
 
 from .allowlist import load_allowlist
-from .gate import ScanGate, Scanning
+from .gate import Scanning
 from .mirror import HttpMirror
 from .run import ScanRequest, scan_image
 from .updates import OsStates, cached
 
-__all__ = ["HttpMirror", "OsStates", "ScanGate", "ScanRequest", "Scanning", "cached", "load_allowlist", "scan_image"]
+__all__ = ["HttpMirror", "OsStates", "ScanRequest", "Scanning", "cached", "load_allowlist", "scan_image"]
