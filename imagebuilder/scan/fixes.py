@@ -19,40 +19,53 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .debian import DebVersion, Package, paragraphs
+from .debian import DebVersion, Package
 
-# "libc6 (>= 2.36), libssl3 | libssl1.1, python3:any" -> names, alternatives and all.
-_DEPENDS_FIELDS = ("Pre-Depends", "Depends")
-_NAME = re.compile(r"^\s*([a-z0-9][a-z0-9+.-]*)")
-
-
-def _names(relation: str) -> set[str]:
-    out = set()
-    for clause in relation.split(","):
-        for alternative in clause.split("|"):
-            match = _NAME.match(alternative)
-            if match:
-                out.add(match[1])
-    return out
+# "libc6 (>= 2.36), libssl3 | libssl1.1, python3:any" -> every name, alternatives and all.
+_NAME = re.compile(r"(?:^|[,|])\s*([a-z0-9][a-z0-9+.-]*)")
 
 
-def dependency_graph(indexes: Iterable[str], arch: str) -> dict[str, frozenset[str]]:
-    """Each binary of `arch` (or all) that the Packages index texts offer -> the binaries it may
-    pull in (a virtual package resolved to every provider)."""
+@dataclass(frozen=True)
+class Graph:
+    """What each binary may pull in: its Depends and Pre-Depends (every alternative), a virtual
+    package standing for every binary that provides it."""
+
+    depends: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    provides: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def pulls(self, name: str) -> set[str]:
+        return {n for target in self.depends.get(name, ()) for n in self.provides.get(target, frozenset()) | {target}}
+
+
+def dependency_graph(indexes: Iterable[str], arch: str) -> Graph:
+    """The graph of the binaries of `arch` (or all) that the Packages index texts offer. A whole
+    archive's index is 60,000 paragraphs: only four fields are read, in one pass over the lines
+    (Packages indexes write each on one line)."""
     depends: dict[str, set[str]] = {}
     provides: dict[str, set[str]] = {}
-    for text in indexes:
-        for fields in paragraphs(text):
-            name = fields.get("Package", "")
-            if not name or fields.get("Architecture", "") not in (arch, "all"):
-                continue
-            wanted = depends.setdefault(name, set())
-            for key in _DEPENDS_FIELDS:
-                wanted |= _names(fields.get(key, ""))
-            for virtual in _names(fields.get("Provides", "")):
+
+    def add(name: str, package_arch: str, wanted: list[str], provided: list[str]) -> None:
+        if name and package_arch in (arch, "all"):
+            depends.setdefault(name, set()).update(wanted)
+            for virtual in provided:
                 provides.setdefault(virtual, set()).add(name)
-    return {name: frozenset(n for target in wanted for n in (provides.get(target, set()) | {target}))
-            for name, wanted in depends.items()}
+
+    for text in indexes:
+        name, package_arch, wanted, provided = "", "", list[str](), list[str]()
+        for line in text.splitlines():
+            if not line:
+                add(name, package_arch, wanted, provided)
+                name, package_arch, wanted, provided = "", "", [], []
+            elif line.startswith("Package:"):
+                name = line[8:].strip()
+            elif line.startswith("Architecture:"):
+                package_arch = line[13:].strip()
+            elif line.startswith(("Depends:", "Pre-Depends:")):
+                wanted += _NAME.findall(line.partition(":")[2])
+            elif line.startswith("Provides:"):
+                provided += _NAME.findall(line[9:])
+        add(name, package_arch, wanted, provided)
+    return Graph({k: frozenset(v) for k, v in depends.items()}, {k: frozenset(v) for k, v in provides.items()})
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,7 @@ class OsState:
     arch: str
     installed: Mapping[str, DebVersion] = field(repr=False)  # the base's binaries
     security: Mapping[str, Package] = field(repr=False)  # the security suite's newest binary of each name
-    depends: Mapping[str, frozenset[str]] = field(repr=False)
+    graph: Graph = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,7 @@ def holds(state: OsState, packages: Iterable[str]) -> set[str]:
     todo = [name for name in packages if name not in seen]
     seen |= set(todo)
     while todo:
-        for target in state.depends.get(todo.pop(), ()):
+        for target in state.graph.pulls(todo.pop()):
             if target not in seen:
                 seen.add(target)
                 todo.append(target)
