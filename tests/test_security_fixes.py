@@ -22,7 +22,9 @@ from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.matrix.selection import Selection
 from imagebuilder.publish.plan import BUILD, PUSHED, SKIP, Remote, plan
 from imagebuilder.scan.mirror import HttpMirror
-from imagebuilder.scan.updates import OsStates
+from imagebuilder.scan.release import Suite
+from imagebuilder.scan.run import CannotScan
+from imagebuilder.scan.updates import OsStates, main_suite
 from imagebuilder.scan.debian import DebVersion, Package
 from imagebuilder.scan.fixes import Fixes, OsState, dependency_graph, fixes_for
 from imagebuilder.scan.gate import Scanning, not_scanned
@@ -203,3 +205,22 @@ def test_the_scan_is_on_by_default_and_off_with_no_scan():
     assert Scanning().gate(files, lambda url: b"", None, print) is not not_scanned
     assert Scanning(scan=False).gate(files, lambda url: b"", None, print) is not_scanned
     assert Scanning().gate(None, lambda url: b"", None, print) is None  # nothing built, nothing scanned
+
+
+@pytest.mark.parametrize(("security", "main"), [
+    (Suite("http://deb.debian.org/debian-security", "bookworm-security", "main", "amd64"),
+     Suite("http://deb.debian.org/debian", "bookworm", "main", "amd64")),
+    (Suite("http://archive.ubuntu.com/ubuntu", "noble-security", "main", "amd64"),
+     Suite("http://archive.ubuntu.com/ubuntu", "noble", "main", "amd64")),
+    (Suite("http://127.0.0.1:8080", "bookworm-security", "main", "arm64"),
+     Suite("http://127.0.0.1:8080", "bookworm", "main", "arm64")),
+])
+def test_the_dependency_graph_is_read_from_the_archive_the_security_mirror_names(security, main):
+    assert main_suite(security) == main
+
+
+def test_a_base_without_a_dpkg_status_cannot_have_its_fixes_read(archive):
+    _, url, _ = archive
+    base = ImageFiles(SPEC.base_image, {"/etc/os-release": debian_release().encode()})
+    with pytest.raises(CannotScan, match="it has no /var/lib/dpkg/status"):
+        OsStates(base, HttpMirror(print).get, url, print)(SPEC.base_image, "amd64")

@@ -14,7 +14,6 @@ import functools
 from collections.abc import Callable
 from typing import Protocol
 
-from ..errors import ImageBuilderError
 from .debian import available, installed
 from .fixes import OsState, dependency_graph, newest_by_name
 from .mirror import Get, index_text
@@ -58,13 +57,9 @@ class OsStates:
         return self._done[(image, arch)]
 
     def _read(self, image: str, arch: str) -> OsState:
-        try:
-            release = os_release(image, self.files.os_release(image))
-            status = self.files.read_file(image, DPKG_STATUS)
-        except CannotScan:
-            raise
-        except ImageBuilderError as e:  # the engine's: no daemon, a base that cannot be pulled
-            raise CannotScan(image=image, reason=str(e)) from e
+        # The engine's errors (no daemon, a base that cannot be pulled) are the build's own: as they are.
+        release = os_release(image, self.files.os_release(image))
+        status = self.files.read_file(image, DPKG_STATUS)
         if status is None:
             raise CannotScan(image=image, reason=f"it has no {DPKG_STATUS}")
         security = security_suite(release, arch, self.mirror)
