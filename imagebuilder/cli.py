@@ -190,6 +190,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     from .engine.export_decision import decide_export
     from .engine.select import decide, kind_before_probing, make_builder
     from .registry.client import HttpRegistry
+    from .scan import HttpMirror, OsStates, cached
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
@@ -206,8 +207,10 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = for_command(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
+    # The security fixes each image holds: its base's packages against the OS's security suite.
+    os_states = OsStates(engine, cached(HttpMirror(progress).get), opts.security_mirror, progress)
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, engine.os_release,
-                               engine.image_exists, note)
+                               engine.image_exists, note, os_states)
     if dry_run:
         return report_plan(plan, report=report, echo=click.echo)
     build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
@@ -268,14 +271,14 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
 @click.option("--start-command", default=None, metavar="CMD",
               help="With --compression estargz or zstd:chunked: the start whose opened files go first in each layer, run once "
                    "in the image as its user (default: import torch and a first torch.compile); '' for none.")
-@click.option("--scan", "scan", is_flag=True,
+@click.option("--scan/--no-scan", "scan", default=True, show_default=True,
               help="After an image's smoke tests, scan it (`imagebuilder scan`: its OS's security suite) and push it "
-                   "only without a finding the --allowlist does not cover (docs/scan.md).")
+                   "only without a finding the --allowlist does not cover (docs/scan.md). --no-scan: push unscanned, "
+                   "each image's line in the report says so.")
 @click.option("--allowlist", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-              help="With --scan: the vulnerabilities accepted until their expiry (docs/scan.md).")
+              help="The vulnerabilities accepted until their expiry (docs/scan.md).")
 @click.option("--allow-vulnerable", is_flag=True,
-              help="With --scan: push an image with findings anyway; its line in the report names them.")
-@options.security_mirror("--security-mirror")
+              help="Push an image with findings anyway; its line in the report names them.")
 @pass_context
 def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool, keep_going: bool, force: bool,
                 allow_no_gpu: bool, verify_timeout: float, day: datetime | None, quiet: bool, no_cache: bool, pull: bool,
@@ -283,7 +286,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
                 registry_policy: RetryPolicy, squashfs: bool, start_command: str | None, scan: bool,
-                allowlist: Path | None, allow_vulnerable: bool, mirror: str | None) -> None:
+                allowlist: Path | None, allow_vulnerable: bool) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -298,16 +301,11 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
     from .publish import PublishRequest, publish_command
+    from .scan import Scanning, load_allowlist
 
-    if (allowlist is not None or allow_vulnerable) and not scan:  # (the mirror may come from the environment)
-        raise click.UsageError("--allowlist and --allow-vulnerable are for --scan")
-    gate = None
-    if scan:
-        from .engine.docker import DockerEngine
-        from .scan import HttpMirror, ScanGate, load_allowlist
-
-        gate = ScanGate(DockerEngine(), HttpMirror(progress).get, progress, load_allowlist(allowlist),
-                        allow_vulnerable=allow_vulnerable, mirror=mirror)
+    if (allowlist is not None or allow_vulnerable) and not scan:
+        raise click.UsageError("--allowlist and --allow-vulnerable are for the scan; drop --no-scan")
+    scanning = Scanning(scan, load_allowlist(allowlist), allow_vulnerable)
     request = PublishRequest(
         selection, rendering, target, registry_policy, push=push, dry_run=dry_run, keep_going=keep_going, force=force,
         allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, day=day.date() if day is not None else None,
@@ -315,7 +313,8 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
         builder_choice=builder_choice, buildx_builder=buildx_builder, platforms=platforms, merge=merge,
         merge_only=merge_only, compression=compression, sign_key=sign_key, squashfs=squashfs,
         start_command=start_command)
-    publish_command(ctx.matrix, ctx.matrix_path, request, echo=click.echo, note=note, progress=progress, scan=gate)
+    publish_command(ctx.matrix, ctx.matrix_path, request, echo=click.echo, note=note, progress=progress,
+                    scanning=scanning)
 
 
 def main() -> None:

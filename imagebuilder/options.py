@@ -144,8 +144,8 @@ def mirror_url(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 def security_mirror(name: str) -> Callable[[F], F]:
-    """The mirror of the OS's security suite that `scan` (--mirror) and `publish --scan`
-    (--security-mirror) read, handed to the command as `mirror`."""
+    """The mirror of the OS's security suite that `scan` (--mirror) reads, and the images' apt
+    step and publish's scan (--security-mirror, a rendering option) read, handed over as `mirror`."""
     return click.option(name, "mirror", metavar="URL", envvar="IMAGEBUILDER_SECURITY_MIRROR", callback=mirror_url,
                         help="The mirror of the OS's security suite. Default: http://deb.debian.org/debian-security "
                              "(Debian), http://archive.ubuntu.com/ubuntu (Ubuntu). Env: IMAGEBUILDER_SECURITY_MIRROR.")
@@ -190,20 +190,22 @@ def rendering(f: F) -> F:
                      help="Where a Python the OS does not ship is downloaded from: a mirror of "
                           "python-build-standalone's GitHub releases (uv's UV_PYTHON_INSTALL_MIRROR). "
                           "Default: GitHub. Env: IMAGEBUILDER_PYTHON_MIRROR."),
+        security_mirror("--security-mirror"),
         _collect("rendering", _rendering,
-                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras", "python_mirror")),
+                 ("index_url", "extra_index_urls", "ca_bundle", "repository", "extras", "python_mirror", "mirror")),
     )(f)
 
 
 def _rendering(index_url: str | None, extra_index_urls: tuple[str, ...], ca_bundle: Path | None,
-               repository: str | None, extras: tuple[str, ...], python_mirror: str | None) -> RenderRequest:
+               repository: str | None, extras: tuple[str, ...], python_mirror: str | None,
+               mirror: str | None) -> RenderRequest:
     """Checked before anything runs: a bad name or CA bundle would fail the build minutes later.
     The CA bundle is read here, once, for every image the command renders."""
     if repository is not None:
         check_repository(repository)
     return RenderRequest(repository=repository, index_url=index_url, extra_index_urls=tuple(extra_index_urls),
                          ca_bundle=read_ca_bundle(ca_bundle) if ca_bundle is not None else None,
-                         python_mirror=python_mirror, extras=tuple(extras))
+                         python_mirror=python_mirror, extras=tuple(extras), security_mirror=mirror)
 
 
 def building(f: F) -> F:

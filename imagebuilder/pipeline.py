@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .build import (
-    Exists, Reading, RenderedImage, RenderOptions, RenderRequest, check_for_any_os, each_platform, for_command,
-    host_platform, never,
+    Exists, Reading, ReadOsState, RenderedImage, RenderOptions, RenderRequest, check_for_any_os, each_platform,
+    for_command, host_platform, never,
 )
 from .engine.api import BuilderKind
 from .engine.export import Compression
@@ -35,12 +35,14 @@ def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
 
 
 def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
-               read_os_release: ReadOsRelease | None, exists: Exists, note: Note) -> list[tuple[str, RenderedImage]]:
+               read_os_release: ReadOsRelease | None, exists: Exists, note: Note,
+               read_os_state: ReadOsState | None = None) -> list[tuple[str, RenderedImage]]:
     """`build` (and `render`, which shows it): (platform, image) in build order, every
     platform's images resolved and checked (wheels for the platform; BuildKit for a foreign
     one; no --base-image PLATFORM=IMAGE for a platform not asked for) before anything builds."""
     per_platform = each_platform(matrix, selection, options, platforms, Reading(request=True, notices=True),
-                                 read_os_release=read_os_release, note=note, exists=exists)
+                                 read_os_release=read_os_release, note=note, exists=exists,
+                                 read_os_state=read_os_state)
     return [(each.platform, image) for each in per_platform for image in each.images]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.apt_repo import AptRepo, served
 from support.cleanup import remove_local_tags
 from support.published_images import BOTH, merge_images, platform_ref, rendered_signed
 from support.real_images import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch
@@ -172,6 +173,16 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
     return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime", "--builder", "buildkit",
             "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
+
+
+@pytest.fixture(scope="module")
+def empty_security_mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A mirror of bookworm and bookworm-security with no packages, served on loopback."""
+    repo = AptRepo(tmp_path_factory.mktemp("apt"))
+    for suite in ("bookworm", "bookworm-security"):
+        repo.publish(suite, [])
+    with served(repo.root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -423,7 +434,7 @@ def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
 
 @pytest.mark.registry
 def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: LocalRegistry,
-                                                                tmp_path: Path) -> None:
+                                                                empty_security_mirror: str, tmp_path: Path) -> None:
     """The registry holds what a BuildKit publish pushes (the BuildKit render's inputs hash
     under every tag and today's dated tag): `publish --builder buildkit --dry-run` plans to
     skip it. The dry run decides the builder where the run does (engine.select), so it
@@ -433,13 +444,16 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
 
     if detect_buildkit()[0] is None:
         _unavailable("no docker CLI here builds with BuildKit")
-    base_image = "imagebuilder-base:bookworm"  # named in FROM only: a dry run reads no image
+    # Named in FROM; where a daemon answers, the dry run reads its OS as the run does (the
+    # security fixes, from a suite made here: no network).
+    base_image = "imagebuilder-base:bookworm"
     registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
-    image = rendered_signed(registry, base_image, buildkit=True)
-    assert image.inputs_hash != rendered_signed(registry, base_image).inputs_hash  # the builder matters
+    image = rendered_signed(registry, base_image, buildkit=True, mirror=empty_security_mirror)
+    assert image.inputs_hash != rendered_signed(registry, base_image, mirror=empty_security_mirror).inputs_hash  # the builder matters
     today = datetime.now(timezone.utc).date()
     digest = _put_labelled_image([*image.refs, dated_ref(image, today)], {HASH: image.inputs_hash})
-    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"))
+    dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"),
+                       env_extra={"IMAGEBUILDER_SECURITY_MIRROR": empty_security_mirror})
     assert dry.returncode == 0, dry.stderr[-4000:]
     rows = [line.split(None, 3) for line in dry.stdout.splitlines() if line[:1].isdigit()]
     assert [(action, ref) for _, action, ref, _ in rows] == [(SKIP, image.ref)], dry.stdout

@@ -80,7 +80,8 @@ def test_no_push_scans_too(mirror):
     assert outcome.status == VERIFIED and outcome.reason.endswith("; scanned: no findings")
 
 
-def test_the_allowlist_and_allow_vulnerable_are_for_scan():
+def test_the_allowlist_and_allow_vulnerable_are_for_the_scan():
     for extra in (["--allowlist", "a.yaml"], ["--allow-vulnerable"]):
-        result = CliRunner().invoke(cli, ["publish", "--registry", "127.0.0.1:5999/ml", "--dry-run", *extra])
-        assert result.exit_code == 2 and "--allowlist and --allow-vulnerable are for --scan" in result.stderr
+        result = CliRunner().invoke(cli, ["publish", "--registry", "127.0.0.1:5999/ml", "--dry-run", "--no-scan", *extra])
+        assert result.exit_code == 2, result.output
+        assert "--allowlist and --allow-vulnerable are for the scan; drop --no-scan" in result.stderr

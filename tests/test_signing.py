@@ -46,7 +46,10 @@ from imagebuilder.registry.client import HttpRegistry
 from imagebuilder.registry.reference import pinned
 from imagebuilder.resources import default_matrix_path
 from imagebuilder.trust import cosign, signature_check, signing
-from imagebuilder.trust.labels import SBOM_DIGEST
+from imagebuilder.scan.mirror import HttpMirror
+from imagebuilder.scan.run import ScanRequest, scan_image
+from imagebuilder.scan.debian import DebVersion, installed
+from imagebuilder.trust.labels import SBOM_DIGEST, SECURITY_FIXES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH, CUDA, OS = SIGNED_TORCH, SIGNED_CUDA, SIGNED_OS  # conftest's signed_publish
@@ -274,6 +277,31 @@ def test_a_published_image_verifies_with_its_key(signed_run: dict[str, Any], key
     assert error_lines(done.stderr) == [
         "error: --signature-only checks the signature against --key: give --key PUB (without --signature-only, "
         "verify says whether the image is signed and runs its checks)"]
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+@pytest.mark.slow
+def test_a_published_image_holds_its_os_security_fixes_and_scans_clean(docker_engine: Any, base_image: str,
+                                                                       signed_run: dict[str, Any]) -> None:
+    """Issue 56: the publish scanned the image (on by default) and found nothing, and so does a
+    scan here; every fix its base lacks is in its label (the plan's list, in its inputs hash),
+    and each fix the label lists is installed at that version at least."""
+    image = signed_run["image"]
+    assert image["reason"].endswith("; scanned: no findings"), image["reason"]
+    said: list[str] = []
+    get = HttpMirror(said.append).get
+    report = scan_image(ScanRequest(image["ref"]), docker_engine, get, said.append)
+    assert report.findings == (), report.format()
+    labels = HttpRegistry(config={}).labels(signed_run["pinned"])
+    assert labels is not None
+    listed = dict(fix.partition("=")[::2] for fix in labels.get(SECURITY_FIXES, "").split())
+    base = scan_image(ScanRequest(base_image), docker_engine, get, said.append)
+    assert {b for f in base.findings for b in f.binaries} <= set(listed), (base.format(), listed)
+    status = docker_engine.read_file(image["ref"], "/var/lib/dpkg/status")
+    have = {p.name: p.version for p in installed(status.decode())}
+    for name, version in listed.items():
+        assert name not in have or not have[name] < DebVersion.parse(version), (name, have[name], version)
 
 
 @pytest.mark.docker

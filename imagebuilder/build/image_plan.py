@@ -29,6 +29,7 @@ from .install_steps import (ADDED_LOCK_PATH, CA_CONTEXT, CA_CONTEXT_FILE, CA_SEC
 from .layers import wheel_groups
 from .platforms import check_platform, platform_tags
 from .render_options import RenderOptions
+from .security_step import SecurityStep, security_step
 from .tags import tags_for
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ class ImagePlan:
     mounts: Mounts
     steps: Steps
     packages: Packages
+    security: SecurityStep  # the OS step's security suite and the fixes the image holds
     files: Mapping[str, bytes] = field(repr=False)  # the context's files that render does not make
     parent_hash: str  # a jupyter image's parent's inputs hash; "" otherwise
     source: str
@@ -186,11 +188,12 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
         if venv.added is not None:
             files[ADDED_LOCK_PATH.replace("/opt/", "", 1)] = venv.added.text().encode()
     ca_files, secrets, contexts = _ca_delivery(options, two_stage)
+    packages = Packages(tuple(apt_packages(spec, "wheels")), tuple(apt_packages(spec, "final")))
     return ImagePlan(
         spec=spec, matrix=matrix, repository=repository_of(matrix, options), tags=image_tags(spec, matrix, options),
         base=base, lock=lock, notices=_notices(spec, options, lock, base, native),
         ca=CaMode(two_stage, options.buildkit and ca is not None, options.buildkit and ca is not None and options.ca_context),
-        mounts=mounts, steps=steps, packages=Packages(tuple(apt_packages(spec, "wheels")), tuple(apt_packages(spec, "final"))),
+        mounts=mounts, steps=steps, packages=packages, security=security_step(spec, options, packages.final),
         files=files, parent_hash=parent.inputs_hash if parent is not None else "", source=options.source,
         ca_files=ca_files, secrets=secrets, contexts=contexts, trusts_ca_bundle=ca is not None)
 

@@ -10,19 +10,25 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from .. import resources
 from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec, resolve
 from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
+from ..scan.fixes import OsState
 from .image_plan import image_tags, plan_image, repository_of
-from .platforms import host_platform
+from .platforms import arch, host_platform
 from .render import RenderedImage, render
 from .render_options import RenderOptions
 from .tags import image_ref, tags_for
 
+if TYPE_CHECKING:
+    from ..engine.docker import DockerEngine
+
 Exists = Callable[[str], bool]  # image reference -> whether the engine has it
+ReadOsState = Callable[[str, str], OsState]  # base image, Debian architecture -> its OS's state (scan.updates.OsStates)
 
 
 def never(ref: str) -> bool:
@@ -95,9 +101,11 @@ def platform_options(options: RenderOptions, platform: str, *, own_tags: bool = 
 
 def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
                   reading: Reading, *, read_os_release: ReadOsRelease | None, note: Note,
-                  exists: Exists = never, host: str | None = None) -> list[PlatformImages]:
+                  exists: Exists = never, host: str | None = None,
+                  read_os_state: ReadOsState | None = None) -> list[PlatformImages]:
     """Every platform's images, each platform's checked before the next is read: nothing is built
-    until the whole list is back."""
+    until the whole list is back. `read_os_state`: each base image's OS on the platform, for the
+    security fixes its images hold (None: none known, as `render` shows them)."""
     selection.check_platform_bases(platforms)
     renderer, out = Renderer(matrix), []
     for platform in platforms:
@@ -118,6 +126,10 @@ def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, 
         repository = repository_of(matrix, own)
         if reading.parents:
             specs = _with_parents(specs, partial(_ref, matrix, own), exists)
+        if read_os_state is not None:
+            # A jupyter image's parent is rendered for its inputs hash, built here or not.
+            bases = dict.fromkeys((spec.parent or spec).base_image for spec in specs)
+            own = replace(own, os_states={base: read_os_state(base, arch(platform)) for base in bases})
         images = [renderer.image(spec, own) for spec in specs]
         if reading.notices:  # the requested images': what their lock and base pin leave unpinned
             for notice in dict.fromkeys(n for image in images if image.spec.key in asked for n in image.notices):
@@ -167,10 +179,16 @@ def base_os_reader(selection: Selection) -> ReadOsRelease | None:
     """How a command that builds nothing (matrix, a dry run, --merge-only) reads --base-image's
     OS: as the run does, through the daemon (pulling the image if it is not here), when one
     answers; None (the OS is then assumed) without a base image or a daemon."""
+    engine = base_reader(selection)
+    return engine.os_release if engine else None
+
+
+def base_reader(selection: Selection) -> DockerEngine | None:
+    """The daemon that reads --base-image's files for a command that builds nothing, when one
+    answers; None without a base image (the matrix's, not pulled for a plan) or a daemon."""
     # Imported here: the docker SDK loads only for a --base-image, not for every render.
     from ..engine.docker import answering_engine
 
     if selection.base_image is None and not selection.platform_bases:
         return None
-    engine = answering_engine()
-    return engine.os_release if engine else None
+    return answering_engine()

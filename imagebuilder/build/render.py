@@ -30,6 +30,7 @@ from .image_contents import (COMPILE_CACHE, COMPILE_CACHES, ENTRYPOINT, HOME, SE
                              env_for, has_ssh, manifest_for, python_path)
 from .image_plan import PYTHON_START as PYTHON_START
 from .image_plan import ImagePlan
+from .security_step import fixes_label
 from .install_steps import LAYER_EPOCH
 from .render_options import DEFAULT_SOURCE
 from .tags import image_ref, labels_for
@@ -62,6 +63,7 @@ class RenderedImage:
     lock: Lock | None = field(default=None, repr=False)  # None: resolved at build time
     base_pin: BasePin | None = None  # how the FROM image is pinned (None for jupyter)
     notices: tuple[str, ...] = ()  # the spec's, and what is not pinned
+    security_fixes: str = ""  # the OS security fixes its apt step applies (labels.SECURITY_FIXES)
 
     @property
     def refs(self) -> tuple[str, ...]:
@@ -175,12 +177,14 @@ def render(plan: ImagePlan) -> RenderedImage:
         lock=plan.lock,
         base_pin=plan.base.pin,
         notices=plan.notices,
+        security_fixes=fixes_label(plan.security.fixes.expected),
     )
 
 
 def _labels(plan: ImagePlan, inputs_hash: str, source: str) -> dict[str, str]:
     pin = plan.base.pin
-    return labels_for(plan.spec, plan.base.image, inputs_hash, source, pin.digest if pin else None)
+    return labels_for(plan.spec, plan.base.image, inputs_hash, source, pin.digest if pin else None,
+                      fixes_label(plan.security.fixes.expected))
 
 
 def _fill(plan: ImagePlan, naming: Naming, inputs_hash: str) -> tuple[str, dict[str, bytes]]:
@@ -207,6 +211,7 @@ def _context(plan: ImagePlan, naming: Naming, inputs_hash: str) -> dict[str, obj
     return {
         "naming": naming, "spec": spec, "python": str(spec.python), "notices": plan.notices,
         "base": plan.base, "ca": plan.ca, "mounts": plan.mounts, "steps": plan.steps, "packages": plan.packages,
+        "security": plan.security,
         "labels": [(k, json.dumps(v)) for k, v in _labels(plan, inputs_hash, naming.source).items()],
         "env": env_for(spec), "python_path": python_path(spec), "venv": VENV,
         "user": USER_NAME, "uid": USER_ID, "workspace": WORKSPACE, "home": HOME, "compile_caches": COMPILE_CACHES,

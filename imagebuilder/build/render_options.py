@@ -7,11 +7,13 @@ the source and the matrix's locks, then per platform by per_platform.platform_op
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..engine.api import BuilderKind
 from ..lock.lockfile import LockSet, load_locks, locks_dir
 from ..matrix.model import Matrix
+from ..scan.fixes import OsState
 
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -28,6 +30,7 @@ class RenderRequest:
     ca_bundle: bytes | None = None
     python_mirror: str | None = None  # where `uv python install` downloads CPython (UV_PYTHON_INSTALL_MIRROR)
     extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
+    security_mirror: str | None = None  # the OS's security suite's mirror (None: the OS's own, scan/release.py)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class RenderOptions:
     # the host's, or every platform of publish --platform).
     platform: str | None = None
     platform_tags: bool = False
+    # The mirror of the OS's security suite the image's apt step reads (None: the OS's own,
+    # scan/release.py), and what was read of each base image's OS for this platform
+    # (scan.updates.OsStates): the security fixes its image holds. Empty: none known (`render`).
+    security_mirror: str | None = None
+    os_states: Mapping[str, OsState] = field(default_factory=dict, hash=False)  # (compared, not hashed)
 
     @property
     def index_urls(self) -> tuple[str | None, ...]:
@@ -81,4 +89,5 @@ def for_command(matrix: Matrix, asked: RenderRequest, kind: BuilderKind, reposit
     return RenderOptions(repository=repository or asked.repository, index_url=asked.index_url,
                          extra_index_urls=asked.extra_index_urls, ca_bundle=asked.ca_bundle,
                          python_mirror=asked.python_mirror, extras=asked.extras, locks=load_locks(locks_dir(matrix)),
+                         security_mirror=asked.security_mirror,
                          source=source_label(), buildkit=kind == "buildkit", ca_context=kind == "buildkit" and buildx)

@@ -56,7 +56,7 @@ def dated_tag(qualified: str, day: date) -> str:
 
 
 def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str,
-               base_digest: str | None = None) -> dict[str, str]:
+               base_digest: str | None = None, security_fixes: str = "") -> dict[str, str]:
     """Labels that depend only on the rendered inputs (created and revision are added at
     build time so that rendering stays byte-for-byte deterministic)."""
     labels = {
@@ -85,4 +85,6 @@ def labels_for(spec: BuildSpec, base_image: str, inputs_hash: str, source: str,
     }
     if base_digest:
         labels[L.BASE_DIGEST] = base_digest
+    if security_fixes:
+        labels[L.SECURITY_FIXES] = security_fixes
     return labels

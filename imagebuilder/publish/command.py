@@ -12,12 +12,14 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..build.per_platform import base_reader
 from ..build.render_options import for_command
 from ..engine.api import Builder, Engine
 from ..engine.export import ORDERED, Compression
 from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..registry.api import Registry
+from ..scan import HttpMirror, OsStates, Scanning, cached
 from .estargz import LEVELS, NAMES, EstargzPublisher
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
@@ -28,14 +30,16 @@ from .request import PublishRequest
 from .run import publish_all
 
 Echo = Callable[[str], None]
+SCAN_BY_DEFAULT = Scanning()
 
 
 def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, *, echo: Echo, note: Echo,
-                    progress: Echo, scan: Callable[[str], tuple[bool, str]] | None = None) -> None:
+                    progress: Echo, scanning: Scanning = SCAN_BY_DEFAULT) -> None:
     """`imagebuilder publish` with what its options parsed: the request checked before any daemon or
     registry is asked, the plan printed on `echo`, then the run (or the indexes of a publish that
-    builds nothing). `note` and `progress` write the lines of stderr. `scan` (--scan) judges each
-    image after its verify and before its push (RunOptions.scan)."""
+    builds nothing). `note` and `progress` write the lines of stderr. Each image holds the security
+    fixes its OS published (its base read through the daemon, the suite's index through the
+    security mirror, once per run), and `scanning` judges it after its verify and before its push."""
     from ..build.platforms import parse_platforms
     from ..engine.docker import DockerEngine
     from ..engine.export_decision import decide_export
@@ -64,11 +68,20 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
         opts = for_command(matrix, r.rendering, decision.kind, repository, buildx=decision.buildx)
         registry = HttpRegistry(policy=r.registry_policy, ca_file=r.registry_ca)
         today = r.day if r.day is not None else datetime.now(timezone.utc).date()
+        # One fetch of each index per run: the plan's fixes and every image's scan read the same.
+        get = cached(HttpMirror(progress).get)
+        # The dry run reads a --base-image as the run does where a daemon answers: the plan is the run's.
+        files = engine if engine is not None or r.merge_only else base_reader(r.selection)
+        if files is None and not r.merge_only:
+            note("the dry run's inputs hashes leave out the security fixes the images would hold: the run reads "
+                 "them from the base images (a dry run only from a --base-image, through a daemon)")
         plan = plan_publish(matrix, r.selection, opts, wanted, multi=r.multi,
                             read_os_release=engine.os_release if engine else None,
                             registry=registry, force=r.force, day=today, merge_only=r.merge_only, note=note,
                             signing=signer is not None,
-                            dual=compression is not None and compression.also is not None)
+                            dual=compression is not None and compression.also is not None,
+                            read_os_state=OsStates(files, get, opts.security_mirror, progress)
+                            if files is not None else None)
         ledger.planned = plan.planned
         for platform, steps in plan.steps:
             echo((f"{platform}:\n" if r.multi else "") + format_plan(steps, r.push))
@@ -104,7 +117,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
         run_options = RunOptions(matrix_path=matrix_path, push=r.push, keep_going=r.keep_going,
                                  allow_no_gpu=r.allow_no_gpu, verify_timeout=r.verify_timeout, nocache=r.no_cache,
                                  pull=r.pull, export=exported.export, cache_registry=r.target if exported.export else None,
-                                 signer=signer, squashfs=hook, estargz=estargz, scan=scan)
+                                 signer=signer, squashfs=hook, estargz=estargz,
+                                 scan=scanning.gate(engine, get, opts.security_mirror, progress))
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=r.multi, merge=r.merge, index_platforms=plan.index_platforms, ledger=ledger,
                        events=EventPrinter(sys.stderr, quiet=r.quiet), echo=echo)

@@ -9,7 +9,7 @@ from datetime import date
 from ..build.render import RenderedImage
 from ..registry.api import Registry
 from ..registry.reference import pinned
-from ..trust.labels import INPUTS_HASH
+from ..trust.labels import INPUTS_HASH, SECURITY_FIXES
 from ..trust.signing import has_signature
 from .plan import Remote, dated_ref
 
@@ -31,7 +31,8 @@ def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None
             labels = registry.labels(pinned(image.ref, primary))
             if signing:
                 signed = has_signature(registry, pinned(image.ref, primary))
-        remotes[image.ref] = Remote(digests, (labels or {}).get(INPUTS_HASH), signed)
+        remotes[image.ref] = Remote(digests, (labels or {}).get(INPUTS_HASH), signed,
+                                    (labels or {}).get(SECURITY_FIXES, "") if labels is not None else None)
     return remotes
 
 

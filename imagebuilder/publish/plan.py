@@ -60,6 +60,8 @@ class Remote:
     """The inputs-hash label of the image under the primary tag; None: absent or unlabelled."""
     signed: bool | None = None
     """The image under the primary tag has a cosign signature; None: not asked (not signing)."""
+    security_fixes: str | None = None
+    """Its security-fixes label ("" without one); None: not read."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def _decide(image: RenderedImage, remote: Remote | None, force: bool, rebuilt: s
         return Step(image, BUILD, "the registry's image has no inputs-hash label")
     if remote.inputs_hash != image.inputs_hash:
         return Step(image, BUILD, f"inputs changed (registry {short(remote.inputs_hash)}, "
-                                  f"rendered {short(image.inputs_hash)})")
+                                  f"rendered {short(image.inputs_hash)}){_new_fixes(image, remote)}")
     if remote.signed is False:
         return Step(image, BUILD, "unchanged, but the registry's image is not signed")
     stale = tuple(ref for ref in image.refs if remote.digests.get(ref) != digest)
@@ -137,6 +139,15 @@ def _decide(image: RenderedImage, remote: Remote | None, force: bool, rebuilt: s
         names = ", ".join(parse_reference(ref).reference for ref in stale)
         return Step(image, RETAG, f"unchanged; tags missing or naming another image: {names}", digest, stale)
     return Step(image, SKIP, f"unchanged, published as {short(digest)}", digest)
+
+
+def _new_fixes(image: RenderedImage, remote: Remote) -> str:
+    """"; security fixes: NAME VERSION, ..." for the fixes the registry's image lacks (its label's)."""
+    if remote.security_fixes is None:
+        return ""
+    had = set(remote.security_fixes.split())
+    new = [fix.replace("=", " ", 1) for fix in image.security_fixes.split() if fix not in had]
+    return f"; security fixes: {', '.join(new)}" if new else ""
 
 
 def _with_dated(step: Step, dated: str, remote: Remote | None) -> Step:

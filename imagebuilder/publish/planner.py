@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from ..build.per_platform import Reading, base_os_reader, check_for_any_os, each_platform
+from ..build.per_platform import Reading, ReadOsState, base_os_reader, check_for_any_os, each_platform
 from ..build.render import RenderedImage
 from ..build.render_options import RenderOptions
 from ..engine.export import ZSTD_CHUNKED, Compression
@@ -50,15 +50,17 @@ class PublishPlan:
 def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                  multi: bool, read_os_release: ReadOsRelease | None, registry: Registry,
                  force: bool, day: date, merge_only: bool, note: Note, signing: bool = False,
-                 dual: bool = False) -> PublishPlan:
+                 dual: bool = False, read_os_state: ReadOsState | None = None) -> PublishPlan:
     """`publish`: the selected images (a jupyter image brings its runtime image along), per
     platform, each compared with what the registry holds (skip, retag or build; `signing`: an
-    unsigned one is rebuilt; `dual`: --compression gzip+zstd, each build pushes TAG-gzip too)."""
+    unsigned one is rebuilt; `dual`: --compression gzip+zstd, each build pushes TAG-gzip too;
+    `read_os_state`: the base images' OS, for the security fixes each image holds, so an image
+    whose OS published a fix it lacks has new inputs and is rebuilt)."""
     # Without the run's engine (a dry run, --merge-only) the base image's OS is still read as
     # the run reads it, when a daemon answers: the plan is the run's.
     per_platform, index_platforms = publish_images(matrix, selection, options, platforms, multi=multi,
                                                    read_os_release=read_os_release or base_os_reader(selection),
-                                                   merge_only=merge_only, note=note)
+                                                   merge_only=merge_only, note=note, read_os_state=read_os_state)
     plans: list[tuple[str, tuple[Step, ...]]] = []
     for platform, images in [] if merge_only else per_platform:  # --merge-only builds nothing
         remotes = {} if force else lookup(registry, images, day, signing=signing)
@@ -68,13 +70,14 @@ def plan_publish(matrix: Matrix, selection: Selection, options: RenderOptions, p
 
 def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                    multi: bool, read_os_release: ReadOsRelease | None, merge_only: bool,
-                   note: Note) -> tuple[list[tuple[str, list[RenderedImage]]], dict[str, list[str]]]:
+                   note: Note, read_os_state: ReadOsState | None = None
+                   ) -> tuple[list[tuple[str, list[RenderedImage]]], dict[str, list[str]]]:
     """The images `publish` selects per platform, each checked for its platform (none with
     --merge-only: it builds nothing), and each plain ref -> the platforms its index joins.
     Asks no registry, and no daemon but through `read_os_release`."""
     reading = Reading(request=False, multi=multi, builds=not merge_only)
     per_platform = each_platform(matrix, selection, options, platforms, reading, read_os_release=read_os_release,
-                                 note=note)
+                                 note=note, read_os_state=None if merge_only else read_os_state)
     index_platforms: dict[str, list[str]] = {}
     for each in per_platform:
         for ref in each.plain_refs:

@@ -59,8 +59,8 @@ class HttpMirror:
 Get = Callable[[str], bytes]
 
 
-def packages_index(get: Get, suite: Suite) -> dict[tuple[str, str], Package]:
-    """The suite's Packages index, in the first format the mirror has (xz, gz, plain)."""
+def index_text(get: Get, suite: Suite) -> str:
+    """The text of the suite's Packages index, in the first format the mirror has (xz, gz, plain)."""
     for suffix, decompress in INDEX_FORMATS:
         url = suite.index + suffix
         try:
@@ -68,11 +68,16 @@ def packages_index(get: Get, suite: Suite) -> dict[tuple[str, str], Package]:
         except NotFound:
             continue
         try:
-            return available(decompress(data).decode("utf-8", "replace"))
+            return decompress(data).decode("utf-8", "replace")
         except (lzma.LZMAError, OSError, EOFError, zlib.error) as e:
             raise MirrorError(url=url, reason=f"does not decompress ({e})") from e
     raise MirrorError(url=suite.index + "{.xz,.gz,}",
                       reason=f"no Packages index: does the mirror carry {suite.suite}/{suite.component}?")
+
+
+def packages_index(get: Get, suite: Suite) -> dict[tuple[str, str], Package]:
+    """The suite's Packages index: (name, arch) -> the newest version it offers."""
+    return available(index_text(get, suite))
 
 
 def download(get: Get, suite: Suite, package: Package) -> bytes:

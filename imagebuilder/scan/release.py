@@ -83,9 +83,18 @@ class Suite:
         return f"{self.suite}/{self.component} {self.arch} at {self.base}"
 
 
+def security_base(family: str, arch: str, mirror: str | None = None) -> str:
+    """The URL of the mirror that carries the OS family's security suite for `arch`."""
+    if mirror:
+        return mirror.rstrip("/")
+    if family == "ubuntu":
+        return UBUNTU_ARCHIVE if arch in UBUNTU_ARCHIVE_ARCHES else UBUNTU_PORTS
+    return DEBIAN_SECURITY
+
+
 def security_suite(release: OsRelease, arch: str, mirror: str | None = None) -> Suite:
+    base = security_base(release.family, arch, mirror)
     if release.family == "ubuntu":
-        base = mirror or (UBUNTU_ARCHIVE if arch in UBUNTU_ARCHIVE_ARCHES else UBUNTU_PORTS)
-        return Suite(base.rstrip("/"), f"{release.codename}-security", COMPONENT, arch)
+        return Suite(base, f"{release.codename}-security", COMPONENT, arch)
     name = f"{release.codename}/updates" if release.codename in DEBIAN_OLD_SUITES else f"{release.codename}-security"
-    return Suite((mirror or DEBIAN_SECURITY).rstrip("/"), name, COMPONENT, arch)
+    return Suite(base, name, COMPONENT, arch)

@@ -46,6 +46,9 @@ and MIN_DRIVER, with a note: no PTX JIT there)."""
 INPUTS_HASH = f"{PREFIX}.inputs-hash"
 """The hash of the rendered inputs: every image imagebuilder builds carries it, and with it
 smoke_tests and a manifest; publish skips an image whose registry copy has the same."""
+# The OS security fixes the image's apt step applied (name=version, space-separated): the plan
+# names those new since the registry's image when it rebuilds one (publish/plan.py).
+SECURITY_FIXES = f"{PREFIX}.security-fixes"
 SBOM_DIGEST = f"{PREFIX}.sbom.digest"
 MATRIX = f"{PREFIX}.matrix"
 LOCK = f"{PREFIX}.lock"

@@ -54,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="d002a0674302f72e613452524aa9ea985dfd32e5275394292d9091ee5da384dc"
+    io.imagebuilder.inputs-hash="eb1072b9a0073a0f28167fef0eb7ebf94bda81a195d47e8540d321eb730e1d06"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -17,9 +17,14 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
 # apt's downloads stay in a cache mount shared by every image built on this host (so no
 # `apt-get clean`, which would empty it; only apt's package index caches go).
+# The OS's security suite at http://archive.ubuntu.com/ubuntu, in apt's sources for this RUN only: what it
+# installs comes with every fix published, the base's fixed packages are upgraded, and each fixed
+# package the image holds is checked against the version the plan found (docs/scan.md).
 RUN --mount=type=cache,id=imagebuilder-apt,target=/var/cache/imagebuilder/apt,sharing=locked \
-    apt-get update \
+    echo "deb http://archive.ubuntu.com/ubuntu $(. /etc/os-release && echo "${UBUNTU_CODENAME:-$VERSION_CODENAME}")-security main" > /etc/apt/sources.list.d/imagebuilder-security.list \
+ && apt-get update \
  && apt-get install -y --no-install-recommends -o Dir::Cache::Archives=/var/cache/imagebuilder/apt -o APT::Keep-Downloaded-Packages=true ca-certificates g++ ibverbs-providers libibverbs1 librdmacm1 python3 python3-dev python3-venv tini \
+ && rm /etc/apt/sources.list.d/imagebuilder-security.list \
  && rm -f /var/cache/apt/*.bin \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -85,7 +90,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="68826f19c217e6aedbcaeedec1a429114d8f0f4f9661e6a8577c70ce9525767a"
+    io.imagebuilder.inputs-hash="d868eb229d61be845afae022bfa2de0e84cc61bb9a3f6e31f7a37e285a9eab5b"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

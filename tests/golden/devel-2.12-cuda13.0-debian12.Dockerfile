@@ -16,8 +16,13 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
 # SSH: host keys are made at each container's first start, never kept in the image; the
 # password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
-RUN apt-get update \
+# The OS's security suite at http://deb.debian.org/debian-security, in apt's sources for this RUN only: what it
+# installs comes with every fix published, the base's fixed packages are upgraded, and each fixed
+# package the image holds is checked against the version the plan found (docs/scan.md).
+RUN echo "deb http://deb.debian.org/debian-security $(. /etc/os-release && echo "${UBUNTU_CODENAME:-$VERSION_CODENAME}")-security main" > /etc/apt/sources.list.d/imagebuilder-security.list \
+ && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git ibverbs-providers libibverbs1 librdmacm1 make openssh-server python3 python3-dev python3-venv tini \
+ && rm /etc/apt/sources.list.d/imagebuilder-security.list \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -86,7 +91,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="8d9be8ddd70234996c760288ebb6bd5288e5b38536f1ed20ff572681f17f646c"
+    io.imagebuilder.inputs-hash="ca22d6376588542e80667923e50a049fd6289b6fe21cf9f715111a6c23eedf76"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -16,8 +16,13 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
 # SSH: host keys are made at each container's first start, never kept in the image; the
 # password '*' leaves torch without one yet not locked (sshd without PAM refuses locked users).
-RUN apt-get update \
+# The OS's security suite at http://archive.ubuntu.com/ubuntu, in apt's sources for this RUN only: what it
+# installs comes with every fix published, the base's fixed packages are upgraded, and each fixed
+# package the image holds is checked against the version the plan found (docs/scan.md).
+RUN echo "deb http://archive.ubuntu.com/ubuntu $(. /etc/os-release && echo "${UBUNTU_CODENAME:-$VERSION_CODENAME}")-security main" > /etc/apt/sources.list.d/imagebuilder-security.list \
+ && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ git ibverbs-providers libibverbs1 librdmacm1 make openssh-server python3 python3-dev python3-venv tini \
+ && rm /etc/apt/sources.list.d/imagebuilder-security.list \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -82,7 +87,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="27a78402575dcfaaf6c1fb1828d0eb37821f18fe3bf57fe9ed2daf338212d52a"
+    io.imagebuilder.inputs-hash="b2a16b5740b892ec534f01f799ec3bed281380fe7c2bc631386a90704d1e723f"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

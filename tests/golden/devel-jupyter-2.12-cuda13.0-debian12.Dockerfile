@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="3a59f56d004bf52298f04eca2acb7229d083cffee1b6167f07ea20bbab230d6a"
+    io.imagebuilder.inputs-hash="70a30c5f3c58710406db623c57b9a11ad5c8af3b5a6dfd2d485e454729a9386f"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

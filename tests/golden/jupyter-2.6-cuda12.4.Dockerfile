@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="55b7288210e572f499f243828aa3587d8d362fdb68fa7958cae59b82e6481ba7"
+    io.imagebuilder.inputs-hash="67df0255997cc2d29cf27e017ef1c018b2e22ab5880e5d2fe99632c4ba60d9cf"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -15,8 +15,13 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /home/torch/.cache/torch holds the compile caches (the ENV below names them), each in a folder of its own
 # made here: mode 1777, so any uid compiles there and a volume mounted at any of them starts so, and
 # /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
-RUN apt-get update \
+# The OS's security suite at http://archive.ubuntu.com/ubuntu, in apt's sources for this RUN only: what it
+# installs comes with every fix published, the base's fixed packages are upgraded, and each fixed
+# package the image holds is checked against the version the plan found (docs/scan.md).
+RUN echo "deb http://archive.ubuntu.com/ubuntu $(. /etc/os-release && echo "${UBUNTU_CODENAME:-$VERSION_CODENAME}")-security main" > /etc/apt/sources.list.d/imagebuilder-security.list \
+ && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ ibverbs-providers libibverbs1 librdmacm1 python3 python3-dev python3-venv tini \
+ && rm /etc/apt/sources.list.d/imagebuilder-security.list \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -76,7 +81,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="5e1ada777eacd9c3e7a095fc05813faf76348f1754e15bea24ce7bbd2b34b8e6"
+    io.imagebuilder.inputs-hash="f3f6688fa3ef8c85775db89bf5e5f6718e74092abbe129b38975cd2be94e5fad"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -15,8 +15,13 @@ ARG DEBIAN_FRONTEND=noninteractive
 # /home/torch/.cache/torch holds the compile caches (the ENV below names them), each in a folder of its own
 # made here: mode 1777, so any uid compiles there and a volume mounted at any of them starts so, and
 # /home/torch open to every uid on the way to them (Ubuntu's useradd makes it 750).
-RUN apt-get update \
+# The OS's security suite at http://archive.ubuntu.com/ubuntu, in apt's sources for this RUN only: what it
+# installs comes with every fix published, the base's fixed packages are upgraded, and each fixed
+# package the image holds is checked against the version the plan found (docs/scan.md).
+RUN echo "deb http://archive.ubuntu.com/ubuntu $(. /etc/os-release && echo "${UBUNTU_CODENAME:-$VERSION_CODENAME}")-security main" > /etc/apt/sources.list.d/imagebuilder-security.list \
+ && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates g++ ibverbs-providers libibverbs1 librdmacm1 python3 python3-venv tini \
+ && rm /etc/apt/sources.list.d/imagebuilder-security.list \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true) \
@@ -77,7 +82,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="5f2a25768ac39e23a95859d66a452d4ceafddfc4475cd6fad245c137b985ef15"
+    io.imagebuilder.inputs-hash="09d52ba4b7a4e62f9b4c9225eddfb647e9fff4b61297ecf41bf77bc18f4390ba"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -48,12 +48,14 @@ class Deb:
     filename: str  # in the pool, relative to the mirror's root
     size: int
     sha256: str
+    depends: str = ""
 
     def paragraph(self) -> str:
         source = self.source if self.source != self.package else ""
         return (f"Package: {self.package}\n" + (f"Source: {source}\n" if source else "")
                 + f"Version: {self.version}\nArchitecture: {self.arch}\nMaintainer: Tester <t@example.org>\n"
-                f"Description: {self.package} for the tests\nFilename: {self.filename}\nSize: {self.size}\n"
+                + (f"Depends: {self.depends}\n" if self.depends else "")
+                + f"Description: {self.package} for the tests\nFilename: {self.filename}\nSize: {self.size}\n"
                 f"SHA256: {self.sha256}\n")
 
 
@@ -72,7 +74,7 @@ class AptRepo:
 
     def add(self, package: str, version: str, *, source: str | None = None, arch: str = "amd64",
             changelog: str | None = None, native: bool = False, compression: str = "xz",
-            padding: int = 0) -> Deb:
+            padding: int = 0, depends: str = "") -> Deb:
         """Build PACKAGE_VERSION_ARCH.deb with dpkg-deb; `changelog` (None: no doc folder, as a
         package whose doc links another's) as changelog.Debian.gz (native: changelog.gz)."""
         source = source or package
@@ -80,7 +82,8 @@ class AptRepo:
         (tree / "DEBIAN").mkdir(parents=True)
         (tree / "DEBIAN" / "control").write_text(
             f"Package: {package}\nVersion: {version}\nArchitecture: {arch}\nMaintainer: Tester <t@example.org>\n"
-            + (f"Source: {source}\n" if source != package else "") + f"Description: {package} for the tests\n")
+            + (f"Source: {source}\n" if source != package else "") + (f"Depends: {depends}\n" if depends else "")
+            + f"Description: {package} for the tests\n")
         if changelog is not None:
             doc = tree / "usr" / "share" / "doc" / package
             doc.mkdir(parents=True)
@@ -96,7 +99,7 @@ class AptRepo:
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         data = out.read_bytes()
-        deb = Deb(package, version, source, arch, filename, len(data), hashlib.sha256(data).hexdigest())
+        deb = Deb(package, version, source, arch, filename, len(data), hashlib.sha256(data).hexdigest(), depends)
         self.debs.append(deb)
         return deb
 
@@ -144,6 +147,10 @@ class ImageFiles:
         self.image = image
         self.files = files
         self.read: list[str] = []
+
+    def os_release(self, image: str) -> str:
+        """As the engine's: the image's /etc/os-release text."""
+        return (self.read_file(image, "/etc/os-release") or b"").decode()
 
     def read_file(self, image: str, path: str) -> bytes | None:
         assert image == self.image, image

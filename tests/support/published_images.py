@@ -10,6 +10,7 @@ from imagebuilder.lock.lockfile import load_locks, locks_dir
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
+from imagebuilder.scan.fixes import OsState
 
 from .real_images import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, session_ca_bundle
 
@@ -17,18 +18,35 @@ BOTH = ("linux/amd64", "linux/arm64")
 """The platforms a merge-only publish puts one index over."""
 
 
-def rendered_signed(registry: str, base_image: str, buildkit: bool = False) -> RenderedImage:
+def _os_states(base_image: str, mirror: str | None) -> dict[str, OsState]:
+    """What publish reads of the base's OS for the security fixes (through the daemon where one
+    answers, as its dry run does; the security suite at `mirror`, the OS's own for None)."""
+    from imagebuilder.build.platforms import arch, host_platform
+    from imagebuilder.engine.docker import answering_engine
+    from imagebuilder.scan.mirror import HttpMirror
+    from imagebuilder.scan.updates import OsStates
+
+    engine = answering_engine()
+    if engine is None:
+        return {}
+    states = OsStates(engine, HttpMirror(lambda line: None).get, mirror, lambda line: None)
+    return {base_image: states(base_image, arch(host_platform()))}
+
+
+def rendered_signed(registry: str, base_image: str, buildkit: bool = False, mirror: str | None = None) -> RenderedImage:
     """The signed image (torch 2.6, CUDA 12.4, debian12 runtime on `base_image`) as `publish`
     renders it for `registry` with test_publish's and test_signing's options (the CA bundle is
     outside the hash): with the session's CA (session_ca_bundle), whose bytes are in the install
-    steps' cache keys, so a rebuild is served from signed_publish's layers."""
+    steps' cache keys, so a rebuild is served from signed_publish's layers; and with the security
+    fixes publish reads (the suite at `mirror`, the OS's own for None)."""
     from imagebuilder.build.render_options import source_label
 
     matrix = load_matrix(default_matrix_path())
     spec = resolve(matrix, Request(SIGNED_TORCH, SIGNED_CUDA, None, "runtime", SIGNED_OS, base_image=base_image))
     ca = session_ca_bundle()
     opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=ca.read_bytes() if ca else None,
-                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
+                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit,
+                         security_mirror=mirror, os_states=_os_states(base_image, mirror))
     return render(spec, matrix, opts)
 
 
