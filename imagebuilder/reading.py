@@ -138,15 +138,12 @@ def read_text(path: Path) -> str:
         raise BadValue(file=str(path), where="the whole file", why=f"cannot be read ({e.strerror or e})") from e
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def read_json(path: Path) -> tuple[Any, Source]:
-    """The file's JSON (NaN and Infinity refused: JSON has no such numbers), with each key path's line."""
+    """The file's JSON, with each key path's line. NaN and Infinity (Python's json writes them) are read
+    as floats, which every check but a number's refuses, and number() refuses as not finite."""
     text = read_text(path)
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadValue(file=str(path), where=f"the whole file (line {e.lineno})", why=f"is not JSON ({e.msg})") from e
     except (ValueError, RecursionError) as e:
@@ -155,7 +152,7 @@ def read_json(path: Path) -> tuple[Any, Source]:
 
 
 _WS = re.compile(r"[ \t\n\r]*")
-_ATOM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
+_ATOM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|NaN|-?Infinity")
 
 
 def json_lines(text: str) -> dict[KeyPath, int]:
