@@ -61,6 +61,18 @@ def put(data: Any, path: KeyPath, value: Any) -> Any:
     return out
 
 
+def at(data: Any, path: KeyPath) -> Any:
+    for key in path:
+        data = data[key]
+    return data
+
+
+def empty_of_its_kind(data: Any, path: KeyPath, value: Any) -> bool:
+    """An empty list where a list was, an empty mapping where one was: no value, not a bad one."""
+    original = at(data, path)
+    return type(value) is type(original) and isinstance(value, (list, dict)) and not value
+
+
 def cli_run(*args: str) -> tuple[int, str]:
     result = CliRunner(env=NO_DAEMON).invoke(cli, list(args))
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
@@ -100,8 +112,8 @@ def matrix_folder(tmp: Path) -> Path:
 @given(path=st.sampled_from(leaves(BASES) + [(BASE, "digest2")]), value=BAD_VALUES)
 def test_any_bad_value_in_base_images_json_is_one_line_naming_it(tmp_path_factory: Any, path: KeyPath,
                                                                   value: Any) -> None:
-    if value is None and len(path) == 2:
-        return  # a null digest or image id is one not recorded
+    if value is None and len(path) == 2 or empty_of_its_kind(BASES, path, value):
+        return  # a null digest or image id is one not recorded; no pins at all
     folder = matrix_folder(tmp_path_factory.mktemp("bases"))
     file = folder / "locks" / "base-images.json"
     file.write_text(json.dumps(put(BASES, path, value), indent=2))
@@ -201,8 +213,8 @@ def toml_text(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> str:
 def test_any_bad_value_in_a_pyproject_is_one_line_naming_it(tmp_path_factory: Any, path: KeyPath, value: Any) -> None:
     if path[-1] == "start" and isinstance(value, str) and value.strip() and "\x00" not in value and len(value) < 4096:
         return  # any other string is a command
-    if isinstance(value, dict) and (path == ("build-system",) or path == ("tool", "imagebuilder") and not value):
-        return  # an empty [tool.imagebuilder] asks for nothing; [build-system] has keys of its own
+    if isinstance(value, dict) and path == ("build-system",) or empty_of_its_kind(PYPROJECT, path, value):
+        return  # [build-system] has keys of its own; an empty [tool.imagebuilder] or apt asks for nothing
     folder = tmp_path_factory.mktemp("project")
     file = folder / "pyproject.toml"
     file.write_text(toml_text(put(PYPROJECT, path, value)))
