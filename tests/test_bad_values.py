@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 from click.testing import CliRunner
+from packaging.requirements import InvalidRequirement, Requirement
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,7 +70,10 @@ def at(data: Any, path: KeyPath) -> Any:
 
 def empty_of_its_kind(data: Any, path: KeyPath, value: Any) -> bool:
     """An empty list where a list was, an empty mapping where one was: no value, not a bad one."""
-    original = at(data, path)
+    try:
+        original = at(data, path)
+    except KeyError:
+        return False  # a key the file did not have
     return type(value) is type(original) and isinstance(value, (list, dict)) and not value
 
 
@@ -181,6 +185,13 @@ PYPROJECT = {
 _KEEP = {(), ("tool",), ("project", "version")}
 
 
+def is_requirement(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and len(value) < 4096 and bool(Requirement(value))
+    except InvalidRequirement:
+        return False
+
+
 def toml_value(value: Any) -> str:
     if value is None:
         return '""'  # TOML has no null: the nearest a person writes is an empty value
@@ -213,7 +224,8 @@ def toml_text(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> str:
 def test_any_bad_value_in_a_pyproject_is_one_line_naming_it(tmp_path_factory: Any, path: KeyPath, value: Any) -> None:
     if path[-1] == "start" and isinstance(value, str) and value.strip() and "\x00" not in value and len(value) < 4096:
         return  # any other string is a command
-    if isinstance(value, dict) and path == ("build-system",) or empty_of_its_kind(PYPROJECT, path, value):
+    if isinstance(value, dict) and path == ("build-system",) or empty_of_its_kind(PYPROJECT, path, value) \
+            or path[-2:-1] in (("dependencies",), ("requires",)) and is_requirement(value):
         return  # [build-system] has keys of its own; an empty [tool.imagebuilder] or apt asks for nothing
     folder = tmp_path_factory.mktemp("project")
     file = folder / "pyproject.toml"
