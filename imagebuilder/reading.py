@@ -20,7 +20,8 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, NoReturn
 
-from packaging.version import InvalidVersion, Version
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from .errors import BadRequest
 
@@ -123,8 +124,21 @@ class Source:
             self.fail(path, f"{shown(value)} is not a version (e.g. 2.6.0)", line)
         try:
             return Version(value)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number too long for int()
             self.fail(path, f"{shown(value)} is not a version (e.g. 2.6.0)", line)
+
+
+def unusable_specifier(requirement: Requirement) -> str | None:
+    """Why a requirement that parsed still cannot be compared with a version (`x==` and 5,000
+    digits: packaging parses the specifier and fails in int() when it compares); None when it can."""
+    for spec in requirement.specifier:
+        if spec.operator == "===":
+            continue  # arbitrary equality compares strings
+        try:
+            Version(spec.version.removesuffix(".*"))
+        except ValueError:
+            return f"{shown(str(spec))} names no version it can be compared with"
+    return None
 
 
 def read_text(path: Path) -> str:

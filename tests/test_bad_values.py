@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from packaging.requirements import InvalidRequirement, Requirement
@@ -279,3 +280,28 @@ def test_any_bad_value_in_a_matrix_is_exit_2_naming_each_problem_with_its_key_pa
     assert code == 2 and lines[0].startswith(f"error: {file} has "), stderr
     for problem in lines[1:]:
         assert re.match(rf"  {re.escape(str(file))}:\d+: \S", problem), problem
+
+
+# --------------------------------------------------------------------------- version flags
+
+# Each a value no version flag can use: 5,000 digits (packaging's Version fails in int() with a
+# ValueError that is not InvalidVersion), NaN and infinities as text, a negative, control characters,
+# digits of another script, an empty value.
+NOT_VERSIONS = ["9" * 5000, "2." + "9" * 5000, "nan", "inf", "1e400", "-1", "2.6\x00", "\u0662.\u0666", "ü", "", " "]
+FLAGS = {"--torch": ("--cuda", "12.4"), "--cuda": ("--torch", "2.6"), "--python": ("--torch", "2.6", "--cuda", "12.4")}
+
+
+@settings(max_examples=fuzz_examples(40), deadline=None)
+@given(flag=st.sampled_from(sorted(FLAGS)), value=st.sampled_from(NOT_VERSIONS),
+       command=st.sampled_from([("render", "--dry-run"), ("matrix",)]))
+def test_a_version_flag_that_is_no_version_is_one_line(flag: str, value: str, command: tuple[str, ...]) -> None:
+    code, stderr = cli_run(*command, *FLAGS[flag], flag, value)
+    assert code == 2 and "Traceback" not in stderr, stderr[-500:]
+    assert len([line for line in stderr.splitlines() if line.startswith(("error:", "Error:"))]) == 1, stderr[-500:]
+
+
+@pytest.mark.parametrize("requirement", ["torch==" + "9" * 5000, "pandas>=" + "9" * 5000, "numpy~=2." + "9" * 5000])
+def test_a_with_whose_version_cannot_be_compared_is_one_line(requirement: str) -> None:
+    code, stderr = cli_run("render", "--dry-run", "--torch", "2.6", "--cuda", "12.4", "--with", requirement)
+    assert code == 2 and stderr.startswith("error: --with ") and "names no version it can be compared with" in stderr
+    assert len(stderr.strip().splitlines()) == 1

@@ -31,7 +31,7 @@ from ..errors import BadRequest, ImageBuilderError
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
-from ..reading import DIGEST, Source, read_json, read_text, shown
+from ..reading import DIGEST, Source, read_json, read_text, shown, unusable_specifier
 from .base_pin import BasePin
 from .index import CUDA_RUNTIME_PACKAGES
 
@@ -82,9 +82,13 @@ def parse_extras(texts: Iterable[str]) -> tuple[str, ...]:
     out = set()
     for text in texts:
         try:
-            out.add(str(Requirement(text)))
+            requirement = Requirement(text)
         except InvalidRequirement as e:
             raise BadExtra(text=text, why=str(e).splitlines()[0]) from e
+        why = unusable_specifier(requirement)
+        if why is not None:
+            raise BadExtra(text=text, why=why)
+        out.add(str(requirement))
     return tuple(sorted(out, key=str.lower))
 
 

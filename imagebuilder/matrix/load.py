@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..resources import default_matrix_path
 from ._yaml import compose
@@ -83,7 +83,7 @@ class _Checker:
             return None
         try:
             return Version(value)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number too long for int()
             self.problem(path, f"not a version: {value!r}")
             return None
 
@@ -140,7 +140,7 @@ def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease 
         return None
     try:
         cuda_key = Version(key)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number too long for int()
         c.problem(path, f"not a CUDA version: {key!r}")
         return None
     version = c.version(d, "version", path)

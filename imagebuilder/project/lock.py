@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..errors import BadRequest, ImageBuilderError
 from ..lock.lockfile import Lock, parse_lock
@@ -75,7 +75,7 @@ def check_against_base(project: Project, base_dists: Mapping[str, str], base_nam
             continue
         try:
             ok = req.specifier.contains(Version(have), prereleases=True)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number too long for int()
             continue
         if not ok:
             what = "the base's torch stack" if in_family(name) else "a package the base holds"

@@ -26,7 +26,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 
 from ..errors import BadRequest
-from ..reading import KeyPath, Source, read_text, read_toml, shown
+from ..reading import KeyPath, Source, read_text, read_toml, shown, unusable_specifier
 
 LOCK_FILE = "imagebuilder-project.lock"
 """The project's resolved lock, written into the project folder and reused by later runs."""
@@ -124,6 +124,9 @@ def _requirement(text: str, source: Source, key: KeyPath, line: int | None = Non
         req = Requirement(text)
     except InvalidRequirement as e:
         source.fail(key, f"{shown(text)} is not a requirement ({str(e).splitlines()[0][:80]})", line)
+    why = unusable_specifier(req)
+    if why is not None:
+        source.fail(key, why, line)
     if req.url:
         source.fail(key, f"{shown(text)}: a direct URL cannot be locked with hashes under the base; "
                          "publish the package to an index or vendor it into the project", line)
