@@ -21,7 +21,7 @@ from .model import (NOTEBOOK, PLATFORMS, SERVER_PROXY_FLOOR, CudaRelease, Defaul
                     driver_key)
 from .variants import VARIANTS
 
-DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
+DRIVER_VERSION = re.compile(r"\d{1,9}(\.\d{1,9}){1,2}")  # bounded: driver_key compares int()s
 
 # --- validation: plain data -> model, collecting every problem ----------------------------
 
@@ -70,7 +70,7 @@ class _Checker:
         """A driver version; `branch_ok`: also a branch ("580"), as NVIDIA states a floor that
         every driver of the branch meets."""
         value = self.text(data, key, path)
-        if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and value.isdigit())):
+        if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and re.fullmatch(r"\d{1,9}", value))):
             like = "\"530.30.02\"" + (" or a branch like \"580\"" if branch_ok else "")
             self.problem(path + (key,), f"not a driver version like {like}: {value!r}")
             return ""  # reported; nothing downstream compares it
