@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from support.real_images import imagebuilder
-from test_publish_runner import images
+from support.canned_publish import images
 
 from imagebuilder.engine.api import Pushed
 from imagebuilder.engine.export import Compression, CompressionUnavailable, Export, choose, gzip_ref, output_args

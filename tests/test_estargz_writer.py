@@ -13,50 +13,13 @@ import tarfile
 import zlib
 
 import pytest
+from support.estargz_layers import BIG, CHUNK, EXACT, LONG_DIR, every_kind_layer
 
 from imagebuilder.estargz.writer import Written, write_estargz
-
-CHUNK = 64 << 10
-BIG = bytes(range(256)) * 900 + b"tail"  # 230,404 bytes: three whole 64 KiB chunks and a short one
-EXACT = b"\x01" * (2 * CHUNK)
-LONG_DIR = "opt/" + "d" * 60 + "/" + "e" * 60
 
 
 def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _layer() -> bytes:
-    """A layer tar with every kind of entry, spelled as Docker and BuildKit spell them."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", **fields: object) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.size, info.mtime, info.mode = kind, len(data), 1_700_000_000, 0o644
-            info.uid, info.gid, info.uname, info.gname = 1000, 1000, "user", "group"
-            for key, value in fields.items():
-                setattr(info, key, value)
-            tar.addfile(info, io.BytesIO(data) if data else None)
-
-        add("./", tarfile.DIRTYPE, mode=0o755)
-        add("./usr/", tarfile.DIRTYPE, mode=0o755)
-        add("./usr/lib/", tarfile.DIRTYPE, mode=0o755)
-        add("./usr/lib/small.py", data=b"print('hello')\n")
-        add("./usr/lib/empty")
-        add("./usr/lib/big.so", data=BIG, mode=0o755)
-        add("./usr/lib/exact.bin", data=EXACT)
-        add("./usr/lib/link.so", tarfile.SYMTYPE, linkname="big.so")
-        add("./usr/lib/hard.py", tarfile.LNKTYPE, linkname="./usr/lib/small.py")
-        add("./usr/.wh.gone")
-        add("./usr/lib/.wh..wh..opq")
-        add("./usr/caps", data=b"x", pax_headers={"SCHILY.xattr.user.note": "hi",
-                                                 "SCHILY.xattr.security.capability": "\udc81\x00\udcff"})
-        add("./opt/", tarfile.DIRTYPE, mode=0o755)
-        add(f"./{LONG_DIR}/", tarfile.DIRTYPE, mode=0o755)
-        add(f"./{LONG_DIR}/deep.txt", data=b"deep", uname="other", uid=0, gid=0, gname="root")
-        add("./dev/", tarfile.DIRTYPE, mode=0o755)
-        add("./dev/fifo", tarfile.FIFOTYPE)
-    return buffer.getvalue()
 
 
 def _write(layer: bytes, profile: tuple[str, ...] = (), **options: object) -> tuple[bytes, Written]:
@@ -104,7 +67,7 @@ def _names(blob: bytes) -> list[str]:
 
 
 def test_the_blob_gunzips_to_the_layer_with_the_landmark_and_the_toc():
-    layer = _layer()
+    layer = every_kind_layer()
     blob, written = _write(layer)
     stream = gzip.decompress(blob)
     assert (written.digest, written.size) == (_sha(blob), len(blob))
@@ -129,7 +92,7 @@ def test_the_blob_gunzips_to_the_layer_with_the_landmark_and_the_toc():
 
 
 def test_every_chunk_starts_a_gzip_member_that_holds_its_bytes_and_digest():
-    blob, written = _write(_layer())
+    blob, written = _write(every_kind_layer())
     members = _members(blob)
     entries = _toc(blob, written)
     contents = {"usr/lib/big.so": BIG, "usr/lib/exact.bin": EXACT, "usr/lib/small.py": b"print('hello')\n",
@@ -168,7 +131,7 @@ def test_every_chunk_starts_a_gzip_member_that_holds_its_bytes_and_digest():
 def test_the_profile_comes_first_with_its_parents_then_the_landmark_then_the_rest_in_order():
     profile = ("/usr/lib/hard.py", "/not/in/this/layer.so", "opt/" + LONG_DIR[4:] + "/deep.txt", "/usr/lib/big.so",
                "./usr/lib/../lib/hard.py")
-    blob, written = _write(_layer(), profile)
+    blob, written = _write(every_kind_layer(), profile)
     names = _names(blob)
     landmark = names.index(".prefetch.landmark")
     assert names[:landmark] == [".", "./usr", "./usr/lib", "./usr/lib/small.py", "./usr/lib/hard.py", "./opt",
@@ -186,12 +149,12 @@ def test_the_profile_comes_first_with_its_parents_then_the_landmark_then_the_res
 
 
 def test_a_profile_with_nothing_in_this_layer_gets_the_no_prefetch_landmark_first():
-    blob, written = _write(_layer(), ("/etc/passwd",))
+    blob, written = _write(every_kind_layer(), ("/etc/passwd",))
     assert _names(blob)[0] == ".no.prefetch.landmark" and written.prioritized == ()
 
 
 def test_the_bytes_do_not_depend_on_the_workers_and_progress_reaches_the_end():
-    layer, seen = _layer(), list[int]()
+    layer, seen = every_kind_layer(), list[int]()
     one, written = _write(layer, ("/usr/lib/big.so",), workers=1)
     four, _ = _write(layer, ("/usr/lib/big.so",), workers=4, on_progress=seen.append)
     assert one == four
@@ -202,4 +165,4 @@ def test_the_bytes_do_not_depend_on_the_workers_and_progress_reaches_the_end():
 @pytest.mark.parametrize("options", [{"level": 10}, {"level": -1}, {"workers": 0}, {"chunk_size": 0}])
 def test_bad_options_are_refused(options):
     with pytest.raises(ValueError):
-        write_estargz(io.BytesIO(_layer()), io.BytesIO(), **options)
+        write_estargz(io.BytesIO(every_kind_layer()), io.BytesIO(), **options)

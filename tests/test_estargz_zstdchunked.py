@@ -17,10 +17,10 @@ import subprocess
 import tarfile
 
 import pytest
+from support.estargz_layers import BIG, CHUNK, EXACT, every_kind_layer
 
 from imagebuilder.engine.export import ZSTD_CHUNKED
 from imagebuilder.estargz.writer import Written, write_estargz
-from test_estargz_writer import BIG, CHUNK, EXACT, _layer  # type: ignore[import-not-found]
 
 
 def _sha(data: bytes) -> str:
@@ -103,7 +103,7 @@ def _crc64(data: bytes) -> bytes:
 
 
 def test_the_blob_decompresses_to_the_layer_with_the_landmark_and_no_toc_entry():
-    layer = _layer()
+    layer = every_kind_layer()
     blob, written = _write(layer, ("/usr/lib/big.so",))
     stream = _unzstd(blob)
     assert (written.digest, written.size) == (_sha(blob), len(blob))
@@ -121,7 +121,7 @@ def test_the_blob_decompresses_to_the_layer_with_the_landmark_and_no_toc_entry()
 
 
 def test_every_chunk_starts_a_frame_that_holds_its_bytes_and_digest():
-    blob, written = _write(_layer(), ("/usr/lib/big.so",))
+    blob, written = _write(every_kind_layer(), ("/usr/lib/big.so",))
     toc_offset, entries = _toc(blob, written)
     contents = {"usr/lib/big.so": BIG, "usr/lib/exact.bin": EXACT, "usr/lib/small.py": b"print('hello')\n"}
     starts = sorted({int(e["offset"]) for e in entries if "offset" in e} | {toc_offset - 8})
@@ -142,7 +142,7 @@ def test_every_chunk_starts_a_frame_that_holds_its_bytes_and_digest():
 
 
 def test_the_bytes_do_not_depend_on_the_workers_and_the_level_changes_them():
-    layer = _layer()
+    layer = every_kind_layer()
     one, _ = _write(layer, workers=1)
     four, _ = _write(layer, workers=4)
     assert one == four
@@ -153,7 +153,7 @@ def test_the_bytes_do_not_depend_on_the_workers_and_the_level_changes_them():
 @pytest.mark.parametrize("level", [23, -1])
 def test_a_level_zstd_does_not_take_is_refused(level):
     with pytest.raises(ValueError, match="zstd:chunked level"):
-        write_estargz(io.BytesIO(_layer()), io.BytesIO(), codec=ZSTD_CHUNKED, level=level)
+        write_estargz(io.BytesIO(every_kind_layer()), io.BytesIO(), codec=ZSTD_CHUNKED, level=level)
 
 
 def test_without_libzstd_publish_refuses_before_any_work(monkeypatch, tmp_path):
@@ -183,7 +183,7 @@ def test_compression_contexts_are_reused_across_writes_not_made_per_thread():
     list, so many layers (and images) cost no more contexts than the threads of one write."""
     from imagebuilder.estargz import zstdchunked
 
-    layer = _layer()
+    layer = every_kind_layer()
     for _ in range(5):
         _write(layer, workers=4)
     assert 1 <= len(zstdchunked._library().free) <= 4
@@ -210,7 +210,7 @@ def test_the_tar_split_rebuilds_the_diff_and_the_toc_names_its_digest():
     """containers/storage's checks of a partial pull: the TOC's tarSplitDigest is the compressed
     tar-split's; the tar-split's segments and the files' contents, in order, are the diff byte for
     byte (its DiffID); each file's CRC-64 is its content's; its file entries are the TOC's entries."""
-    blob, written = _write(_layer(), ("/usr/lib/big.so",))
+    blob, written = _write(every_kind_layer(), ("/usr/lib/big.so",))
     _, entries = _toc(blob, written)
     digest, split = _tar_split(blob)
     (offset, compressed, _, _), _ = _footers(blob)

@@ -13,12 +13,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.fakes import CannedIndex
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from imagebuilder.lock import drift
-from imagebuilder.lock.index import PackageIndex, WheelMetadata, applies, cuda_pins, cuda_platforms, pinned
+from imagebuilder.lock.index import PackageIndex, applies, cuda_pins, cuda_platforms, pinned
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.resources import default_matrix_path
 
@@ -63,19 +64,6 @@ def test_markers_see_the_target_not_this_host():
     assert applies(req, V("3.15"), "linux/arm64") and not applies(req, V("3.15")) and not applies(req, V("3.14"), "linux/arm64")
 
 
-class CannedIndex:
-    """Canned answers: project -> Python -> versions with a wheel; every wheel's metadata is torch 2.5.1's."""
-
-    def __init__(self, wheels: dict[str, dict[Version, set[Version]]]) -> None:
-        self.wheels = wheels
-
-    def versions_with_wheels(self, project, python, platform="linux/amd64", abi=None):
-        return tuple(sorted(self.wheels[project][python], reverse=True))
-
-    def wheel_metadata(self, project, version, python, platform="linux/amd64"):
-        return WheelMetadata(project, version, TORCH_251, SpecifierSet(">=3.9"), "torch-2.5.1-cp312-cp312-x.whl")
-
-
 def test_python_check_reads_every_package_not_torch_alone():
     """Canned index: torch 2.5.1 has a cp313 wheel, its companions do not."""
     index = CannedIndex({
@@ -83,7 +71,7 @@ def test_python_check_reads_every_package_not_torch_alone():
         "torchvision": {V("3.12"): {V("0.20.1")}, V("3.13"): {V("0.21.0")}},
         "torchaudio": {V("3.12"): {V("2.5.1")}, V("3.13"): set()},
         "triton": {V("3.12"): {V("3.1.0")}, V("3.13"): {V("3.2.0")}},
-    })
+    }, requires=TORCH_251)  # every wheel's metadata is torch 2.5.1's
     release = dataclasses.replace(load_matrix(default_matrix_path()).torches["2.5"], pythons=(V("3.12"), V("3.13")))
     assert drift.python_problems(index, release) == [
         "torch 2.5.1 lists Python 3.13, but there is no wheel of torchvision 0.20.1, torchaudio 2.5.1, "

@@ -21,6 +21,7 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from support.fakes import FakeDigests, FakeImages
 from support.frozen_index import frozen_html, frozen_index, frozen_json
 from support.real_images import REPO_ROOT, imagebuilder
 from imagebuilder.build.per_platform import render_spec as render
@@ -200,19 +201,6 @@ def test_drift_names_each_package_that_moved() -> None:
     assert locking.drift(None, new) == ["x.txt: no lock (run `imagebuilder lock`)"]
 
 
-class FakeEngine:
-    def __init__(self, images: dict[str, tuple[str, tuple[str, ...]]]) -> None:
-        self.images = images
-
-    def image_identity(self, ref: str):
-        return self.images.get(ref)
-
-
-class FakeRegistry:
-    def digest(self, ref: str):
-        return {"debian:bookworm-slim": H[3]}.get(ref)
-
-
 @pytest.mark.parametrize("image, engine, expected", [
     ("mirror.local/cuda:12.4", {"mirror.local/cuda:12.4": ("sha256:id", ("mirror.local/cuda@" + H[0],))},
      BasePin("mirror.local/cuda:12.4", digest=H[0])),
@@ -222,7 +210,7 @@ class FakeRegistry:
     ("nvidia/cuda:12.4.1-base-ubuntu22.04", {}, None),
 ])
 def test_a_base_image_is_pinned_by_registry_digest_else_local_image_id(image, engine, expected) -> None:
-    assert pin_base(image, FakeEngine(engine), FakeRegistry()) == expected
+    assert pin_base(image, FakeImages(engine), FakeDigests({"debian:bookworm-slim": H[3]})) == expected
 
 
 # --------------------------------------------------------------------------- the inputs hash (pure)

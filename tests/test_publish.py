@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 from support.cleanup import remove_local_tags
-from support.real_images import (SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch,
-                                 session_ca_bundle)
+from support.published_images import BOTH, merge_images, platform_ref, rendered_signed
+from support.real_images import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch
 from support.registry import LocalRegistry, put_blob, put_manifest, running_registry
 from support.unavailable import _unavailable
 
@@ -166,7 +166,6 @@ def test_a_plan_without_push_plans_no_push() -> None:
     text = format_plan(plan([JUPYTER, RUNTIME], {}), push=False)
     assert "push " not in text.replace("push nothing (--no-push)", "")
     assert text.count("build and verify; push nothing (--no-push)") == 2
-
 
 
 def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> list[str]:
@@ -382,7 +381,7 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
                                                            first_run: dict[str, Any]) -> None:
     (before,) = first_run["report"]["images"]
     digest = next(iter(before["pushed"].values()))
-    image = _rendered(first_run["registry"], base_image, buildkit=True)
+    image = rendered_signed(first_run["registry"], base_image, buildkit=True)
     assert image.inputs_hash == before["inputs_hash"]
     alias = f"alias-{uuid.uuid4().hex[:6]}"
     with_alias = replace(image, tags=(*image.tags, alias))  # an alias the registry never saw
@@ -393,20 +392,6 @@ def test_a_missing_alias_is_pointed_at_the_published_image(docker_engine: Any, b
                                  registry=registry, options=RunOptions(matrix_path=default_matrix_path()))
     assert outcome.status == RETAGGED and outcome.pushed[with_alias.refs[-1]] == digest
     assert _head(with_alias.refs[-1]) == digest
-
-
-def _rendered(registry: str, base_image: str, buildkit: bool = False) -> RenderedImage:
-    """The image `publish` renders for the test's options (the CA bundle is outside the hash):
-    with the session's CA (session_ca_bundle), whose bytes are in the install steps' cache keys, so
-    a rebuild is served from signed_publish's layers."""
-    from imagebuilder.pipeline import source_label
-
-    matrix = load_matrix(default_matrix_path())
-    spec = resolve(matrix, Request(TORCH, CUDA, None, "runtime", OS, base_image=base_image))
-    ca = session_ca_bundle()
-    opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=ca.read_bytes() if ca else None,
-                         locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit)
-    return render(spec, matrix, opts)
 
 
 def _put_labelled_image(refs: Sequence[str], labels: dict[str, str]) -> str:
@@ -450,8 +435,8 @@ def test_a_dry_run_renders_for_the_builder_the_run_builds_with(local_registry: L
         _unavailable("no docker CLI here builds with BuildKit")
     base_image = "imagebuilder-base:bookworm"  # named in FROM only: a dry run reads no image
     registry = f"{local_registry.address}/imagebuilder-test/dry-{uuid.uuid4().hex[:8]}"
-    image = _rendered(registry, base_image, buildkit=True)
-    assert image.inputs_hash != _rendered(registry, base_image).inputs_hash  # the builder matters
+    image = rendered_signed(registry, base_image, buildkit=True)
+    assert image.inputs_hash != rendered_signed(registry, base_image).inputs_hash  # the builder matters
     today = datetime.now(timezone.utc).date()
     digest = _put_labelled_image([*image.refs, dated_ref(image, today)], {HASH: image.inputs_hash})
     dry = imagebuilder(*_publish_args(base_image, registry, tmp_path / "dry.json", "--dry-run"))
@@ -478,7 +463,7 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     namespace = f"imagebuilder-test/down-{uuid.uuid4().hex[:8]}"
     # Its images go after it (first_run's registry is another one now, whose cleanup missed these).
     request.addfinalizer(lambda: remove_local_tags(docker_engine, namespace))
-    rendered = _rendered(f"{local_registry.address}/{namespace}", base_image)
+    rendered = rendered_signed(f"{local_registry.address}/{namespace}", base_image)
     image = replace(rendered, files={}, dockerfile=(
         f"FROM {base_image}\n"
         f"RUN mkdir -p /opt/imagebuilder && echo '{{\"down\": \"{uuid.uuid4().hex}\"}}' > {SBOM_PATH}\n"))
@@ -519,7 +504,6 @@ def test_a_registry_that_goes_down_fails_the_run_and_claims_nothing(
     assert not docker_engine.image_exists(failed_build["Id"]) and not docker_engine.image_exists(failed_build["Parent"])
 
 
-
 # --------------------------------------------------------------------------- failures in the runner
 
 
@@ -556,7 +540,6 @@ def test_a_failed_runtime_fails_its_jupyter(docker_engine: Any, base_image: str,
 # so these need no engine and no build.
 
 MERGE_COORDINATES = ("--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--os", "debian12")
-BOTH = ("linux/amd64", "linux/arm64")
 
 
 @pytest.fixture
@@ -622,27 +605,9 @@ def _get_manifest(reg: LocalRegistry, ref: str) -> tuple[str, dict[str, Any]] | 
         raise
 
 
-def _merge_images(registry: str) -> list[RenderedImage]:
-    """The images `publish MERGE_COORDINATES` selects (runtime, devel, jupyter, devel-jupyter)."""
-    from imagebuilder.build.per_platform import Reading, each_platform
-    from imagebuilder.matrix.selection import Selection
-
-    matrix = load_matrix(default_matrix_path())
-    opts = RenderOptions(repository=f"{registry}/pytorch")
-    (selected,) = each_platform(matrix, Selection(torch="2.11", cuda="13.0", python="3.11", os="debian12"), opts,
-                                ["linux/amd64"], Reading(request=False), read_os_release=None, note=print, host="linux/amd64")
-    images = list(selected.images)
-    assert len(images) == 4
-    return images
-
-
-def _platform_ref(ref: str, platform: str) -> str:
-    return f"{ref}-{platform.rpartition('/')[2]}"
-
-
 def _tag(ref: str, platform: str) -> str:
     """The tag (no repository) of a ref's platform image."""
-    return parse_reference(_platform_ref(ref, platform)).reference
+    return parse_reference(platform_ref(ref, platform)).reference
 
 
 def _stand_ins(reg: LocalRegistry, refs: list[str], *, leave_out: tuple[str, str] | None = None) -> dict[str, dict[str, str]]:
@@ -651,7 +616,7 @@ def _stand_ins(reg: LocalRegistry, refs: list[str], *, leave_out: tuple[str, str
     for ref in refs:
         for platform in BOTH:
             if (ref, platform) != leave_out:
-                pushed.setdefault(ref, {})[platform] = _push_stand_in(reg, _platform_ref(ref, platform), platform)
+                pushed.setdefault(ref, {})[platform] = _push_stand_in(reg, platform_ref(ref, platform), platform)
     return pushed
 
 
@@ -666,7 +631,7 @@ def test_merge_only_merges_every_complete_tag_reports_each_and_fails_naming_the_
     from imagebuilder.registry.manifests import OCI_INDEX
 
     registry = f"{fresh_registry.address}/ns"
-    refs = [ref for image in _merge_images(registry) for ref in image.refs]
+    refs = [ref for image in merge_images(registry) for ref in image.refs]
     missing = refs[0]  # the first tag in the order lacks its arm64 image; every later one has both
     pushed = _stand_ins(fresh_registry, refs, leave_out=(missing, "linux/arm64"))
     report = tmp_path / "merge.json"
@@ -730,12 +695,12 @@ def test_merge_only_refuses_a_platform_tag_whose_image_is_of_another_platform(
     index) fails its tag's index and nothing is written for it; an index with both platforms'
     images (the multi-platform base of test_buildkit) joins by its arm64 image."""
     registry = f"{fresh_registry.address}/ns"
-    refs = [ref for image in _merge_images(registry) for ref in image.refs]
+    refs = [ref for image in merge_images(registry) for ref in image.refs]
     _stand_ins(fresh_registry, refs)
     plain, indexed, both = refs[:3]
-    _push_stand_in(fresh_registry, _platform_ref(plain, "linux/arm64"), "linux/amd64")
-    _push_index_stand_in(fresh_registry, _platform_ref(indexed, "linux/arm64"), ("linux/amd64",))
-    arm64 = _push_index_stand_in(fresh_registry, _platform_ref(both, "linux/arm64"), BOTH)["linux/arm64"]
+    _push_stand_in(fresh_registry, platform_ref(plain, "linux/arm64"), "linux/amd64")
+    _push_index_stand_in(fresh_registry, platform_ref(indexed, "linux/arm64"), ("linux/amd64",))
+    arm64 = _push_index_stand_in(fresh_registry, platform_ref(both, "linux/arm64"), BOTH)["linux/arm64"]
     done = _merge(registry)
     assert done.returncode == 1, done.stderr
     for ref in (plain, indexed):
@@ -760,7 +725,7 @@ def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a
 
     ref = f"{fresh_registry.address}/ns/pytorch:2.11-runtime"
     layers = {platform: os.urandom(1000 + n) for n, platform in enumerate(BOTH)}
-    manifests = {platform: _push_stand_in(fresh_registry, _platform_ref(ref, platform), platform, layers[platform])
+    manifests = {platform: _push_stand_in(fresh_registry, platform_ref(ref, platform), platform, layers[platform])
                  for platform in BOTH}
     registry = HttpRegistry(config={})
     index = registry.put_index(ref, registry.index_for(ref, [(manifests[p], p) for p in BOTH]))
@@ -779,7 +744,7 @@ def test_the_report_s_layers_of_an_index_come_from_each_platform_s_manifest_in_a
 def test_merge_only_dry_run_lists_the_plan_and_leaves_the_registry_byte_identical(
         fresh_registry: LocalRegistry, tmp_path: Path) -> None:
     registry = f"{fresh_registry.address}/ns"
-    refs = [ref for image in _merge_images(registry) for ref in image.refs]
+    refs = [ref for image in merge_images(registry) for ref in image.refs]
     # An empty registry: the plan, every tag waiting for both platforms' images, and exit 0.
     empty = _merge(registry, "--dry-run")
     assert empty.returncode == 0, empty.stderr
@@ -812,7 +777,7 @@ def test_dry_run_shows_every_tag_and_index_the_run_would_write_and_reports_the_p
     from imagebuilder.build.platforms import platform_tags
 
     registry = f"{fresh_registry.address}/ns"
-    (runtime,) = [image for image in _merge_images(registry) if image.spec.variant == "runtime"]
+    (runtime,) = [image for image in merge_images(registry) if image.spec.variant == "runtime"]
     day = date(2026, 12, 1)
     before = _storage(fresh_registry)
     report = tmp_path / "plan.json"

@@ -8,26 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support.canned_engine import LABELS, LAYERS, CannedBackground, CannedEngine, CannedStore
+from support.canned_publish import OPTIONS, CannedEstargz, images, run, verdict
+from support.canned_registry import (CannedBlobs, CannedCache, CannedCacheTimeline, CannedPublished, CannedRegistry,
+                                     IndexingRegistry)
 
-from support.fakes import TickingBuild
-
-from imagebuilder.build.per_platform import Reading, each_platform
-from imagebuilder.build.render import RenderedImage
 from imagebuilder.build.render_options import RenderOptions
-from imagebuilder.engine.api import (NO_ACCESS, BuilderKind, BuildRequest, BuildResult, HostAccess, OnProgress, Pushed,
-                                     RunResult)
-from imagebuilder.engine.errors import PushFailed
-from imagebuilder.engine.errors import BuildFailed
-from imagebuilder.estargz.profile import StartProfile
 from imagebuilder.matrix.load import load_matrix
-from imagebuilder.matrix.selection import Selection
-from imagebuilder.publish.estargz import Converted, EstargzPublisher, split_export
+from imagebuilder.publish.estargz import EstargzPublisher, split_export
 from imagebuilder.publish.indexes import WRITTEN, MergeIncomplete, plan_indexes, write_indexes
 from imagebuilder.publish.ledger import report_document
 from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SKIP, SKIPPED, VERIFIED, Outcome, plan,
@@ -35,163 +28,7 @@ from imagebuilder.publish.plan import (BUILD, FAILED, NOT_RUN, PUSHED, RETAG, SK
 from imagebuilder.publish.report import format_indexes, format_summary, raise_if_failed
 from imagebuilder.publish.run import publish
 from imagebuilder.registry.manifests import OCI_MANIFEST
-from imagebuilder.trust.signing import SIGNATURE_ANNOTATION, SIMPLE_SIGNING
-from imagebuilder.verify.preflight import PreflightItem
 from imagebuilder.verify.report import VerifyReport
-from smoke_tests.result import FAIL, PASS, Result
-
-SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
-M = load_matrix(SMALL)
-OPTIONS = RunOptions(matrix_path=SMALL, push_retries=1, push_backoff=0)
-
-
-def images(variant: str | None = "runtime") -> list[RenderedImage]:
-    opts = RenderOptions(repository="127.0.0.1:5999/ml/pytorch")
-    selection = Selection(torch="2.6", cuda="12.4", os="ubuntu22.04", variant=variant)
-    (selected,) = each_platform(M, selection, opts, ["linux/amd64"], Reading(request=False), read_os_release=None,
-                                note=print, host="linux/amd64")
-    return list(selected.images)
-
-
-@dataclass
-class CannedEngine:
-    """Answers as dockerd would, from canned values; records what was asked of it."""
-
-    fail_build: set[str] = field(default_factory=set)
-    fail_push: set[str] = field(default_factory=set)
-    digests: dict[str, str] = field(default_factory=dict)
-    contents: dict[str, str] = field(default_factory=dict)  # tag -> the id of the image it names
-    built: list[str] = field(default_factory=list)
-    pushed: list[str] = field(default_factory=list)
-    pulled: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-
-    kind: BuilderKind = "classic"  # it is the builder too
-
-    def describe(self) -> str:
-        return "canned builds"
-
-    def ping(self) -> None:
-        pass
-
-    def info(self) -> dict[str, Any]:
-        return {}
-
-    def image_exists(self, ref: str) -> bool:
-        return False
-
-    def image_labels(self, ref: str) -> dict[str, str]:
-        return {}
-
-    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
-        return None
-
-    def run(self, image: str, command: Sequence[str] | str, *, timeout: float, gpus: bool = False,
-            shm_size: str | None = None, environment: Mapping[str, str] | None = None,
-            volumes: Mapping[str, str] | None = None, workdir: str | None = None,
-            archives: Mapping[str, bytes] | None = None, on_output: Callable[[str], None] | None = None,
-            access: HostAccess = NO_ACCESS) -> RunResult:
-        raise AssertionError("the runner starts no container itself: its verifier does")
-
-    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
-        ref = req.tags[0]
-        if ref in self.fail_build:
-            raise BuildFailed(step=3, total=9, instruction="RUN uv pip install torch", error="exit code: 1",
-                              tail=("boom",), log_path=None)
-        self.built.append(ref)
-        image_id = f"sha256:{len(self.built):064x}"
-        self.contents.update(dict.fromkeys(req.tags, image_id))
-        return BuildResult(image_id, req.tags, 1, 1.0, 9, 0, 9, None)
-
-    def read_file(self, image: str, path: str) -> bytes | None:
-        return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
-
-    def remove_image(self, ref: str, force: bool = True) -> None:
-        self.removed.append(ref)  # (build untags the unlabelled image it labelled)
-
-    def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
-        if ref in self.fail_push:
-            raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
-        self.pushed.append(ref)
-        # As a registry answers: the digest of what the tag names, one for every tag of one image
-        # (a tag this engine did not build names content of its own).
-        content = self.contents.get(ref, ref)
-        return self.digests.setdefault(ref, "sha256:" + hashlib.sha256(content.encode()).hexdigest())
-
-    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
-        return Pushed(self.push(ref, retries=retries, backoff=backoff), frozenset())
-
-    def inspect_image(self, ref: str) -> dict[str, Any]:
-        return {}
-
-    def pull(self, ref: str) -> None:
-        self.pulled.append(ref)
-
-
-@dataclass
-class CannedRegistry:
-    answers: dict[str, str | None] = field(default_factory=dict)  # what the registry says a ref names
-    engine: CannedEngine | None = None
-    put: list[tuple[str, str]] = field(default_factory=list)
-
-    def digest(self, ref: str) -> str | None:
-        pinned = ref.partition("@")[2]
-        if pinned:  # a manifest by digest: there while a tag names it
-            named = {*self.answers.values(), *(self.engine.digests.values() if self.engine else ())}
-            return pinned if pinned in named else None
-        if ref in self.answers:
-            return self.answers[ref]
-        return self.engine.digests.get(ref) if self.engine else None
-
-    def labels(self, ref: str) -> dict[str, str] | None:
-        return None
-
-    def put_tag(self, ref: str, digest: str) -> str:
-        self.put.append((ref, digest))
-        return self.answers.get(ref, digest) or ""
-
-    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
-        raise AssertionError("these runs publish one platform: no index")
-
-    def put_index(self, ref: str, body: bytes) -> str:
-        raise AssertionError("these runs publish one platform: no index")
-
-    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
-        return None
-
-    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
-        return {}
-
-    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
-        if ref.endswith(".sig") and self.digest(ref):  # cosign's signature manifest, one signature layer
-            layer = {"mediaType": SIMPLE_SIGNING, "annotations": {SIGNATURE_ANNOTATION: "MEUCIQ..."}}
-            return {"schemaVersion": 2, "layers": [layer]}, OCI_MANIFEST
-        return None
-
-    def has_blob(self, ref: str, digest: str) -> bool:
-        return False
-
-    def mount(self, ref: str, digest: str, source: str) -> bool:
-        return False
-
-    def provenance(self, ref: str) -> dict[str, Any] | None:
-        return None
-
-
-def verdict(ok: bool) -> Callable[[Any, Any, str, RunOptions], VerifyReport]:
-    def verifier(engine: Any, registry: Any, ref: str, options: RunOptions) -> VerifyReport:
-        check = Result("compile", PASS) if ok else Result("compile", FAIL, "no C++ compiler on PATH")
-        return VerifyReport(ref, "docker", (PreflightItem("daemon", PASS, "answers"),), (check,))
-
-    return verifier
-
-
-def run(steps: Sequence[Step], engine: CannedEngine, registry: CannedRegistry, ok: bool = True,
-        **options: Any) -> list[Outcome]:
-    from dataclasses import replace
-
-    return list(publish(steps, engine=engine, builder=engine, registry=registry,
-                                options=replace(OPTIONS, **options), verifier=verdict(ok)))
 
 
 def test_every_tag_is_pushed_and_confirmed():
@@ -278,44 +115,6 @@ ZSTD_EXPORT = Export(Compression("zstd"), provenance=True)
 CACHE_REGISTRY = RegistryTarget("127.0.0.1:5999", "ml")
 
 
-@dataclass
-class CannedStore(CannedEngine):
-    """dockerd with the containerd store: the image id is the digest of the index pushed,
-    unless `recompress` (an engine that changed the image after the check)."""
-
-    recompress: bool = False
-    requests: list[BuildRequest] = field(default_factory=list)
-    ids: dict[str, str] = field(default_factory=dict)
-
-    def inspect_image(self, ref: str) -> dict[str, Any]:
-        return {"Id": self.ids.get(ref), "RootFS": {"Type": "layers", "Layers": LAYERS},
-                "Config": {"Hostname": "", "Env": ["PATH=/opt/venv/bin"], "Cmd": None, "Labels": LABELS}}
-
-    def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
-        self.requests.append(req)
-        result = super().build(req, on_progress)
-        for tag in req.tags:
-            self.ids[tag] = result.image_id
-        return result
-
-    def push_counted(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> Pushed:
-        if ref in self.fail_push:
-            raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
-        self.pushed.append(ref)
-        digest = "sha256:" + "f" * 64 if self.recompress else self.ids[ref]
-        self.digests[ref] = digest
-        # The first tag uploads the layer; the next ones find it there.
-        first = len(self.pushed) == 1
-        return Pushed(digest, frozenset({"a" * 12}) if first else frozenset())
-
-
-@dataclass
-class CannedBlobs(CannedRegistry):
-    def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
-        return {"sha256:" + "a" * 64: (4000, "application/vnd.oci.image.layer.v1.tar+zstd"),
-                "sha256:" + "b" * 64: (30, "application/vnd.oci.image.config.v1+json")}
-
-
 def test_with_the_containerd_store_the_pushed_digest_is_the_verified_image_and_timed() -> None:
     engine = CannedStore()
     (image,) = images()
@@ -323,7 +122,7 @@ def test_with_the_containerd_store_the_pushed_digest_is_the_verified_image_and_t
     registry = CannedBlobs(answers={cache: "sha256:" + "c" * 64}, engine=engine)
     (outcome,) = run(plan([image], {}), engine, registry, export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     assert outcome.status == PUSHED
-    assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
+    assert set(outcome.pushed.values()) == {outcome.built.result.image_id}
     report = outcome.to_json()
     assert report["pushed_bytes"] == 4000  # the layer once; the other tags uploaded nothing
     assert all(isinstance(report[k], float) for k in ("build_s", "verify_s", "push_s"))
@@ -347,31 +146,10 @@ def test_a_cache_the_registry_does_not_have_yet_is_exported_not_imported() -> No
     run(plan([image], {}), engine, CannedBlobs(engine=engine), export=ZSTD_EXPORT, cache_registry=CACHE_REGISTRY)
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
     assert [r.export.cache_from for r in engine.requests if r.export] == [(), ()]
-    assert engine.requests[-1].export.cache_to == cache  # type: ignore[union-attr]
+    assert engine.requests[-1].export.cache_to == cache
 
 
 PUBLISHED = "sha256:" + "d" * 64
-LAYERS = ["sha256:" + "1" * 64, "sha256:" + "2" * 64]  # the built image's uncompressed layers
-LABELS = {"io.imagebuilder.inputs-hash": "same"}
-
-
-@dataclass
-class CannedCache(CannedBlobs):
-    """A registry holding the image's build cache: two of the image's layers and one of an
-    older build's; it mounts what it is asked to and records it (before or after a push)."""
-
-    mounted: list[tuple[str, str, str, int]] = field(default_factory=list)
-
-    def manifest(self, ref: str) -> tuple[dict[str, Any], str] | None:
-        if "imagebuilder-cache" not in ref:
-            return None
-        layers = [{"digest": f"sha256:{n * 64}", "annotations": {"containerd.io/uncompressed": diff_id}}
-                  for n, diff_id in (("e", LAYERS[0]), ("f", LAYERS[1]), ("9", "sha256:" + "0" * 64))]
-        return {"layers": layers}, "application/vnd.oci.image.manifest.v1+json"
-
-    def mount(self, ref: str, digest: str, source: str) -> bool:
-        self.mounted.append((ref, digest, source, len(self.engine.pushed) if self.engine else 0))
-        return True
 
 
 def test_the_push_mounts_the_image_s_layers_from_its_build_cache_first() -> None:
@@ -395,27 +173,8 @@ def test_without_a_registry_cache_nothing_is_mounted() -> None:
     assert outcome.status == PUSHED and registry.mounted == []
 
 
-@dataclass(frozen=True)
-class CannedEstargz(EstargzPublisher):
-    """publish's eStargz push with its work canned: it 'puts' `digest` under the refs by
-    telling the canned registry, which may answer something else for one of them."""
-
-    digest: str = "sha256:" + "5" * 64
-    calls: list[tuple[str, tuple[str, ...], str | None, bool]] = field(default_factory=list)
-
-    def push(self, ref: str, refs: Sequence[str], platform: str | None) -> Converted:
-        self.calls.append((ref, tuple(refs), platform, self.start is not None))
-        registry = self.registry
-        assert isinstance(registry, CannedRegistry)
-        for tag in refs:
-            registry.answers.setdefault(tag, self.digest)
-        profile = StartProfile(("/opt/venv/bin/python3", "/opt/venv/lib/torch/lib/libtorch_cpu.so"),
-                               ("python3", "-c", "import torch"), "1000", 12.5)
-        return Converted(self.digest, "sha256:" + "6" * 64, 1234, profile, (), {"estargz_s": 3.0})
-
-
 def _estargz(registry: CannedRegistry) -> CannedEstargz:
-    return CannedEstargz(engine=None, registry=registry)  # type: ignore[arg-type]
+    return CannedEstargz(engine=None, registry=registry)
 
 
 def test_estargz_pushes_through_the_publisher_not_docker_push_and_reports_its_profile() -> None:
@@ -478,37 +237,6 @@ def test_an_estargz_tag_the_registry_does_not_confirm_fails_the_push() -> None:
     assert list(outcome.pushed) == [image.refs[0]]
 
 
-@dataclass
-class CannedBackground(CannedStore):
-    """BuildKit through buildx: the registry cache's export starts as a background build."""
-
-    kind: BuilderKind = "buildkit"
-    busy: int = 2
-    rc: int = 0
-    timeline: list[str] = field(default_factory=list)
-    started: list[BuildRequest] = field(default_factory=list)
-    running: list[TickingBuild] = field(default_factory=list)
-    contexts_then: list[bool] = field(default_factory=list)
-
-    def can_start(self) -> bool:
-        return True
-
-    def start(self, req: BuildRequest) -> TickingBuild:
-        self.started.append(req)
-        self.contexts_then.append((req.context / req.dockerfile).is_file())
-        self.timeline.append("cache export started")
-        self.running.append(TickingBuild(self.busy, self.rc, self.timeline))
-        return self.running[-1]
-
-
-@dataclass
-class CannedCacheTimeline(CannedCache):
-    def mount(self, ref: str, digest: str, source: str) -> bool:
-        assert isinstance(self.engine, CannedBackground)
-        self.engine.timeline.append("mount")
-        return super().mount(ref, digest, source)
-
-
 def _publish_beside(engine: CannedBackground, ok: bool = True) -> tuple[Outcome, list[str], str]:
     (image,) = images()
     cache = f"127.0.0.1:5999/ml/imagebuilder-cache:{image.spec.key}"
@@ -554,7 +282,7 @@ def test_a_failed_cache_export_leaves_the_layers_to_the_push_and_says_so() -> No
     assert "registry cache" in outcome.reason and "failed (exit 1" in outcome.reason
     assert "the push uploaded the layers itself" in outcome.reason
     assert len(engine.started) == 2  # run once more before giving up, logged beside the first
-    assert engine.started[1].log_path.name.endswith("-cache-2.log")  # type: ignore[union-attr]
+    assert engine.started[1].log_path.name.endswith("-cache-2.log")
 
 
 def test_a_failed_verification_stops_the_cache_export() -> None:
@@ -576,21 +304,6 @@ def test_a_no_push_run_waits_for_the_cache_export() -> None:
                                                  push=False))
     assert outcome.status == VERIFIED and engine.timeline[-1] == "cache exported"
     assert not engine.running[0].stopped
-
-
-@dataclass
-class CannedPublished(CannedBlobs):
-    """A registry whose tag names a published image: its config and layers' media type."""
-
-    config: dict[str, Any] = field(default_factory=lambda: {
-        "rootfs": {"type": "layers", "diff_ids": LAYERS}, "config": {"Env": ["PATH=/opt/venv/bin"], "Labels": LABELS}})
-    layers: str = "application/vnd.oci.image.layer.v1.tar+zstd"
-
-    def digest(self, ref: str) -> str | None:  # what a push put there, else what was published
-        return (self.engine.digests.get(ref) if self.engine else None) or self.answers.get(ref)
-
-    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
-        return (self.config, (self.layers,) * len(LAYERS)) if self.digest(ref) else None
 
 
 def test_a_republish_of_the_image_the_registry_has_uploads_nothing_and_keeps_its_digest() -> None:
@@ -619,7 +332,7 @@ def test_a_registry_image_that_differs_in_config_or_compression_is_pushed_over(p
     (outcome,) = run([Step(image, BUILD, "--force")], engine, published, export=ZSTD_EXPORT)
     assert outcome.status == PUSHED, outcome.reason
     assert engine.pushed == list(image.refs)
-    assert set(outcome.pushed.values()) == {outcome.built.result.image_id}  # type: ignore[union-attr]
+    assert set(outcome.pushed.values()) == {outcome.built.result.image_id}
 
 
 def test_a_registry_that_fails_the_published_image_check_fails_the_push_not_the_run() -> None:
@@ -793,33 +506,6 @@ def test_an_image_not_published_lists_no_layers() -> None:
 
 
 # --------------------------------------------------------------------------- indexes over platforms
-
-
-@dataclass
-class IndexingRegistry(CannedRegistry):
-    """A canned registry that writes image indexes (an index's digest: the sha256 of its document),
-    whose images are of the platform they are asked for unless `platforms` (digest -> OS/ARCH of
-    its image config) says otherwise."""
-
-    platforms: dict[str, str] = field(default_factory=dict)
-    configs_read: list[tuple[str, str | None]] = field(default_factory=list)
-
-    def index_for(self, ref: str, children: Sequence[tuple[str, str]]) -> bytes:
-        return json.dumps([ref, *children]).encode()
-
-    def put_index(self, ref: str, body: bytes) -> str:
-        digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        self.answers[ref] = digest
-        self.put.append((ref, digest))
-        return digest
-
-    def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
-        self.configs_read.append((ref, platform))
-        digest = ref.partition("@")[2]
-        if digest not in self.answers.values():
-            return None
-        os_name, _, architecture = self.platforms.get(digest, platform or "linux/amd64").partition("/")
-        return {"os": os_name, "architecture": architecture, "config": {}}, ()
 
 
 INDEXED = "127.0.0.1:5999/ml/pytorch:2.11-runtime"

@@ -23,7 +23,7 @@ import pytest
 from support.real_images import REPO_ROOT, imagebuilder
 from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
-from test_publish_runner import images
+from support.canned_publish import images
 
 from imagebuilder.engine.api import BuildRequest
 from imagebuilder.engine.classic import ClassicBuilder
@@ -449,14 +449,14 @@ MERGE = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--
 def _merge_stand_ins(upstream: str, address: str) -> list[str]:
     """Each platform's tiny image under every tag of the runtime image `publish MERGE` merges, as
     the per-platform jobs would have pushed them; the tags (no repository)."""
-    from test_publish import BOTH, _merge_images, _platform_ref
+    from support.published_images import BOTH, merge_images, platform_ref
 
     from imagebuilder.registry.reference import parse_reference
 
-    refs = [ref for image in _merge_images(f"{address}/{NS}") if image.spec.variant == "runtime" for ref in image.refs]
+    refs = [ref for image in merge_images(f"{address}/{NS}") if image.spec.variant == "runtime" for ref in image.refs]
     for ref in refs:
         for platform in BOTH:
-            _image(upstream, f"{NS}/pytorch", parse_reference(_platform_ref(ref, platform)).reference,
+            _image(upstream, f"{NS}/pytorch", parse_reference(platform_ref(ref, platform)).reference,
                    architecture=platform.rpartition("/")[2])
     return [parse_reference(ref).reference for ref in refs]
 

@@ -1,5 +1,5 @@
 """publish --scan: each image scanned after its smoke tests and before its push, over the publish
-runner's canned engine and registry (test_publish_runner) and a mirror made in the test."""
+runner's canned engine and registry (support.canned_engine, canned_registry) and a mirror made in the test."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 from support.apt_repo import AptRepo, ImageFiles, changelog_text, debian_image, debian_release, served
-from test_publish_runner import CannedEngine, CannedRegistry, images, run
+from support.canned_engine import CannedEngine
+from support.canned_publish import images, run
+from support.canned_registry import CannedRegistry
 
 from imagebuilder.cli import cli
 from imagebuilder.publish.plan import FAILED, PUSHED, VERIFIED, plan

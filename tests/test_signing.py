@@ -29,8 +29,10 @@ from support.cosign_keys import cosign_key_pair
 from support.real_images import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, imagebuilder, installed_torch
 from support.unavailable import _unavailable
 from support.replay import verify_replaying
-from test_publish_runner import CannedEngine, CannedRegistry, IndexingRegistry, verdict
-from test_publish_runner import images as canned_images
+from support.canned_engine import CannedEngine
+from support.canned_publish import images as canned_images
+from support.canned_publish import verdict
+from support.canned_registry import CannedRegistry, IndexingRegistry
 
 from imagebuilder.build.image_contents import SBOM_PATH
 from imagebuilder.build.render import RenderedImage
@@ -307,10 +309,10 @@ def test_the_sbom_attestation_is_the_images_sbom_with_its_torch(docker_engine: A
 
 def _rebuild(signed_run: dict[str, Any], base_image: str, namespace: str | None = None) -> RenderedImage:
     """The published image rendered again, for its own registry namespace or another one."""
-    from test_publish import _rendered
+    from support.published_images import rendered_signed
 
-    return _rendered(f"{signed_run['address']}/{namespace}" if namespace else signed_run["registry"], base_image,
-                     buildkit=True)
+    return rendered_signed(f"{signed_run['address']}/{namespace}" if namespace else signed_run["registry"], base_image,
+                           buildkit=True)
 
 
 def _recorded(signed_run: dict[str, Any], ok: bool = True) -> Verifier:

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from squashfs_images import E, layer_tar, push_image, push_index, sha256
 
+from support.fakes import CannedLayerRegistry
 from support.real_images import REPO_ROOT
 from support.registry import throwaway_registry
 from support.unavailable import _unavailable
@@ -341,31 +342,10 @@ def test_the_pyxis_importer_is_shellcheck_clean() -> None:
 # --- failures leave nothing behind -------------------------------------------------------------
 
 
-class CannedRegistry:
-    """One image of one gzip layer, whose blob arrives as `arrives` (a corrupt link, when it differs)."""
-
-    def __init__(self, arrives: bytes | None = None) -> None:
-        from squashfs_images import compress
-
-        self.blob, _ = compress(layer_tar([E("a", data="a")]), "gzip")
-        self.arrives = self.blob if arrives is None else arrives
-        self.asked: list[str] = []
-
-    def manifest(self, ref: str):
-        return {"layers": [{"digest": sha256(self.blob), "size": len(self.blob)}]}, "application/vnd.oci.image.manifest.v1+json"
-
-    def image_config(self, ref: str, platform: str | None = None):
-        return {"config": {"Env": ENV}}, ()
-
-    def download_blob(self, ref: str, digest: str, out) -> None:
-        self.asked.append(digest)
-        out.write(self.arrives)
-
-
 def test_a_corrupt_blob_fails_in_one_line_and_leaves_no_temp_folder(tmp_path: Path) -> None:
     from imagebuilder.squashfs.make import BlobCorrupt, make_squashfs
 
-    registry = CannedRegistry(arrives=b"not the blob")
+    registry = CannedLayerRegistry(ENV, arrives=b"not the blob")
     with pytest.raises(BlobCorrupt, match=r"arrived with digest sha256:[0-9a-f]{64}; .* try again"):
         make_squashfs(registry, "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lambda line: None)
     assert list(tmp_path.iterdir()) == []
@@ -374,7 +354,7 @@ def test_a_corrupt_blob_fails_in_one_line_and_leaves_no_temp_folder(tmp_path: Pa
 def test_too_little_disk_is_said_before_any_blob_is_fetched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from imagebuilder.squashfs import make
 
-    registry = CannedRegistry()
+    registry = CannedLayerRegistry(ENV)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 100))
     with pytest.raises(make.NotEnoughDisk, match=r"has 100 B free, .* needs about"):
         make.make_squashfs(registry, "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs",
@@ -385,13 +365,13 @@ def test_too_little_disk_is_said_before_any_blob_is_fetched(tmp_path: Path, monk
 def test_ctrl_c_while_unpacking_removes_the_temp_folder(tmp_path: Path) -> None:
     from imagebuilder.squashfs.make import make_squashfs
 
-    class Interrupted(CannedRegistry):
+    class Interrupted(CannedLayerRegistry):
         def download_blob(self, ref: str, digest: str, out) -> None:
             out.write(self.blob[:10])
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        make_squashfs(Interrupted(), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lambda line: None)
+        make_squashfs(Interrupted(ENV), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lambda line: None)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -401,7 +381,9 @@ def test_ctrl_c_while_unpacking_removes_the_temp_folder(tmp_path: Path) -> None:
 def test_publish_s_hook_lists_the_squashfs_and_a_failed_one_fails_the_image_it_leaves_pushed() -> None:
     import functools
 
-    from test_publish_runner import CannedEngine, CannedRegistry as Canned, images, run
+    from support.canned_engine import CannedEngine
+    from support.canned_publish import images, run
+    from support.canned_registry import CannedRegistry as Canned
 
     from imagebuilder.publish.plan import FAILED, PUSHED, plan
     from imagebuilder.publish.report import format_summary
@@ -433,13 +415,13 @@ def test_long_work_is_never_silent(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     from imagebuilder.squashfs import make
 
-    class Slow(CannedRegistry):
+    class Slow(CannedLayerRegistry):
         def download_blob(self, ref: str, digest: str, out) -> None:
             time.sleep(0.3)
             super().download_blob(ref, digest, out)
 
     monkeypatch.setattr(make, "HEARTBEAT_S", 0.05)
     lines: list[str] = []
-    made = make.make_squashfs(Slow(), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lines.append)
+    made = make.make_squashfs(Slow(ENV), "127.0.0.1:1/a/b@sha256:" + "0" * 64, tmp_path / "out.sqfs", say=lines.append)
     assert made.path.stat().st_size > 0
     assert sum("127.0.0.1:1/a/b: layer 1/1" in line and "unpacked so far" in line for line in lines) >= 3, lines

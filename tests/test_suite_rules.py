@@ -132,3 +132,54 @@ def test_every_real_torch_build_is_a_listed_decision():
                      f"image, or list it with what it costs): {new}")
     gone = sorted(set(OTHER_REAL_BUILDS) - found)
     assert not gone, f"listed in OTHER_REAL_BUILDS but no longer building: {gone}"
+
+
+# --- where fakes live, and what a test module may import ----------------------------------------
+
+# A fake is a class named so: it stands in for a protocol of imagebuilder's (the engine, a registry,
+# an index), and lives in tests/support/ (typed against that protocol there), however few use it.
+FAKE_PREFIXES = ("Fake", "Canned", "Stub")
+
+
+def imports_of_test_modules(text: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a test module (test_*, tests.test_*) in `text`, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+            found += [(node.lineno, name) for name in names if name.removeprefix("tests.").startswith("test_")]
+    return found
+
+
+def fake_classes(text: str) -> list[tuple[int, str]]:
+    """(line, name) of every class `text` defines, at any depth, whose name says it is a fake."""
+    return [(node.lineno, node.name) for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.ClassDef) and node.name.startswith(FAKE_PREFIXES)]
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share is in tests/support/: a test module imported by another runs
+    its module-level code twice under two names, and mypy sees it untyped."""
+    found = {file: imports for file, path in sources() if (imports := imports_of_test_modules(path.read_text()))}
+    assert not found, f"imports of test modules (move what they share to tests/support/): {found}"
+
+
+def test_fakes_are_defined_under_support_only():
+    found = {file: classes for file, path in sources() if not file.startswith("support/")
+             if (classes := fake_classes(path.read_text()))}
+    assert not found, f"fakes (classes named {'*, '.join(FAKE_PREFIXES)}*) outside tests/support/: {found}"
+    assert any(fake_classes(path.read_text()) for file, path in sources() if file.startswith("support/")), \
+        "no fake found under tests/support/: the scan no longer reads it"
+
+
+@pytest.mark.parametrize("text, imports, fakes", [
+    ("from test_publish_runner import images\n", [(1, "test_publish_runner")], []),
+    ("import test_verify as v\n", [(1, "test_verify")], []),
+    ("def f():\n    from tests.test_publish import BOTH\n", [(2, "tests.test_publish")], []),
+    ("from support.canned_engine import CannedEngine\nimport testing\n", [], []),
+    ("class CannedRegistry:\n    pass\n", [], [(1, "CannedRegistry")]),
+    ("def test_x():\n    class FakeEngine(Base):\n        pass\n", [], [(2, "FakeEngine")]),
+    ("class StubIndex: ...\nclass Down(CannedPublished): ...\n", [], [(1, "StubIndex")]),
+])
+def test_the_layout_rules_see_what_they_forbid(text, imports, fakes):
+    assert (imports_of_test_modules(text), fake_classes(text)) == (imports, fakes)

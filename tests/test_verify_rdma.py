@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_verify import BUILT_BY_IMAGEBUILDER, OFFLINE, FakeEngine
+from support.fake_daemon import BUILT_BY_IMAGEBUILDER, OFFLINE, FakeEngine
 
 from imagebuilder.engine.api import NO_ACCESS, HostAccess, RunResult
 from imagebuilder.verify.preflight import Gpu, HostFacts, preflight
