@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from smoke_tests.result import Result
 
-from test_verify import BUILT_BY_IMAGEBUILDER, FakeEngine, OFFLINE
+from support.fake_daemon import BUILT_BY_IMAGEBUILDER, OFFLINE, FakeEngine
 from imagebuilder.engine.api import RunResult
 from imagebuilder.trust import labels as L
 from imagebuilder.verify.labels import agrees, check_labels
