@@ -59,6 +59,7 @@ def project(ctx: Context, path: Path, base: str, tag: str, push: bool, checks: t
     from .errors import BadRequest
     from .registry.client import HttpRegistry
     from .project import project_command
+    from .project.source import read_project
     from .trust.signing import key_signer
     from .lock.uv_compile import default_uv
 
@@ -69,6 +70,8 @@ def project(ctx: Context, path: Path, base: str, tag: str, push: bool, checks: t
             raise BadRequest(f"{'--index-url' if url == index_url else '--extra-index-url'}: a password in the URL "
                              "would show in the image's history; give the index without one (a netrc)")
     signer = key_signer(sign_key, try_key=True) if sign_key is not None else None
+    uv = uv_path or default_uv()
+    source = read_project(path.resolve(), uv)  # a project DIR that cannot be used is exit 2 before any daemon
     engine = DockerEngine()
     engine.ping()
     decision = decide("buildkit")
@@ -76,7 +79,7 @@ def project(ctx: Context, path: Path, base: str, tag: str, push: bool, checks: t
     labels = engine.image_labels(base) if engine.image_exists(base) else {}
     request = ProjectRequest(path=path.resolve(), base=base, tag=tag, push=push, checks=checks,
                              allow_no_gpu=allow_no_gpu, no_cache=no_cache, rebase=rebase, key=key, sign_key=sign_key, locked=locked, report=report,
-                             ca_bundle=ca_bundle, uv=uv_path or default_uv(),
+                             ca_bundle=ca_bundle, uv=uv, project=source,
                              index_args=index_args(ctx.matrix, labels, index_url, extra_index_urls))
     done = project_command(request, engine=engine, builder=builder, registry=HttpRegistry(), say=progress,
                            signer=signer, cosign=Cosign(say=note) if key else None)

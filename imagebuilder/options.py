@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .build import PSEUDO_FILE_SYSTEMS, RenderRequest, check_output, file_system_type, parse_base_images
 from .engine.export import DUAL, Compression
@@ -359,7 +359,7 @@ def release(ctx: click.Context, param: click.Parameter, value: str | None) -> Ve
         return None
     try:
         version = Version(value)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number too long for int()
         raise click.BadParameter(f"not a version: {value!r}") from None
     if len(version.release) != 3:
         raise click.BadParameter("give the full release, e.g. 2.15.0")

@@ -44,10 +44,9 @@ def test_two_no_cache_builds_of_one_tag_at_once_both_succeed(docker_engine: Any,
 
     def build(n: int) -> None:
         engine = DockerEngine()  # one client per run, as two processes have
-        (tmp_path / str(n)).mkdir()
-        try:
+        try:  # one log folder, as two runs by one user share ~/.cache/imagebuilder/logs
             results[n] = build_image(engine, image, builder=ClassicBuilder(engine), nocache=True,
-                                     matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path / str(n))
+                                     matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
         except Exception as e:  # noqa: BLE001 (what the run ended with is the test's answer)
             results[n] = e
 
@@ -68,3 +67,20 @@ def test_two_no_cache_builds_of_one_tag_at_once_both_succeed(docker_engine: Any,
     finally:
         client.close()
     assert left == []
+    # Each run wrote its own logs: a build log with its own run's output in each.
+    logs = sorted(tmp_path.glob("*.log"))
+    assert results[1].result.log_path != results[2].result.log_path, logs
+    assert all(marker in Path(results[n].result.log_path).read_text() for n in (1, 2)), logs
+
+
+def test_two_runs_of_one_image_in_one_second_name_nothing_alike(tmp_path: Path) -> None:
+    """Every name a build makes comes from these two (its -sbom, -gzip, -cache, -2 logs are named
+    after its log): two runs of one tag in one process and one second, as two threads are, differ."""
+    from imagebuilder.build.run import intermediate_tag, run_log
+
+    ref = "acme/torch:2.6.0-cuda12.1-runtime"
+    tags = {intermediate_tag(ref) for _ in range(50)}
+    logs = {run_log(tmp_path, "torch2.6-cu121") for _ in range(50)}
+    assert len(tags) == 50 and len(logs) == 50
+    assert all(t.startswith(f"{ref}-unlabelled-") for t in tags)
+    assert all(p.parent == tmp_path and p.name.startswith("torch2.6-cu121-") and p.suffix == ".log" for p in logs)

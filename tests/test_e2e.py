@@ -325,7 +325,7 @@ def test_verify_judges_the_jupyter_server(jupyter_image):
     done = imagebuilder("verify", jupyter_image["images"][-1]["tags"][0], "--allow-no-gpu", "--json", timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
-    assert list(checks) == ["environment", "cuda", "nccl", "cache", "compile", "cuda_graph", "jupyter"]
+    assert list(checks) == ["environment", "cuda", "nccl", "cache", "compile", "cuda_graph", "jupyter", "labels"]
     jupyter = checks["jupyter"]
     assert jupyter["status"] == "pass", jupyter
     assert (jupyter["measurements"]["without_token"], jupyter["measurements"]["with_token"]) == (403, 200)
@@ -427,11 +427,38 @@ def test_verify_over_ssh_passes_the_built_image_in_cpu_mode(docker_engine, runti
     doc = json.loads(done.stdout)
     status = {c["name"]: c["status"] for c in doc["checks"]}
     assert status == {"environment": "pass", "cuda": "skip", "nccl": "pass", "cache": "pass", "compile": "pass",
-                      "cuda_graph": "skip"}
+                      "cuda_graph": "skip", "labels": "pass"}
     assert ssh_docker_host.logins() > logins  # through our sshd, not the local socket
     leftover = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={runtime_image['tags'][0]}"],
                               capture_output=True, text=True, timeout=60)
     assert leftover.returncode == 0 and leftover.stdout.strip() == ""
+
+
+def test_verify_fails_a_relabelled_image_naming_each_label_and_what_the_image_holds(docker_engine, runtime_image,
+                                                                                    tmp_path):
+    """Labels are facts verify checks: the runtime image under labels that say another torch, CUDA
+    and Python (one LABEL on it: no layer, no torch build) fails the `labels` check, which names what
+    each label says and what the image holds; every other check passes as for the image itself."""
+    ref = f"{runtime_image['repository']}:relabelled-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {runtime_image['tags'][0]}\n"
+                                         "LABEL io.imagebuilder.torch=2.5.1 io.imagebuilder.torch.cuda=11.8 "
+                                         "io.imagebuilder.python=3.9\n")
+    try:
+        built = subprocess.run(["docker", "build", "-q", "-t", ref, str(tmp_path)], capture_output=True, text=True,
+                               timeout=600)
+        assert built.returncode == 0, built.stderr[-2000:]
+        done = imagebuilder("verify", ref, "--allow-no-gpu", "--json", timeout=1200)
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+        checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+        assert {n: c["status"] for n, c in checks.items() if c["status"] == "fail"} == {"labels": "fail"}, checks
+        reason, measured = checks["labels"]["reason"], checks["environment"]["measurements"]
+        assert f"label io.imagebuilder.torch says 2.5.1 but the image's torch is {measured['torch']}" in reason
+        assert f"label io.imagebuilder.torch.cuda says 11.8 but the image's torch's CUDA is {measured['torch_cuda']}" \
+            in reason
+        assert f"label io.imagebuilder.python says 3.9 but the image's Python is {measured['python']}" in reason
+        assert measured["torch"].startswith("2.6.0") and "variant" not in reason
+    finally:
+        docker_engine.remove_image(ref, force=True)
 
 
 # An image imagebuilder did not build, made from the family's runtime image in seconds instead of a

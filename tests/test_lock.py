@@ -29,7 +29,8 @@ from imagebuilder.build.render_options import RenderOptions
 from imagebuilder.lock import command as locking
 from imagebuilder.lock.base_pin import BasePin, pin_base
 from imagebuilder.lock.index import default_index_url
-from imagebuilder.lock.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
+from imagebuilder.errors import BadRequest
+from imagebuilder.lock.lockfile import (BadExtra, Lock, LockSet, Pin, StaleLock, load_locks, lock_name,
                                         parse_extras, parse_lock)
 from imagebuilder.lock.uv_compile import ResolutionFailed
 from imagebuilder.matrix.load import load_matrix, parse_matrix
@@ -66,13 +67,17 @@ def test_the_constraint_file_pins_torch_and_its_cuda_stack_only() -> None:
     assert lock.constraints() == "nvidia-cublas-cu12==12.4.5.8\ntorch==2.6.0\ntorchvision==0.21.0\ntriton==3.2.0\n"
 
 
-@pytest.mark.parametrize("line", ["torch>=2.6", "-e .", "torch==2.6.0 --hash"])
-def test_a_line_that_is_not_a_pin_is_an_error_naming_the_lock(line: str) -> None:
-    if line.endswith("--hash"):
-        assert parse_lock("x", line).pins[0].hashes == ()  # no hash: uv refuses it in the build
-        return
-    with pytest.raises(LockError, match="x: cannot read line"):
-        parse_lock("x", line + "\n")
+@pytest.mark.parametrize(("line", "says"), [
+    ("torch>=2.6", "x: the whole file (line 2): cannot read 'torch>=2.6'"),
+    ("-e .", "x: the whole file (line 2): cannot read '-e .'"),
+    ("torch==2.6.0 --hash", "x: torch.hash (line 2): '--hash' is not --hash=sha256:<64 hex digits>"),
+    ("torch==2.6.0 \\\n  --hash=md5:00", "x: torch.hash (line 2): '--hash=md5:00' is not"),
+    ("torch==2.x", "x: torch.version (line 2): '2.x' is not a version"),
+])
+def test_a_line_that_is_not_a_pin_is_an_error_naming_the_lock_the_package_and_the_line(line: str, says: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        parse_lock("x", "# python: 3.12\n" + line + "\n")
+    assert str(e.value).startswith(says) and e.value.exit_code == 2
 
 
 def test_images_installing_the_same_set_share_a_lock_and_extras_name_their_own() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
+from imagebuilder.errors import BadRequest
 from imagebuilder.lock.lockfile import Lock, Pin
 from imagebuilder.project.lock import ConflictsWithBase, StaleLock, check_against_base, resolve
 from imagebuilder.project.probe import Venv, family_differences
@@ -84,21 +85,21 @@ def test_a_uv_lock_project_is_read_through_uv_export(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("files", "says"), [
     ({}, "no pyproject.toml with a [project] table"),
-    ({"pyproject.toml": "[project\nname="}, "not valid TOML"),
-    ({"pyproject.toml": "[project]\nversion = '1'\n"}, "[project] has no name"),
-    ({"pyproject.toml": "[project]\nname = 'x'\ndependencies = 'pandas'\n"}, "project.dependencies must be a list"),
-    ({"requirements.txt": "pandas===\n"}, "is not a requirement"),
-    ({"requirements.txt": "-r other.txt\n"}, "line 1: -r is not supported"),
+    ({"pyproject.toml": "[project\nname="}, "the whole file (line 1): is not TOML"),
+    ({"pyproject.toml": "[project]\nversion = '1'\n"}, "project.name (line 1): is nothing (null), not a package name"),
+    ({"pyproject.toml": "[project]\nname = 'x'\ndependencies = 'pandas'\n"}, "project.dependencies (line 3): is a string, not a list of requirements"),
+    ({"requirements.txt": "pandas===\n"}, "requirements.txt: the whole file (line 1): 'pandas===' is not a requirement"),
+    ({"requirements.txt": "-r other.txt\n"}, "(line 1): -r is not supported"),
     ({"requirements.txt": "x @ https://example.invalid/x.whl\n"}, "a direct URL cannot be locked"),
-    ({"requirements.txt": "x\n", "imagebuilder.toml": "apt = ['Bad Name']\n"}, "is not a Debian package name"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "apt = ['Bad Name']\n"}, "apt[0] (line 1): 'Bad Name' is not a Debian package name"),
     ({"requirements.txt": "x\n", "imagebuilder.toml": "start = \"python 'unbalanced\"\n"}, "No closing quotation"),
-    ({"requirements.txt": "x\n", "imagebuilder.toml": "start = []\n"}, "start must be a command"),
-    ({"requirements.txt": "x\n", "imagebuilder.toml": "aptt = []\n"}, "unknown key(s) aptt"),
-    ({"pylock.toml": "[[packages]]\nversion = '1'\n"}, "packages[0] has no name"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "start = []\n"}, "start (line 1): is empty, not a command"),
+    ({"requirements.txt": "x\n", "imagebuilder.toml": "aptt = []\n"}, "aptt (line 1): is not a key of [tool.imagebuilder]"),
+    ({"pylock.toml": "[[packages]]\nversion = '1'\n"}, "packages[0].name (line 1): is nothing (null), not a package name"),
 ])
 def test_a_folder_that_is_not_a_usable_project_is_one_line_naming_the_file(tmp_path: Path, files: dict[str, str],
                                                                              says: str) -> None:
-    with pytest.raises(NotAProject) as e:
+    with pytest.raises(BadRequest) as e:
         read_project(write(tmp_path / "p", files))
     assert says in str(e.value) and "\n" not in str(e.value)
     assert e.value.exit_code == 2

@@ -126,6 +126,36 @@ def test_an_unreadable_manifest_is_a_fault_in_the_plan_not_a_rebuild(upstream: s
     assert "not JSON" in document["error"]
 
 
+NOT_FOUND = b'{"errors": [{"code": "BLOB_UNKNOWN"}]}'
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize(("fault", "says"), [
+    # The tag's HEAD names a digest; its manifest, asked for by that digest, is not there.
+    (Fault("GET", r"/manifests/sha256:", status=404, body=b'{"errors": [{"code": "MANIFEST_UNKNOWN"}]}', times=None),
+     "with no such manifest"),
+    # The manifest names a config blob the registry does not have (what a proxy that 404s blobs does).
+    (Fault("GET", r"/blobs/sha256:", status=404, body=NOT_FOUND, times=None), "(the config of "),
+    # A config blob answered with other bytes (valid JSON, but not the digest the manifest names).
+    (Fault("GET", r"/blobs/sha256:", status=200, body=b'{"config": {"Labels": {}}}', times=None),
+     "bytes of another digest"),
+], ids=["manifest-404", "config-404", "config-other-bytes"])
+def test_what_the_registry_names_and_cannot_deliver_is_a_fault_in_the_plan_not_a_rebuild(
+        upstream: str, proxy: FaultProxy, tmp_path: Path, fault: Fault, says: str) -> None:
+    primary = _planned_tags(proxy.address, tmp_path)[0]
+    _image(upstream, "ns/pytorch", primary, {"io.imagebuilder.inputs-hash": "an older render"})
+    proxy.inject(fault)
+    report = tmp_path / "report.json"
+    done = imagebuilder(*PLAN, "--registry", f"{proxy.address}/ns", "--report", str(report), timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (error,) = error_lines(done.stderr)
+    assert "it advertises what it cannot deliver" in error and says in error and "Traceback" not in done.stderr
+    assert "no inputs-hash label" not in done.stdout + done.stderr and "to build" not in done.stdout
+    document = json.loads(report.read_text())
+    assert (document["ok"], document["state"], document["images"]) == (False, "ended", [])
+    assert document["error"] in error
+
+
 @pytest.mark.registry
 def test_a_run_ended_by_a_registry_fault_still_writes_its_report(proxy: FaultProxy, tmp_path: Path) -> None:
     proxy.inject(Fault("*", r"/manifests/", status=500, times=None))

@@ -120,9 +120,7 @@ def build_image(
     still running when this returns (Built.cache_export), where the builder can; the caller
     waits for it or stops it."""
     check_base(engine, image)
-    logs = logs or log_dir()
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    log_path = logs / f"{image.spec.key}-{stamp}.log"
+    log_path = run_log(logs or log_dir(), image.spec.key)
     # The registry cache goes up beside verify where the builder can (cache_export.py): the
     # image's builds export the image alone, and the context stays for the cache's own build.
     later = background_cache and export is not None and export.cache_to is not None and can_start(builder)
@@ -217,6 +215,12 @@ def _export_gzip(builder: Builder, image: RenderedImage, request: BuildRequest,
     gzip_request = replace(request, tags=(gzip_ref(image.ref),), log_path=log,
                            export=replace(export, compression=also, cache_to=None))
     return builder.build(gzip_request, None if on_progress is None else _activities_only(on_progress, offset))
+
+
+def run_log(logs: Path, key: str) -> Path:
+    """This run's build log (its -sbom, -gzip, -cache logs are named after it): its own, as
+    intermediate_tag is, so two builds of one image in one second do not write into one file."""
+    return logs / f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{token_hex(3)}.log"
 
 
 def intermediate_tag(ref: str) -> str:

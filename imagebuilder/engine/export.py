@@ -224,13 +224,13 @@ def compression_of(media_types: Iterable[str]) -> str | None:
 def cannot_pull(compression: str | None, server_version: str | None, instead: str | None = None) -> str | None:
     """Why a daemon of `server_version` cannot pull layers of `compression`; None: it can
     (or there is nothing to judge). `instead`: a gzip image of the same to name (gzip_ref())."""
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     if compression != "zstd" or not server_version:
         return None
     try:
         version = Version(server_version.split("+")[0].split("-")[0])
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number too long for int()
         return None
     if version >= Version(ZSTD_DOCKER):
         return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
 from ..platforms import DEFAULT_PLATFORM, PLATFORMS
+from ..reading import DIGEST, Source, read_json, read_text, shown, unusable_specifier
 from .base_pin import BasePin
 from .requires_dist import CUDA_RUNTIME_PACKAGES
 
@@ -78,9 +79,13 @@ def parse_extras(texts: Iterable[str]) -> tuple[str, ...]:
     out = set()
     for text in texts:
         try:
-            out.add(str(Requirement(text)))
+            requirement = Requirement(text)
         except InvalidRequirement as e:
             raise BadExtra(text=text, why=str(e).splitlines()[0]) from e
+        why = unusable_specifier(requirement)
+        if why is not None:
+            raise BadExtra(text=text, why=why)
+        out.add(str(requirement))
     return tuple(sorted(out, key=str.lower))
 
 
@@ -210,31 +215,57 @@ class Lock:
 
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
+_META = {"python": re.compile(r"\d+\.\d+"), "platform": re.compile(r"[a-z0-9_]+-[a-z0-9_]+|linux/[a-z0-9]+"),
+         "requirements": re.compile(r".+")}
 
 
-def parse_lock(name: str, text: str) -> Lock:
-    """A lock file (ours, or uv's `pip compile --generate-hashes` output) -> Lock."""
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(number of its first line, text) of each line, a backslash's continuation joined to it."""
+    first, parts = 0, []
+    for number, raw in enumerate(text.splitlines(), 1):
+        first = first or number
+        if raw.endswith("\\"):
+            parts.append(raw[:-1])
+            continue
+        yield first, " ".join(parts + [raw])
+        first, parts = 0, []
+    if parts:
+        yield first, " ".join(parts)
+
+
+def parse_lock(name: str, text: str, file: str | None = None) -> Lock:
+    """A lock file (ours, or uv's `pip compile --generate-hashes` output) -> Lock; a line or value
+    it cannot use is a BadValue naming `file` (default: `name`), the package and the line."""
+    source = Source(file or name)
     meta: dict[str, str] = {}
-    pins: list[Pin] = []
-    logical = re.sub(r"\\\n", " ", text)
-    for line in logical.splitlines():
+    pins: dict[str, Pin] = {}
+    for number, line in _logical_lines(text):
         line = line.strip()
         if line.startswith("#"):
             key, sep, value = line[1:].strip().partition(": ")
-            if sep and key in ("python", "platform", "requirements"):
-                meta[key] = value.strip()
+            if sep and key in _META:
+                meta[key] = source.string(value.strip(), (key,), pattern=_META[key], what=f"a lock's {key}") \
+                    if key != "requirements" or value.strip() else ""
             continue
         if not line:
             continue
         head, *options = line.split()
         match = _PIN.match(head)
         if match is None:
-            raise LockError(f"{name}: cannot read line {line[:80]!r}; refresh the lock with `imagebuilder lock`")
-        hashes = tuple(sorted(o.removeprefix("--hash=") for o in options if o.startswith("--hash=")))
-        pins.append(Pin(canonicalize_name(match[1]), Version(match[2]), hashes))
+            source.fail((), f"cannot read {shown(line[:80])}; refresh the lock with `imagebuilder lock`", number)
+        package = canonicalize_name(match[1])
+        if package in pins:
+            source.fail((package,), "pinned twice; refresh the lock with `imagebuilder lock`", number)
+        version = source.version(match[2], (package, "version"), number)
+        hashes = []
+        for option in options:
+            if not option.startswith("--hash=") or not DIGEST.fullmatch(option.removeprefix("--hash=")):
+                source.fail((package, "hash"), f"{shown(option)} is not --hash=sha256:<64 hex digits>", number)
+            hashes.append(option.removeprefix("--hash="))
+        pins[package] = Pin(package, version, tuple(sorted(hashes)))
     return Lock(name=name, requirements=tuple(meta.get("requirements", "").split()),
                 platform=meta.get("platform", ""), python=meta.get("python", ""),
-                pins=tuple(sorted(pins, key=lambda p: p.name)))
+                pins=tuple(sorted(pins.values(), key=lambda p: p.name)))
 
 
 # --------------------------------------------------------------------------- the locks/ folder
@@ -287,15 +318,26 @@ def load_locks(directory: Path) -> LockSet:
     if not directory.is_dir():
         return LockSet(directory)
     for path in sorted(directory.glob("*.txt")):
-        locks[path.stem] = parse_lock(path.stem, path.read_text())
+        locks[path.stem] = parse_lock(path.stem, read_text(path), str(path))
     bases_path = directory / BASES_FILE
     if bases_path.is_file():
-        try:
-            data = json.loads(bases_path.read_text())
-        except ValueError as e:
-            raise LockError(f"{bases_path}: not JSON ({e}); refresh it with `imagebuilder lock`") from e
-        bases = {image: BasePin(image, entry.get("digest"), entry.get("image_id")) for image, entry in data.items()}
+        bases = read_bases(bases_path)
     return LockSet(directory, locks, bases)
+
+
+def read_bases(path: Path) -> dict[str, BasePin]:
+    """base-images.json: {image: {"digest": "sha256:...", "image_id": "sha256:..."}}, each checked."""
+    data, source = read_json(path)
+    bases = {}
+    for image, entry in source.mapping(data, (), "a mapping of base images to their pins").items():
+        pin = source.mapping(entry, (image,), 'a mapping with "digest" and/or "image_id"')
+        for key in sorted(set(pin) - {"digest", "image_id"}):
+            source.fail((image, key), 'is not a key of a pin ("digest", "image_id")')
+        digest, image_id = (None if pin.get(key) is None else
+                            source.string(pin[key], (image, key), pattern=DIGEST, what="sha256:<64 hex digits>")
+                            for key in ("digest", "image_id"))
+        bases[image] = BasePin(image, digest, image_id)
+    return bases
 
 
 class LocksUnwritable(ImageBuilderError):
@@ -316,7 +358,7 @@ def write_locks(directory: Path, locks: Iterable[Lock], bases: Mapping[str, Base
             written.append(write_atomic(directory / lock.filename, lock.text()))
         if bases:
             path = directory / BASES_FILE
-            current = json.loads(path.read_text()) if path.is_file() else {}
+            current = {image: pin.to_json() for image, pin in read_bases(path).items()} if path.is_file() else {}
             current.update({image: pin.to_json() for image, pin in bases.items()})
             written.append(write_atomic(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n"))
     except OSError as e:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..platforms import DEFAULT_PLATFORM, PLATFORMS
 from ..resources import default_matrix_path
@@ -22,7 +22,7 @@ from .model import (NOTEBOOK, SERVER_PROXY_FLOOR, CudaRelease, Defaults, KeyPath
                     driver_key)
 from .variants import VARIANTS
 
-DRIVER_VERSION = re.compile(r"\d+(\.\d+){1,2}")
+DRIVER_VERSION = re.compile(r"\d{1,9}(\.\d{1,9}){1,2}")  # bounded: driver_key compares int()s
 
 # --- validation: plain data -> model, collecting every problem ----------------------------
 
@@ -71,7 +71,7 @@ class _Checker:
         """A driver version; `branch_ok`: also a branch ("580"), as NVIDIA states a floor that
         every driver of the branch meets."""
         value = self.text(data, key, path)
-        if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and value.isdigit())):
+        if value and not (DRIVER_VERSION.fullmatch(value) or (branch_ok and re.fullmatch(r"\d{1,9}", value))):
             like = "\"530.30.02\"" + (" or a branch like \"580\"" if branch_ok else "")
             self.problem(path + (key,), f"not a driver version like {like}: {value!r}")
             return ""  # reported; nothing downstream compares it
@@ -84,7 +84,7 @@ class _Checker:
             return None
         try:
             return Version(value)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number too long for int()
             self.problem(path, f"not a version: {value!r}")
             return None
 
@@ -141,7 +141,7 @@ def _parse_cuda(c: _Checker, key: str, data: Any, path: KeyPath) -> CudaRelease 
         return None
     try:
         cuda_key = Version(key)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number too long for int()
         c.problem(path, f"not a CUDA version: {key!r}")
         return None
     version = c.version(d, "version", path)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..errors import BadRequest
 from .model import CudaRelease, Matrix, OSRelease, TorchRelease, WheelVariant, driver_key
@@ -86,7 +86,7 @@ class BuildSpec:
 def _parse_version(text: str, what: str, known: list[str]) -> Version:
     try:
         return Version(text)
-    except InvalidVersion as e:
+    except ValueError as e:  # InvalidVersion, or a number too long for int()
         raise UnknownVersion(what=what, requested=text, known=known) from e
 
 

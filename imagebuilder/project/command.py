@@ -29,7 +29,7 @@ from .lock import resolve
 from .probe import family_differences, probe
 from .rebase import RebasePlan, plan_rebase, push_rebased, rebased
 from .render import render_project
-from .source import read_project
+from .source import Project, read_project
 
 CHECK_TIMEOUT_S = 600
 
@@ -75,6 +75,8 @@ class ProjectRequest:
     ca_bundle: Path | None = None
     index_args: tuple[str, ...] = ()
     uv: str = "uv"
+    project: Project | None = None
+    """DIR as read_project read it (the command reads it before it reaches the engine); None: read here."""
 
 
 @dataclass
@@ -108,7 +110,7 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
     parse_reference(req.tag, "--tag")  # refused before the daemon is asked
     if req.rebase is not None and not req.push:
         raise RebaseNeedsPush()
-    project = read_project(req.path, req.uv)
+    project = req.project or read_project(req.path, req.uv)
     if req.key is not None and not names_a_registry(req.base):
         raise NeedsRegistryBase(ref=req.base)
     base, _labels = find_base(engine, req.base, say)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..errors import BadRequest, ImageBuilderError
 from ..lock.lockfile import Lock, parse_lock
+from ..reading import read_text
 from .probe import in_family
 from .source import LOCK_FILE, Project
 
@@ -75,7 +76,7 @@ def check_against_base(project: Project, base_dists: Mapping[str, str], base_nam
             continue
         try:
             ok = req.specifier.contains(Version(have), prereleases=True)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number too long for int()
             continue
         if not ok:
             what = "the base's torch stack" if in_family(name) else "a package the base holds"
@@ -94,9 +95,9 @@ def resolve(project: Project, *, uv: str, base_dists: Mapping[str, str], base_na
     (refused under `locked`)."""
     inputs = inputs_hash(project, base_dists, python, platform, index_args)
     path = project.path / LOCK_FILE
-    existing = path.read_text() if path.is_file() else None
+    existing = read_text(path) if path.is_file() else None
     if existing is not None and f"# inputs: {inputs}\n" in existing:
-        return ProjectLock(existing, parse_lock(LOCK_FILE, existing), inputs, reused=True)
+        return ProjectLock(existing, parse_lock(LOCK_FILE, existing, str(path)), inputs, reused=True)
     if locked:
         why = "no lock yet" if existing is None else "the requirements or the base's packages changed"
         raise StaleLock(path=path, why=why)

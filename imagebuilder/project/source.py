@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +26,12 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 
 from ..errors import BadRequest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as pip vendors it (pip is in every venv imagebuilder runs from)
-    from pip._vendor import tomli as tomllib
+from ..reading import KeyPath, Source, read_text, read_toml, shown, unusable_specifier
 
 LOCK_FILE = "imagebuilder-project.lock"
 """The project's resolved lock, written into the project folder and reused by later runs."""
 _APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")  # Debian policy's package name
+_PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,200}[A-Za-z0-9])?")  # PEP 508
 _TOOL_KEYS = frozenset({"apt", "start", "no-build-isolation"})
 
 
@@ -61,122 +57,116 @@ def read_project(path: Path, uv: str = "uv") -> Project:
     if not path.is_dir():
         raise NotAProject(path=path, why="not a folder; give the project's folder (with pyproject.toml, "
                                         "requirements.txt, uv.lock or pylock.toml)")
-    pyproject = _toml(path / "pyproject.toml") if (path / "pyproject.toml").is_file() else None
-    tool = _tool(path, pyproject)
+    data, source = read_toml(path / "pyproject.toml") if (path / "pyproject.toml").is_file() else ({}, None)
+    tool = _tool(path, data, source)
+    project = source.mapping(data["project"], ("project",), "a table") if source and "project" in data else None
+    reqs: list[tuple[str, Source, KeyPath]]
     if (path / "uv.lock").is_file():
         kind, reqs = "uv.lock", _uv_export(path, uv)
     elif (path / "pylock.toml").is_file():
         kind, reqs = "pylock.toml", _pylock(path / "pylock.toml")
-    elif pyproject is not None and "project" in pyproject:
-        kind, reqs = "pyproject.toml", _list(pyproject["project"], "dependencies", path / "pyproject.toml", "project")
+    elif source is not None and project is not None:
+        kind = "pyproject.toml"
+        reqs = [(text, source, ("project", "dependencies", i)) for i, text in
+                enumerate(source.strings(project.get("dependencies", []), ("project", "dependencies"),
+                                         what="a requirement"))]
     elif (path / "requirements.txt").is_file():
         kind, reqs = "requirements.txt", _requirements_txt(path / "requirements.txt")
     else:
         raise NotAProject(path=path, why="no pyproject.toml with a [project] table, uv.lock, pylock.toml or "
                                         "requirements.txt; add one that lists the project's dependencies")
     name = None
-    if pyproject is not None and "project" in pyproject:
-        name = str(pyproject["project"].get("name") or "")
-        if not name:
-            raise NotAProject(path=path / "pyproject.toml", why="[project] has no name; give the package a name")
-        build = pyproject.get("build-system", {})
-        reqs += _list(build, "requires", path / "pyproject.toml", "build-system") if "requires" in build \
-            else ["setuptools>=40.8.0"]  # PEP 517's fallback backend
-    for text in reqs:
-        _requirement(text, path / kind)
-    return Project(path=path, kind=kind, requirements=tuple(dict.fromkeys(reqs)), name=name, **tool)
+    if source is not None and project is not None:
+        name = source.string(project.get("name"), ("project", "name"), pattern=_PACKAGE_NAME, what="a package name")
+        build = source.mapping(data.get("build-system", {}), ("build-system",), "a table")
+        requires = source.strings(build["requires"], ("build-system", "requires"), what="a requirement") \
+            if "requires" in build else ["setuptools>=40.8.0"]  # PEP 517's fallback backend
+        reqs += [(text, source, ("build-system", "requires", i)) for i, text in enumerate(requires)]
+    for text, where, key in reqs:
+        _requirement(text, where, key)
+    return Project(path=path, kind=kind, requirements=tuple(dict.fromkeys(text for text, _, _ in reqs)), name=name,
+                   **tool)
 
 
-def _toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise NotAProject(path=path, why=f"not valid TOML ({str(e).splitlines()[0]}); fix the file") from e
-
-
-def _tool(path: Path, pyproject: Mapping[str, Any] | None) -> dict[str, Any]:
-    where = path / "pyproject.toml"
-    table = (pyproject or {}).get("tool", {}).get("imagebuilder")
+def _tool(path: Path, pyproject: Mapping[str, Any], source: Source | None) -> dict[str, Any]:
+    prefix: KeyPath = ("tool", "imagebuilder")
+    tools = source.mapping(pyproject.get("tool", {}), ("tool",), "a table") if source else {}
+    table = tools.get("imagebuilder")
     if table is None and (path / "imagebuilder.toml").is_file():
-        where = path / "imagebuilder.toml"
-        table = _toml(where)
-    if table is None:
+        table, source = read_toml(path / "imagebuilder.toml")
+        prefix = ()
+    if table is None or source is None:
         return {}
-    if not isinstance(table, dict):
-        raise NotAProject(path=where, why="[tool.imagebuilder] must be a table")
-    unknown = sorted(set(table) - _TOOL_KEYS)
-    if unknown:
-        raise NotAProject(path=where, why=f"[tool.imagebuilder] has unknown key(s) {', '.join(unknown)}; "
-                                         f"known: {', '.join(sorted(_TOOL_KEYS))}")
-    apt = _list(table, "apt", where, "tool.imagebuilder")
-    for name in apt:
-        if not _APT_NAME.match(name):
-            raise NotAProject(path=where, why=f"tool.imagebuilder.apt: {name!r} is not a Debian package name")
+    table = source.mapping(table, prefix, "a table")
+    for key in sorted(set(table) - _TOOL_KEYS):
+        source.fail(prefix + (key,), f"is not a key of [tool.imagebuilder]; known: {', '.join(sorted(_TOOL_KEYS))}")
+    apt = source.strings(table.get("apt", []), prefix + ("apt",), pattern=_APT_NAME, what="a Debian package name")
     start = table.get("start")
     command: tuple[str, ...] | None = None
     if start is not None:
-        if isinstance(start, str):
+        what = "a command: a non-empty string or list of strings"
+        if isinstance(start, list):
+            command = tuple(source.strings(start, prefix + ("start",), what="a word of a command"))
+        else:
             try:
-                command = tuple(shlex.split(start))
+                command = tuple(shlex.split(source.string(start, prefix + ("start",), what=what)))
             except ValueError as e:
-                raise NotAProject(path=where, why=f"tool.imagebuilder.start: {e} in {start!r}") from e
-        elif isinstance(start, list) and all(isinstance(w, str) for w in start):
-            command = tuple(start)
+                source.fail(prefix + ("start",), f"{e} in {shown(start)}")
         if not command:
-            raise NotAProject(path=where, why="tool.imagebuilder.start must be a command: a non-empty string or "
-                                             "list of strings")
-    no_isolation = _list(table, "no-build-isolation", where, "tool.imagebuilder")
+            source.fail(prefix + ("start",), f"is empty, not {what}")
+    no_isolation = source.strings(table.get("no-build-isolation", []), prefix + ("no-build-isolation",),
+                                  pattern=_PACKAGE_NAME, what="a package name")
     return {"apt": tuple(apt), "start": command, "no_build_isolation": tuple(no_isolation)}
 
 
-def _list(table: Mapping[str, Any], key: str, where: Path, prefix: str) -> list[str]:
-    value = table.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise NotAProject(path=where, why=f"{prefix}.{key} must be a list of strings")
-    return list(value)
-
-
-def _requirement(text: str, where: Path) -> Requirement:
+def _requirement(text: str, source: Source, key: KeyPath, line: int | None = None) -> Requirement:
     try:
         req = Requirement(text)
     except InvalidRequirement as e:
-        raise NotAProject(path=where, why=f"{text!r} is not a requirement ({str(e).splitlines()[0]})") from e
+        source.fail(key, f"{shown(text)} is not a requirement ({str(e).splitlines()[0][:80]})", line)
+    why = unusable_specifier(req)
+    if why is not None:
+        source.fail(key, why, line)
     if req.url:
-        raise NotAProject(path=where, why=f"{text!r}: a direct URL cannot be locked with hashes under the base; "
-                                         "publish the package to an index or vendor it into the project")
+        source.fail(key, f"{shown(text)}: a direct URL cannot be locked with hashes under the base; "
+                         "publish the package to an index or vendor it into the project", line)
     return req
 
 
-def _requirements_txt(path: Path) -> list[str]:
-    reqs = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+def _requirements_txt(path: Path) -> list[tuple[str, Source, KeyPath]]:
+    source = Source(str(path))
+    reqs: list[tuple[str, Source, KeyPath]] = []
+    for number, raw in enumerate(read_text(path).splitlines(), 1):
         line = raw.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
         if line.startswith("-"):
-            raise NotAProject(path=path, why=f"line {number}: {line.split()[0]} is not supported; list requirements "
-                                            "only (indexes come from --index-url and the base)")
-        reqs.append(line.split(" --hash")[0].rstrip(" \\"))
+            source.fail((), f"{line.split()[0]} is not supported; list requirements only (indexes come from "
+                            "--index-url and the base)", number)
+        text = line.split(" --hash")[0].rstrip(" \\")
+        _requirement(text, source, (), number)
+        reqs.append((text, source, ()))
     return reqs
 
 
-def _pylock(path: Path) -> list[str]:
-    doc = _toml(path)
-    packages = doc.get("packages")
-    if not isinstance(packages, list):
-        raise NotAProject(path=path, why="no [[packages]] array; is it a PEP 751 lock?")
-    reqs = []
-    for index, package in enumerate(packages):
-        if not isinstance(package, dict) or not isinstance(package.get("name"), str):
-            raise NotAProject(path=path, why=f"packages[{index}] has no name")
+def _pylock(path: Path) -> list[tuple[str, Source, KeyPath]]:
+    doc, source = read_toml(path)
+    if "packages" not in doc:
+        source.fail(("packages",), "is missing: no [[packages]] array; is it a PEP 751 lock?")
+    reqs: list[tuple[str, Source, KeyPath]] = []
+    for index, package in enumerate(source.sequence(doc["packages"], ("packages",), "an array of tables")):
+        package = source.mapping(package, ("packages", index), "a table")
+        name = source.string(package.get("name"), ("packages", index, "name"), pattern=_PACKAGE_NAME,
+                             what="a package name")
         version = package.get("version")
         if version is None:  # a path or VCS entry: the project itself, or something we cannot lock
             continue
-        reqs.append(f"{package['name']}=={version}")
+        version = source.version(version, ("packages", index, "version"))
+        reqs.append((f"{name}=={version}", source, ("packages", index)))
     return reqs
 
 
-def _uv_export(path: Path, uv: str) -> list[str]:
+def _uv_export(path: Path, uv: str) -> list[tuple[str, Source, KeyPath]]:
     try:
         done = subprocess.run([uv, "export", "--frozen", "--format", "requirements-txt", "--no-hashes",
                                "--no-header", "--no-annotate", "--no-emit-project", "--directory", str(path)],
@@ -186,5 +176,6 @@ def _uv_export(path: Path, uv: str) -> list[str]:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise NotAProject(path=path / "uv.lock", why=f"uv export failed: {last}")
-    return [line.strip() for line in done.stdout.splitlines()
+    source = Source(f"{path / 'uv.lock'} (as `uv export` reads it)")
+    return [(line.strip(), source, ()) for line in done.stdout.splitlines()
             if line.strip() and not line.lstrip().startswith(("#", "-e", "."))]

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import date
 
 from ..build.render import RenderedImage
-from ..registry.api import Registry
+from ..registry.api import Registry, RegistryUndelivered
 from ..registry.reference import pinned
 from ..trust.labels import INPUTS_HASH, SECURITY_FIXES
 from ..trust.signing import has_signature
@@ -29,6 +29,9 @@ def lookup(registry: Registry, images: Iterable[RenderedImage], day: date | None
         if primary is not None:
             # By digest: the labels of exactly the image whose digest we compare.
             labels = registry.labels(pinned(image.ref, primary))
+            if labels is None:  # the tag named it a moment ago: a registry that cannot deliver it is at fault
+                raise RegistryUndelivered(digest=primary, what=f"what {image.ref} names", url=pinned(image.ref, primary),
+                                          answer="no such manifest")
             if signing:
                 signed = has_signature(registry, pinned(image.ref, primary))
         remotes[image.ref] = Remote(digests, (labels or {}).get(INPUTS_HASH), signed,

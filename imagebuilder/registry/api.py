@@ -56,6 +56,14 @@ class RegistryProtocolError(RegistryError):
     template = "unexpected answer from {url}: {detail}"
 
 
+class RegistryUndelivered(RegistryError):
+    """The registry names something (a tag's digest, an index's child, a manifest's config) and
+    then cannot deliver it: its fault, never read as "not there" or "no label"."""
+
+    template = ("the registry names {digest} ({what}) but answered {url} with {answer}; it advertises what it cannot "
+                "deliver: try again later (a publish run again skips what landed), or tell whoever runs it")
+
+
 class Registry(Protocol):
     """What publish needs from a registry: HttpRegistry is one, the tests' canned registry another."""
 

@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from ..platforms import DEFAULT_PLATFORM
 from ._transport import RegistryTransport
-from .api import RegistryError, RegistryProtocolError
+from .api import RegistryError, RegistryProtocolError, RegistryUndelivered
 from .manifests import ACCEPT, DOCKER_MANIFEST, INDEXES, OCI_INDEX, index_document, pick_manifest, platform_entries
 from .reference import Reference, parse_reference
 
@@ -48,13 +48,19 @@ class HttpRegistry(RegistryTransport):
         if not digest:  # some registries answer HEAD without it; GET always names the bytes
             got = self._request("GET", r, f"manifests/{r.reference}", {"Accept": ACCEPT})
             if got is None:
-                return None
+                raise RegistryUndelivered(digest=ref, what="a manifest its HEAD answered for",
+                                          url=f"GET {self._url(r, f'manifests/{r.reference}')}", answer="404 (not found)")
             digest = "sha256:" + hashlib.sha256(got.body).hexdigest()
         return digest
 
     def labels(self, ref: str) -> dict[str, str] | None:
         found = self.image_config(ref)
-        return None if found is None else dict((found[0].get("config") or {}).get("Labels") or {})
+        if found is None:
+            return None
+        labels = (found[0].get("config") or {}).get("Labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise RegistryProtocolError(url=ref, detail="the image config's Labels are not a mapping of strings")
+        return dict(labels)
 
     def image_config(self, ref: str, platform: str | None = None) -> tuple[dict[str, Any], tuple[str, ...]] | None:
         """The image config document of `ref`'s image for `platform` (OS/ARCH; None:
@@ -66,18 +72,26 @@ class HttpRegistry(RegistryTransport):
             return None
         document, media_type = manifest
         if media_type in INDEXES or document.get("mediaType") in INDEXES:
-            child = self._manifest(r, pick_manifest(document, platform or DEFAULT_PLATFORM))
+            wanted = pick_manifest(document, platform or DEFAULT_PLATFORM)
+            child = self._manifest(r, wanted)
             if child is None:
-                return None
+                raise RegistryUndelivered(digest=wanted, what=f"the {platform or 'linux/amd64'} image of {ref}'s index",
+                                          url=f"GET {self._url(r, f'manifests/{wanted}')}", answer="404 (not found)")
             document = child[0]
         config = (document.get("config") or {}).get("digest")
-        if not config:
+        if not isinstance(config, str) or not config:
             raise RegistryProtocolError(url=self._url(r, f"manifests/{r.reference}"), detail="the manifest names no config blob")
+        url = f"GET {self._url(r, f'blobs/{config}')}"
         blob = self._request("GET", r, f"blobs/{config}", {})
         if blob is None:
-            return None
+            raise RegistryUndelivered(digest=config, what=f"the config of {ref}", url=url, answer="404 (not found)")
+        document_of_config = self._json(r, f"blobs/{config}", blob)
+        got = "sha256:" + hashlib.sha256(blob.body).hexdigest()
+        if config.startswith("sha256:") and got != config:
+            raise RegistryUndelivered(digest=config, what=f"the config of {ref}", url=url,
+                                      answer=f"{len(blob.body)} bytes of another digest ({got[:19]}...)")
         layers = tuple(str(layer.get("mediaType") or "") for layer in document.get("layers") or [])
-        return self._json(r, f"blobs/{config}", blob), layers
+        return document_of_config, layers
 
     def blobs(self, ref: str) -> dict[str, tuple[int, str]]:
         """Every blob the image under `ref` consists of (digest -> (size, media type)):
@@ -273,4 +287,10 @@ class HttpRegistry(RegistryTransport):
         got = self._request("GET", r, f"manifests/{reference}", {"Accept": ACCEPT})
         if got is None:
             return None
-        return self._json(r, f"manifests/{reference}", got), got.headers.get("Content-Type", "").split(";")[0]
+        document = self._json(r, f"manifests/{reference}", got)
+        digest = "sha256:" + hashlib.sha256(got.body).hexdigest()
+        if reference.startswith("sha256:") and digest != reference:  # asked by digest: the bytes must be those
+            raise RegistryUndelivered(digest=reference, what=f"a manifest of {r.repository}",
+                                      url=f"GET {self._url(r, f'manifests/{reference}')}",
+                                      answer=f"{len(got.body)} bytes of another digest ({digest[:19]}...)")
+        return document, got.headers.get("Content-Type", "").split(";")[0]

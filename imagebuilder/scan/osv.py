@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..errors import BadRequest
 
@@ -33,7 +33,7 @@ def canonical(name: str) -> str:
 def _version(text: object) -> Version | None:
     try:
         return Version(str(text))
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a number too long for int()
         return None
 
 

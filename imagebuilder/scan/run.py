@@ -15,7 +15,7 @@ from datetime import date
 from pathlib import Path
 from typing import Protocol
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ..errors import ImageBuilderError
 from ..build.image_contents import SBOM_PATH
@@ -180,7 +180,7 @@ def _python_findings(records: dict[str, list[Record]], packages: list[tuple[str,
     for name, text in sorted(packages):
         try:
             version = Version(text)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a number too long for int()
             continue
         hits = matches(records, name, version)
         if hits:

@@ -118,7 +118,7 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
         min_driver=labels.get(MIN_DRIVER_LABEL), min_driver_compat=labels.get(MIN_DRIVER_COMPAT_LABEL),
         cuda=labels.get(CUDA_LABEL), cuda_runtime=labels.get(CUDA_RUNTIME_LABEL),
         cuda_toolkit=labels.get(CUDA_TOOLKIT_LABEL),
-        pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels,
+        pulled=pulled, nvidia_runtime=runtime, built_by_imagebuilder=BUILT_LABEL in labels, labels=dict(labels),
         # NCCL only runs with GPUs: without them there is no transport to give devices to.
         rdma=probe_rdma(engine, ref) if probe.gpus else None,
     )

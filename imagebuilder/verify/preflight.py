@@ -9,7 +9,7 @@ in facts.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from smoke_tests.driver import FAIL as DRIVER_FAIL
@@ -72,6 +72,8 @@ class HostFacts:
     """How the daemon gives containers GPUs: its nvidia runtime, a CDI device, or device requests."""
     built_by_imagebuilder: bool = True
     """The image carries imagebuilder's labels, and so its own smoke_tests and manifest."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The image's labels, which verify holds against what the smoke tests measure (verify/labels.py)."""
     compression: str | None = None
     """The registry image's layer compression ("zstd", "gzip"); None: local or unknown."""
     compression_error: str | None = None

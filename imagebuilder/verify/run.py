@@ -26,6 +26,7 @@ from ..trust.cosign import Cosign
 from ..trust.signature_check import Store, check_image
 from ..trust.signing import key_reference
 from .facts import RegistryReader, collect_facts, collect_local_facts, registry_built_from
+from .labels import check_labels
 from .lend import CONTAINER_SMOKE_TESTS, LENT_MANIFEST, lend_notice, probe_torch, smoke_tests_archive
 from .output import SmokeOutput, in_local, parse_output, tail
 from .preflight import Preflight, PreflightItem, preflight
@@ -114,7 +115,8 @@ def verify_image(engine: Runner, ref: str, *, registry: RegistryReader, allow_no
                             seconds=time.monotonic() - started, notices=notices, rdma=rdma)
     parsed = parse_output(run.output, run.exit_code, timed_out=run.timed_out, timeout=timeout)
     report = _report(ref, "docker", checked, parsed, run.output, require_gpu, time.monotonic() - started)
-    return replace(report, notices=notices, rdma=rdma,
+    labelled = check_labels(facts.labels, parsed.checks)
+    return replace(report, notices=notices, rdma=rdma, checks=report.checks + ((labelled,) if labelled else ()),
                    built_from=registry_built_from(registry, ref) if read_provenance else None)
 
 
