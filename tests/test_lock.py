@@ -29,10 +29,12 @@ from imagebuilder.lock import command as locking
 from imagebuilder.lock.base_pin import BasePin, pin_base
 from imagebuilder.lock.index import default_index_url
 from imagebuilder.lock.lockfile import (BadExtra, Lock, LockError, LockSet, Pin, StaleLock, load_locks, lock_name,
-                                        parse_extras, parse_lock)
+                                        parse_extras, parse_lock, with_suffix)
 from imagebuilder.lock.uv_compile import ResolutionFailed
 from imagebuilder.matrix.load import load_matrix, parse_matrix
 from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.matrix.selection import Selection
+from imagebuilder.pipeline import publish_images
 
 MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
 LOCKS = load_locks(REPO_ROOT / "locks")
@@ -562,6 +564,35 @@ def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) 
     assert lock_name(spec, extras) != E2E_LOCK  # a site's lock never shadows the default one
     with pytest.raises(Exception, match="extras is a list of requirements"):
         parse_matrix(MATRIX.text + "\nextras: transformers\n", tmp_path / "bad.yaml")
+
+
+def test_an_image_built_with_extras_has_tags_of_its_own_and_a_matrix_level_list_does_not(tmp_path: Path) -> None:
+    """Round five: `build --with 'pandas==2.2.3'` replaced the plain image's tags locally, and
+    `publish --with` would have moved the published plain tags to the pandas image."""
+    jupyter = replace(E2E, variant="jupyter")
+    plain = render(resolve(MATRIX, jupyter), MATRIX)
+    pandas = render(resolve(MATRIX, jupyter), MATRIX, RenderOptions(extras=("pandas==2.2.3",)))
+    same = render(resolve(MATRIX, jupyter), MATRIX, RenderOptions(extras=("pandas == 2.2.3", "pandas==2.2.3")))
+    suffix = "-" + with_suffix(parse_extras(["pandas==2.2.3"]))
+    assert plain.tags and not set(plain.tags) & set(pandas.tags)
+    assert pandas.tags == tuple(tag + suffix for tag in plain.tags) == same.tags
+    # A jupyter image is built FROM its parent built with the same --with, not the plain one.
+    assert f"pytorch:2.6.0-cuda12.1-cudnn9-debian12-runtime{suffix}\n" in pandas.dockerfile
+    # A site's extras make its plain images: no suffix; a --with that repeats one adds nothing.
+    site = parse_matrix(MATRIX.text + "\nextras: ['tqdm']\n", tmp_path / "site.yaml")
+    assert render(resolve(site, E2E), site, RenderOptions(extras=("tqdm",))).tags == render(
+        resolve(MATRIX, E2E), MATRIX).tags
+    # publish joins the platforms' images under the same tags: those of the --with image.
+    per_platform, index_platforms = publish_images(MATRIX, Selection(torch="2.6", cuda="12.1", os="debian12"),
+                                                   RenderOptions(extras=("pandas==2.2.3",)), ["linux/amd64"],
+                                                   multi=False, read_os_release=None, merge_only=False,
+                                                   note=lambda text: None)
+    assert index_platforms and all(ref.endswith(suffix) for ref in index_platforms)
+    # and the command says so before it builds anything.
+    done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--with", "pandas==2.2.3",
+                        "--dry-run", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"would build pytorch:2.6.0-cuda12.1-cudnn9-debian12-runtime{suffix} " in done.stderr + done.stdout
 
 
 class RecordingEngine:
