@@ -297,7 +297,7 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
 @options.compression
 @click.option("--squashfs", is_flag=True,
               help="Beside each published image, its root as a squashfs (zstd, 1 MiB blocks, enroot's config "
-                   "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md).")
+                   "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md); not with --no-push.")
 @click.option("--start-command", default=None, metavar="CMD",
               help="With --compression estargz or zstd:chunked: the start whose opened files go first in each layer, run once "
                    "in the image as its user (default: import torch and a first torch.compile); '' for none.")

@@ -22,7 +22,7 @@ from ..matrix.selection import Selection
 from ..registry.api import Registry
 from ..registry.reference import RegistryTarget
 from ..registry.retry import RetryPolicy
-from .estargz import NAMES, EstargzPublisher, split_export
+from .estargz import EstargzPublisher, asked_layers, pushed_as, split_export
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
 from .plan import RunOptions, Step
@@ -51,6 +51,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
     from ..registry.client import HttpRegistry
     from ..trust.signing import key_signer
 
+    if squashfs and not push:  # it goes up beside the pushed image: with nothing pushed it would be dropped
+        raise SquashfsWithoutPush()
     start = start_profile_command(start_command, compression)
     repository = target.repository(rendering.repository or matrix.defaults.repository)
     wanted = parse_platforms(platforms)
@@ -81,6 +83,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         for platform, steps in plan.steps:
             echo((f"{platform}:\n" if multi else "") + format_plan(steps, push))
         if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
+            for line in asked_lines(compression, start, squashfs, signed=signer is not None) if not merge_only else ():
+                echo(line)
             merged = plan.indexes(registry, merge=merge_only or (merge and push),
                                   signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
             report_indexes(merged, ledger, echo=echo)
@@ -104,8 +108,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {export.describe() if export else 'gzip (docker push compresses them)'}")
             if estargz is not None:
-                progress(f"pushed as: {NAMES[estargz.codec]}, level {estargz.level}, "
-                         + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
+                progress(pushed_as(estargz.codec, estargz.level, start))
         run_options = RunOptions(matrix_path=matrix_path, push=push, keep_going=keep_going,
                                  allow_no_gpu=allow_no_gpu, verify_timeout=verify_timeout, nocache=no_cache,
                                  pull=pull, export=export, cache_registry=target if export is not None else None,
@@ -113,6 +116,21 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=multi, merge=merge, index_platforms=plan.index_platforms, ledger=ledger,
                        events=EventPrinter(sys.stderr, quiet=quiet), echo=echo)
+
+
+def asked_lines(compression: Compression | None, start: Sequence[str] | None, squashfs: bool, *,
+                signed: bool) -> list[str]:
+    """What a dry run says of the options that change what goes up besides the plan's tags:
+    --compression (with eStargz's start profile) and --squashfs."""
+    lines = [asked_layers(compression, start)] if compression is not None else []
+    if squashfs:
+        lines.append("squashfs: beside each image pushed or found published, its squashfs for pyxis/enroot "
+                     "unless the registry has one" + (", signed" if signed else ""))
+    return lines
+
+
+class SquashfsWithoutPush(BadRequest):
+    template = "--squashfs pushes each image's squashfs beside it: drop --no-push or --squashfs"
 
 
 class StartWithoutEstargz(BadRequest):
