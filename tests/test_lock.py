@@ -650,6 +650,48 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
         build_image(RecordingEngine(None), image, builder=RecordingEngine(None), matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
 
 
+class LostRecordEngine(RecordingEngine):
+    """The labelled build names the image under its first two tags, then fails as BuildKit does
+    when another job's prune removed its records (after the retry): the tags it moved must go."""
+
+    def __init__(self, named: dict[str, str]) -> None:
+        super().__init__(b"{}")
+        self.named = dict(named)
+
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        return (self.named[ref], ()) if ref in self.named else None
+
+    def build(self, req, on_progress=None):
+        from imagebuilder.engine.api import BuildResult
+        from imagebuilder.engine.errors import BuildFailed
+
+        self.builds.append((req.tags, ""))
+        if len(self.builds) == 1:
+            return BuildResult("sha256:1", req.tags, 1, 1.0, 2, 0, 2, None)
+        self.named.update({tag: "sha256:new" for tag in req.tags[:2]})
+        raise BuildFailed(step=None, total=2, instruction=None, error="not found", tail=(), log_path=None,
+                          cause="lost-record")
+
+    def remove_image(self, ref, force=True):
+        self.removed.append((ref, force))
+        self.named.pop(ref, None)
+
+
+def test_a_build_that_failed_after_tagging_leaves_no_tag_on_what_it_made(tmp_path) -> None:
+    """Round five: "the build failed: not found" left the image's local tags on the failed build's image."""
+    from imagebuilder.build.run import build_image
+    from imagebuilder.engine.errors import BuildFailed
+
+    image = render(resolve(MATRIX, Request("2.6", "12.4", None, "runtime", None)), MATRIX, RenderOptions(locks=LOCKS))
+    first, second, third, *_ = image.refs  # the default OS and Python: short aliases too
+    engine = LostRecordEngine({first: "sha256:old", third: "sha256:old"})
+    with pytest.raises(BuildFailed, match="not found"):
+        build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    # The tags it moved are gone; the tag that still names the last good image stays.
+    assert engine.named == {third: "sha256:old"}
+    assert [ref for ref, _ in engine.removed if ref in image.refs] == [first, second]
+
+
 class InterruptedEngine(RecordingEngine):
     """Ctrl-C while the first build exports: the daemon has named the unlabelled image."""
 

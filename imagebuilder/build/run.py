@@ -182,6 +182,9 @@ def build_image(
             if hint is None:
                 raise
             raise e.with_hint(hint) from e
+        # What the image's tags name before the builds that tag it (gzip+zstd's TAG-gzip too).
+        dual = image_export is not None and image_export.compression is not None and image_export.compression.also
+        named = {ref: _image_id(engine, ref) for ref in (*image.refs, *((gzip_ref(image.ref),) if dual else ()))}
         try:
             sbom_log = log_path.with_name(log_path.stem + "-sbom.log")
             if builder.kind == "buildkit":
@@ -199,6 +202,13 @@ def build_image(
                                        export=image_export)
             result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
             gzip = _export_gzip(builder, image, request, on_progress, result.seconds)
+        except BaseException:
+            # A build that tagged and then failed (BuildKit's lost record after the export) leaves
+            # no tag on what it made; a tag that still names the image it named before stays.
+            for ref, before in named.items():
+                if _image_id(engine, ref) not in (None, before):
+                    engine.remove_image(ref, force=False)
+            raise
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
         if later and export is not None and isinstance(builder, BackgroundBuilder):
@@ -224,6 +234,11 @@ def _export_gzip(builder: Builder, image: RenderedImage, request: BuildRequest,
     gzip_request = replace(request, tags=(gzip_ref(image.ref),), log_path=log,
                            export=replace(export, compression=also, cache_to=None))
     return builder.build(gzip_request, None if on_progress is None else _activities_only(on_progress, offset))
+
+
+def _image_id(engine: ImageStore, ref: str) -> str | None:
+    identity = engine.image_identity(ref)
+    return identity[0] if identity is not None else None
 
 
 def intermediate_tag(ref: str) -> str:

@@ -29,7 +29,8 @@ from typing import IO
 from .background import BackgroundBuild, stop
 from .api import TAIL_LINES, BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
 from .dockerfile import is_from, parse_from
-from .errors import BuildFailed, BuildTimedOut, EngineError, base_image_missing, classify_failure
+from .errors import (LOST_RECORD, BuildFailed, BuildTimedOut, EngineError, base_image_missing, classify_failure,
+                     lost_record)
 from .export import Export, output_args
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
@@ -42,6 +43,8 @@ _METADATA = re.compile(r"^\[internal\] load metadata for (\S+)")
 # An internal vertex's timed status line: "exporting layers 35.2s done", "unpacking to NAME 12.3s done".
 _STATUS_DONE = re.compile(r"^(?P<what>.*?) (?P<seconds>\d+\.\d+)s done$")
 _EXPORT_WORK = ("exporting layers", "unpacking to", "exporting cache", "writing layer")
+# Said as the build's activity (a progress line shows 90 characters of it) and in its log.
+RETRY_NOTE = "BuildKit lost a record of this build (another job's prune?): building it again"
 QUIET_FOR = 2.0
 """Seconds without an event after which the build says again what is still going: the plain
 output is silent while BuildKit compresses the layers and unpacks them (minutes for a torch
@@ -229,9 +232,10 @@ class PlainProgress:
                 base = metadata[1] if metadata else _from_image(vertex.instruction)
                 return base_image_missing(base.removeprefix("docker.io/library/"), message)
         tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
+        lost = (vertex is None or vertex.step is None) and lost_record(message)
         return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
                            instruction=vertex.instruction if vertex else None, error=message,
-                           tail=tail, log_path=log_path, cause=classify_failure(message, tail))
+                           tail=tail, log_path=log_path, cause=LOST_RECORD if lost else classify_failure(message, tail))
 
 
 def _from_image(instruction: str) -> str:
@@ -301,8 +305,20 @@ class BuildKitBuilder:
         return [*args, str(req.context)]
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
+        """The build; once more where BuildKit lost a record of it (LOST_RECORD), which a shared
+        daemon's prune by another job causes: the second try is mostly cached."""
         check_request(req)
         self.engine.ping()
+        try:
+            return self._build(req, on_progress)
+        except BuildFailed as e:
+            if e.fields["cause"] != LOST_RECORD:
+                raise
+            if on_progress is not None:
+                on_progress(Progress(0, 0, "", 0.0, False, None, activity=RETRY_NOTE))
+        return self._build(req, on_progress, again=True)
+
+    def _build(self, req: BuildRequest, on_progress: OnProgress | None, again: bool = False) -> BuildResult:
         started = time.monotonic()
         note = ""
         if req.export is not None and req.export.compression is not None:
@@ -314,7 +330,9 @@ class BuildKitBuilder:
         log: IO[str] | None = None
         if req.log_path is not None:
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = req.log_path.open("w", encoding="utf-8")
+            log = req.log_path.open("a" if again else "w", encoding="utf-8")
+            if again:
+                log.write(f"\n[imagebuilder] {RETRY_NOTE}\n")
         with tempfile.TemporaryDirectory(prefix="imagebuilder-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
             try:
