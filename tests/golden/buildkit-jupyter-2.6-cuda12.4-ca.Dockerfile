@@ -54,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="d002a0674302f72e613452524aa9ea985dfd32e5275394292d9091ee5da384dc"
+    io.imagebuilder.inputs-hash="9c29ac6091f5d5212fe391de119fea1dd469e8e6f991aecff20ca565f4bc8a07"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

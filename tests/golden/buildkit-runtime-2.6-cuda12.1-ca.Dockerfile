@@ -85,7 +85,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="68826f19c217e6aedbcaeedec1a429114d8f0f4f9661e6a8577c70ce9525767a"
+    io.imagebuilder.inputs-hash="e2560a23142ccaffb561e1cd5945117b2c0dbf4243afa90ef03eecd0ffcdd548"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

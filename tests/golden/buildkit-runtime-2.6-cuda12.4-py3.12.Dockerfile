@@ -83,7 +83,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="e549771fa689242c6e8f6615c65d7d7364bc343fc9b2048923fc6d6e77ce22fd"
+    io.imagebuilder.inputs-hash="772576a7ffdd29a3bc34369345f327ac81dd4b094a1d1dca657ed5d3caa980f2"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

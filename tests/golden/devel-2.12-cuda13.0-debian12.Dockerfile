@@ -86,7 +86,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="8d9be8ddd70234996c760288ebb6bd5288e5b38536f1ed20ff572681f17f646c"
+    io.imagebuilder.inputs-hash="15a2d050b46601f935cd98cb3700ae36826d4a9e840e42ea3e315c8e2e64b26f"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

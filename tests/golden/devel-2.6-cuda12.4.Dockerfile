@@ -82,7 +82,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="27a78402575dcfaaf6c1fb1828d0eb37821f18fe3bf57fe9ed2daf338212d52a"
+    io.imagebuilder.inputs-hash="acf990af3c2dde9f51daf93b356adb85894964372687715f640a0123ed506012"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="3a59f56d004bf52298f04eca2acb7229d083cffee1b6167f07ea20bbab230d6a"
+    io.imagebuilder.inputs-hash="e31e58fcc5a6615a0b1da9cced66d70d1bef29d8fac058894fff4d0c76e7e1bf"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

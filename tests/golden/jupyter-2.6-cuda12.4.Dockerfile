@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="55b7288210e572f499f243828aa3587d8d362fdb68fa7958cae59b82e6481ba7"
+    io.imagebuilder.inputs-hash="b09e9765c805d382e9dc256b181372618133c22f746eb74fa7434d89b4cc435c"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

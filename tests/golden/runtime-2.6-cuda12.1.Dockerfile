@@ -76,7 +76,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="5e1ada777eacd9c3e7a095fc05813faf76348f1754e15bea24ce7bbd2b34b8e6"
+    io.imagebuilder.inputs-hash="be3fa72b5d544b214598d83bace6e3b3e11a2ffba7991cf72269eb8201a9914d"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

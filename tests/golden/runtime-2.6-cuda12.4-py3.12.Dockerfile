@@ -77,7 +77,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="5f2a25768ac39e23a95859d66a452d4ceafddfc4475cd6fad245c137b985ef15"
+    io.imagebuilder.inputs-hash="1163a63466ecb22072268f5a201ff7429d14763ff9584c00b974dd7b28259093"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
