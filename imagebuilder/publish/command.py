@@ -83,8 +83,9 @@ def publish_command(matrix: Matrix, matrix_path: Path, selection: Selection, ren
         for platform, steps in plan.steps:
             echo((f"{platform}:\n" if multi else "") + format_plan(steps, push))
         if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
-            for line in asked_lines(compression, start, squashfs, signed=signer is not None) if not merge_only else ():
-                echo(line)
+            if not merge_only:  # (which builds nothing, so compresses and flattens nothing)
+                for line in asked_lines(compression, start, squashfs, signed=signer is not None):
+                    echo(line)
             merged = plan.indexes(registry, merge=merge_only or (merge and push),
                                   signer=signer if merge_only and not dry_run else None, write=merge_only and not dry_run)
             report_indexes(merged, ledger, echo=echo)
