@@ -478,7 +478,7 @@ def test_an_unwritable_workspace_is_warned_about_at_start(base_image: str, tmp_p
     if warned:
         assert lines == [f"imagebuilder: warning: /workspace is not writable by uid {user}: files there open but "
                          "saving fails (JupyterLab: 403 Permission denied); run the container as the folder's "
-                         'owner: --user "$(id -u):$(id -g)" (Docker), --userns=keep-id (rootless Podman)']
+                         'owner: --user "$(id -u):$(id -g)" (rootless Podman: with --userns=keep-id)']
     else:
         assert lines == []
 

@@ -123,7 +123,8 @@ def test_rootless_podman_runs_the_published_image_under_the_contract(cluster_use
     assert_the_contract_held(probe, uid=12345, cache_root="/tmp/home-12345/.cache/torch")
     # Round five: the user's folder at /workspace as the docs mount it. Rootless Podman maps the
     # image's user, and the `--user "$(id -u):$(id -g)"` Docker's advice gives, to subordinate
-    # uids: neither can write it, and the entrypoint says what does; --userns=keep-id can.
+    # uids; --userns=keep-id alone still runs the image's USER: none can write it, and the
+    # entrypoint says what does: both together.
     project = cluster_user.home / "project"
     assert cluster_user.run(["mkdir", "-p", str(project)]).returncode == 0
 
@@ -131,12 +132,13 @@ def test_rootless_podman_runs_the_published_image_under_the_contract(cluster_use
         return cluster_user.run(["podman", "run", "--rm", "--network", "none", *flags, "-v", f"{project}:/workspace",
                                  podman_image, "sh", "-c", "touch /workspace/made && echo WROTE"], timeout=300)
 
-    for flags, uid in (((), 1000), (("--user", f"{cluster_user.uid}:{cluster_user.gid}"), cluster_user.uid)):
+    mine = ("--user", f"{cluster_user.uid}:{cluster_user.gid}")
+    for flags, uid in (((), 1000), (mine, cluster_user.uid), (("--userns=keep-id",), 1000)):
         done = write(*flags)
         assert done.returncode != 0 and "WROTE" not in done.stdout, (flags, done.stdout, done.stderr[-2000:])
         assert (f"/workspace is not writable by uid {uid}: " in done.stderr
-                and '--user "$(id -u):$(id -g)" (Docker), --userns=keep-id (rootless Podman)' in done.stderr), done.stderr
-    done = write("--userns=keep-id")
+                and '--user "$(id -u):$(id -g)" (rootless Podman: with --userns=keep-id)' in done.stderr), done.stderr
+    done = write("--userns=keep-id", *mine)
     assert done.returncode == 0 and "WROTE" in done.stdout, done.stderr[-2000:]
     assert "not writable" not in done.stderr and (project / "made").stat().st_uid == cluster_user.uid
     # The cluster's uid adds a package as docs/clusters.md says: pip install --target a folder it

@@ -54,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="9c29ac6091f5d5212fe391de119fea1dd469e8e6f991aecff20ca565f4bc8a07"
+    io.imagebuilder.inputs-hash="752fba4b9fb6ad5f121abe3b41a65e05ae9b4977569ab4a00c3775706ff0971d"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

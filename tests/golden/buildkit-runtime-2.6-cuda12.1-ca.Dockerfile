@@ -85,7 +85,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="e2560a23142ccaffb561e1cd5945117b2c0dbf4243afa90ef03eecd0ffcdd548"
+    io.imagebuilder.inputs-hash="33bb90b5db553e22e308942051f8ad490fae6782e143b43a829217980cfc860b"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

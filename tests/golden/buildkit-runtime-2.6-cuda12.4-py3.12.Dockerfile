@@ -83,7 +83,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="772576a7ffdd29a3bc34369345f327ac81dd4b094a1d1dca657ed5d3caa980f2"
+    io.imagebuilder.inputs-hash="6f73f206915ebc235e8c06a36f8e2c2a444570ff06ac2cf945ab5b7b51b563b7"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -86,7 +86,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="15a2d050b46601f935cd98cb3700ae36826d4a9e840e42ea3e315c8e2e64b26f"
+    io.imagebuilder.inputs-hash="71d8bf60e6359c9fa1e636b3c5e637234b81b519471f75fdc69756fb4ddecf02"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

@@ -82,7 +82,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="acf990af3c2dde9f51daf93b356adb85894964372687715f640a0123ed506012"
+    io.imagebuilder.inputs-hash="60162b7014695e2c6f41da7a3dc8f59d2d6b5723f63196170c49ecc8d36c3068"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

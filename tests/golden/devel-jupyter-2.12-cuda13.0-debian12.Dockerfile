@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="e31e58fcc5a6615a0b1da9cced66d70d1bef29d8fac058894fff4d0c76e7e1bf"
+    io.imagebuilder.inputs-hash="be52555a6473bdacab7657ca8b4dbfec4212d37eb53ce831d21b5433b9dc2271"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

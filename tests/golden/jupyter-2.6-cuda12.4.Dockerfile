@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="b09e9765c805d382e9dc256b181372618133c22f746eb74fa7434d89b4cc435c"
+    io.imagebuilder.inputs-hash="0b1f978d3c133efaa337f837762cb78b542f3256c3593ee1fff49008dde6829a"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -76,7 +76,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="be3fa72b5d544b214598d83bace6e3b3e11a2ffba7991cf72269eb8201a9914d"
+    io.imagebuilder.inputs-hash="4f64d7caa4bbc166ff4c7c5703f16aaf5755e71c46645b24f92e24b1c5a98ed8"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

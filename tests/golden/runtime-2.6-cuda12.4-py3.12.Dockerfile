@@ -77,7 +77,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="1163a63466ecb22072268f5a201ff7429d14763ff9584c00b974dd7b28259093"
+    io.imagebuilder.inputs-hash="4cc1e9909c54342d429fcf4fc2e40878aff3e9f4376d7b60e4584858461f6ee6"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
