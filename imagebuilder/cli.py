@@ -207,8 +207,13 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
     if not quiet:
         click.echo(f"builder: {builder.describe()}", err=True)
     opts = for_command(ctx.matrix, rendering, decision.kind, buildx=decision.buildx)
-    # The security fixes each image holds: its base's packages against the OS's security suite.
-    os_states = OsStates(engine, cached(HttpMirror(progress).get), opts.security_mirror, progress)
+    # The security fixes each image holds: its base's packages against the OS's security suite;
+    # a dry run reads them only from a --base-image, as publish's does (the matrix's may need a pull).
+    os_states: OsStates | None = OsStates(engine, cached(HttpMirror(progress).get), opts.security_mirror, progress)
+    if dry_run and selection.base_image is None and not selection.platform_bases:
+        os_states = None
+        note("the dry run's inputs hashes leave out the security fixes the images would hold: the run reads "
+             "them from the base images (a dry run only from a --base-image)")
     plan = pipeline.plan_build(ctx.matrix, selection, opts, wanted, engine.os_release,
                                engine.image_exists, note, os_states)
     if dry_run:
@@ -267,7 +272,7 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
 @options.compression
 @click.option("--squashfs", is_flag=True,
               help="Beside each published image, its root as a squashfs (zstd, 1 MiB blocks, enroot's config "
-                   "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md).")
+                   "files) pushed as an OCI artifact referring to it, for Slurm's pyxis (docs/clusters-squashfs.md); not with --no-push.")
 @click.option("--start-command", default=None, metavar="CMD",
               help="With --compression estargz or zstd:chunked: the start whose opened files go first in each layer, run once "
                    "in the image as its user (default: import torch and a first torch.compile); '' for none.")

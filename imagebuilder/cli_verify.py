@@ -45,7 +45,7 @@ def verifying(f: F) -> F:
                      help="Check this Python environment instead of an image (bare-metal hosts, pods)."),
         options.allow_no_gpu,
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables."),
-        click.option("--timeout", type=float, callback=options.seconds, default=1800, show_default=True, metavar="S",
+        click.option("--timeout", type=options.SECONDS, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests may take in all; the container is killed and removed after."),
         click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
                      help="With --local: the manifest.json whose versions to expect. Default: none."),

@@ -65,12 +65,19 @@ def refuse_unless(validate: Callable[..., None]) -> Callable[[F], F]:
     return decorator
 
 
-def seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+class _Seconds(click.types.FloatParamType):
     """A timeout: a finite number of seconds, at least 1 and at most a week (inf, nan and 1e300
-    are no deadline a container can be given)."""
-    if not math.isfinite(value) or not 1 <= value <= WEEK:
-        raise BadRequest(f"{param.opts[0]} {value:g} is not a number of seconds from 1 to {WEEK}; give e.g. 1800")
-    return value
+    are no deadline a container can be given); a refusal names the value as typed, not converted."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds) or not 1 <= seconds <= WEEK:
+            name = param.opts[0] if param is not None else "a timeout"
+            raise BadRequest(f"{name} {value} is not a number of seconds from 1 to {WEEK}; give e.g. 1800")
+        return float(seconds)
+
+
+SECONDS = _Seconds()
 
 
 WEEK = 7 * 24 * 3600
@@ -272,11 +279,11 @@ def build_only(f: F) -> F:
 
 def _registry_policy(ctx: click.Context, param: click.Parameter, value: float) -> RetryPolicy:
     """--registry-timeout, parsed once into the policy every registry request of the command follows."""
-    return replace(REGISTRY_POLICY, timeout_s=seconds(ctx, param, value))
+    return replace(REGISTRY_POLICY, timeout_s=value)
 
 
 registry_timeout = click.option(
-    "--registry-timeout", "registry_policy", type=float, callback=_registry_policy,
+    "--registry-timeout", "registry_policy", type=SECONDS, callback=_registry_policy,
     default=REGISTRY_POLICY.timeout_s, show_default=True, metavar="S",
     help="Seconds imagebuilder's own registry requests may go without an answer before they are given up as a "
          "timeout (a stalled request is tried once more; 429, 5xx and resets a few times, each retry said on "
@@ -320,7 +327,7 @@ def publishing(f: F) -> F:
                           "platform each; a --merge-only job writes the indexes after them."),
         click.option("--merge-only", is_flag=True,
                      help="Build nothing: make each TAG an index over the --platform images already pushed."),
-        click.option("--verify-timeout", type=float, callback=seconds, default=1800, show_default=True, metavar="S",
+        click.option("--verify-timeout", type=SECONDS, default=1800, show_default=True, metavar="S",
                      help="Seconds the smoke tests of one image may take."),
         click.option("--date", "day", type=click.DateTime(["%Y-%m-%d"]), default=None, metavar="YYYY-MM-DD",
                      help="The day of the immutable dated tags ({qualified}-{YYYYMMDD}). Default: today (UTC)."),

@@ -137,6 +137,10 @@ ROWS = {
                                                                    "--compression-level", "3"), 2,
                                                                   "gzip+zstd exports each at BuildKit's default"),
     # issue 44: the start profile orders eStargz layers; with any other compression it would be ignored
+    "publish --squashfs --no-push": Row((*PUBLISH, "--squashfs", "--no-push"), 2,
+                                        "--squashfs pushes each image's squashfs beside it: drop --no-push or --squashfs"),
+    "publish --dry-run --squashfs --no-push": Row((*PUBLISH, "--dry-run", "--no-push", "--squashfs"), 2,
+                                                  "drop --no-push or --squashfs"),
     "publish --dry-run --start-command without estargz": Row((*PUBLISH, "--dry-run", "--compression", "zstd",
                                                               "--start-command", "python -c 'import torch'"), 2,
                                                              "--start-command orders eStargz layers: give --compression estargz"),
@@ -181,7 +185,11 @@ ROWS = {
     # issue 29, item 5: a line, not a traceback, and before any work
     "verify --timeout nan": Row(("verify", "--local", "--timeout", "nan"), 2, "--timeout nan is not a number of seconds from 1 to 604800"),
     "verify --timeout inf": Row(("verify", "pytorch:2.6", "--timeout", "inf"), 2, "--timeout inf is not a number of seconds"),
-    "verify --timeout 1e300": Row(("verify", "pytorch:2.6", "--timeout", "1e300"), 2, "--timeout 1e+300 is not a number of seconds"),
+    # Echoed as typed, not converted (round five: 1e400 came back as `inf`, 1e300 as `1e+300`).
+    "verify --timeout 1e300": Row(("verify", "pytorch:2.6", "--timeout", "1e300"), 2, "--timeout 1e300 is not a number of seconds"),
+    "verify --timeout 1e400": Row(("verify", "pytorch:2.6", "--timeout", "1e400"), 2, "--timeout 1e400 is not a number of seconds"),
+    "publish --registry-timeout 1E999": Row((*PUBLISH, "--dry-run", "--registry-timeout", "1E999"), 2,
+                                            "--registry-timeout 1E999 is not a number of seconds"),
     "publish --verify-timeout nan": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--verify-timeout", "nan"), 2,
                                         "--verify-timeout nan is not a number of seconds"),
     "build --report unwritable": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--report", "afile/r.json"), 2,
@@ -474,7 +482,7 @@ def test_an_unwritable_workspace_is_warned_about_at_start(base_image: str, tmp_p
     if warned:
         assert lines == [f"imagebuilder: warning: /workspace is not writable by uid {user}: files there open but "
                          "saving fails (JupyterLab: 403 Permission denied); run the container as the folder's "
-                         'owner: --user "$(id -u):$(id -g)"']
+                         'owner: --user "$(id -u):$(id -g)" (rootless Podman: with --userns=keep-id)']
     else:
         assert lines == []
 

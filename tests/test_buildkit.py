@@ -234,6 +234,60 @@ def test_a_cli_that_died_without_output_still_says_so():
     assert isinstance(error, BuildFailed) and "exited with code 125" in str(error)
 
 
+# A build whose records another job's `docker builder prune` removed on a shared daemon: every
+# step and the export done, then BuildKit's bare "not found" (round five).
+LOST_RECORD_OUTPUT = CACHED_OUTPUT + "ERROR: failed to solve: not found\n"
+
+
+class Inspector:
+    """The builder's reads of the image store, answered as dockerd does for the built image."""
+
+    def ping(self) -> None:
+        pass
+
+    def inspect_image(self, ref: str) -> dict[str, object]:
+        return {"Id": "sha256:" + "a" * 64, "Size": 7}
+
+
+def _lost_record_cli(tmp_path: Path, fail: int) -> BuildKitCli:
+    """A docker CLI that loses its records `fail` times, then builds: its output and --iidfile as buildx's."""
+    (tmp_path / "output").write_text(LOST_RECORD_OUTPUT)
+    script = (f'n=$(cat {tmp_path}/tries 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/tries\n'
+              f'if [ "$n" -lt {fail} ]; then cat {tmp_path}/output; exit 1; fi\n'
+              'while [ $# -gt 0 ]; do [ "$1" = --iidfile ] && echo sha256:1 > "$2"; shift; done\n'
+              f'echo "{CACHED_OUTPUT.splitlines()[-1]}"\n')
+    return BuildKitCli(("sh", "-c", script, "sh"))
+
+
+def test_a_record_lost_to_another_jobs_prune_is_named_and_the_build_tried_once_more(tmp_path):
+    state, _ = parse(LOST_RECORD_OUTPUT)
+    error = state.error(1, None)
+    assert isinstance(error, BuildFailed) and error.cause == "lost-record"
+    assert str(error).startswith("the build failed: not found; BuildKit lost a record of this build under it, "
+                                 "twice (on a shared daemon another job's `docker builder prune`")
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(TWO_STAGES)
+    events: list[Progress] = []
+    req = BuildRequest(context=tmp_path / "ctx", tags=("r:a",), log_path=tmp_path / "build.log")
+    result = BuildKitBuilder(_lost_record_cli(tmp_path, fail=1), Inspector()).build(req, events.append)
+    assert result.image_id == "sha256:" + "a" * 64 and (tmp_path / "tries").read_text() == "2\n"
+    assert any(e.activity and e.activity.startswith("BuildKit lost a record of this build") for e in events)
+    log = (tmp_path / "build.log").read_text()  # both tries, the retry said between them
+    assert "ERROR: failed to solve: not found" in log and "[imagebuilder] BuildKit lost a record" in log
+    # Lost twice: the error, after two tries only.
+    (tmp_path / "tries").unlink()
+    with pytest.raises(BuildFailed, match="BuildKit lost a record of this build under it, twice"):
+        BuildKitBuilder(_lost_record_cli(tmp_path, fail=2), Inspector()).build(req)
+    assert (tmp_path / "tries").read_text() == "2\n"
+    # A step's own failure is not retried.
+    (tmp_path / "output").write_text(FAILED_OUTPUT)
+    (tmp_path / "tries").unlink()
+    script = f'echo 1 >> {tmp_path}/tries; cat {tmp_path}/output; exit 1'
+    with pytest.raises(BuildFailed, match="exit code 3"):
+        BuildKitBuilder(BuildKitCli(("sh", "-c", script, "sh")), Inspector()).build(req)
+    assert (tmp_path / "tries").read_text() == "1\n"
+
+
 def test_the_command_line_carries_tags_labels_secrets_and_platform(tmp_path):
     builder = BuildKitBuilder(BuildKitCli(("docker", "buildx", "build")), DockerEngine())
     req = BuildRequest(context=tmp_path, tags=("r:a", "r:b"), labels={"k": "v"},

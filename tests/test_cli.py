@@ -175,6 +175,27 @@ def test_publish_dry_run_plans_the_image_build_makes(registry):
     assert "2.6.0-cuda12.1-cudnn9-runtime" in out
 
 
+def test_publish_dry_run_says_what_compression_start_profile_and_squashfs_the_run_would_push():
+    """Round five: the dry run said nothing of --squashfs, --compression or the start profile.
+    (--force plans without asking the registry, which is not there.)"""
+    publish = ("publish", "--torch", "2.6", "--cuda", "12.1", "--variant", "runtime", "--os", "ubuntu22.04",
+               "--registry", "127.0.0.1:5999/ns", "--dry-run", "--force", "--builder", "buildkit")
+    code, out, err = run(*publish, "--compression", "zstd:chunked", "--start-command", "python -c 'import numpy'",
+                         "--squashfs")
+    assert code == 0, err
+    assert "layers: zstd, exported by BuildKit; pushed as: zstd:chunked, level 3, ordered by what " \
+           "`python -c 'import numpy'` opens\n" in out
+    assert "squashfs: beside each image pushed or found published, its squashfs for pyxis/enroot unless " \
+           "the registry has one\n" in out
+    code, out, err = run(*publish, "--compression", "estargz", "--start-command", "")
+    assert code == 0 and "pushed as: eStargz, level 6, unordered (no start profile)\n" in out, err
+    code, out, err = run(*publish, "--compression", "zstd", "--compression-level", "9")
+    assert code == 0 and "layers: zstd level 9, exported by BuildKit and pushed as verified\n" in out, err
+    assert "squashfs" not in out
+    code, out, _ = run(*publish)  # nothing asked: nothing said
+    assert code == 0 and "layers:" not in out and "squashfs" not in out
+
+
 def test_a_missing_matrix_file_is_a_bad_request(tmp_path):
     result = CliRunner().invoke(cli, ["--matrix", str(tmp_path / "nope.yaml"), "matrix"])
     assert result.exit_code == 2 and "--matrix" in result.stderr and "nope.yaml" in result.stderr

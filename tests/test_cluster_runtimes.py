@@ -121,6 +121,57 @@ def test_rootless_podman_runs_the_published_image_under_the_contract(cluster_use
                              "python", "/probe.py"], timeout=600)
     (probe,) = probe_result(done)
     assert_the_contract_held(probe, uid=12345, cache_root="/tmp/home-12345/.cache/torch")
+    # Round five: the user's folder at /workspace as the docs mount it. Rootless Podman maps the
+    # image's user, and the `--user "$(id -u):$(id -g)"` Docker's advice gives, to subordinate
+    # uids; --userns=keep-id alone still runs the image's USER: none can write it, and the
+    # entrypoint says what does: both together.
+    project = cluster_user.home / "project"
+    assert cluster_user.run(["mkdir", "-p", str(project)]).returncode == 0
+
+    def write(*flags: str) -> subprocess.CompletedProcess[str]:
+        return cluster_user.run(["podman", "run", "--rm", "--network", "none", *flags, "-v", f"{project}:/workspace",
+                                 podman_image, "sh", "-c", "touch /workspace/made && echo WROTE"], timeout=300)
+
+    mine = ("--user", f"{cluster_user.uid}:{cluster_user.gid}")
+    for flags, uid in (((), 1000), (mine, cluster_user.uid), (("--userns=keep-id",), 1000)):
+        done = write(*flags)
+        assert done.returncode != 0 and "WROTE" not in done.stdout, (flags, done.stdout, done.stderr[-2000:])
+        assert (f"/workspace is not writable by uid {uid}: " in done.stderr
+                and '--user "$(id -u):$(id -g)" (rootless Podman: with --userns=keep-id)' in done.stderr), done.stderr
+    done = write("--userns=keep-id", *mine)
+    assert done.returncode == 0 and "WROTE" in done.stdout, done.stderr[-2000:]
+    assert "not writable" not in done.stderr and (project / "made").stat().st_uid == cluster_user.uid
+    # The cluster's uid adds a package as docs/clusters.md says: pip install --target a folder it
+    # can write, on PYTHONPATH (a wheel of our own: the container has no network).
+    wheel = _wheel(cluster_user.home, "ibprobe", "VALUE = 'IBPROBE-OK'\n")
+    script = ("pip install --no-index --target /tmp/pydeps /wheels/" + wheel.name
+              + " && PYTHONPATH=/tmp/pydeps python -c 'import os, ibprobe; print(ibprobe.VALUE, os.getuid())'")
+    done = cluster_user.run(["podman", "run", "--rm", "--network", "none", *CONTRACT, "-v", f"{wheel.parent}:/wheels:ro",
+                             podman_image, "sh", "-c", script], timeout=300)
+    assert done.returncode == 0 and "IBPROBE-OK 12345" in done.stdout, (done.stdout, done.stderr[-2000:])
+
+
+def _wheel(folder: Path, name: str, module: str) -> Path:
+    """A pure-Python wheel of one module, `{name}-1.0-py3-none-any.whl` in folder/wheels, its RECORD
+    hashed as pip checks it."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-1.0.dist-info"
+    files = {f"{name}.py": module.encode(),
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for path, data in files.items()) + f"{info}/RECORD,,\n"
+    (folder / "wheels").mkdir(exist_ok=True)
+    path = folder / "wheels" / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for member, data in (*files.items(), (f"{info}/RECORD", record.encode())):
+            wheel.writestr(member, data)
+    (folder / "wheels").chmod(0o755)
+    path.chmod(0o644)
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from imagebuilder.engine.export import Compression, Export, gzip_ref, output_arg
 from imagebuilder.engine.export_decision import CompressionUnavailable, decide_export
 from imagebuilder.errors import BadRequest
 from imagebuilder.publish.dual import dual_index, images_of, marked_zstd
-from imagebuilder.publish.plan import RunOptions, plan
+from imagebuilder.publish.plan import PUSHED, Outcome, RunOptions, plan
 from imagebuilder.publish.push import Pushing, push_dual
 from imagebuilder.publish.report import format_plan
 from imagebuilder.registry.manifests import OCI_INDEX, ZSTD_ANNOTATION, index_document, platform_entries
@@ -214,6 +214,9 @@ def test_the_plan_of_gzip_zstd_lists_the_pushes_the_run_makes_in_its_order() -> 
     push_dual(step.image.refs, _d("zstd-index"), _d("gzip-index"), PushingEngine(registry), registry,  # type: ignore[arg-type]
               options, done)
     assert step.dated is not None and list(step.writes) == [*done.pushed, step.dated]
+    # The report's digest is the index the tags name, not the gzip image pushed first (round five).
+    assert Outcome(step, PUSHED, "pushed", pushed=done.pushed).to_json()["digest"] == done.pushed[step.image.ref]
+    assert done.pushed[step.image.ref] != done.pushed[step.gzip]
     assert step.to_json()["push"] == list(step.writes)
     listed = format_plan((step,)).splitlines()[-2]
     assert listed.startswith(f"  {step.image.tags[0]}: push {step.image.tags[0]}-gzip, "), listed

@@ -31,10 +31,12 @@ from imagebuilder.lock.base_pin import BasePin, pin_base
 from imagebuilder.lock.index import default_index_url
 from imagebuilder.errors import BadRequest
 from imagebuilder.lock.lockfile import (BadExtra, Lock, LockSet, Pin, StaleLock, load_locks, lock_name,
-                                        parse_extras, parse_lock)
+                                        parse_extras, parse_lock, with_suffix)
 from imagebuilder.lock.uv_compile import ResolutionFailed
 from imagebuilder.matrix.load import load_matrix, parse_matrix
 from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve
+from imagebuilder.matrix.selection import Selection
+from imagebuilder.publish.planner import publish_images
 
 MATRIX = load_matrix(REPO_ROOT / "matrix.yaml")
 LOCKS = load_locks(REPO_ROOT / "locks")
@@ -557,6 +559,35 @@ def test_a_matrix_level_extras_list_goes_into_every_images_lock(tmp_path: Path) 
         parse_matrix(MATRIX.text + "\nextras: transformers\n", tmp_path / "bad.yaml")
 
 
+def test_an_image_built_with_extras_has_tags_of_its_own_and_a_matrix_level_list_does_not(tmp_path: Path) -> None:
+    """Round five: `build --with 'pandas==2.2.3'` replaced the plain image's tags locally, and
+    `publish --with` would have moved the published plain tags to the pandas image."""
+    jupyter = replace(E2E, variant="jupyter")
+    plain = render(resolve(MATRIX, jupyter), MATRIX)
+    pandas = render(resolve(MATRIX, jupyter), MATRIX, RenderOptions(extras=("pandas==2.2.3",)))
+    same = render(resolve(MATRIX, jupyter), MATRIX, RenderOptions(extras=("pandas == 2.2.3", "pandas==2.2.3")))
+    suffix = "-" + with_suffix(parse_extras(["pandas==2.2.3"]))
+    assert plain.tags and not set(plain.tags) & set(pandas.tags)
+    assert pandas.tags == tuple(tag + suffix for tag in plain.tags) == same.tags
+    # A jupyter image is built FROM its parent built with the same --with, not the plain one.
+    assert f"pytorch:2.6.0-cuda12.1-cudnn9-debian12-runtime{suffix}\n" in pandas.dockerfile
+    # A site's extras make its plain images: no suffix; a --with that repeats one adds nothing.
+    site = parse_matrix(MATRIX.text + "\nextras: ['tqdm']\n", tmp_path / "site.yaml")
+    assert render(resolve(site, E2E), site, RenderOptions(extras=("tqdm",))).tags == render(
+        resolve(MATRIX, E2E), MATRIX).tags
+    # publish joins the platforms' images under the same tags: those of the --with image.
+    per_platform, index_platforms = publish_images(MATRIX, Selection(torch="2.6", cuda="12.1", os="debian12"),
+                                                   RenderOptions(extras=("pandas==2.2.3",)), ["linux/amd64"],
+                                                   multi=False, read_os_release=None, merge_only=False,
+                                                   note=lambda text: None)
+    assert index_platforms and all(ref.endswith(suffix) for ref in index_platforms)
+    # and the command says so before it builds anything.
+    done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--with", "pandas==2.2.3",
+                        "--dry-run", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"would build pytorch:2.6.0-cuda12.1-cudnn9-debian12-runtime{suffix} " in done.stderr + done.stdout
+
+
 class RecordingEngine:
     """The engine (and builder) calls build_image makes, answered from canned values."""
 
@@ -610,6 +641,48 @@ def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_ta
     assert built.result.image_id == "sha256:2" and engine.removed == [(unlabelled, False)]
     with pytest.raises(SbomMissing, match="has no /opt/imagebuilder/sbom.cdx.json"):
         build_image(RecordingEngine(None), image, builder=RecordingEngine(None), matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+
+
+class LostRecordEngine(RecordingEngine):
+    """The labelled build names the image under its first two tags, then fails as BuildKit does
+    when another job's prune removed its records (after the retry): the tags it moved must go."""
+
+    def __init__(self, named: dict[str, str]) -> None:
+        super().__init__(b"{}")
+        self.named = dict(named)
+
+    def image_identity(self, ref: str) -> tuple[str, tuple[str, ...]] | None:
+        return (self.named[ref], ()) if ref in self.named else None
+
+    def build(self, req, on_progress=None):
+        from imagebuilder.engine.api import BuildResult
+        from imagebuilder.engine.errors import BuildFailed
+
+        self.builds.append((req.tags, ""))
+        if len(self.builds) == 1:
+            return BuildResult("sha256:1", req.tags, 1, 1.0, 2, 0, 2, None)
+        self.named.update({tag: "sha256:new" for tag in req.tags[:2]})
+        raise BuildFailed(step=None, total=2, instruction=None, error="not found", tail=(), log_path=None,
+                          cause="lost-record")
+
+    def remove_image(self, ref, force=True):
+        self.removed.append((ref, force))
+        self.named.pop(ref, None)
+
+
+def test_a_build_that_failed_after_tagging_leaves_no_tag_on_what_it_made(tmp_path) -> None:
+    """Round five: "the build failed: not found" left the image's local tags on the failed build's image."""
+    from imagebuilder.build.run import build_image
+    from imagebuilder.engine.errors import BuildFailed
+
+    image = render(resolve(MATRIX, Request("2.6", "12.4", None, "runtime", None)), MATRIX, RenderOptions(locks=LOCKS))
+    first, second, third, *_ = image.refs  # the default OS and Python: short aliases too
+    engine = LostRecordEngine({first: "sha256:old", third: "sha256:old"})
+    with pytest.raises(BuildFailed, match="not found"):
+        build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    # The tags it moved are gone; the tag that still names the last good image stays.
+    assert engine.named == {third: "sha256:old"}
+    assert [ref for ref, _ in engine.removed if ref in image.refs] == [first, second]
 
 
 class InterruptedEngine(RecordingEngine):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import BadRequest
 from ..lock.base_pin import BasePin
-from ..lock.lockfile import Lock, check_extras, parse_extras
+from ..lock.lockfile import Lock, added_extras, check_extras, parse_extras
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from .image_contents import (CA_PATH, JUPYTER_LOCK_PATH, LOCK_PATH, SBOM_PATH, VENV, apt_packages, constraints_for,
@@ -128,9 +128,14 @@ class ImagePlan:
     trusts_ca_bundle: bool
 
 
+def plain_tags(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> tuple[str, ...]:
+    """The image's tags without a platform's suffix: the matrix's, of their own with --with."""
+    return tags_for(spec, matrix, added_extras(matrix, options.extras))
+
+
 def image_tags(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> tuple[str, ...]:
-    """The image's tags: the matrix's, each with `-{arch}` where the platform's own are asked for."""
-    tags = tags_for(spec, matrix)
+    """The image's tags: plain_tags, each with `-{arch}` where the platform's own are asked for."""
+    tags = plain_tags(spec, matrix, options)
     return platform_tags(tags, options.platform) if options.platform_tags and options.platform else tags
 
 

@@ -18,11 +18,11 @@ from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec, resolve
 from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
 from ..scan.fixes import OsState
-from .image_plan import image_tags, plan_image, repository_of
+from .image_plan import image_tags, plain_tags, plan_image, repository_of
 from .platforms import arch, host_platform
 from .render import RenderedImage, render
 from .render_options import RenderOptions
-from .tags import image_ref, tags_for
+from .tags import image_ref
 
 if TYPE_CHECKING:
     from ..engine.docker import DockerEngine
@@ -134,7 +134,7 @@ def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, 
         if reading.notices:  # the requested images': what their lock and base pin leave unpinned
             for notice in dict.fromkeys(n for image in images if image.spec.key in asked for n in image.notices):
                 note(notice)
-        refs = tuple(image_ref(repository, tag) for spec in specs for tag in tags_for(spec, matrix))
+        refs = tuple(image_ref(repository, tag) for spec in specs for tag in plain_tags(spec, matrix, own))
         out.append(PlatformImages(platform, tuple(build_order(images) if reading.request else images), refs))
     return out
 

@@ -173,6 +173,9 @@ def build_image(
             if hint is None:
                 raise
             raise e.with_hint(hint) from e
+        # What the image's tags name before the builds that tag it (gzip+zstd's TAG-gzip too).
+        dual = image_export is not None and image_export.compression is not None and image_export.compression.also
+        named = {ref: _image_id(engine, ref) for ref in (*image.refs, *((gzip_ref(image.ref),) if dual else ()))}
         try:
             sbom_log = log_path.with_name(log_path.stem + "-sbom.log")
             if builder.kind == "buildkit":
@@ -190,6 +193,13 @@ def build_image(
                                        export=image_export)
             result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
             gzip = _export_gzip(builder, image, request, on_progress, result.seconds)
+        except BaseException:
+            # A build that tagged and then failed (BuildKit's lost record after the export) leaves
+            # no tag on what it made; a tag that still names the image it named before stays.
+            for ref, before in named.items():
+                if _image_id(engine, ref) not in (None, before):
+                    engine.remove_image(ref, force=False)
+            raise
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
         if later and export is not None and isinstance(builder, BackgroundBuilder):
@@ -221,6 +231,11 @@ def run_log(logs: Path, key: str) -> Path:
     """This run's build log (its -sbom, -gzip, -cache logs are named after it): its own, as
     intermediate_tag is, so two builds of one image in one second do not write into one file."""
     return logs / f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{token_hex(3)}.log"
+
+
+def _image_id(engine: ImageStore, ref: str) -> str | None:
+    identity = engine.image_identity(ref)
+    return identity[0] if identity is not None else None
 
 
 def intermediate_tag(ref: str) -> str:

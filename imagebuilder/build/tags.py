@@ -3,13 +3,16 @@
 Tags follow the official pytorch/pytorch style, `{torch}-cuda{cuda}-cudnn{major}-{variant}`,
 for the default Python and OS; other Pythons and OSes add `-py{X.Y}` and `-{os}`. Every image
 also carries its fully qualified tag (all five coordinates), so no image is ever reachable
-only through a moving alias.
+only through a moving alias. An image built `--with` packages is another image: each of its
+tags ends in `-with-{hash}` of the packages added, so that it never replaces the plain image.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import date
 
+from ..lock.lockfile import with_suffix
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
@@ -30,10 +33,11 @@ def primary_tag(spec: BuildSpec, matrix: Matrix) -> str:
     return "-".join(parts)
 
 
-def tags_for(spec: BuildSpec, matrix: Matrix) -> tuple[str, ...]:
+def tags_for(spec: BuildSpec, matrix: Matrix, added: Sequence[str] = ()) -> tuple[str, ...]:
     """All tags of an image, primary first. Short aliases only for the default Python and
     OS; the release-level aliases (`2.6-runtime`, `latest`) only for the CUDA build that
-    PyPI carries, which is what `pip install torch` gives users."""
+    PyPI carries, which is what `pip install torch` gives users. `added`: the packages --with
+    adds to matrix.yaml's (parsed), each tag then ending in their `-with-{hash}`."""
     tags = [primary_tag(spec, matrix), qualified_tag(spec)]
     if spec.python_is_default and spec.os.name == matrix.defaults.os:
         torch, minor = spec.torch.version, spec.torch.key
@@ -42,7 +46,8 @@ def tags_for(spec: BuildSpec, matrix: Matrix) -> tuple[str, ...]:
             tags += [f"{torch}-{spec.variant}", f"{minor}-{spec.variant}"]
             if spec.torch == matrix.newest_torch():
                 tags.append(variant(spec.variant).latest_tag)
-    return tuple(dict.fromkeys(tags))
+    suffix = f"-{with_suffix(added)}" if added else ""
+    return tuple(dict.fromkeys(tag + suffix for tag in tags))
 
 
 def image_ref(repository: str, tag: str) -> str:

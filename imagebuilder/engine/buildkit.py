@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .api import BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, check_request
+from .api import BuilderKind, BuildRequest, BuildResult, ImageInspector, OnProgress, Progress, check_request
 from .background import BackgroundBuild, stop
 from .buildkit_progress import PlainProgress
-from .errors import BuildTimedOut, EngineError
+from .errors import LOST_RECORD, BuildFailed, BuildTimedOut, EngineError
 from .export import Export, output_args
+
+# Said as the build's activity (a progress line shows 90 characters of it) and in its log.
+RETRY_NOTE = "BuildKit lost a record of this build (another job's prune?): building it again"
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,20 @@ class BuildKitBuilder:
         return [*args, str(req.context)]
 
     def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
+        """The build; once more where BuildKit lost a record of it (LOST_RECORD), which a shared
+        daemon's prune by another job causes: the second try is mostly cached."""
         check_request(req)
         self.engine.ping()
+        try:
+            return self._build(req, on_progress)
+        except BuildFailed as e:
+            if e.fields["cause"] != LOST_RECORD:
+                raise
+            if on_progress is not None:
+                on_progress(Progress(0, 0, "", 0.0, False, None, activity=RETRY_NOTE))
+        return self._build(req, on_progress, again=True)
+
+    def _build(self, req: BuildRequest, on_progress: OnProgress | None, again: bool = False) -> BuildResult:
         started = time.monotonic()
         note = ""
         if req.export is not None and req.export.compression is not None:
@@ -105,7 +120,9 @@ class BuildKitBuilder:
         log: IO[str] | None = None
         if req.log_path is not None:
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = req.log_path.open("w", encoding="utf-8")
+            log = req.log_path.open("a" if again else "w", encoding="utf-8")
+            if again:
+                log.write(f"\n[imagebuilder] {RETRY_NOTE}\n")
         with tempfile.TemporaryDirectory(prefix="imagebuilder-iid-") as tmp:
             iidfile = Path(tmp) / "iid"
             try:

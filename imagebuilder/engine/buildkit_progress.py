@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .api import TAIL_LINES, Progress
 from .dockerfile import is_from, parse_from
-from .errors import BuildFailed, EngineError, base_image_missing, classify_failure
+from .errors import LOST_RECORD, BuildFailed, EngineError, base_image_missing, classify_failure, lost_record
 
 # BuildKit counts these instructions in a stage's `[i/m]`; ENV, LABEL, ... make no step.
 _COUNTED = frozenset({"FROM", "RUN", "COPY", "ADD", "WORKDIR"})
@@ -214,9 +214,10 @@ class PlainProgress:
                 base = metadata[1] if metadata else _from_image(vertex.instruction)
                 return base_image_missing(base.removeprefix("docker.io/library/"), message)
         tail = tuple(vertex.tail) if vertex else tuple(self.trailer[-TAIL_LINES:])
+        lost = (vertex is None or vertex.step is None) and lost_record(message)
         return BuildFailed(step=vertex.step if vertex else None, total=self.total or None,
                            instruction=vertex.instruction if vertex else None, error=message,
-                           tail=tail, log_path=log_path, cause=classify_failure(message, tail))
+                           tail=tail, log_path=log_path, cause=LOST_RECORD if lost else classify_failure(message, tail))
 
 
 def _from_image(instruction: str) -> str:

@@ -237,9 +237,23 @@ _CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # Causes that are the request's, not the build's: the build cannot succeed as asked (exit 2).
 REQUEST_CAUSES = frozenset({"no-nvcc"})
+# BuildKit's bare "not found" outside any step: a record of this build (a cache record, a layer
+# it had just exported) vanished under it, as on a shared daemon when another job prunes.
+LOST_RECORD = "lost-record"
+_LOST_RECORD = re.compile(r"(?:^|: )not found$")
+
+
+def lost_record(message: str) -> bool:
+    """Whether a failure outside every step is BuildKit's lost record (a builder retries it once)."""
+    return bool(_LOST_RECORD.search(message))
+
+
 CAUSE_HINTS: dict[str, str] = {
     "no-nvcc": "the --base-image has no CUDA compiler: a devel image needs a base with nvcc under "
     "/usr/local/cuda (NVIDIA's nvidia/cuda:*-devel-* images), or leave --base-image out; ",
+    LOST_RECORD: "BuildKit lost a record of this build under it, twice (on a shared daemon another job's "
+    "`docker builder prune` removes records that builds still running need): build again when no prune runs "
+    "beside it, and on a shared build host prune only while no build runs; ",
     "disk-full": "the Docker host ran out of disk space: free some with `docker system prune` "
     "or move Docker's data-root to a larger disk; ",
     "network": "pip inside the build could not reach the index: check the network and "

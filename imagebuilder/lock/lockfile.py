@@ -147,6 +147,19 @@ def index_args(spec: BuildSpec, index_url: str | None, extra_index_urls: Sequenc
     return args
 
 
+def with_suffix(extras: Sequence[str]) -> str:
+    """`with-{hash}`: the name part of a set of extras (parsed: normalised and sorted), in a
+    lock's name and in the tags of an image built --with them."""
+    return "with-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:8]
+
+
+def added_extras(matrix: Matrix, extras: Sequence[str]) -> tuple[str, ...]:
+    """What --with adds to matrix.yaml's extras (parsed): the packages that make an image
+    another one than the matrix's plain image."""
+    plain = set(parse_extras(matrix.extras))
+    return tuple(e for e in parse_extras(extras) if e not in plain)
+
+
 def lock_name(spec: BuildSpec, extras: Sequence[str] = (), platform: str = DEFAULT_PLATFORM) -> str:
     """One name per set of requirements and platform: the runtime images of one torch build and
     Python share a lock whatever their OS or image CUDA; extras get a short hash of their own;
@@ -155,7 +168,7 @@ def lock_name(spec: BuildSpec, extras: Sequence[str] = (), platform: str = DEFAU
     if variant(spec.variant).toolchain and spec.toolchain == "pip":
         parts.append(f"cuda{spec.cuda.key}")  # the nvcc wheels are the image CUDA's
     if extras:
-        parts.append("with-" + hashlib.sha256("\n".join(extras).encode()).hexdigest()[:8])
+        parts.append(with_suffix(extras))
     if platform != DEFAULT_PLATFORM:
         parts.append(PLATFORMS[platform].machine)
     return "-".join(parts)

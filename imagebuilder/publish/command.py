@@ -20,7 +20,7 @@ from ..errors import BadRequest
 from ..matrix.model import Matrix
 from ..registry.api import Registry
 from ..scan import HttpMirror, OsStates, Scanning, cached
-from .estargz import LEVELS, NAMES, EstargzPublisher
+from .estargz import LEVELS, EstargzPublisher, asked_layers, pushed_as
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
 from .plan import RunOptions, Step
@@ -49,6 +49,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
 
     r = request
     compression = r.compression
+    if r.squashfs and not r.push:  # it goes up beside the pushed image: with nothing pushed it would be dropped
+        raise SquashfsWithoutPush()
     start = start_profile_command(r.start_command, compression)
     repository = r.target.repository(r.rendering.repository or matrix.defaults.repository)
     wanted = parse_platforms(r.platforms)
@@ -86,6 +88,9 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
         for platform, steps in plan.steps:
             echo((f"{platform}:\n" if r.multi else "") + format_plan(steps, r.push))
         if engine is None:  # the dry run, or --merge-only: the indexes it plans, or writes
+            if not r.merge_only:  # (which builds nothing, so compresses and flattens nothing)
+                for line in asked_lines(compression, start, r.squashfs, signed=signer is not None):
+                    echo(line)
             writes = r.merge_only and not r.dry_run
             merged = plan.indexes(registry, merge=r.merge_only or (r.merge and r.push),
                                   signer=signer if writes else None, write=writes)
@@ -112,8 +117,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {exported.describe()}")
             if estargz is not None:
-                progress(f"pushed as: {NAMES[estargz.codec]}, level {estargz.level}, "
-                         + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
+                progress(pushed_as(estargz.codec, estargz.level, start))
         run_options = RunOptions(matrix_path=matrix_path, push=r.push, keep_going=r.keep_going,
                                  allow_no_gpu=r.allow_no_gpu, verify_timeout=r.verify_timeout, nocache=r.no_cache,
                                  pull=r.pull, export=exported.export, cache_registry=r.target if exported.export else None,
@@ -122,6 +126,21 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,
                        multi=r.multi, merge=r.merge, index_platforms=plan.index_platforms, ledger=ledger,
                        events=EventPrinter(sys.stderr, quiet=r.quiet), echo=echo)
+
+
+def asked_lines(compression: Compression | None, start: Sequence[str] | None, squashfs: bool, *,
+                signed: bool) -> list[str]:
+    """What a dry run says of the options that change what goes up besides the plan's tags:
+    --compression (with eStargz's start profile) and --squashfs."""
+    lines = [asked_layers(compression, start)] if compression is not None else []
+    if squashfs:
+        lines.append("squashfs: beside each image pushed or found published, its squashfs for pyxis/enroot "
+                     "unless the registry has one" + (", signed" if signed else ""))
+    return lines
+
+
+class SquashfsWithoutPush(BadRequest):
+    template = "--squashfs pushes each image's squashfs beside it: drop --no-push or --squashfs"
 
 
 class StartWithoutEstargz(BadRequest):

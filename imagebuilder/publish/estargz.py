@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import tempfile
 import time
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..build.platforms import host_platform
-from ..engine.export import ESTARGZ, ZSTD_CHUNKED
+from ..engine.export import ESTARGZ, ORDERED, ZSTD_CHUNKED, Compression
 from ..engine.progress import human_size
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
@@ -186,6 +187,21 @@ class EstargzPublisher:
                 uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
             uploaded = sum(self._wait(upload, f"{ref}: uploading its {NAMES[self.codec]} layers") for upload in uploads)
         return written, uploaded
+
+
+def pushed_as(codec: str, level: int, start: Sequence[str] | None) -> str:
+    """The line that says how --compression estargz|zstd:chunked goes up (the run and the dry run)."""
+    return (f"pushed as: {NAMES[codec]}, level {level}, "
+            + (f"ordered by what `{shlex.join(start)}` opens" if start else "unordered (no start profile)"))
+
+
+def asked_layers(compression: Compression, start: Sequence[str] | None) -> str:
+    """What --compression asks of the layers, as a dry run says it (the run says what it chose)."""
+    if compression.kind in ORDERED:
+        level = compression.level if compression.level is not None else LEVELS[compression.kind]
+        return "layers: zstd, exported by BuildKit; " + pushed_as(compression.kind, level, start)
+    return (f"layers: {compression.kind}" + (f" level {compression.level}" if compression.level is not None else "")
+            + ", exported by BuildKit and pushed as verified")
 
 
 def _upload(registry: EstargzRegistry, ref: str, written: Written, path: Path) -> int:

@@ -247,7 +247,8 @@ class Outcome:
             "verified": None if self.verify is None else self.verify.ok,
             "pushed": dict(self.pushed),
             "signed": [s.to_json() for s in self.signed],
-            "digest": next(iter(self.pushed.values()), self.step.digest),
+            # The digest the image's tags name (gzip+zstd pushes TAG-gzip, the gzip image, first).
+            "digest": self.pushed.get(image.ref) or next(iter(self.pushed.values()), self.step.digest),
             "seconds": round(self.seconds, 2),
             **{phase: round(self.timings[phase], 2) if phase in self.timings else None
                for phase in ("build_s", "verify_s", "push_s", "sign_s", "cache_export_s")},

@@ -54,7 +54,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="eb1072b9a0073a0f28167fef0eb7ebf94bda81a195d47e8540d321eb730e1d06"
+    io.imagebuilder.inputs-hash="21e4c684db0c37d9a80b7209e5d056dbb0b24a17ba4617e8bfe316f812528abd"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

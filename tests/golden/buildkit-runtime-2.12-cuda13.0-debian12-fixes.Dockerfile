@@ -87,7 +87,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="2bd33115bd1ba6336efcf6f25678d03b5c0e1a650e77b8b41f9c6c2981d24c4b" \
+    io.imagebuilder.inputs-hash="582350a62fd9a2178f197a7930343abfd96c6be3259b91729080b1c85b8e0dd4" \
     io.imagebuilder.security-fixes="libssl3=3.0.15-1~deb12u1 libzstd1=1.5.4-2+deb12u1"
 USER 1000
 WORKDIR /workspace

@@ -90,7 +90,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="d868eb229d61be845afae022bfa2de0e84cc61bb9a3f6e31f7a37e285a9eab5b"
+    io.imagebuilder.inputs-hash="6b7e6b92d9230c56efa19feb885c8be22e54097f4c1eaa20bbf6e63e5c225932"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

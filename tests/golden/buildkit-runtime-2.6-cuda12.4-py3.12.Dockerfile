@@ -88,7 +88,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="77a90b4ce62d7b7af95c20cef561c9742bd8336da71cf7f422bcca53da0f38b3"
+    io.imagebuilder.inputs-hash="56182ffe214b1317d26b16ec28b8bdf201008e2eb967ec9f4fc0006784ef87d2"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

@@ -91,7 +91,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="ca22d6376588542e80667923e50a049fd6289b6fe21cf9f715111a6c23eedf76"
+    io.imagebuilder.inputs-hash="9363db9d98e91052cb6ac5456def1a5db47cb9feceed62216481eeae5084b531"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

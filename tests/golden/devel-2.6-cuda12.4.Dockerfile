@@ -87,7 +87,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="b2a16b5740b892ec534f01f799ec3bed281380fe7c2bc631386a90704d1e723f"
+    io.imagebuilder.inputs-hash="cf5fab1fa2ed0f02870d22c28ccfbf7c5d93e0b623bb3f403d5ccfae619a447a"
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
 # warns about what would fail later (a small /dev/shm with several GPUs) and execs the command.

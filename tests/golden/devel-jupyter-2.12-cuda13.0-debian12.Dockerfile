@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="debian12" \
     io.imagebuilder.min-driver="580.95.05" \
     io.imagebuilder.min-driver-compat="580.65.06" \
-    io.imagebuilder.inputs-hash="70a30c5f3c58710406db623c57b9a11ad5c8af3b5a6dfd2d485e454729a9386f"
+    io.imagebuilder.inputs-hash="479dd7a49917f6dfb0cca1e998f977e9454e63448ffaf352df95325f4027826a"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

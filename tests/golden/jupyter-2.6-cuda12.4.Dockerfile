@@ -48,7 +48,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="67df0255997cc2d29cf27e017ef1c018b2e22ab5880e5d2fe99632c4ba60d9cf"
+    io.imagebuilder.inputs-hash="5bf4ce3120011c737c0aac3a89620d0799f9b23d3144ca612b0407f3f2dcd70c"
 USER 1000
 WORKDIR /workspace
 EXPOSE 8888

@@ -81,7 +81,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="f3f6688fa3ef8c85775db89bf5e5f6718e74092abbe129b38975cd2be94e5fad"
+    io.imagebuilder.inputs-hash="ed7022954590dcfb22a73ecbfb27edc174e5f68fe300ffff5bf0bf2275160564"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint

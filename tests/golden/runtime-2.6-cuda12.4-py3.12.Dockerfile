@@ -82,7 +82,7 @@ LABEL \
     io.imagebuilder.os="ubuntu22.04" \
     io.imagebuilder.min-driver="550.54.15" \
     io.imagebuilder.min-driver-compat="525.60.13" \
-    io.imagebuilder.inputs-hash="09d52ba4b7a4e62f9b4c9225eddfb647e9fff4b61297ecf41bf77bc18f4390ba"
+    io.imagebuilder.inputs-hash="77c51dc13e5d4ba5a3f045116f51093d6211054b075b0b13af3412a9e1b13ff0"
 USER 1000
 WORKDIR /workspace
 # tini forwards signals (docker stop, Ctrl-C) and passes exit codes on; the entrypoint
