@@ -35,7 +35,8 @@ cleanup() {
         iptables ${undo/-I /-D } 2>/dev/null || true
     done
     ip link del "$host_if" 2>/dev/null || true
-    rm -rf "$work"
+    # The inner engine's last mounts can outlive `docker rm` by a moment.
+    rm -rf "$work" 2>/dev/null || { sleep 5; rm -rf "$work"; }
 }
 trap cleanup EXIT
 
