@@ -69,6 +69,13 @@ def test_every_function_declares_what_it_assigns_local(script):
     assert undeclared(script.read_text()) == {}
 
 
+@pytest.mark.parametrize("args", [["--test"], ["--tests", "extra"]], ids=["unknown", "two"])
+def test_setup_refuses_bad_arguments_in_one_line_before_any_work(args):
+    done = subprocess.run(["bash", str(CI / "setup"), *args], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done
+    assert "usage:" in done.stderr and "[--tests]" in done.stderr
+
+
 # issue 52's bug, in small: `answers` sets its caller's `status`.
 STEP_AND_ANSWERS = """
 step() { local name=$1; shift; local status=0; "$@" || status=$?; [ "$status" -eq 0 ] || exit 1; }
