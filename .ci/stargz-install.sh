@@ -33,10 +33,12 @@ bin=${STARGZ_BIN:-/usr/local/bin/containerd-stargz-grpc}
 stamp=${STARGZ_STAMP:-/usr/local/share/imagebuilder/containerd-stargz-grpc.sha256}
 library=golang-github-containerd-stargz-snapshotter-dev
 
+# The library's version apt would install (apt-cache rebuilds its cache: ~5 s, so read once).
+candidate=$(apt-cache policy "$library" | awk '/Candidate:/{print $2}')
 inputs() {  # what the binary is built from: main.go, the Go toolchain, the library's version
     sha256sum "$src" | cut -d' ' -f1
     if command -v go >/dev/null 2>&1; then go version; else echo "no go"; fi
-    apt-cache policy "$library" | awk '/Candidate:/{print "'"$library"' " $2}'
+    echo "$library $candidate"
 }
 
 answers() {  # the installed daemon serves containerd's snapshots API on a socket of its own
@@ -62,7 +64,7 @@ answers() {  # the installed daemon serves containerd's snapshots API on a socke
 want=$(inputs | sha256sum | cut -d' ' -f1)
 if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ] && answers; then
     say "$bin already built from $(basename "$(dirname "$src")")/main.go, $(go version | cut -d' ' -f3) and" \
-        "$(apt-cache policy "$library" | awk '/Candidate:/{print $2}'); it answers"
+        "$candidate; it answers"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -72,6 +74,7 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 step "apt-get update" apt-get update -qq
+candidate=$(apt-cache policy "$library" | awk '/Candidate:/{print $2}')  # the stamp's, after the update
 # The suite's own Go (a pinned trixie source on Debian 12 has priority 100: never chosen here).
 command -v go >/dev/null 2>&1 || step "install the suite's Go (golang-go)" apt-get install -y -qq --no-install-recommends golang-go
 work=$(mktemp -d /tmp/stargz-build.XXXXXX)

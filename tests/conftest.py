@@ -308,7 +308,7 @@ def ssh_docker_host(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPa
     import time
 
     if not SSHD.exists():
-        _unavailable(f"{SSHD} is missing: apt-get install openssh-server (.ci/setup does)")
+        _unavailable(f"{SSHD} is missing: apt-get install openssh-server (.ci/setup --tests does)")
     if shutil.which("docker") is None:
         _unavailable("the far side of ssh runs `docker system dial-stdio`: no docker CLI on PATH")
     root = tmp_path_factory.mktemp("sshd")

@@ -1,6 +1,6 @@
 """The CI's shell scripts (.ci/) parse, shellcheck finds nothing at warning level or above, and
 every function declares what it assigns `local`: setup runs before every test, so a script error
-there costs a whole CI run. shellcheck is a Debian package that .ci/setup installs.
+there costs a whole CI run. shellcheck is a Debian package that .ci/setup --tests installs.
 
 The paths that only a new machine takes (a missing binary or stamp) run here too, into temp paths
 beside what this machine has installed: CI's machines have taken them already, so nothing else
@@ -55,7 +55,7 @@ def test_every_ci_script_parses(script):
 
 def test_shellcheck_finds_no_warning_in_the_ci_scripts():
     shellcheck = shutil.which("shellcheck")
-    assert shellcheck, "shellcheck is missing: apt-get install shellcheck (.ci/setup installs it)"
+    assert shellcheck, "shellcheck is missing: apt-get install shellcheck (.ci/setup --tests installs it)"
     done = subprocess.run([shellcheck, "--severity=warning", *map(str, SCRIPTS)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout[-4000:]
@@ -67,6 +67,13 @@ def test_every_function_declares_what_it_assigns_local(script):
     that name (issue 52: `answers` set `status` inside `step`'s, and a fresh machine's setup
     stopped). Only the script's own globals, assigned at its top level, are exempt."""
     assert undeclared(script.read_text()) == {}
+
+
+@pytest.mark.parametrize("args", [["--test"], ["--tests", "extra"]], ids=["unknown", "two"])
+def test_setup_refuses_bad_arguments_in_one_line_before_any_work(args):
+    done = subprocess.run(["bash", str(CI / "setup"), *args], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done
+    assert "usage:" in done.stderr and "[--tests]" in done.stderr
 
 
 # issue 52's bug, in small: `answers` sets its caller's `status`.
@@ -104,11 +111,11 @@ def test_the_local_check_reads_every_kind_of_assignment(body, names):
 
 
 def _root_with(*tools: str) -> None:
-    """A first install runs as root (apt) with the tools .ci/setup installs; else _unavailable."""
+    """A first install runs as root (apt) with the tools .ci/setup --tests installs; else _unavailable."""
     if os.geteuid() != 0:
         _unavailable("a first install runs apt: needs root")
     if missing := [tool for tool in tools if shutil.which(tool) is None]:
-        _unavailable(f"{', '.join(missing)} missing: .ci/setup installs them")
+        _unavailable(f"{', '.join(missing)} missing: .ci/setup --tests installs them")
 
 
 def _ci_script(name: str, *args: str, env: dict[str, str] | None = None,
@@ -199,7 +206,7 @@ def test_registry_sh_starts_a_registry_in_a_new_state_dir_and_stops_it(tmp_path,
     state under a temp TMPDIR on a free port: it answers, a second start finds it, stop removes it.
     Its install of docker-registry is not run here: the machine has it."""
     if not REGISTRY_BIN.exists() or shutil.which("curl") is None:
-        _unavailable(f"{REGISTRY_BIN} or curl is missing: .ci/setup installs them")
+        _unavailable(f"{REGISTRY_BIN} or curl is missing: .ci/setup --tests installs them")
     env, address = {"TMPDIR": str(tmp_path)}, f"127.0.0.1:{free_port}"
     started = _ci_script("registry.sh", "start", str(free_port), env=env, timeout=60)
     try:

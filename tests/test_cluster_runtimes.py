@@ -95,7 +95,7 @@ def test_a_named_volume_at_the_inductor_cache_itself_is_the_images_users(runtime
 def cluster_user() -> Iterator[HostUser]:
     missing = missing_tools()
     if missing:
-        _unavailable(f"these tests need Debian's {', '.join(missing)} (.ci/setup installs them)")
+        _unavailable(f"these tests need Debian's {', '.join(missing)} (.ci/setup --tests installs them)")
     with host_user() as user:
         for script in (PROBE, ALLREDUCE):
             shutil.copy(script, user.home / script.name)

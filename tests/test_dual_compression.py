@@ -208,7 +208,7 @@ PODMAN_PREFERS_ZSTD = (4, 5)
 
 def test_podman_pulls_the_zstd_image_of_the_dual_index_where_it_reads_the_mark(published: dict[str, Any]) -> None:
     if shutil.which("podman") is None:
-        _unavailable("podman is not installed (.ci/setup installs it)")
+        _unavailable("podman is not installed (.ci/setup --tests installs it)")
     said = subprocess.run(["podman", "--version"], capture_output=True, text=True, timeout=60).stdout
     version = tuple(int(part) for part in said.split()[-1].split(".")[:2])
     storage = Path(tempfile.mkdtemp(prefix="ib-podman-", dir="/tmp"))

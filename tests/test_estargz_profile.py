@@ -99,7 +99,7 @@ def test_interpreter_of_reads_pt_interp_and_shebangs() -> None:
 @pytest.mark.docker
 def test_a_real_start_profile_lists_what_the_start_read_in_order(docker_engine: DockerEngine, base_image: str) -> None:
     if shutil.which("strace") is None:
-        _unavailable("strace is missing: .ci/setup installs it")
+        _unavailable("strace is missing: .ci/setup --tests installs it")
     command = ["sh", "-c", "cat /etc/debian_version >/dev/null; head -c1 /usr/share/common-licenses/GPL-3 >/dev/null"]
     profile = start_profile(base_image, command, user="12345:12345", timeout=60)
     files = list(profile.files)
@@ -128,7 +128,7 @@ def test_a_real_start_profile_lists_what_the_start_read_in_order(docker_engine: 
 
 def test_strace_flags_are_ones_this_strace_takes(tmp_path: Path) -> None:
     if shutil.which("strace") is None:
-        _unavailable("strace is missing: .ci/setup installs it")
+        _unavailable("strace is missing: .ci/setup --tests installs it")
     out = tmp_path / "trace"
     done = subprocess.run(["strace", *STRACE_FLAGS, "-o", str(out), "cat", "/etc/hostname"], capture_output=True,
                           text=True, timeout=30)

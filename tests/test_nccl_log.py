@@ -112,7 +112,7 @@ def test_nccl_workers_log_at_info_and_the_check_reports_their_transport(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Stand-in workers print what NCCL prints (and read the env NCCL would): the check's result
     carries the transport, and only NCCL's runs are asked to log."""
-    require_module("torch", "the nccl check imports torch (.ci/setup installs the CPU build)")
+    require_module("torch", "the nccl check imports torch (.ci/setup --tests installs the CPU build)")
     from smoke_tests.checks import nccl
     from smoke_tests.child import RESULT_PREFIX
 

@@ -71,7 +71,7 @@ directory = { path = "." }
 def test_a_uv_lock_project_is_read_through_uv_export(tmp_path: Path) -> None:
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
     if not Path(uv).exists():
-        pytest.fail("uv is missing: .ci/setup installs it into .venv")
+        pytest.fail("uv is missing: .ci/setup --tests installs it into .venv")
     folder = write(tmp_path, {"pyproject.toml": '[project]\nname = "app"\nversion = "0.1"\n'
                                                 'requires-python = ">=3.10"\ndependencies = ["tqdm==4.67.1"]\n'})
     done = subprocess.run([uv, "lock", "--offline", "--directory", str(folder)], capture_output=True, text=True)

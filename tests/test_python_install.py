@@ -131,7 +131,7 @@ def test_a_debian13_image_runs_on_the_os_python(docker_engine, tmp_path):
     report = tmp_path / "report.json"
     # No --os and no --python: debian13 is read from the base image, and 3.13 is its own.
     # BuildKit, its own parent (Debian 13's apt layer): every wheel of its lock comes down
-    # (.ci/setup makes the base).
+    # (.ci/setup --tests makes the base).
     done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.4", "--base-image", TRIXIE_BASE, "--builder", "buildkit",
                         "--repository", repository, "--report", str(report),
                         "--python-mirror", "http://127.0.0.1:9", *ca_bundle_args())

@@ -48,7 +48,7 @@ CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 def torch() -> Any:
     from support.unavailable import require_module
 
-    return require_module("torch", "the smoke tests run on this host's torch (.ci/setup installs the CPU build)")
+    return require_module("torch", "the smoke tests run on this host's torch (.ci/setup --tests installs the CPU build)")
 
 
 correct_manifest = host_manifest  # support.host_runs': what a manifest for this very torch says

@@ -171,7 +171,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A registry with a two-layer image (gzip under zstd), its squashfs published by publish's
     hook; an index tag over it, and a second image without a squashfs."""
     if shutil.which("mksquashfs") is None or shutil.which("zstd") is None:
-        _unavailable("these tests need Debian's squashfs-tools and zstd (.ci/setup installs them)")
+        _unavailable("these tests need Debian's squashfs-tools and zstd (.ci/setup --tests installs them)")
     with throwaway_registry() as host:
         repository = "imagebuilder-test/squashfs"
         config = {"Env": ENV, "User": "1000:1000", "WorkingDir": "/workspace", "Cmd": ["python3"]}
@@ -212,7 +212,7 @@ def mounted(published: dict, tmp_path: Path) -> Iterator[Path]:
     from cluster_runtimes import squashfs_mounted
 
     if shutil.which("squashfuse") is None:
-        _unavailable("squashfuse is missing (.ci/setup installs it)")
+        _unavailable("squashfuse is missing (.ci/setup --tests installs it)")
     output = tmp_path / "image.sqfs"
     done = CliRunner().invoke(cli, ["squashfs", f"{published['image']}:runtime", "-o", str(output)])
     assert done.exit_code == 0, done.output
@@ -348,7 +348,7 @@ def test_the_pyxis_importer_without_fallback_fails_where_none_was_published(publ
 
 def test_the_pyxis_importer_is_shellcheck_clean() -> None:
     if shutil.which("shellcheck") is None:
-        _unavailable("shellcheck is missing (.ci/setup installs it)")
+        _unavailable("shellcheck is missing (.ci/setup --tests installs it)")
     done = subprocess.run(["shellcheck", str(IMPORTER)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout
 

@@ -79,7 +79,7 @@ def test_a_bad_chunk_table_is_refused_in_one_line(body: bytes, size: int, why: s
 def lazy_image(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """An image of a 12 MiB file and a small one in the module's registry, its squashfs published."""
     if shutil.which("mksquashfs") is None or shutil.which("zstd") is None:
-        _unavailable("these tests need Debian's squashfs-tools and zstd (.ci/setup installs them)")
+        _unavailable("these tests need Debian's squashfs-tools and zstd (.ci/setup --tests installs them)")
     repository = "imagebuilder-test/lazy"
     digest = push_image(upstream, repository, "runtime", [(
         [E("data", "dir", mode=0o755), E("data/big.bin", data=BIG), E("data/small.txt", data="small\n")], "zstd")],
@@ -160,9 +160,9 @@ def test_readahead_follows_a_read_into_the_next_chunk_and_not_a_jump(lazy_image:
 def _need_tools() -> None:
     for tool, package in (("nbdkit", "nbdkit"), ("nbdfuse", "libnbd-bin"), ("squashfuse", "squashfuse")):
         if shutil.which(tool) is None:
-            _unavailable(f"{tool} is missing: Debian's {package} (.ci/setup installs it)")
+            _unavailable(f"{tool} is missing: Debian's {package} (.ci/setup --tests installs it)")
     if subprocess.run(["nbdkit", "--dump-plugin", "python"], capture_output=True).returncode != 0:
-        _unavailable("nbdkit's python plugin is missing: Debian's nbdkit-plugin-python (.ci/setup installs it)")
+        _unavailable("nbdkit's python plugin is missing: Debian's nbdkit-plugin-python (.ci/setup --tests installs it)")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from support.unavailable import require_module
 
-require_module("torch", "the checks import torch (.ci/setup installs the CPU build)")
+require_module("torch", "the checks import torch (.ci/setup --tests installs the CPU build)")
 
 from smoke_tests.checks import CHECK_NAMES, checks_for  # noqa: E402
 from smoke_tests.checks import devel, jupyter  # noqa: E402

@@ -126,7 +126,7 @@ def _run_step(script: str, env: dict[str, str], tmp_path: Path) -> subprocess.Co
 def _run_plan(workflow: dict[str, Any], tmp: Path, torch: str) -> dict[str, str]:
     """The plan job's matrix step, run with this checkout's imagebuilder and jq; its outputs."""
     if shutil.which("jq") is None:
-        _unavailable("jq is not installed (GitHub's runners have it; .ci/setup installs it)")
+        _unavailable("jq is not installed (GitHub's runners have it; .ci/setup --tests installs it)")
     (step,) = [s for s in workflow["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
     output = tmp / "github_output"
     done = _run_step(step["run"], {"PATH": f"{_shim(tmp / 'bin')}:{os.environ['PATH']}", "TORCH": torch,
@@ -326,7 +326,7 @@ def test_locks_workflow_check_step_finds_drift_and_the_refresh_step_fixes_it(
     """The check and refresh steps, run for real against the index (uv), on a copy of the
     matrix and its locks, restricted to the image CI builds."""
     if not (Path(sys.executable).parent / "uv").exists() and shutil.which("uv") is None:
-        _unavailable("uv is not installed (.ci/setup installs it)")
+        _unavailable("uv is not installed (.ci/setup --tests installs it)")
     from imagebuilder.lock.lockfile import parse_lock
     from packaging.version import Version
 

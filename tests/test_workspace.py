@@ -195,7 +195,7 @@ def test_devel_jupyter_serves_workspace_with_a_token(devel_jupyter_image, tmp_pa
 @pytest.fixture(scope="session")
 def ssh_key(tmp_path_factory) -> Path:
     if shutil.which("ssh") is None:
-        pytest.fail("no ssh client: apt-get install openssh-client (.ci/setup does)")
+        pytest.fail("no ssh client: apt-get install openssh-client (.ci/setup --tests does)")
     key = tmp_path_factory.mktemp("ssh") / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
     return key

@@ -66,7 +66,7 @@ class LocalRegistry:
     def start(self) -> None:
         """Serve, and return once it answers (skips, or fails in CI, without docker-registry)."""
         if not REGISTRY_BIN.exists():
-            _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry (.ci/setup does)")
+            _unavailable(f"{REGISTRY_BIN} is missing: apt-get install docker-registry (.ci/setup --tests does)")
         log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it open
         ACCESS_LOGS[self.address] = self.root / "registry.log"
         self.process = subprocess.Popen([str(REGISTRY_BIN), "serve", str(self.root / "config.yml")],

@@ -20,7 +20,7 @@ def _require_docker() -> bool:
 
 def _unavailable(reason: str) -> NoReturn:
     """The one way a test (or a test module) says that what it needs is missing: a skip, or under
-    IMAGEBUILDER_REQUIRE_DOCKER=1 (CI, whose .ci/setup installs every tool the tests use: Docker,
+    IMAGEBUILDER_REQUIRE_DOCKER=1 (CI, whose .ci/setup --tests installs every tool the tests use: Docker,
     docker-registry, cosign, torch, gcc, jq, uv, sshd, the base images) a failure, so CI cannot
     pass by skipping. tests/test_suite_rules.py refuses a pytest.skip or importorskip elsewhere."""
     if _require_docker():
