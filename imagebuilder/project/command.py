@@ -33,7 +33,7 @@ from .probe import Venv, family_differences, probe
 from .rebase import RebasePlan, plan_rebase, push_rebased, rebased
 from .render import BaseFacts, render_project
 from .report import BUILD, PROVE, PUSH, RESOLVE, SIGN, TAG, ProjectReport, kept
-from .source import LOCK_FILE, read_project
+from .source import LOCK_FILE, Project, read_project
 
 CHECK_TIMEOUT_S = 600
 
@@ -149,7 +149,7 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
     return report
 
 
-def _build_and_prove(req: ProjectRequest, project: Any, base: BaseFacts, base_venv: Venv, lock: ProjectLock,
+def _build_and_prove(req: ProjectRequest, project: Project, base: BaseFacts, base_venv: Venv, lock: ProjectLock,
                      run: str, engine: ProjectEngine, builder: Builder, report: ProjectReport,
                      say: Callable[[str], None]) -> None:
     """The project's layers built under a name of this run's, proven, then tagged --tag (or removed)."""
