@@ -2,22 +2,26 @@
 pyproject project, and a package index made in the test that serves a source distribution whose
 build imports torch (the flash-attn case, without CUDA or the network).
 
-The index is a PEP 503 simple index on a thread, listening on the Docker bridge's gateway: the
-address both this host (uv, resolving the lock) and a BuildKit build container (pip, installing
-it) reach.
+The index is a PEP 503 simple index of static pages (support.apt_repo.served), listening on the
+Docker bridge's gateway: the address both this host (uv, resolving the lock) and a BuildKit build
+container (pip, installing it) reach.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
+import shutil
 import subprocess
 import tarfile
-import threading
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from support.apt_repo import served
 
 
 def trainer_pyproject(package: str) -> str:
@@ -86,45 +90,24 @@ def bridge_gateway() -> str:
 
 @contextmanager
 def simple_index(files: list[Path], host: str) -> Iterator[str]:
-    """A PEP 503 index of `files` (each listed with its sha256) at http://HOST:PORT/simple/,
-    yielded; stopped when the block ends."""
-    root = files[0].parent
-    pages: dict[str, bytes] = {}
-    for path in files:
-        name = path.name.split("-", 1)[0].lower().replace("_", "-")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        anchor = f'<a href="../../files/{path.name}#sha256={digest}">{path.name}</a><br/>\n'
-        pages[f"/simple/{name}/"] = pages.get(f"/simple/{name}/", b"") + anchor.encode()
-    pages["/simple/"] = "".join(f'<a href="{p.split("/")[2]}/">{p.split("/")[2]}</a><br/>\n'
-                                for p in pages).encode()
+    """A PEP 503 index of `files` (each linked with its sha256) at http://HOST:PORT/simple/, as
+    static pages in a folder of its own, yielded; stopped when the block ends."""
+    with tempfile.TemporaryDirectory(prefix="imagebuilder-index-") as tmp:
+        root = Path(tmp)
+        (root / "files").mkdir()
+        projects: dict[str, list[str]] = {}
+        for path in files:
+            shutil.copy(path, root / "files" / path.name)
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            name = canonicalize_name(path.name.split("-", 1)[0])
+            projects.setdefault(name, []).append(f'<a href="../../files/{path.name}#sha256={digest}">{path.name}</a>')
+        for name, anchors in projects.items():
+            (root / "simple" / name).mkdir(parents=True)
+            (root / "simple" / name / "index.html").write_text(_page(anchors))
+        (root / "simple" / "index.html").write_text(_page([f'<a href="{name}/">{name}</a>' for name in projects]))
+        with served(root, host) as url:
+            yield f"{url}/simple/"
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            path = self.path.split("?")[0]
-            if path.startswith("/files/"):
-                return super().do_GET()
-            page = pages.get(path if path.endswith("/") else path + "/")
-            if page is None:
-                self.send_error(404)
-                return
-            body = b"<!DOCTYPE html><html><body>\n" + page + b"</body></html>\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def translate_path(self, path: str) -> str:
-            return str(root / Path(path.split("?")[0]).name)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer((host, 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{host}:{server.server_address[1]}/simple/"
-    finally:
-        server.shutdown()
-        server.server_close()
+def _page(anchors: list[str]) -> str:
+    return "<!DOCTYPE html>\n<html><body>\n" + "<br/>\n".join(anchors) + "\n</body></html>\n"
