@@ -99,8 +99,8 @@ def simple_index(files: list[Path], host: str) -> Iterator[str]:
         for path in files:
             shutil.copy(path, root / "files" / path.name)
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            name = canonicalize_name(path.name.split("-", 1)[0])
-            projects.setdefault(name, []).append(f'<a href="../../files/{path.name}#sha256={digest}">{path.name}</a>')
+            project = canonicalize_name(path.name.split("-", 1)[0])
+            projects.setdefault(project, []).append(f'<a href="../../files/{path.name}#sha256={digest}">{path.name}</a>')
         for name, anchors in projects.items():
             (root / "simple" / name).mkdir(parents=True)
             (root / "simple" / name / "index.html").write_text(_page(anchors))
