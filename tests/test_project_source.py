@@ -176,6 +176,12 @@ no-build-isolation = ["flash-attn"]
                               "no-build-isolation.lock": f"flash-attn==2.7.4 \\\n    --hash=sha256:{'c' * 64}\n"}
     assert "--no-build-isolation -r /tmp/imagebuilder-project/no-build-isolation.lock" in text
     assert "--no-build-isolation -r /tmp/imagebuilder-project/requirements.lock" not in text
+    # pip 26 keeps PIP_CONSTRAINT out of isolated builds: the base's pins go in as build constraints,
+    # only where the build is isolated (pip refuses --build-constraint with --no-build-isolation).
+    isolated, not_isolated = (next(line for line in text.splitlines() if name in line)
+                              for name in ("/requirements.lock", "/no-build-isolation.lock"))
+    assert isolated.startswith(' && env ${PIP_CONSTRAINT:+PIP_BUILD_CONSTRAINT="$PIP_CONSTRAINT"} /opt/venv/bin/python')
+    assert "PIP_BUILD_CONSTRAINT" not in not_isolated
     assert 'CMD ["python", "-m", "trainer"]' in text
     assert text.rstrip().endswith(f'io.imagebuilder.project.lock="sha256:{"e" * 64}"')
     assert "USER 1000\nRUN --mount=type=bind,from=imagebuilder-project" in text

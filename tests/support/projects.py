@@ -9,6 +9,7 @@ container (pip, installing it) reach.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import shutil
@@ -43,36 +44,40 @@ packages = ["{package}"]
 
 
 TORCH_SDIST = "torchext"
-"""The source-only package whose build needs torch: it records the torch its build imported in
-`torchext/_built_with.py` (TORCH: its version, TORCH_FILE: where it was imported from)."""
-_SETUP_PY = """import torch
+"""A source-only package whose build needs torch (the flash-attn case): built against the venv's."""
+SYMPY_SDIST = "sympyext"
+"""A source-only package whose isolated build needs sympy, which torch 2.6 pins below its newest."""
+_SETUP_PY = """import {module}
 from pathlib import Path
 from setuptools import setup
 
-# What the build ran against: the base venv's torch, or one an isolated build fetched.
-Path("torchext/_built_with.py").write_text(f"TORCH = {torch.__version__!r}\\nTORCH_FILE = {torch.__file__!r}\\n")
+# What the build ran against: the venv's {module}, or the one its isolated environment fetched.
+Path("{name}/_built_with.py").write_text(
+    f"VERSION = {{{module}.__version__!r}}\\nFILE = {{{module}.__file__!r}}\\n")
 setup()
 """
 
 
-def torch_sdist(folder: Path, version: str = "0.1") -> Path:
-    """torchext-VERSION.tar.gz in `folder`: static metadata (a resolver reads it without a build),
-    `[build-system] requires = ["setuptools", "torch"]` and a setup.py that imports torch."""
-    root = f"{TORCH_SDIST}-{version}"
+def recording_sdist(folder: Path, name: str, module: str, version: str = "0.1") -> Path:
+    """NAME-VERSION.tar.gz in `folder`: static metadata (a resolver reads it without a build),
+    `[build-system] requires = ["setuptools", MODULE]` and a setup.py that imports MODULE and records
+    which it got in NAME/_built_with.py (VERSION, FILE)."""
+    root = f"{name}-{version}"
     files = {
-        "PKG-INFO": f"Metadata-Version: 2.2\nName: {TORCH_SDIST}\nVersion: {version}\n",
-        "pyproject.toml": (f'[project]\nname = "{TORCH_SDIST}"\nversion = "{version}"\ndependencies = []\n'
-                           '[build-system]\nrequires = ["setuptools", "torch"]\nbuild-backend = "setuptools.build_meta"\n'
-                           f'[tool.setuptools]\npackages = ["{TORCH_SDIST}"]\n'),
-        "setup.py": _SETUP_PY,
-        f"{TORCH_SDIST}/__init__.py": "",
+        "PKG-INFO": f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n",
+        "pyproject.toml": (f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n'
+                           f'[build-system]\nrequires = ["setuptools", "{module}"]\n'
+                           f'build-backend = "setuptools.build_meta"\n[tool.setuptools]\npackages = ["{name}"]\n'),
+        "setup.py": _SETUP_PY.format(module=module, name=name),
+        f"{name}/__init__.py": "",
     }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{root}.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in files.items():
+    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w") as tar:  # the same bytes from run to run
+        for member, text in files.items():
             data = text.encode()
-            info = tarfile.TarInfo(f"{root}/{name}")
+            info = tarfile.TarInfo(f"{root}/{member}")
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     return path
