@@ -22,13 +22,14 @@ from typing import Any
 import pytest
 
 from support.cleanup import remove_local_tags
-from support.projects import (SYMPY_SDIST, TORCH_SDIST, bridge_gateway, recording_sdist, simple_index,
+from support.projects import (NVTX_SDIST, TORCH_SDIST, bridge_gateway, recording_sdist, simple_index,
                              trainer_pyproject)
 from support.real_images import ca_bundle_args, imagebuilder
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
 
 PYPROJECT = trainer_pyproject("trainer")
+SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages"
 IMPORTS = "python -c 'import trainer, pandas, torchmetrics; print(trainer.VERSION)'"
 
 
@@ -235,8 +236,8 @@ def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[s
     venv's path, the image's CMD from imagebuilder.toml, and two dependencies that exist only as
     source distributions, from an index made here: one whose build imports torch, named in
     no-build-isolation, builds against the base venv's torch (no second torch fetched); one whose
-    isolated build needs sympy gets the base's pin of it, not PyPI's newest) and uv.lock (through
-    `uv export`, the project installed as its package)."""
+    isolated build needs a torch-stack member (nvidia-nvtx-cu12) gets the base's pin of it, not
+    PyPI's newest) and uv.lock (through `uv export`, the project installed as its package)."""
     import sys
 
     folder = first["root"] / kind.replace(".", "-")
@@ -244,11 +245,11 @@ def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[s
     index = contextlib.ExitStack()
     extra: tuple[str, ...] = ()
     if kind == "requirements.txt":
-        (folder / "requirements.txt").write_text(f"tqdm==4.67.1\n{TORCH_SDIST}==0.1\n{SYMPY_SDIST}==0.1\n")
+        (folder / "requirements.txt").write_text(f"tqdm==4.67.1\n{TORCH_SDIST}==0.1\n{NVTX_SDIST}==0.1\n")
         (folder / "app.py").write_text("import tqdm\nprint('app', tqdm.__version__)\n")
         (folder / "imagebuilder.toml").write_text(f'start = "python -m app"\nno-build-isolation = ["{TORCH_SDIST}"]\n')
         sdists = [recording_sdist(first["root"] / "sdists", TORCH_SDIST, "torch"),
-                  recording_sdist(first["root"] / "sdists", SYMPY_SDIST, "sympy")]
+                  recording_sdist(first["root"] / "sdists", NVTX_SDIST, "nvidia-nvtx-cu12")]
         extra = ("--extra-index-url", index.enter_context(simple_index(sdists, bridge_gateway())))
         check = "python -m app"
     else:
@@ -275,16 +276,16 @@ def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[s
             assert json.loads(cmd) == ["python", "-m", "app"]
             assert f"{TORCH_SDIST}==0.1" in (folder / "imagebuilder-project.lock").read_text()
             built = subprocess.run(["docker", "run", "--rm", tag, "python", "-c",
-                                    f"import torch, sympy; from {TORCH_SDIST} import _built_with as t; "
-                                    f"from {SYMPY_SDIST} import _built_with as s; print(t.VERSION, t.FILE, "
-                                    "torch.__version__, torch.__file__, s.VERSION, s.FILE, sympy.__version__)"],
+                                    "from importlib.metadata import distribution as d; "
+                                    f"from {TORCH_SDIST} import _built_with as t; from {NVTX_SDIST} import _built_with as n; "
+                                    "print(t.VERSION, t.WHERE, d('torch').version, d('torch').locate_file(''), "
+                                    "n.VERSION, n.WHERE, d('nvidia-nvtx-cu12').version)"],
                                    capture_output=True, text=True, timeout=120)
             assert built.returncode == 0, built.stderr
-            built_with, built_from, torch_version, torch_file, sympy_built, sympy_from, sympy_version = \
-                built.stdout.split()
-            assert (built_with, built_from) == (torch_version, torch_file)  # the venv's torch, not a fetched one
-            assert built_from.startswith("/opt/venv/lib/python3.11/site-packages/torch/"), built_from
-            # The isolated build fetched its own sympy, at the base's pin (1.13.1, torch 2.6's), not the newest.
-            assert "/pip-build-env-" in sympy_from and sympy_built == sympy_version == "1.13.1", built.stdout
+            torch_built, torch_where, torch_version, venv, nvtx_built, nvtx_where, nvtx_version = built.stdout.split()
+            # The venv's torch, not a fetched one.
+            assert (torch_built, torch_where) == (torch_version, venv) == ("2.6.0+cu124", SITE_PACKAGES), built.stdout
+            # The isolated build fetched its own, at the base's pin (torch 2.6's 12.4.127), not PyPI's newest.
+            assert "/pip-build-env-" in nvtx_where and nvtx_built == nvtx_version == "12.4.127", built.stdout
     finally:
         remove_local_tags(docker_engine, marker)

@@ -45,30 +45,32 @@ packages = ["{package}"]
 
 TORCH_SDIST = "torchext"
 """A source-only package whose build needs torch (the flash-attn case): built against the venv's."""
-SYMPY_SDIST = "sympyext"
-"""A source-only package whose isolated build needs sympy, which torch 2.6 pins below its newest."""
-_SETUP_PY = """import {module}
+NVTX_SDIST = "nvtxext"
+"""A source-only package whose isolated build needs nvidia-nvtx-cu12, a torch-stack member the base
+pins (12.4.127 under torch 2.6) below PyPI's newest, and whose wheel is small."""
+_SETUP_PY = """from importlib.metadata import distribution
 from pathlib import Path
 from setuptools import setup
 
-# What the build ran against: the venv's {module}, or the one its isolated environment fetched.
+# What the build ran against: the venv's {requires}, or the one its isolated environment fetched.
+found = distribution("{requires}")
 Path("{name}/_built_with.py").write_text(
-    f"VERSION = {{{module}.__version__!r}}\\nFILE = {{{module}.__file__!r}}\\n")
+    f"VERSION = {{found.version!r}}\\nWHERE = {{str(found.locate_file(''))!r}}\\n")
 setup()
 """
 
 
-def recording_sdist(folder: Path, name: str, module: str, version: str = "0.1") -> Path:
+def recording_sdist(folder: Path, name: str, requires: str, version: str = "0.1") -> Path:
     """NAME-VERSION.tar.gz in `folder`: static metadata (a resolver reads it without a build),
-    `[build-system] requires = ["setuptools", MODULE]` and a setup.py that imports MODULE and records
-    which it got in NAME/_built_with.py (VERSION, FILE)."""
+    `[build-system] requires = ["setuptools", REQUIRES]` and a setup.py that records which REQUIRES
+    its build got in NAME/_built_with.py (VERSION, and WHERE: the site-packages it was in)."""
     root = f"{name}-{version}"
     files = {
         "PKG-INFO": f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n",
         "pyproject.toml": (f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n'
-                           f'[build-system]\nrequires = ["setuptools", "{module}"]\n'
+                           f'[build-system]\nrequires = ["setuptools", "{requires}"]\n'
                            f'build-backend = "setuptools.build_meta"\n[tool.setuptools]\npackages = ["{name}"]\n'),
-        "setup.py": _SETUP_PY.format(module=module, name=name),
+        "setup.py": _SETUP_PY.format(requires=requires, name=name),
         f"{name}/__init__.py": "",
     }
     folder.mkdir(parents=True, exist_ok=True)
