@@ -284,7 +284,7 @@ def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[s
             assert built.returncode == 0, built.stderr
             torch_built, torch_where, torch_version, venv, nvtx_built, nvtx_where, nvtx_version = built.stdout.split()
             # The venv's torch, not a fetched one.
-            assert (torch_built, torch_where) == (torch_version, venv) == ("2.6.0+cu124", SITE_PACKAGES), built.stdout
+            assert (torch_built, torch_where) == (torch_version, venv) and venv == SITE_PACKAGES, built.stdout
             # The isolated build fetched its own, at the base's pin (torch 2.6's 12.4.127), not PyPI's newest.
             assert "/pip-build-env-" in nvtx_where and nvtx_built == nvtx_version == "12.4.127", built.stdout
     finally:
