@@ -28,16 +28,12 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-PYPROJECT = """[project]
-name = "benchtrainer"
-version = "0.1.0"
-dependencies = ["pandas==2.2.3", "torchmetrics==1.6.1"]
-[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-[tool.setuptools]
-packages = ["benchtrainer"]
-"""
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.projects import trainer_pyproject  # noqa: E402  (the test's project, under the bench's name)
+
+PYPROJECT = trainer_pyproject("benchtrainer")
 PLAIN = """FROM {os_base}
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \\
  && rm -rf /var/lib/apt/lists/*

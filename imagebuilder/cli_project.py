@@ -27,7 +27,8 @@ from .project import ProjectRequest
 @click.option("--key", metavar="KEY", help="cosign public key the published base must be signed with "
                                            "(its signature and SBOM attestation are checked before the build).")
 @click.option("--sign-key", metavar="KEY", help="cosign key to sign the pushed image with (with --push): the "
-                                                "signature and an SBOM attestation naming the base and the lock.")
+                                                "signature, an SBOM attestation and a SLSA provenance naming the base "
+                                                "and the lock.")
 @click.option("--rebase", metavar="IMAGE",
               help="Re-make this published project image on --base (a republished base with the same venv) without "
                    "rebuilding its layers, where that is sound; else rebuild. Needs --push.")

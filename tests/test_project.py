@@ -3,11 +3,14 @@ package) on the session's published and signed torch 2.6 runtime image (conftest
 signed_publish), through the CLI, with a real engine, registry and cosign: resolved under the
 base, built in its own layers, proven (the torch stack byte-for-byte the base's, the base's
 smoke tests in CPU mode, the user's checks), tagged, pushed with the base's layers mounted, and
-signed. Then what users do next: a code-only change, a stale lock under --locked, a conflict,
-a project that overwrites a torch file, a base imagebuilder did not make."""
+signed, its provenance attested. Then what users do next: a code-only change, a stale lock under
+--locked, a conflict, a project that overwrites a torch file, a base imagebuilder did not make, a
+dependency built from source against the base's torch."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import shutil
 import subprocess
@@ -19,23 +22,14 @@ from typing import Any
 import pytest
 
 from support.cleanup import remove_local_tags
+from support.projects import (NVTX_SDIST, TORCH_SDIST, bridge_gateway, recording_sdist, simple_index,
+                             trainer_pyproject)
 from support.real_images import ca_bundle_args, imagebuilder
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.registry, pytest.mark.slow]
 
-PYPROJECT = """
-[project]
-name = "trainer"
-version = "0.1.0"
-dependencies = ["pandas==2.2.3", "torchmetrics==1.6.1"]
-
-[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-
-[tool.setuptools]
-packages = ["trainer"]
-"""
+PYPROJECT = trainer_pyproject("trainer")
+SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages"
 IMPORTS = "python -c 'import trainer, pandas, torchmetrics; print(trainer.VERSION)'"
 
 
@@ -90,7 +84,8 @@ def first(signed_publish: dict[str, Any], signing_keys: dict[str, Path], docker_
 def test_the_project_image_is_resolved_built_proven_pushed_and_signed(first: dict[str, Any],
                                                                       signing_keys: dict[str, Path]) -> None:
     from imagebuilder.registry.client import HttpRegistry
-    from imagebuilder.trust.cosign import Cosign
+    from imagebuilder.trust.cosign import Cosign, CosignFailed
+    from imagebuilder.trust.provenance import SLSA_V1, resolved_dependencies
 
     report, folder = first["report"], first["folder"]
     lock = (folder / "imagebuilder-project.lock").read_text()
@@ -123,6 +118,14 @@ def test_the_project_image_is_resolved_built_proven_pushed_and_signed(first: dic
     assert report["signed"]["digest"] == report["pushed_digest"]
     assert Cosign().verify(str(signing_keys["pub"]), target)
     assert "signature: " in first["done"].stderr  # the base's signature was checked first
+    # Its provenance, verified by cosign with the key: the base by digest and the lock by hash.
+    predicate = Cosign().verified_predicate(str(signing_keys["pub"]), target, "slsaprovenance1", SLSA_V1)
+    lock_hex = hashlib.sha256((folder / "imagebuilder-project.lock").read_bytes()).hexdigest()
+    assert resolved_dependencies(predicate) == {"base": report["base_digest"], "lock": f"sha256:{lock_hex}"}
+    assert report["lock"] == f"sha256:{lock_hex}" and report["ok"] is True and report["error"] is None
+    assert predicate["buildDefinition"]["externalParameters"]["tag"] == tag
+    with pytest.raises(CosignFailed):  # another key's verification fails: the attestation is signed
+        Cosign().verified_predicate(str(signing_keys["other"]), target, "slsaprovenance1", SLSA_V1)
 
 
 def test_a_code_only_change_rebuilds_only_the_code_layer_and_reuses_the_lock(first: dict[str, Any]) -> None:
@@ -161,8 +164,10 @@ def test_a_requirement_that_would_replace_torch_exits_2_before_any_build(first: 
     folder.mkdir()
     (folder / "requirements.txt").write_text(f"pandas==2.2.3\n{requirement}\n")
     marker = f"conflict-{uuid.uuid4().hex[:8]}"
-    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1")
+    report = folder / "report.json"
+    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1", report=report)
     assert done.returncode == 2, done.stderr
+    assert not report.exists()  # a wrong request (exit 2) leaves nothing behind, no report either
     error = done.stderr[done.stderr.index("error: "):].strip().splitlines()
     assert len(error) <= 3, error
     assert says in error[0] and "torch 2.6.0" in error[0] and "nothing was built" in error[0], error
@@ -178,10 +183,15 @@ def test_a_project_that_overwrites_a_torch_file_is_not_tagged_and_leaves_no_imag
     (folder / "pyproject.toml").write_text(PYPROJECT + '\n[tool.setuptools.data-files]\n'
                                            '"lib/python3.11/site-packages/torch" = ["version.py"]\n')
     marker = f"evil-{uuid.uuid4().hex[:8]}"
-    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1", "--locked")
+    report = first["root"] / "evil.json"
+    done = _run(folder, first["base"], f"imagebuilder-test/{marker}:1", "--locked", report=report)
     assert done.returncode == 1, done.stderr
     assert "not tagged: the torch stack is not the base's" in done.stderr
     assert "torch 2.6.0: 1 file(s) differ from RECORD (torch/version.py)" in done.stderr
+    doc = json.loads(report.read_text())  # the --report of a failed run names the failure
+    assert (doc["ok"], doc["phase"]) == (False, "prove") and doc["image_id"].startswith("sha256:")
+    assert doc["error"] == f"imagebuilder-test/{marker}:1: not tagged: the torch stack is not the base's"
+    assert "torch 2.6.0: 1 file(s) differ from RECORD (torch/version.py)" in doc["error_details"]
     assert _images_named(marker) == [] and _images_named("imagebuilder-project-candidate") == []
 
 
@@ -223,16 +233,24 @@ def test_a_republished_base_takes_the_project_layers_as_they_are(first: dict[str
 def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[str, Any], docker_engine: Any,
                                                                     kind: str) -> None:
     """The other declarations, built for real on the same base: requirements.txt (code on the
-    venv's path, the image's CMD from imagebuilder.toml) and uv.lock (through `uv export`, the
-    project installed as its package)."""
+    venv's path, the image's CMD from imagebuilder.toml, and two dependencies that exist only as
+    source distributions, from an index made here: one whose build imports torch, named in
+    no-build-isolation, builds against the base venv's torch (no second torch fetched); one whose
+    isolated build needs a torch-stack member (nvidia-nvtx-cu12) gets the base's pin of it, not
+    PyPI's newest) and uv.lock (through `uv export`, the project installed as its package)."""
     import sys
 
     folder = first["root"] / kind.replace(".", "-")
     folder.mkdir()
+    index = contextlib.ExitStack()
+    extra: tuple[str, ...] = ()
     if kind == "requirements.txt":
-        (folder / "requirements.txt").write_text("tqdm==4.67.1\n")
+        (folder / "requirements.txt").write_text(f"tqdm==4.67.1\n{TORCH_SDIST}==0.1\n{NVTX_SDIST}==0.1\n")
         (folder / "app.py").write_text("import tqdm\nprint('app', tqdm.__version__)\n")
-        (folder / "imagebuilder.toml").write_text('start = "python -m app"\n')
+        (folder / "imagebuilder.toml").write_text(f'start = "python -m app"\nno-build-isolation = ["{TORCH_SDIST}"]\n')
+        sdists = [recording_sdist(first["root"] / "sdists", TORCH_SDIST, "torch"),
+                  recording_sdist(first["root"] / "sdists", NVTX_SDIST, "nvidia-nvtx-cu12")]
+        extra = ("--extra-index-url", index.enter_context(simple_index(sdists, bridge_gateway())))
         check = "python -m app"
     else:
         (folder / "uvapp").mkdir()
@@ -246,13 +264,28 @@ def test_a_requirements_txt_or_uv_lock_project_is_built_and_proven(first: dict[s
     marker = f"{kind.split('.')[0]}-{uuid.uuid4().hex[:8]}"
     tag = f"imagebuilder-test/{marker}:1"
     try:
-        done = _run(folder, first["base"], tag, "--check", check)
+        with index:
+            done = _run(folder, first["base"], tag, "--check", check, *extra)
         assert done.returncode == 0, done.stderr[-4000:]
         assert f"build: {kind} project" in done.stderr and f"proof: check: {check}" in done.stderr
+        assert "proof: torch stack: " in done.stderr  # the base's torch RECORD and files, unchanged
         assert "tqdm==4.67.1" in (folder / "imagebuilder-project.lock").read_text()
         if kind == "requirements.txt":
             cmd = subprocess.run(["docker", "image", "inspect", tag, "--format", "{{json .Config.Cmd}}"],
                                  capture_output=True, text=True, check=True).stdout
             assert json.loads(cmd) == ["python", "-m", "app"]
+            assert f"{TORCH_SDIST}==0.1" in (folder / "imagebuilder-project.lock").read_text()
+            built = subprocess.run(["docker", "run", "--rm", tag, "python", "-c",
+                                    "from importlib.metadata import distribution as d; "
+                                    f"from {TORCH_SDIST} import _built_with as t; from {NVTX_SDIST} import _built_with as n; "
+                                    "print(t.VERSION, t.WHERE, d('torch').version, d('torch').locate_file(''), "
+                                    "n.VERSION, n.WHERE, d('nvidia-nvtx-cu12').version)"],
+                                   capture_output=True, text=True, timeout=120)
+            assert built.returncode == 0, built.stderr
+            torch_built, torch_where, torch_version, venv, nvtx_built, nvtx_where, nvtx_version = built.stdout.split()
+            # The venv's torch, not a fetched one.
+            assert (torch_built, torch_where) == (torch_version, venv) and venv == SITE_PACKAGES, built.stdout
+            # The isolated build fetched its own, at the base's pin (torch 2.6's 12.4.127), not PyPI's newest.
+            assert "/pip-build-env-" in nvtx_where and nvtx_built == nvtx_version == "12.4.127", built.stdout
     finally:
         remove_local_tags(docker_engine, marker)

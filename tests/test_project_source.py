@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,13 @@ from packaging.version import Version
 
 from imagebuilder.errors import BadRequest
 from imagebuilder.lock.lockfile import Lock, Pin
+from imagebuilder.project.command import ProofFailed
 from imagebuilder.project.lock import ConflictsWithBase, StaleLock, check_against_base, resolve
 from imagebuilder.project.probe import Venv, family_differences
 from imagebuilder.project.render import BaseFacts, render_project
+from imagebuilder.project.report import PROVE, ProjectReport, kept
 from imagebuilder.project.source import NotAProject, read_project
+from imagebuilder.trust.provenance import PROJECT_BUILD_TYPE, ProjectBuild, project_provenance, resolved_dependencies
 
 BASE = {"torch": "2.6.0", "torchvision": "0.21.0", "numpy": "2.2.1", "nvidia-nccl-cu12": "2.21.5", "pip": "24.0"}
 
@@ -173,6 +177,12 @@ no-build-isolation = ["flash-attn"]
                               "no-build-isolation.lock": f"flash-attn==2.7.4 \\\n    --hash=sha256:{'c' * 64}\n"}
     assert "--no-build-isolation -r /tmp/imagebuilder-project/no-build-isolation.lock" in text
     assert "--no-build-isolation -r /tmp/imagebuilder-project/requirements.lock" not in text
+    # pip 26 keeps PIP_CONSTRAINT out of isolated builds: the base's pins go in as build constraints,
+    # only where the build is isolated (pip refuses --build-constraint with --no-build-isolation).
+    isolated, not_isolated = (next(line for line in text.splitlines() if name in line)
+                              for name in ("/requirements.lock", "/no-build-isolation.lock"))
+    assert isolated.startswith(' && env ${PIP_CONSTRAINT:+PIP_BUILD_CONSTRAINT="$PIP_CONSTRAINT"} /opt/venv/bin/python')
+    assert "PIP_BUILD_CONSTRAINT" not in not_isolated
     assert 'CMD ["python", "-m", "trainer"]' in text
     assert text.rstrip().endswith(f'io.imagebuilder.project.lock="sha256:{"e" * 64}"')
     assert "USER 1000\nRUN --mount=type=bind,from=imagebuilder-project" in text
@@ -185,6 +195,64 @@ def test_a_project_with_nothing_to_add_is_one_layer_over_the_base(tmp_path: Path
                               ca=False)
     assert rendered.dockerfile.count("\nRUN ") == 1 and "apt-get" not in rendered.dockerfile
     assert "pip install" not in rendered.dockerfile and rendered.files == {}
+
+
+def test_a_local_base_is_from_the_runs_alias_and_an_http_index_is_a_trusted_host_for_pip(tmp_path: Path) -> None:
+    """A base only this engine holds is FROM the per-run name the command points at its id (BuildKit
+    resolves a digest at a registry only); an in-house index over http is one pip would ignore."""
+    project = read_project(write(tmp_path, {"requirements.txt": "pandas\n"}))
+    local = replace(FACTS, from_ref="", local=True)
+    args = dict(index_args=("--extra-index-url", "http://10.0.0.5:8080/simple", "--index-strategy",
+                            "unsafe-best-match"), ca=False)
+    text = render_project(project, local, PINS, "sha256:" + "e" * 64, local_alias="imagebuilder-project-base:r1",
+                          **args).dockerfile  # type: ignore[arg-type]
+    assert "\nFROM imagebuilder-project-base:r1\n" in text
+    assert " --extra-index-url http://10.0.0.5:8080/simple --trusted-host 10.0.0.5:8080 " in text
+    with pytest.raises(ValueError, match="per-run alias"):
+        render_project(project, local, PINS, "sha256:" + "e" * 64, **args)  # type: ignore[arg-type]
+
+
+def test_the_provenance_names_the_base_digest_and_the_lock_as_resolved_dependencies() -> None:
+    build = ProjectBuild(project="trainer", tag="r:5000/acme/trainer:1", base_name="r:5000/pytorch:2.6",
+                         base_repository="r:5000/pytorch", base_digest="sha256:" + "b" * 64,
+                         lock_file="imagebuilder-project.lock", lock_digest="sha256:" + "e" * 64,
+                         checks=("python -m trainer --help",), builder_version="0.1.0", invocation="r1",
+                         started="2026-12-06T04:00:00Z", finished="2026-12-06T04:05:00Z")
+    predicate = project_provenance(build)
+    assert predicate["buildDefinition"]["buildType"] == PROJECT_BUILD_TYPE
+    assert predicate["buildDefinition"]["resolvedDependencies"][0]["uri"] == "pkg:docker/r:5000/pytorch"
+    assert resolved_dependencies(json.loads(json.dumps(predicate))) == {"base": "sha256:" + "b" * 64,
+                                                                        "lock": "sha256:" + "e" * 64}
+    with pytest.raises(ValueError, match="not a digest"):
+        project_provenance(replace(build, lock_digest="e" * 64))
+
+
+@pytest.mark.parametrize(("raised", "written", "says"), [
+    (None, True, None),
+    (ProofFailed(tag="acme/t:1", what="the torch stack is not the base's", more=["  torch 2.6.0: 1 file(s) differ"]),
+     True, "acme/t:1: not tagged: the torch stack is not the base's"),
+    (KeyboardInterrupt(), True, "interrupted (Ctrl-C)"),
+    (OSError(28, "No space left on device"), True, "[Errno 28] No space left on device"),
+    (StaleLock(path="p/imagebuilder-project.lock", why="no lock yet"), False, None),  # a wrong request: nothing
+])
+def test_the_report_is_written_however_the_run_ends(tmp_path: Path, raised: BaseException | None, written: bool,
+                                                   says: str | None) -> None:
+    path = tmp_path / "report.json"
+    report = ProjectReport(tag="acme/t:1", project="p", base="b")
+    try:
+        with kept(report, path):
+            report.phase = PROVE
+            if raised is not None:
+                raise raised
+    except BaseException as e:  # noqa: BLE001 (each case's own, re-raised by kept)
+        assert e is raised
+    assert path.exists() == written
+    if written:
+        doc = json.loads(path.read_text())
+        assert (doc["ok"], doc["error"]) == (raised is None, says)
+        assert doc["phase"] == ("done" if raised is None else "prove")
+        if isinstance(raised, ProofFailed):
+            assert doc["error_details"] == ["torch 2.6.0: 1 file(s) differ"]
 
 
 def _family(**versions: tuple[str, str, int]) -> Venv:

@@ -443,6 +443,15 @@ def test_verify_image_names_an_image_it_cannot_pull() -> None:
     assert name == "image" and "registry.example/ml/pytorch:nope" in reason and "manifest unknown" in reason
 
 
+def test_an_image_of_this_engine_alone_is_verified_without_a_registry() -> None:
+    """registry None (project's candidate image): nothing is asked of one, not even for a name
+    with a registry host (a registry reader here would raise: OFFLINE's every method does)."""
+    engine = cpu_daemon()
+    report = verify_image(engine, "registry.example/ml/project:1", registry=None, allow_no_gpu=True)
+    assert report.ok and report.built_from is None
+    assert engine.pulled == []
+
+
 def test_verify_image_rejected_device_request_is_a_runtime_problem() -> None:
     engine = FakeEngine(run_error=GpuUnavailable(image="img:1", detail=NO_DEVICE_DRIVER))
     report = verify_image(engine, "img:1", registry=OFFLINE)

@@ -6,6 +6,7 @@
 - lock.py: the project's requirements resolved under the base's packages (conflicts before any build);
 - render.py (pure): the Dockerfile, at most three layers over the base's;
 - command.py: read, resolve, build, prove, tag, push, sign: `project_command(ProjectRequest)`.
+- report.py: the --report, kept as the run goes and written however it ends.
 
 The names below are what the CLI uses; everything else imports from the defining module.
 """

@@ -18,10 +18,6 @@ from ..registry.reference import names_domain, parse_reference
 from .render import BaseFacts
 
 
-LOCAL_ALIAS = "{local_alias}"
-"""Where a base that exists only in this engine is FROM: the command's per-run name for it."""
-
-
 class NotOurs(BadRequest):
     template = ("{ref} was not built by imagebuilder (no {label} label); build the base with `imagebuilder build` "
                 "or name one it published")
@@ -62,10 +58,10 @@ def find_base(engine: Engine, ref: str, say: Any = None) -> tuple[BaseFacts, Map
         digest = reference.digest
     # A registry image FROM its repository@digest (what a push stores). BuildKit resolves a
     # digest reference at the registry only, so an image that exists only here is built FROM a
-    # name of this run's own (LOCAL_ALIAS) that the command points at exactly this image id.
+    # name of this run's own that the command points at exactly this image id (BaseFacts.local).
     published = digest is not None and "/" in repository and names_domain(repository.split("/", 1)[0])
-    from_ref = f"{repository}@{digest}" if published else LOCAL_ALIAS
+    from_ref = f"{repository}@{digest}" if published else ""
     config = attrs.get("Config") or {}
     user = str(config.get("User") or "")
     return BaseFacts(name=ref, from_ref=from_ref, digest=digest or image_id, image_id=image_id, user=user,
-                     python=labels[L.PYTHON], venv=VENV, venv_owner=user or "0"), labels
+                     python=labels[L.PYTHON], venv=VENV, venv_owner=user or "0", local=not published), labels

@@ -105,11 +105,11 @@ def resolve(project: Project, *, uv: str, base_dists: Mapping[str, str], base_na
     with tempfile.TemporaryDirectory(prefix="imagebuilder-project-") as tmp:
         constraints = Path(tmp) / "base.txt"
         constraints.write_text(constraints_text(base_dists))
+        # An sdist's metadata may need a build: its build dependencies under the base's pins too
+        # (never another torch fetched to read a version).
         cmd = [uv, "pip", "compile", "--no-config", "--generate-hashes", "--no-header", "--no-annotate",
                "--no-python-downloads", "--python-version", python, "--python-platform", platform,
-               "--constraint", str(constraints), *index_args, "-"]
-        if project.no_build_isolation:  # their metadata may need a build; never with another torch
-            cmd[3:3] = ["--build-constraint", str(constraints)]
+               "--constraint", str(constraints), "--build-constraint", str(constraints), *index_args, "-"]
         try:
             done = subprocess.run(cmd, input="\n".join(project.requirements) + "\n", capture_output=True, text=True,
                                   timeout=UV_TIMEOUT_S, env={**os.environ, "UV_NO_PROGRESS": "1"})

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from .. import __version__
 from ..trust import labels as L
@@ -38,7 +39,7 @@ class BaseFacts:
     name: str
     """As the user named it (a tag, or a reference)."""
     from_ref: str
-    """What FROM says: the base pinned to its digest."""
+    """What FROM says: the base pinned to its digest ("" for a local base)."""
     digest: str
     image_id: str
     """The local engine's id of it (what a per-run name points at, where FROM names one)."""
@@ -47,6 +48,9 @@ class BaseFacts:
     """The venv's interpreter, as the base's labels and venv say (3.11)."""
     venv: str
     venv_owner: str
+    local: bool = False
+    """Only in this engine (no registry holds it): FROM names it by a per-run alias, since BuildKit
+    resolves a digest reference at a registry only."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,10 @@ class Rendered:
 
 def render_project(project: Project, base: BaseFacts, lock: Lock, lock_digest: str, *, index_args: Sequence[str],
                    ca: bool, local_alias: str = "") -> Rendered:
+    """`local_alias`: the per-run name a local base (`base.local`) is FROM; the caller points it
+    at `base.image_id` for the build."""
+    if base.local and not local_alias:
+        raise ValueError(f"{base.name} exists only in this engine: render it FROM a per-run alias (local_alias)")
     isolated = [p for p in lock.pins if p.name not in project.no_build_isolation]
     not_isolated = [p for p in lock.pins if p.name in project.no_build_isolation]
     files = {name: "".join(p.line() + "\n" for p in pins)
@@ -68,7 +76,7 @@ def render_project(project: Project, base: BaseFacts, lock: Lock, lock_digest: s
               PROJECT_BASE_DIGEST: base.digest, PROJECT_LOCK: lock_digest, PROJECT_APT: " ".join(project.apt)}
     text = _template().render(
         version=__version__, project=project.name or project.path.name, base_name=base.name,
-        base_from=base.from_ref.replace("{local_alias}", local_alias), base_digest=base.digest,
+        base_from=local_alias if base.local else base.from_ref, base_digest=base.digest,
         apt=list(project.apt), installs=installs, venv_owner=base.venv_owner, python=f"{base.venv}/bin/python",
         index_args="".join(f" {shlex.quote(a)}" for a in _for_pip(index_args)), ca=ca, code_dir=CODE_DIR,
         site_packages=f"{base.venv}/lib/python{base.python}/site-packages", package=project.name,
@@ -78,8 +86,9 @@ def render_project(project: Project, base: BaseFacts, lock: Lock, lock_digest: s
 
 
 def _for_pip(index_args: Sequence[str]) -> list[str]:
-    """uv's index options as pip takes them: the same URLs; uv's --index-strategy is uv's alone."""
-    out, skip = [], False
+    """uv's index options as pip takes them: the same URLs; uv's --index-strategy is uv's alone;
+    an index over plain http (an in-house one) is one pip ignores unless it is a trusted host."""
+    out, skip, trusted = [], False, []
     for arg in index_args:
         if skip:
             skip = False
@@ -87,7 +96,11 @@ def _for_pip(index_args: Sequence[str]) -> list[str]:
             skip = True
         else:
             out.append(arg)
-    return out
+            url = urlsplit(arg)
+            host = url.netloc.rpartition("@")[2]
+            if url.scheme == "http" and host and host not in trusted:
+                trusted.append(host)
+    return out + [a for host in trusted for a in ("--trusted-host", host)]
 
 
 @lru_cache(maxsize=1)

@@ -169,16 +169,21 @@ class Cosign:
                 process.kill()
                 process.communicate()
 
-    # -- the four commands imagebuilder uses
+    # -- the commands imagebuilder uses
 
     def sign(self, key: str, target: str) -> None:
         self.run("sign", target, ["--key", key, "--tlog-upload=false", "--yes"])
 
     def attest_sbom(self, key: str, target: str, sbom: bytes) -> None:
-        with tempfile.TemporaryDirectory(prefix="imagebuilder-sbom-") as tmp:
-            predicate = Path(tmp) / "sbom.cdx.json"
-            predicate.write_bytes(sbom)
-            self.run("attest", target, ["--key", key, "--type", "cyclonedx", "--predicate", str(predicate),
+        self.attest(key, target, "cyclonedx", sbom)
+
+    def attest(self, key: str, target: str, kind: str, predicate: bytes) -> None:
+        """Attach `predicate` to `target` as a signed in-toto statement of cosign's `--type` `kind`
+        (cyclonedx: CYCLONEDX; slsaprovenance1: provenance.SLSA_V1)."""
+        with tempfile.TemporaryDirectory(prefix="imagebuilder-attest-") as tmp:
+            path = Path(tmp) / "predicate.json"
+            path.write_bytes(predicate)
+            self.run("attest", target, ["--key", key, "--type", kind, "--predicate", str(path),
                                         "--tlog-upload=false", "--yes"])
 
     def verify(self, key: str, target: str) -> list[dict[str, Any]]:
@@ -188,15 +193,19 @@ class Cosign:
 
     def verified_sbom(self, key: str, target: str) -> dict[str, Any]:
         """The CycloneDX document of `target`'s attestation that verifies with `key`."""
-        out = self.run("verify-attestation", target, ["--key", key, "--type", "cyclonedx",
-                                                      "--insecure-ignore-tlog=true"])
+        return self.verified_predicate(key, target, "cyclonedx", CYCLONEDX)
+
+    def verified_predicate(self, key: str, target: str, kind: str, predicate_type: str) -> dict[str, Any]:
+        """The predicate of `target`'s attestation of cosign's `--type` `kind` (`predicate_type`)
+        that verifies with `key`."""
+        out = self.run("verify-attestation", target, ["--key", key, "--type", kind, "--insecure-ignore-tlog=true"])
         digest = target.partition("@")[2].removeprefix("sha256:")
         for line in out.splitlines():
             if not line.strip():
                 continue
             statement = json.loads(base64.b64decode(json.loads(line)["payload"]))
             subjects = {s.get("digest", {}).get("sha256") for s in statement.get("subject") or []}
-            if statement.get("predicateType") == CYCLONEDX and digest in subjects:
+            if statement.get("predicateType") == predicate_type and digest in subjects:
                 return dict(statement["predicate"])
         raise CosignFailed(action="verify-attestation", target=target, hint="",
-                           detail="no CycloneDX statement about this digest among the verified attestations")
+                           detail=f"no {predicate_type} statement about this digest among the verified attestations")

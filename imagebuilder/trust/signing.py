@@ -107,7 +107,7 @@ class Signed:
     signature: str
     """The tag holding the signature."""
     attestation: str
-    """The tag holding the SBOM attestation."""
+    """The tag holding the attestations (the SBOM; a project image's provenance too)."""
 
     def to_json(self) -> dict[str, str]:
         return {"digest": self.digest, "signature": self.signature, "attestation": self.attestation}
@@ -128,8 +128,8 @@ class KeySigner:
     key: str
     cosign: Cosign = Cosign()
 
-    def sign(self, target: str, sbom: bytes | None) -> Signed:
-        return sign_image(self.cosign, self.key, target, sbom)
+    def sign(self, target: str, sbom: bytes | None, provenance: bytes | None = None) -> Signed:
+        return sign_image(self.cosign, self.key, target, sbom, provenance)
 
 
 def key_signer(key: str, option: str = "--sign-key", *, try_key: bool = False) -> KeySigner:
@@ -141,10 +141,13 @@ def key_signer(key: str, option: str = "--sign-key", *, try_key: bool = False) -
     return signer
 
 
-def sign_image(cosign: Cosign, key: str, target: str, sbom: bytes | None) -> Signed:
-    """Attest `target`'s SBOM, then sign `target` (REPOSITORY@DIGEST): the signature last, so
-    that it exists only when both are done."""
+def sign_image(cosign: Cosign, key: str, target: str, sbom: bytes | None, provenance: bytes | None = None) -> Signed:
+    """Attest `target`'s SBOM (and SLSA v1 `provenance`, where given), then sign `target`
+    (REPOSITORY@DIGEST): the signature last, so that it exists only when all are done."""
     if sbom is not None:
         cosign.attest_sbom(key, target, sbom)
+    if provenance is not None:
+        cosign.attest(key, target, "slsaprovenance1", provenance)
     cosign.sign(key, target)
-    return Signed(target.partition("@")[2], signature_tag(target), signature_tag(target, "att") if sbom else "")
+    attested = sbom is not None or provenance is not None
+    return Signed(target.partition("@")[2], signature_tag(target), signature_tag(target, "att") if attested else "")

@@ -82,9 +82,10 @@ def probe_rdma(engine: Runner, ref: str) -> RdmaFacts:
     return replace(rdma, given=access_for(rdma))
 
 
-def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFacts:
+def collect_facts(engine: Runner, ref: str, registry: RegistryReader | None) -> HostFacts:
     """The I/O half of preflight for an image: ask the daemon, pull if needed (asking `registry`
-    first whether the daemon can pull the image's compression), probe the GPUs."""
+    first whether the daemon can pull the image's compression), probe the GPUs. `registry` None:
+    an image of this engine's alone (a candidate not yet pushed), nothing is read from one."""
     try:
         engine.ping()
     except DaemonUnavailable as e:
@@ -124,12 +125,12 @@ def collect_facts(engine: Runner, ref: str, registry: RegistryReader) -> HostFac
     )
 
 
-def registry_compression(registry: RegistryReader, ref: str) -> str | None:
+def registry_compression(registry: RegistryReader | None, ref: str) -> str | None:
     """The layer compression of the image a daemon pulls for `ref` from its registry: of an
     index, its first entry for this host's platform (what Docker takes; gzip, in a gzip+zstd
     index); None: not a registry image, or unknown."""
     try:
-        if "/" not in ref or not names_domain(parse_reference(ref).host):
+        if registry is None or "/" not in ref or not names_domain(parse_reference(ref).host):
             return None
         found = registry.image_config(ref, host_platform())
         return None if found is None else compression_of(found[1])
@@ -137,33 +138,33 @@ def registry_compression(registry: RegistryReader, ref: str) -> str | None:
         return None
 
 
-def gzip_instead(registry: RegistryReader, ref: str) -> str | None:
+def gzip_instead(registry: RegistryReader | None, ref: str) -> str | None:
     """The gzip image a gzip+zstd publish left beside the tag `ref` (gzip_ref()), where the
     registry has it; None: none (or `ref` names a digest)."""
     try:
-        if parse_reference(ref).reference.startswith("sha256:"):
+        if registry is None or parse_reference(ref).reference.startswith("sha256:"):
             return None
         return gzip_ref(ref) if registry.digest(gzip_ref(ref)) is not None else None
     except (RegistryError, InvalidReference, ValueError, OSError):
         return None
 
 
-def registry_has(registry: RegistryReader, ref: str) -> bool:
+def registry_has(registry: RegistryReader | None, ref: str) -> bool:
     """Whether `ref`'s registry names a digest under it: a pull of such an image that failed with
     "not found" (a blob or manifest it advertises and cannot deliver) is the registry's fault, not
     a request for nothing (exit 1, not 2). False where it says no, or cannot be asked."""
     try:
-        if "/" not in ref or not names_domain(parse_reference(ref).host):
+        if registry is None or "/" not in ref or not names_domain(parse_reference(ref).host):
             return False
         return registry.digest(ref) is not None
     except (RegistryError, InvalidReference, ValueError, OSError):
         return False
 
 
-def registry_built_from(registry: RegistryReader, ref: str) -> BuiltFrom | None:
+def registry_built_from(registry: RegistryReader | None, ref: str) -> BuiltFrom | None:
     """Where the registry image `ref` was built from, per its provenance; None: none readable."""
     try:
-        if "/" not in ref or not names_domain(parse_reference(ref).host):
+        if registry is None or "/" not in ref or not names_domain(parse_reference(ref).host):
             return None
         predicate = registry.provenance(ref)
     except (RegistryError, InvalidReference, ValueError, OSError):

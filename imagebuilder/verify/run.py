@@ -53,12 +53,13 @@ def smoke_command(python: str, *, require_gpu: bool, manifest: str | None = None
     return command
 
 
-def verify_image(engine: Runner, ref: str, *, registry: RegistryReader, allow_no_gpu: bool = False,
+def verify_image(engine: Runner, ref: str, *, registry: RegistryReader | None = None, allow_no_gpu: bool = False,
                  timeout: float = DEFAULT_TIMEOUT, mount_smoke_tests: bool = False,
                  read_provenance: bool = True, live: Live | None = None) -> VerifyReport:
     """Preflight the daemon's host for `ref`, then run the smoke tests in a container from it.
     A registry image's provenance (where it was built from) is read from `registry`, which is
-    also asked for the layers' compression of an image the daemon must pull.
+    also asked for the layers' compression of an image the daemon must pull; None: the image is
+    this engine's (a candidate not yet pushed) and nothing is read from a registry.
 
     The container gets every GPU, a 1 GiB /dev/shm and `timeout` seconds; it is removed
     afterwards in every case (the engine's run() guarantees it, Ctrl-C included).

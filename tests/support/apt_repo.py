@@ -118,13 +118,13 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 @contextmanager
-def served(root: Path) -> Iterator[str]:
-    """http://127.0.0.1:PORT serving `root`, on a thread, until the block ends."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="apt-repo", daemon=True)
+def served(root: Path, host: str = "127.0.0.1") -> Iterator[str]:
+    """http://HOST:PORT serving `root`, on a thread, until the block ends."""
+    server = http.server.ThreadingHTTPServer((host, 0), partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="served", daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
