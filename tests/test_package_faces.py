@@ -110,3 +110,12 @@ def test_the_scan_sees_imports_relative_absolute_and_as_a_module(tmp_path: Path)
     (tmp_path / "imagebuilder" / "publish").symlink_to(REPO / "imagebuilder" / "publish")
     assert {name: sorted(modules) for name, modules in _uses("publish", (root,), tmp_path).items()} == {
         "Ledger": ["caller.a"], "publish_command": ["caller.b"], "Step": ["caller.c"]}
+
+
+def test_at_most_twelve_modules_stay_at_the_top() -> None:
+    """imagebuilder/ holds packages by concept; at its top only the command line's entry points, the
+    errors and what every package shares (docs/architecture.md): at most 12 modules."""
+    top = sorted(path.name for path in (REPO / "imagebuilder").glob("*.py"))
+    assert "errors.py" in top and "__main__.py" in top  # the scan reads the real folder
+    assert len(top) <= 12, top
+    assert not [name for name in top if name.startswith("cli")], "the command line lives in imagebuilder/cli/"

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 import click
 
 from . import options
-from .cli_context import progress
-from .errors import BadRequest
-from .registry import RetryPolicy, parse_reference
+from .context import progress
+from ..errors import BadRequest
+from ..registry import RetryPolicy, parse_reference
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,15 +80,15 @@ def verify(tag: str | None, local: bool, allow_no_gpu: bool, as_json: bool, time
       imagebuilder verify --local --timeout 600
       imagebuilder verify ghcr.io/acme/pytorch:2.6.0-cuda12.4-cudnn9-runtime --key cosign.pub
     """
-    from .verify import Live, verify_local, verify_published
+    from ..verify import Live, verify_local, verify_published
 
     live = None if as_json else Live(click.echo)  # the header and preflight at once, a line per check as it ends
     if local or tag is None:  # options checked the combinations
         report = verify_local(allow_no_gpu=allow_no_gpu, timeout=timeout, manifest=manifest, live=live)
     else:
-        from .engine.docker import DockerEngine
-        from .registry.client import HttpRegistry
-        from .trust import Cosign
+        from ..engine.docker import DockerEngine
+        from ..registry.client import HttpRegistry
+        from ..trust import Cosign
 
         # cosign reads the same registry: under the same timeout, saying every 15 s that it still waits.
         cosign = Cosign(timeout=registry_policy.timeout_s, say=progress, timeout_option=registry_policy.timeout_option)

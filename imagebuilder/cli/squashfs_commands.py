@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from . import options
-from .cli_context import progress
-from .platforms import DEFAULT_PLATFORM
-from .registry import RetryPolicy
+from .context import progress
+from ..platforms import DEFAULT_PLATFORM
+from ..registry import RetryPolicy
 
 
 @click.command("squashfs")
@@ -38,22 +38,22 @@ def squashfs(image: str, output: Path, key: str | None, platform: str, lazy: boo
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --key cosign.pub
       imagebuilder squashfs 127.0.0.1:5000/ml/pytorch:TAG -o torch.sqfs --lazy
     """
-    from .build import parse_platforms
-    from .registry.client import HttpRegistry
-    from .registry import parse_reference
-    from .squashfs.fetch import check_output, fetch_squashfs
-    from .trust import key_reference
+    from ..build import parse_platforms
+    from ..registry.client import HttpRegistry
+    from ..registry import parse_reference
+    from ..squashfs.fetch import check_output, fetch_squashfs
+    from ..trust import key_reference
 
     parse_reference(image)
     (platform,) = parse_platforms(platform)
     check_output(output)
     pub = key_reference(key, "--key") if key is not None else None
     if pub is not None and Path(pub).is_file():  # (a KMS key is asked for where it is used)
-        from .trust.cosign import Cosign
+        from ..trust.cosign import Cosign
 
         Cosign().require().try_public_key(pub, "--key")
     if lazy:
-        from .squashfs.lazy import Mounted, mount_lazy
+        from ..squashfs.lazy import Mounted, mount_lazy
 
         served = mount_lazy(HttpRegistry(policy=registry_policy), image, output, key=pub, platform=platform,
                             timeout_s=registry_policy.timeout_s, say=progress)
@@ -76,7 +76,7 @@ def squashfs_release(file: Path) -> None:
     Example:
       imagebuilder squashfs-release /tmp/torch.sqfs
     """
-    from .squashfs.lazy import release
+    from ..squashfs.lazy import release
 
     progress(f"{file}: released" if release(file) else
              f"{file}: nothing to release (not served by `imagebuilder squashfs --lazy`)")

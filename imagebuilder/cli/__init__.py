@@ -1,6 +1,7 @@
 """The imagebuilder command line: parse, call one pipeline function (the `matrix` commands are in
-cli_matrix.py, `project` in cli_project.py, `verify` in cli_verify.py, `squashfs` and
-`squashfs-release` in cli_squashfs.py; cli_context.py's Group maps errors to exit codes).
+matrix_commands.py, `project` in project_command.py, `verify` in verify_command.py, `squashfs` and
+`squashfs-release` in squashfs_commands.py, the shared options in options.py; context.py's Group
+maps errors to exit codes).
 
 Exit codes: 0 success, 1 a failure, 2 a bad request (unknown version, bad flag), 130 Ctrl-C.
 """
@@ -13,17 +14,19 @@ from pathlib import Path
 
 import click
 
-from . import __version__, interrupts, options, pipeline
-from .build import RenderRequest, contexts, for_command
-from .cli_context import Context, Group, note, pass_context, progress
-from .cli_matrix import matrix
-from .cli_project import project
-from .cli_squashfs import squashfs, squashfs_release
-from .cli_verify import verify
-from .engine.export import Compression
-from .errors import BadRequest
-from .matrix import Selection, matrix_file
-from .registry import RegistryTarget, RetryPolicy
+from .. import __version__, interrupts, pipeline
+
+from . import options
+from ..build import RenderRequest, contexts, for_command
+from .context import Context, Group, note, pass_context, progress
+from .matrix_commands import matrix
+from .project_command import project
+from .squashfs_commands import squashfs, squashfs_release
+from .verify_command import verify
+from ..engine.export import Compression
+from ..errors import BadRequest
+from ..matrix import Selection, matrix_file
+from ..registry import RegistryTarget, RetryPolicy
 
 # Each command imports its machinery (engine, registry, build, verify, publish) in its body:
 # `--help`, `render` and `matrix` start without loading what only `build` or `publish` run.
@@ -83,8 +86,8 @@ def lock_cmd(ctx: Context, check: bool, uv_path: str | None, index_url: str | No
       imagebuilder lock --torch 2.6 --cuda 12.4 --with 'pandas==2.2.3' --with tqdm
       imagebuilder lock --check
     """
-    from .lock import check_or_write, load_locks, locks_dir
-    from .registry.client import HttpRegistry
+    from ..lock import check_or_write, load_locks, locks_dir
+    from ..registry.client import HttpRegistry
 
     plan = pipeline.lock_selected(ctx.matrix, selection, uv=uv_path, extras=extras, index_url=index_url,
                                   extra_index_urls=extra_index_urls, progress=progress, note=note,
@@ -134,8 +137,8 @@ def render_cmd(ctx: Context, render_all: bool, output: Path | None, dry_run: boo
     if render_all and (platforms or selection.platform_bases):
         raise click.UsageError("--platform and --base-image PLATFORM=IMAGE are for one request (--torch, --cuda), "
                                "not --all")
-    from .build import parse_platforms
-    from .engine.select import decide_for_render
+    from ..build import parse_platforms
+    from ..engine.select import decide_for_render
 
     wanted = parse_platforms(platforms)
     if dry_run and len(wanted) > 1:
@@ -185,12 +188,12 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
       imagebuilder build --torch 2.6 --cuda 12.4 --variant all --ca-bundle "$SSL_CERT_FILE"
       imagebuilder build --torch 2.6 --cuda 12.4 --base-image mirror.local/ubuntu:22.04 --report build.json
     """
-    from .build import build_all, parse_platforms, report_plan
-    from .engine.docker import DockerEngine
-    from .engine.export_decision import decide_export
-    from .engine.select import decide, kind_before_probing, make_builder
-    from .registry.client import HttpRegistry
-    from .scan import HttpMirror, OsStates, cached
+    from ..build import build_all, parse_platforms, report_plan
+    from ..engine.docker import DockerEngine
+    from ..engine.export_decision import decide_export
+    from ..engine.select import decide, kind_before_probing, make_builder
+    from ..registry.client import HttpRegistry
+    from ..scan import HttpMirror, OsStates, cached
 
     wanted = parse_platforms(platforms)
     # A wrong request is refused before any daemon is asked (deciding the builder may probe one).
@@ -248,8 +251,8 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
       imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime --allowlist allowlist.yaml --json
       imagebuilder scan pytorch:2.6.0-cuda12.4-cudnn9-runtime --osv all.zip
     """
-    from .engine.docker import DockerEngine
-    from .scan import HttpMirror, ScanRequest, load_allowlist, scan_image
+    from ..engine.docker import DockerEngine
+    from ..scan import HttpMirror, ScanRequest, load_allowlist, scan_image
 
     request = ScanRequest(image, load_allowlist(allowlist), mirror=mirror, osv=osv)
     report = scan_image(request, DockerEngine(), HttpMirror(progress).get, progress)
@@ -305,8 +308,8 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
       imagebuilder publish --torch 2.6 --cuda 12.4 --registry 127.0.0.1:5000/ml --allow-no-gpu
       imagebuilder publish --registry ghcr.io/acme --keep-going --report publish.json
     """
-    from .publish import PublishRequest, publish_command
-    from .scan import Scanning, load_allowlist
+    from ..publish import PublishRequest, publish_command
+    from ..scan import Scanning, load_allowlist
 
     if (allowlist is not None or allow_vulnerable) and not scan:
         raise click.UsageError("--allowlist and --allow-vulnerable are for the scan; drop --no-scan")

@@ -18,13 +18,13 @@ import click
 
 from packaging.version import Version
 
-from .build import PSEUDO_FILE_SYSTEMS, RenderRequest, check_output, file_system_type, parse_base_images
-from .engine.export import DUAL, Compression
-from .errors import BadRequest
-from .lock import BadUv, parse_index_url
-from .matrix import ALL, VARIANTS, Selection, check_not_empty
-from .registry import REGISTRY_POLICY, RegistryTarget, RetryPolicy, check_repository
-from .trust import read_ca_bundle, read_certificates
+from ..build import PSEUDO_FILE_SYSTEMS, RenderRequest, check_output, file_system_type, parse_base_images
+from ..engine.export import DUAL, Compression
+from ..errors import BadRequest
+from ..lock import BadUv, parse_index_url
+from ..matrix import ALL, VARIANTS, Selection, check_not_empty
+from ..registry import REGISTRY_POLICY, RegistryTarget, RetryPolicy, check_repository
+from ..trust import read_ca_bundle, read_certificates
 
 F = TypeVar("F", bound=Callable[..., Any])
 

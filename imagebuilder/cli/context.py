@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from .errors import ImageBuilderError
-from .matrix import Matrix, load_matrix
+from ..errors import ImageBuilderError
+from ..matrix import Matrix, load_matrix
 
 
 class Context:

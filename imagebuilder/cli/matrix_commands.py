@@ -6,9 +6,9 @@ import click
 from packaging.version import Version
 
 from . import options
-from .build import base_os_reader, listing
-from .cli_context import Context, Group, note, pass_context, progress
-from .matrix import Selection, enumerate_matrix, settle_os
+from ..build import base_os_reader, listing
+from .context import Context, Group, note, pass_context, progress
+from ..matrix import Selection, enumerate_matrix, settle_os
 
 
 @click.group("matrix", cls=Group, invoke_without_command=True)
@@ -48,7 +48,7 @@ def matrix_check(ctx: Context, online: bool, index_url: str | None) -> None:
     click.echo(f"{m.path}: ok: {len(m.torches)} torch releases, {len(m.cudas)} CUDA versions, "
                f"{len(m.oses)} OSes, {images} images")
     if online:
-        from .lock import report_drift
+        from ..lock import report_drift
 
         report_drift(m, index_url, echo=click.echo, progress=progress)
 
@@ -69,7 +69,7 @@ def matrix_add(ctx: Context, torch_version: Version | None, new: bool, cuda_vari
     Comments and order of the file stay; what the metadata does not say is left for you, and
     `imagebuilder matrix check` names it.
     """
-    from .lock import add_releases
+    from ..lock import add_releases
 
     if (torch_version is None) != new:
         raise click.UsageError("give either --torch X.Y.Z or --new")

@@ -7,11 +7,11 @@ from urllib.parse import urlsplit
 
 import click
 
-from .trust import labels as L
+from ..trust import labels as L
 from . import options
-from .cli_context import Context, note, pass_context, progress
-from .matrix.model import Matrix
-from .project import ProjectRequest
+from .context import Context, note, pass_context, progress
+from ..matrix.model import Matrix
+from ..project import ProjectRequest
 
 
 @click.command("project")
@@ -54,15 +54,15 @@ def project(ctx: Context, path: Path, base: str, tag: str, push: bool, checks: t
       imagebuilder project . --base pytorch:2.6.0-cuda12.4-cudnn9-runtime --tag acme/trainer:1 --allow-no-gpu
       imagebuilder project . --base registry.local/pytorch:2.6-cuda12.4-runtime --key cosign.pub --tag registry.local/acme/trainer:1 --push --sign-key cosign.key --check 'python -m trainer --help'
     """
-    from .trust.cosign import Cosign
-    from .engine.docker import DockerEngine
-    from .engine.select import decide, make_builder
-    from .errors import BadRequest
-    from .registry.client import HttpRegistry
-    from .project import project_command
-    from .project.source import read_project
-    from .trust.signing import key_signer
-    from .lock.uv_compile import default_uv
+    from ..trust.cosign import Cosign
+    from ..engine.docker import DockerEngine
+    from ..engine.select import decide, make_builder
+    from ..errors import BadRequest
+    from ..registry.client import HttpRegistry
+    from ..project import project_command
+    from ..project.source import read_project
+    from ..trust.signing import key_signer
+    from ..lock.uv_compile import default_uv
 
     if sign_key is not None and not push:
         raise BadRequest("--sign-key signs what --push pushes: add --push, or drop --sign-key")
