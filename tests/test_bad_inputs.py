@@ -190,6 +190,8 @@ ROWS = {
     "verify --timeout 1e400": Row(("verify", "pytorch:2.6", "--timeout", "1e400"), 2, "--timeout 1e400 is not a number of seconds"),
     "publish --registry-timeout 1E999": Row((*PUBLISH, "--dry-run", "--registry-timeout", "1E999"), 2,
                                             "--registry-timeout 1E999 is not a number of seconds"),
+    "publish --start-timeout 0": Row((*PUBLISH, "--dry-run", "--start-timeout", "0"), 2,
+                                     "--start-timeout 0 is not a number of seconds"),
     "publish --verify-timeout nan": Row(("publish", "--registry", "127.0.0.1:5000/ns", "--verify-timeout", "nan"), 2,
                                         "--verify-timeout nan is not a number of seconds"),
     "build --report unwritable": Row(("build", "--torch", "2.6", "--cuda", "12.4", "--report", "afile/r.json"), 2,

@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from support.canned_engine import LABELS, LAYERS, CannedBackground, CannedEngine, CannedStore
@@ -645,3 +645,21 @@ def test_the_local_gzip_image_of_gzip_zstd_is_removed_however_the_image_s_phases
     assert engine.requests[-1].tags == (gzip_ref(image.ref),)  # it was made
     assert [ref for ref in engine.removed if ref.endswith("-gzip")] == [gzip_ref(image.ref)]
     assert image.ref not in engine.removed  # the verified image stays
+
+
+def test_the_start_profile_runs_under_start_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--start-timeout (PublishRequest.start_timeout) is the limit the start profile runs under."""
+    import imagebuilder.publish.estargz as estargz
+
+    seen: list[tuple[str, tuple[str, ...], float]] = []
+
+    def profiled(ref: str, command: tuple[str, ...], *, timeout: float) -> object:
+        seen.append((ref, command, timeout))
+        return object()
+
+    monkeypatch.setattr(estargz, "start_profile", profiled)
+    publisher = estargz.EstargzPublisher(cast(Any, None), cast(Any, None), start=("python", "-c", "pass"),
+                                         start_timeout=42.0)
+    publisher._profile("img:1")
+    assert seen == [("img:1", ("python", "-c", "pass"), 42.0)]
+    assert estargz.EstargzPublisher(cast(Any, None), cast(Any, None)).start_timeout == 600.0

@@ -279,6 +279,8 @@ def scan_cmd(image: str, as_json: bool, allowlist: Path | None, mirror: str | No
 @click.option("--start-command", default=None, metavar="CMD",
               help="With --compression estargz or zstd:chunked: the start whose opened files go first in each layer, run once "
                    "in the image as its user (default: import torch and a first torch.compile); '' for none.")
+@click.option("--start-timeout", type=options.SECONDS, default=600, show_default=True, metavar="S",
+              help="Seconds the --start-command may take under strace before the publish of that image fails.")
 @click.option("--scan/--no-scan", "scan", default=True, show_default=True,
               help="After an image's smoke tests, scan it (`imagebuilder scan`: its OS's security suite) and push it "
                    "only without a finding the --allowlist does not cover (docs/scan.md). --no-scan: push unscanned, "
@@ -293,8 +295,8 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
                 report: Path | None, registry_ca: Path | None, selection: Selection, rendering: RenderRequest,
                 builder_choice: str, buildx_builder: str | None, platforms: str | None, merge: bool,
                 merge_only: bool, compression: Compression | None, sign_key: str | None,
-                registry_policy: RetryPolicy, squashfs: bool, start_command: str | None, scan: bool,
-                allowlist: Path | None, allow_vulnerable: bool) -> None:
+                registry_policy: RetryPolicy, squashfs: bool, start_command: str | None, start_timeout: float,
+                scan: bool, allowlist: Path | None, allow_vulnerable: bool) -> None:
     """Plan, build, verify and push many images; skip those the registry has from the same inputs.
 
     Filters select images as `imagebuilder matrix` lists them. Images go to
@@ -320,7 +322,7 @@ def publish_cmd(ctx: Context, target: RegistryTarget, push: bool, dry_run: bool,
         quiet=quiet, no_cache=no_cache, pull=pull, report=report, registry_ca=registry_ca,
         builder_choice=builder_choice, buildx_builder=buildx_builder, platforms=platforms, merge=merge,
         merge_only=merge_only, compression=compression, sign_key=sign_key, squashfs=squashfs,
-        start_command=start_command)
+        start_command=start_command, start_timeout=start_timeout)
     publish_command(ctx.matrix, ctx.matrix_path, request, echo=click.echo, note=note, progress=progress,
                     scanning=scanning)
 

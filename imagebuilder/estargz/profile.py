@@ -68,7 +68,7 @@ class ProfileUnavailable(ProfileError):
 class StartTimedOut(ProfileError):
     template = ("the start command of {ref} ({command}) did not end within {timeout:.0f} s under strace; "
                 "the container was removed; give --start-command a start that ends by itself within that time "
-                "(a server's start: one that exits once it is up)")
+                "(a server's start: one that exits once it is up), or a longer --start-timeout")
 
 
 class StartFailed(ProfileError):

@@ -112,7 +112,7 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
         ordered = exported.ordered
         estargz = None if ordered is None else EstargzPublisher(
             engine, registry, level=LEVELS[ordered.codec] if ordered.level is None else ordered.level,
-            codec=ordered.codec, start=start, say=progress)
+            codec=ordered.codec, start=start, start_timeout=r.start_timeout, say=progress)
         if not r.quiet:
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {exported.describe()}")

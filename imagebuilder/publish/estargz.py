@@ -115,6 +115,8 @@ class EstargzPublisher:
     """ESTARGZ (eStargz) or ZSTD_CHUNKED."""
     start: tuple[str, ...] | None = TORCH_START
     """The start to profile; None: no profile (every layer says .no.prefetch.landmark)."""
+    start_timeout: float = 600.0
+    """--start-timeout: seconds the profiled start may take."""
     workdir: Path | None = None
     """Where the layers are spooled (their uncompressed size, and one eStargz at a time)."""
     say: Callable[[str], None] = print
@@ -154,7 +156,7 @@ class EstargzPublisher:
 
     def _profile(self, ref: str) -> StartProfile:
         assert self.start is not None
-        return start_profile(ref, self.start)
+        return start_profile(ref, self.start, timeout=self.start_timeout)
 
     def _every(self, what: str, interval: float, last: list[float] | None = None) -> Callable[[int], None]:
         """A progress callback saying `what` and the bytes done at most every `interval` s; `last`

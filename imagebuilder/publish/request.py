@@ -45,6 +45,8 @@ class PublishRequest:
     sign_key: str | None = None
     squashfs: bool = False
     start_command: str | None = None
+    start_timeout: float = 600.0
+    """--start-timeout: the seconds the start profile may take."""
 
     @property
     def multi(self) -> bool:
