@@ -616,7 +616,7 @@ class RecordingEngine:
         self.builds.append((req.tags, (req.context / "Dockerfile").read_text()))
         return BuildResult(f"sha256:{len(self.builds)}", req.tags, 1, 1.0, 2, 0, 2, None)
 
-    def read_file(self, image, path):
+    def read_file(self, image, path, *, platform=None):
         assert (image, path) == ("sha256:1", "/opt/imagebuilder/sbom.cdx.json")
         return self.sbom
 
@@ -748,7 +748,7 @@ class LoggingEngine(RecordingEngine):
         req.log_path.write_text(self.log)
         return replace(result, log_path=req.log_path)
 
-    def read_file(self, image, path):
+    def read_file(self, image, path, *, platform=None):
         raise AssertionError("the digest is in the build's log: the image is not read back")
 
 

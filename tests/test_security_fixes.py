@@ -26,7 +26,7 @@ from imagebuilder.publish.plan import BUILD, PUSHED, SKIP, Remote, plan
 from imagebuilder.scan.mirror import HttpMirror
 from imagebuilder.scan.release import Suite
 from imagebuilder.scan.run import CannotScan
-from imagebuilder.scan.updates import OsStates, main_suite
+from imagebuilder.scan.updates import OsStates, docker_platform, main_suite
 from imagebuilder.scan.debian import DebVersion, Package
 from imagebuilder.scan.fixes import Fixes, OsState, dependency_graph, fixes_for
 from imagebuilder.scan.gate import Scanning, not_scanned
@@ -226,3 +226,15 @@ def test_a_base_without_a_dpkg_status_cannot_have_its_fixes_read(archive):
     base = ImageFiles(SPEC.base_image, {"/etc/os-release": debian_release().encode()})
     with pytest.raises(CannotScan, match="it has no /var/lib/dpkg/status"):
         OsStates(base, HttpMirror(print).get, url, print)(SPEC.base_image, "amd64")
+
+
+def test_the_base_is_read_in_the_variant_of_the_images_architecture(archive):
+    """A base tag may hold several platforms (imagebuilder-base:bookworm-arm64 holds amd64 and
+    arm64): the host's variant's packages are another architecture's, and the arm64 image lacked
+    every fix but those of `Architecture: all` packages. The engine is asked for the arch's variant."""
+    _, url, _ = archive
+    base = _base()
+    state = OsStates(base, HttpMirror(print).get, url, print)(SPEC.base_image, "amd64")
+    assert dict(zip(base.read, base.platforms))["/var/lib/dpkg/status"] == "linux/amd64" and "libzstd1" in state.installed
+    assert (docker_platform("amd64"), docker_platform("arm64"), docker_platform("riscv64")) == (
+        "linux/amd64", "linux/arm64", None)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..matrix.resolve import BuildSpec
+from ..platforms import DEFAULT_PLATFORM
 from ..scan.fixes import Fixes, fixes_for
 from ..scan.release import COMPONENT, security_base
 from .platforms import arch
@@ -53,7 +54,7 @@ def fixes_label(expected: Sequence[tuple[str, str]]) -> str:
 def security_step(spec: BuildSpec, options: RenderOptions, packages: Sequence[str]) -> SecurityStep:
     """The security suite's part of the image's apt RUN; the fixes are those options.os_states
     found for its base (none where nothing was read: `render`)."""
-    mirror = security_base(spec.os.family, arch(options.platform or "linux/amd64"), options.security_mirror)
+    mirror = security_base(spec.os.family, arch(options.platform or DEFAULT_PLATFORM), options.security_mirror)
     state = options.os_states.get(spec.base_image)
     fixes = fixes_for(state, packages) if state is not None else Fixes()
     return SecurityStep(mirror, f'echo "deb {mirror} {_SUITE} {COMPONENT}" > {SOURCES_FILE}', SOURCES_FILE,

@@ -160,16 +160,17 @@ class DockerEngine:
                 raise ImageMissing(ref=ref) from e
             yield from chunks
 
-    def read_file(self, image: str, path: str, *, hops: int = 4) -> bytes | None:
+    def read_file(self, image: str, path: str, *, hops: int = 4, platform: str | None = None) -> bytes | None:
         """A file of `image` (None if absent), read without running anything: a container is
         created, never started, its archive read through the API, and removed. Symlinks
-        inside the image are followed (Debian's /etc/os-release is one)."""
+        inside the image are followed (Debian's /etc/os-release is one). `platform`: that variant of
+        a multi-platform tag (None: the host's)."""
         import docker
 
         with self.daemon_errors():
             try:
                 container = self.client.api.create_container(
-                    image, command=["/bin/true"], labels={"org.imagebuilder.run": "1"})
+                    image, command=["/bin/true"], labels={"org.imagebuilder.run": "1"}, platform=platform)
             except docker.errors.ImageNotFound as e:
                 raise ImageMissing(ref=image) from e
             try:

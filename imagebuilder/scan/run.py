@@ -34,7 +34,7 @@ TRIES = 3  # .debs of one source tried for its changelog (a binary's doc folder 
 
 
 class ImageFiles(Protocol):
-    def read_file(self, image: str, path: str) -> bytes | None: ...
+    def read_file(self, image: str, path: str, *, platform: str | None = None) -> bytes | None: ...
 
 
 class CannotScan(ImageBuilderError):

@@ -18,6 +18,7 @@ from .debian import available, installed
 from .fixes import OsState, dependency_graph, newest_by_name
 from .mirror import Get, index_text
 from .release import Suite, os_release, security_suite
+from ..platforms import PLATFORMS
 from .run import DPKG_STATUS, CannotScan, ImageFiles
 
 Say = Callable[[str], None]
@@ -59,7 +60,9 @@ class OsStates:
     def _read(self, image: str, arch: str) -> OsState:
         # The engine's errors (no daemon, a base that cannot be pulled) are the build's own: as they are.
         release = os_release(image, self.files.os_release(image))
-        status = self.files.read_file(image, DPKG_STATUS)
+        # The variant of the tag for `arch` (a base tag may hold several platforms: the host's
+        # variant's packages are another architecture's, which the filter below would drop).
+        status = self.files.read_file(image, DPKG_STATUS, platform=docker_platform(arch))
         if status is None:
             raise CannotScan(image=image, reason=f"it has no {DPKG_STATUS}")
         security = security_suite(release, arch, self.mirror)
@@ -69,3 +72,10 @@ class OsStates:
         graph = dependency_graph((index_text(self.get, main), security_text), arch)
         base = {p.name: p.version for p in installed(status.decode("utf-8", "replace")) if p.arch in (arch, "all")}
         return OsState(security.suite, arch, base, newest_by_name(available(security_text), arch), graph)
+
+
+def docker_platform(arch: str) -> str | None:
+    """The engine's platform of a Debian architecture (the table's names match for amd64 and
+    arm64); None for one the table lacks (the host's variant is read)."""
+    return next((name for name, p in PLATFORMS.items() if p.arch == arch), None)
+

@@ -147,14 +147,16 @@ class ImageFiles:
         self.image = image
         self.files = files
         self.read: list[str] = []
+        self.platforms: list[str | None] = []  # the platform each read_file asked for
 
     def os_release(self, image: str) -> str:
         """As the engine's: the image's /etc/os-release text."""
         return (self.read_file(image, "/etc/os-release") or b"").decode()
 
-    def read_file(self, image: str, path: str) -> bytes | None:
+    def read_file(self, image: str, path: str, *, platform: str | None = None) -> bytes | None:
         assert image == self.image, image
         self.read.append(path)
+        self.platforms.append(platform)
         return self.files.get(path)
 
 

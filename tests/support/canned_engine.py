@@ -75,7 +75,7 @@ class CannedEngine:
         self.contents.update(dict.fromkeys(req.tags, image_id))
         return BuildResult(image_id, req.tags, 1, 1.0, 9, 0, 9, None)
 
-    def read_file(self, image: str, path: str) -> bytes | None:
+    def read_file(self, image: str, path: str, *, platform: str | None = None) -> bytes | None:
         return b'{"bomFormat": "CycloneDX"}\n'  # the SBOM whose digest build labels the image with
 
     def remove_image(self, ref: str, force: bool = True) -> None:
