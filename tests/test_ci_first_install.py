@@ -37,6 +37,7 @@ def _in_container(image: str, script: str, timeout: int) -> subprocess.Completed
 NO_SERVICES = "printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d\n"
 
 
+@pytest.mark.beside_builds
 def test_docker_and_cosign_install_on_a_new_debian_12_move_only_their_packages(base_image):
     """docker-install.sh then cosign-install.sh, as a new Debian 12 runs them: Debian 13's
     packages, pinned (libc6 and runc stay Debian 12's), the containerd store configured, then a
@@ -66,6 +67,7 @@ bash /ci/cosign-install.sh
     assert out.count("already installed") == 2, out  # both second runs only checked
 
 
+@pytest.mark.beside_builds
 def test_cosign_install_on_a_new_debian_13_takes_its_own_package(docker_engine):
     """trixie-packages.sh's Debian 13 branch (no pin, no extra source), through cosign-install.sh
     in a throwaway container of imagebuilder-base:trixie (.ci/setup --tests makes it). ~30-60 s."""
@@ -104,6 +106,7 @@ def _script(name: str, *args: str, env: dict[str, str], timeout: int) -> subproc
     return subprocess.run(["bash", str(CI / name), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.beside_builds
 def test_base_image_sh_makes_a_missing_base_then_finds_it(base_image, image_repo, tmp_path):
     """The import of a fresh rootfs, its clean-up, apt inside the new image; then a second run
     does nothing. ~15-30 s (apt-get update in the image)."""
@@ -120,6 +123,7 @@ def test_base_image_sh_makes_a_missing_base_then_finds_it(base_image, image_repo
     assert f"{image} already exists" in again.stdout and "debootstrap" not in again.stdout
 
 
+@pytest.mark.beside_builds
 def test_base_image_sh_waits_for_an_engine_then_gives_up_leaving_nothing(base_image, tmp_path):
     """.ci/setup runs base-image.sh beside the engine's install: with no engine yet it debootstraps,
     waits BASE_IMAGE_WAIT_S, and stops at once when BASE_IMAGE_GIVE_UP_IF appears."""
