@@ -23,6 +23,7 @@ from build_records import build_cache_records, prune_records  # type: ignore[imp
 from fault_proxy import FaultProxy
 from support.build_cache import (_SESSION_CACHE, _buildkit_cli, after_test, family_build,
                                  released_after_last_use)
+from support.apt_repo import AptRepo, served
 from support.cleanup import remove_images, remove_local_tags
 from support.cosign_keys import cosign_key_pair
 from support.fuzz import hypothesis_profiles
@@ -348,3 +349,15 @@ def ssh_docker_host(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPa
         except subprocess.TimeoutExpired:
             host.process.kill()
             host.process.wait()
+
+
+@pytest.fixture(scope="session")
+def empty_security_mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A mirror of bookworm and bookworm-security with no packages, served on loopback: the
+    security fixes a publish reads of its base, with no network (IMAGEBUILDER_SECURITY_MIRROR)."""
+    repo = AptRepo(tmp_path_factory.mktemp("apt"))
+    for suite in ("bookworm", "bookworm-security"):
+        repo.publish(suite, [])
+    with served(repo.root) as url:
+        yield url
+

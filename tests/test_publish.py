@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.apt_repo import AptRepo, served
 from support.cleanup import remove_local_tags
 from support.published_images import BOTH, merge_images, platform_ref, rendered_signed
 from support.real_images import SIGNED_CUDA, SIGNED_OS, SIGNED_TORCH, ca_bundle_args, imagebuilder, installed_torch
@@ -173,16 +172,6 @@ def _publish_args(base_image: str, registry: str, report: Path, *extra: str) -> 
     return ["publish", "--torch", TORCH, "--cuda", CUDA, "--os", OS, "--variant", "runtime", "--builder", "buildkit",
             "--base-image", base_image, *ca_bundle_args(), "--allow-no-gpu", "--registry", registry,
             "--report", str(report), *extra]
-
-
-@pytest.fixture(scope="module")
-def empty_security_mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A mirror of bookworm and bookworm-security with no packages, served on loopback."""
-    repo = AptRepo(tmp_path_factory.mktemp("apt"))
-    for suite in ("bookworm", "bookworm-security"):
-        repo.publish(suite, [])
-    with served(repo.root) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -562,6 +562,7 @@ SMALL = ("publish", "--torch", "2.11", "--cuda", "13.0", "--python", "3.11", "--
 @pytest.mark.parametrize("held", ["a blob upload", "the image manifest"])
 def test_ctrl_c_while_the_image_is_pushed_exits_130_claims_nothing_and_the_rerun_completes(
         held: str, docker_engine: DockerEngine, base_image: str, image_repo: str, upstream: str, proxy: FaultProxy,
+        empty_security_mirror: str,
         tmp_path: Path) -> None:
     method, pattern = ("PUT", r"/blobs/uploads/") if held == "a blob upload" else ("PUT", r"/pytorch/manifests/[^/]+$")
     proxy.inject(Fault(method, pattern, stall_s=120, times=None))
@@ -570,8 +571,10 @@ def test_ctrl_c_while_the_image_is_pushed_exits_130_claims_nothing_and_the_rerun
     scratch = tmp_path / "tmp"  # the run's TMPDIR: whatever temp folder it makes is seen here
     scratch.mkdir()
     report = tmp_path / "report.json"
-    argv = [base_image, *SMALL, "--registry", f"{proxy.address}/{image_repo}", "--report", str(report)]
-    env = {**os.environ, "GITHUB_SHA": "0" * 40, "TMPDIR": str(scratch)}
+    # The base named, as its security fixes are read from it (from a local mirror without any: no network).
+    argv = [base_image, *SMALL, "--base-image", base_image, "--registry", f"{proxy.address}/{image_repo}",
+            "--report", str(report)]
+    env = {**os.environ, "GITHUB_SHA": "0" * 40, "TMPDIR": str(scratch), "IMAGEBUILDER_SECURITY_MIRROR": empty_security_mirror}
     code, stderr, took = _interrupt_when(proxy, method, pattern, argv, ("-c", SMALL_PUBLISH), env)
     assert code == 130 and took < 10 and "Traceback" not in stderr, stderr
     assert [line for line in stderr.splitlines() if "interrupted" in line] == ["interrupted"], stderr
