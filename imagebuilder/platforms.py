@@ -45,6 +45,11 @@ DEFAULT_PLATFORM = AMD64.name
 """Where a platform is not said: matrix.yaml's releases, locks without a suffix, an index's image."""
 
 
+def platform_of_arch(arch: str) -> Platform | None:
+    """docker's arch (amd64, arm64: Debian's names too) -> its platform; None: not one we build for."""
+    return next((p for p in PLATFORMS.values() if p.arch == arch), None)
+
+
 def platform_of_machine(machine: str) -> str | None:
     """A host's machine (x86_64, arm64, ...) -> its platform's name; None: not one we build for."""
     machine = machine.lower()

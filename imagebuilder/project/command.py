@@ -21,7 +21,7 @@ from .. import __version__
 from ..engine.api import Builder, BuildRequest, Engine
 from ..engine.progress import ProgressPrinter
 from ..errors import BadRequest, ImageBuilderError
-from ..platforms import AMD64, PLATFORMS
+from ..platforms import AMD64, platform_of_arch
 from ..registry.reference import parse_reference
 from ..verify.report import Live
 from ..verify.run import verify_image
@@ -116,7 +116,7 @@ def project_command(req: ProjectRequest, *, engine: ProjectEngine, builder: Buil
         say(f"base: {base.name} ({base.digest}), python {base.python}; reading its packages")
         report.phase = RESOLVE
         base_venv = probe(engine, base.image_id)
-        platform = next((p for p in PLATFORMS.values() if p.arch == _arch(engine, base.image_id)), AMD64).uv_platform
+        platform = (platform_of_arch(_arch(engine, base.image_id)) or AMD64).uv_platform
         lock = resolve(project, uv=req.uv, base_dists=base_venv.dists, base_name=base.name, python=base_venv.python,
                        platform=platform, index_args=req.index_args, locked=req.locked)
         report.lock, report.lock_reused = lock.digest, lock.reused

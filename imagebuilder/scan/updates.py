@@ -18,7 +18,7 @@ from .debian import available, installed
 from .fixes import OsState, dependency_graph, newest_by_name
 from .mirror import Get, index_text
 from .release import Suite, os_release, security_suite
-from ..platforms import PLATFORMS
+from ..platforms import platform_of_arch
 from .run import DPKG_STATUS, CannotScan, ImageFiles
 
 Say = Callable[[str], None]
@@ -77,5 +77,6 @@ class OsStates:
 def docker_platform(arch: str) -> str | None:
     """The engine's platform of a Debian architecture (the table's names match for amd64 and
     arm64); None for one the table lacks (the host's variant is read)."""
-    return next((name for name, p in PLATFORMS.items() if p.arch == arch), None)
+    platform = platform_of_arch(arch)
+    return platform.name if platform is not None else None
 
