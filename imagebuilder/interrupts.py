@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from types import FrameType
 
 INTERRUPTED = 130
@@ -41,6 +42,11 @@ def install() -> None:
 def settle() -> None:
     """The command's work is done and meant to outlive it (a lazy mount serving on): a Ctrl-C
     from now on, while the command says so and exits, changes nothing (not an exit 130 with the
-    work left behind)."""
+    work left behind). The signals are ignored by the OS from here on, not only by the handler:
+    Python's shutdown puts its own handlers back to the default, so a Ctrl-C while the
+    interpreter exits would otherwise kill the process (-SIGINT) after its work succeeded."""
     for handler in _installed:
         handler.settled = True
+    if _installed and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

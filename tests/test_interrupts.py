@@ -70,3 +70,35 @@ def test_the_first_sigterm_runs_the_clean_up(tmp_path: Path) -> None:
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+# A command whose work is meant to outlive it (a lazy mount) settles, then exits: a Ctrl-C while
+# the interpreter shuts down must change nothing. Python puts its own handlers back to the
+# default during shutdown, so only a signal the OS ignores survives that window.
+SETTLED_EXIT = """
+import atexit, signal, sys, time
+from pathlib import Path
+from imagebuilder import interrupts
+interrupts.install()
+marker = Path(sys.argv[1])
+interrupts.settle()
+assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+atexit.register(lambda: (marker.write_text("exiting"), time.sleep(1)))
+"""
+
+
+def test_a_ctrl_c_after_settle_while_the_interpreter_exits_leaves_exit_0(tmp_path: Path) -> None:
+    marker = tmp_path / "state"
+    process = subprocess.Popen([sys.executable, "-c", SETTLED_EXIT, str(marker)], cwd=REPO_ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        _wait_for(marker, "exiting", process)
+        os.killpg(process.pid, signal.SIGINT)
+        os.killpg(process.pid, signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0 and err == "", (process.returncode, err)
