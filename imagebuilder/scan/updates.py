@@ -1,6 +1,7 @@
 """`OsStates`: each base image's OsState (fixes.py), read once per command: the base's
 /etc/os-release and dpkg status (through the engine, nothing run) and the Packages indexes of
-its OS's main and security suites (through `get`, each URL fetched once per command).
+its OS's main and security suites (through `get`, each URL fetched once per command; the main
+suite's dependency graph is kept on disk between commands, graph_cache.py).
 
 The security suite is at the security mirror (IMAGEBUILDER_SECURITY_MIRROR, --security-mirror;
 release.py's defaults). The main suite, read only for the dependency graph, is at the archive
@@ -16,6 +17,7 @@ from typing import Protocol
 
 from .debian import available, installed
 from .fixes import OsState, dependency_graph, newest_by_name
+from .graph_cache import MainGraphs, merged
 from .mirror import Get, index_text
 from .release import Suite, os_release, security_suite
 from ..platforms import platform_of_arch
@@ -48,8 +50,10 @@ def main_suite(security: Suite) -> Suite:
 class OsStates:
     """base image, Debian architecture -> its OsState, each read once."""
 
-    def __init__(self, files: BaseFiles, get: Get, mirror: str | None, say: Say) -> None:
+    def __init__(self, files: BaseFiles, get: Get, mirror: str | None, say: Say,
+                 main_graphs: MainGraphs | None = None) -> None:
         self.files, self.get, self.mirror, self.say = files, get, mirror, say
+        self.main_graphs = MainGraphs(get) if main_graphs is None else main_graphs
         self._done: dict[tuple[str, str], OsState] = {}
 
     def __call__(self, image: str, arch: str) -> OsState:
@@ -69,7 +73,7 @@ class OsStates:
         main = main_suite(security)
         self.say(f"security fixes for {image}: reading {security} and {main.suite}'s dependencies")
         security_text = index_text(self.get, security)
-        graph = dependency_graph((index_text(self.get, main), security_text), arch)
+        graph = merged(self.main_graphs(main, arch), dependency_graph((security_text,), arch))
         base = {p.name: p.version for p in installed(status.decode("utf-8", "replace")) if p.arch in (arch, "all")}
         return OsState(security.suite, arch, base, newest_by_name(available(security_text), arch), graph)
 

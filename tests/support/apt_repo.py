@@ -103,13 +103,21 @@ class AptRepo:
         self.debs.append(deb)
         return deb
 
-    def publish(self, suite: str, debs: list[Deb] | None = None, arch: str = "amd64") -> None:
-        """Write the suite's Packages.xz over `debs` (default: every one added) for `arch`."""
+    def publish(self, suite: str, debs: list[Deb] | None = None, arch: str = "amd64", *,
+                release: bool = False) -> None:
+        """Write the suite's Packages.xz over `debs` (default: every one added) for `arch`; with
+        `release`, the suite's Release file naming its SHA256, as a real archive has one."""
         chosen = self.debs if debs is None else debs
         text = "\n".join(d.paragraph() for d in chosen if d.arch in (arch, "all"))
         folder = self.root / "dists" / suite / "main" / f"binary-{arch}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "Packages.xz").write_bytes(lzma.compress(text.encode()))
+        data = lzma.compress(text.encode())
+        (folder / "Packages.xz").write_bytes(data)
+        if release:
+            (self.root / "dists" / suite / "Release").write_text(
+                f"Origin: Tests\nSuite: {suite}\nArchitectures: {arch}\nComponents: main\nSHA256:\n"
+                f" {hashlib.sha256(data).hexdigest()} {len(data)} main/binary-{arch}/Packages.xz\n"
+                f" {'0' * 64} 0 main/binary-{arch}/Release\n")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
