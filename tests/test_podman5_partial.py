@@ -15,7 +15,7 @@ tool image .ci/setup --tests makes (.ci/podman5-image.sh), its store in an anony
 (overlay over the container's own overlay root would not mount), removed with the container.
 The container shares the host's network namespace to reach the registry on 127.0.0.1, as the
 Podman 4 test's Podman on the host does; its `podman run` has --network none, so nothing in
-the host's networking is set up or changed. ~10 s.
+the host's networking is set up or changed. ~5 s.
 """
 
 from __future__ import annotations
