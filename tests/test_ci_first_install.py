@@ -5,6 +5,9 @@
   Debian 13: in a throwaway container of the local base (its own apt, through this site's
   proxy), so the host's Docker and cosign are never touched. The install only: dockerd is not
   started there (a policy-rc.d forbids the package's service, as in Debian's containers).
+- podman5-image.sh's make of a missing tool image on the local Debian 13 base (a small package
+  for Podman: the make, the CA and the label are what is checked; Podman itself is used by
+  test_podman5_partial.py), then its second run that only reads the label.
 - base-image.sh and arm64-base.sh's make of a missing image, under this test's own repository:
   their debootstrap is a stand-in on PATH that unpacks the local base's own rootfs (a real
   debootstrap is 1-2.5 min and runs on every fresh machine's `.ci/setup`, measured in
@@ -163,3 +166,28 @@ def test_arm64_base_sh_makes_a_multi_platform_base_from_a_fresh_rootfs(base_imag
     assert "checking that the image runs under QEMU" in first.stdout and f"{image} ready" in first.stdout
     again = _script("arm64-base.sh", image, "bookworm", base_image, env=env, timeout=60)
     assert f"{image} already exists" in again.stdout
+
+
+@pytest.mark.beside_builds
+def test_podman5_image_sh_makes_a_missing_tool_image_then_finds_it(docker_engine, image_repo, tmp_path):
+    """podman5-image.sh's make of a missing image (a fresh machine's path), under this test's own
+    repository, on imagebuilder-base:trixie with its apt through this site's proxy: a small
+    package for podman (PODMAN5_PACKAGES: the make is what is checked here; the real image's
+    Podman pulls in tests/test_podman5_partial.py), the CA as SSL_CERT_FILE; a second run only
+    reads the image's label. ~15 s."""
+    trixie = "imagebuilder-base:trixie"
+    if not docker_engine.image_exists(trixie):
+        _unavailable(f"{trixie} is missing: .ci/setup --tests makes it")
+    ca = tmp_path / "ca-bundle.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nnot checked by the script\n-----END CERTIFICATE-----\n")
+    image = f"{image_repo}:podman5"
+    env = {**os.environ, "PODMAN5_PACKAGES": "hello"}
+    first = _script("podman5-image.sh", image, trixie, str(ca), env=env, timeout=600)
+    assert first.returncode == 0, f"{first.stdout[-3000:]}\n{first.stderr[-3000:]}"
+    assert first.stdout.splitlines() == [f"podman5-image: making {image} from {trixie}: hello (Debian's packages, ~1 min)",
+                                         f"podman5-image: {image} ready: no podman"], first.stdout
+    inside = subprocess.run(["docker", "run", "--rm", image, "sh", "-c", 'hello; cat "$SSL_CERT_FILE"'],
+                            capture_output=True, text=True, timeout=120)
+    assert inside.stdout == "Hello, world!\n" + ca.read_text(), inside
+    again = _script("podman5-image.sh", image, trixie, str(ca), env=env, timeout=60)
+    assert again.stdout == f"podman5-image: {image} already made by this script; nothing to do\n", again

@@ -16,70 +16,17 @@ the entry marked zstd, containers/storage's names, and refuses a layer without t
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from imagebuilder.engine.export import ZSTD_CHUNKED
-from imagebuilder.estargz.saved import SavedImage
-from imagebuilder.estargz.writer import Written, write_estargz
-from imagebuilder.publish.estargz import _put
-from imagebuilder.registry.client import HttpRegistry
+from support.chunked_images import fetched, push, two_images
 from support.registry import access_log
 from support.unavailable import _unavailable
-
-ROOT_FILES = ("/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")
-MIB = 1 << 20
-
-
-def _layer(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        folders = sorted({str(Path(name).parent) for name in files} - {"."})
-        for folder in folders:
-            info = tarfile.TarInfo(folder + "/")
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 1_700_000_000
-            tar.addfile(info)
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o755, 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _push(address: str, repository: str, files: dict[str, bytes]) -> Written:
-    """The one-layer image of `files` as publish pushes zstd:chunked: the blob, then _put's
-    config, manifests and index under :v1."""
-    ref = f"{address}/{repository}:v1"
-    out = io.BytesIO()
-    written = write_estargz(io.BytesIO(_layer(files)), out, codec=ZSTD_CHUNKED, level=3, workers=2)
-    registry = HttpRegistry()
-    registry.upload_blob(ref, written.digest, io.BytesIO(out.getvalue()), written.size)
-    config = {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
-              "config": {"Cmd": ["/bin/dash"]}}
-    saved = SavedImage(manifest={}, config=json.dumps(config).encode(), layers=(),
-                       platform={"os": "linux", "architecture": "amd64"})
-    _put(ref, [ref], saved, [written], None, registry)
-    return written
-
-
-def _fetched(log: Path, digest: str) -> tuple[int, int]:
-    """(Range requests answered 206, bytes sent) for the blob `digest`, from the access log."""
-    ranges = sent = 0
-    for line in log.read_text(errors="replace").splitlines():
-        found = re.search(rf'"GET /v2/[^ ]*/blobs/{digest} HTTP/[0-9.]+" (\d+) (\d+)', line)
-        if found:
-            ranges += found.group(1) == "206"
-            sent += int(found.group(2))
-    return ranges, sent
 
 
 @pytest.mark.registry
@@ -87,12 +34,7 @@ def test_podman_pulls_zstd_chunked_layers_partially_and_runs_them(registry: str)
     podman = shutil.which("podman") or ""
     if not podman:
         _unavailable("podman is not installed (Debian: apt-get install podman)")
-    if any(not Path(path).exists() for path in ROOT_FILES):
-        _unavailable(f"the image's root is the host's dash and libc: {', '.join(ROOT_FILES)}")
-    root = {name.lstrip("/"): Path(name).read_bytes() for name in ROOT_FILES}
-    data = {f"data/f{i}": os.urandom(MIB) for i in range(1, 8)}
-    images = {"first": {**root, **{k: v for k, v in data.items() if k != "data/f7"}, "marker": b"first\n"},
-              "second": {**root, **data, "marker": b"second\n"}}
+    images = two_images()
     state = Path(tempfile.mkdtemp(prefix="ib-podman-"))  # Podman refuses a runroot over 50 characters
     conf = state / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{state / "root"}"\nrunroot = "{state / "run"}"\n'
@@ -106,16 +48,16 @@ def test_podman_pulls_zstd_chunked_layers_partially_and_runs_them(registry: str)
         assert done.returncode == 0, (args, done.stderr[-3000:])
         return done
 
-    fetched = {}
+    pulled_bytes = {}
     try:
         for name, files in images.items():
             image = f"{registry}/imagebuilder-test/podman-{name}:v1"
-            written = _push(registry, f"imagebuilder-test/podman-{name}", files)
-            before = _fetched(access_log(registry), written.digest)
+            written = push(registry, f"imagebuilder-test/podman-{name}", files)
+            before = fetched(access_log(registry), written.digest)
             pulled = run("--log-level", "debug", "pull", "--tls-verify=false", image)
             assert f"Retrieved partial blob {written.digest}" in pulled.stderr, pulled.stderr[-3000:]
-            after = _fetched(access_log(registry), written.digest)
-            fetched[name] = (written.size, after[0] - before[0], after[1] - before[1])
+            after = fetched(access_log(registry), written.digest)
+            pulled_bytes[name] = (written.size, after[0] - before[0], after[1] - before[1])
             # the sandbox's hard limits are below Podman's defaults for them
             said = run("run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
                        image, "/bin/dash", "-c", "read line </marker; echo $line").stdout
@@ -125,8 +67,8 @@ def test_podman_pulls_zstd_chunked_layers_partially_and_runs_them(registry: str)
                 assert {path: (mounted / path).read_bytes() for path in files} == files
             finally:
                 run("image", "unmount", image)
-        size, ranges, sent = fetched["second"]  # its other files were in the store: only f7 and the marker came
-        assert ranges >= 1 and 0 < sent < size // 4, fetched
+        size, ranges, sent = pulled_bytes["second"]  # its other files were in the store: only f7 and the marker came
+        assert ranges >= 1 and 0 < sent < size // 4, pulled_bytes
     finally:
         subprocess.run([*base, "rmi", "--all", "--force"], capture_output=True, timeout=120, env=env, check=False)
         for mount in reversed([line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
