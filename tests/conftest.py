@@ -27,7 +27,7 @@ from support.apt_repo import AptRepo, served
 from support.cleanup import remove_images, remove_local_tags
 from support.cosign_keys import cosign_key_pair
 from support.fuzz import hypothesis_profiles
-from support.policy import FIXTURE_MARKERS, _group_the_families
+from support.policy import FAILING_EARLY, FAMILY_OF, FIXTURE_MARKERS, OTHER_REAL_BUILDS, _group_the_families
 from support.real_images import (DEFAULT_BASE_IMAGE, DEVEL_CUDA, DEVEL_TORCH, E2E_OS, SIGNED_CUDA,
                                  SIGNED_OS, SIGNED_TORCH, TEST_REPOSITORY_PREFIX, build_cli, ca_bundle_args,
                                  imagebuilder)
@@ -55,14 +55,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse to run a test whose fixtures need more than its markers say."""
     missing = []
+    building = set(FAMILY_OF) | {function for _file, function in OTHER_REAL_BUILDS.keys() - FAILING_EARLY.keys()}
     for item in items:
         marked = {mark.name for mark in item.iter_markers()}
         needed = set().union(*(FIXTURE_MARKERS.get(name, frozenset()) for name in getattr(item, "fixturenames", ())))
         if needed - marked:
             missing.append(f"{item.nodeid}: mark it {', '.join(sorted(needed - marked))}")
+        # The session beside the builds never prunes and runs beside them: no torch image of its own.
+        builds = building & {*getattr(item, "fixturenames", ()), getattr(item, "originalname", item.name)}
+        if "beside_builds" in marked and builds:
+            missing.append(f"{item.nodeid}: beside_builds, but it builds ({', '.join(sorted(builds))}): drop the mark")
     if missing:
-        raise pytest.UsageError("tests whose fixtures need markers they lack (see FIXTURE_MARKERS in "
-                                "tests/support/policy.py):\n  " + "\n  ".join(missing))
+        raise pytest.UsageError("tests whose markers do not fit their fixtures (see FIXTURE_MARKERS and the "
+                                "builds in tests/support/policy.py):\n  " + "\n  ".join(missing))
     _group_the_families(items)
 
 

@@ -21,6 +21,10 @@ from click.testing import CliRunner
 
 from imagebuilder.cli import cli
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 SMALL = Path(__file__).parent / "data" / "matrix-small.yaml"
 RENDER = ("render", "--torch", "2.6", "--cuda", "12.4")
 BUILD = ("build", "--torch", "2.6", "--cuda", "12.1")  # cu124 wheels on the CUDA 12.1 image

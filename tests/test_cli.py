@@ -11,6 +11,10 @@ from click.testing import CliRunner
 from imagebuilder.cli import cli
 from imagebuilder.matrix.model import VARIANTS
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 SMALL = str(Path(__file__).parent / "data" / "matrix-small.yaml")
 
 

@@ -372,6 +372,7 @@ def test_a_line_that_says_not_found_is_no_refusal_of_the_registry(line):
 
 
 @pytest.mark.docker
+@pytest.mark.beside_builds  # dry runs and verifies: nothing built
 @pytest.mark.parametrize("doc", BUILD_VERIFY_DOCS, ids=_ids(BUILD_VERIFY_DOCS))
 def test_every_documented_build_and_verify_command_runs_as_expected(doc, tmp_path, monkeypatch, docker_engine):
     argv = cheap(ARGVS[doc])

@@ -26,6 +26,10 @@ from imagebuilder.engine.docker import DockerEngine
 from imagebuilder.engine.classic import ClassicBuilder
 from imagebuilder.engine.errors import classify_failure
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 docker = pytest.mark.docker
 

@@ -17,6 +17,10 @@ from support.unavailable import _unavailable
 from imagebuilder.estargz.profile import StartFailed, start_profile
 from imagebuilder.estargz.trace import MARK, STRACE_FLAGS, Opened, interpreter_of, parse_trace, profile_files
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 if TYPE_CHECKING:
     from imagebuilder.engine.docker import DockerEngine
 

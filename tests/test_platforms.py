@@ -24,6 +24,10 @@ from imagebuilder.matrix.model import VARIANTS
 from imagebuilder.matrix.resolve import Request, resolve
 from imagebuilder.resources import default_matrix_path
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 M = load_matrix(default_matrix_path())
 
 

@@ -27,6 +27,10 @@ from support.apt_repo import AptRepo, changelog_text, debian_release, dpkg_statu
 from imagebuilder.cli import cli
 from imagebuilder.scan.debian import DebVersion
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 CVE = re.compile(r"CVE-\d{4}-\d{4,}")
 
 

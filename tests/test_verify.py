@@ -34,6 +34,10 @@ from imagebuilder.verify.report import NOT_RUN, VerificationFailed, VerifyReport
 from imagebuilder.verify.run import run_process, verify_image, verify_local
 from smoke_tests.result import Result
 
+# Containers of the base image and classic builds of tiny images on it, no BuildKit and no
+# torch image of the session's: CI runs these beside the builds (.ci/run, beside_builds).
+pytestmark = pytest.mark.beside_builds
+
 if TYPE_CHECKING:
     from imagebuilder.engine.docker import DockerEngine
 

@@ -53,6 +53,20 @@ IMAGE_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 FAMILY_OF = {fixture: family for family, fixtures in IMAGE_FAMILIES.items() for fixture in fixtures}
 
+# The builds that fail or are refused before torch is installed (seconds, the classic builder):
+# conftest lets these run beside the builds (beside_builds).
+FAILING_EARLY: dict[tuple[str, str], str] = {
+    ("test_e2e.py", "test_build_failure_names_the_step_and_leaves_no_tag"): "fails at the install step (no index)",
+    ("test_e2e.py", "test_missing_base_image_suggests_base_image"): "fails before building (no base)",
+    ("test_e2e.py", "test_strict_refuses_the_cuda_121_fallback_before_anything_is_built"): "refused before building",
+    ("test_python_install.py", "test_a_refusing_python_mirror_fails_the_build_with_one_line_naming_it"):
+        "fails at the interpreter download",
+    ("test_bad_inputs.py", "test_an_image_that_exists_nowhere_is_a_bad_request"): "fails before building (no base)",
+    ("test_bad_inputs.py", "test_a_registry_that_cannot_be_asked_is_the_worlds_failure"): "fails before building",
+    ("test_bad_inputs.py", "test_build_refuses_a_with_that_contradicts_the_torch_pins"): "refused before building",
+    ("test_bad_inputs.py", "test_a_devel_base_image_without_nvcc_fails_the_first_build_step"):
+        "fails at the first build step",
+}
 # Every other fixture or test that builds a real torch image (or starts to: the failures
 # before torch are listed too), by file and function; tests/test_suite_rules.py fails when a
 # build appears outside these and the family fixtures, so a new image is a decision (minutes
@@ -86,17 +100,7 @@ OTHER_REAL_BUILDS: dict[tuple[str, str], str] = {
     ("test_buildkit.py", "arm64_image"): "torch 2.11 for arm64 under QEMU (its own lock and platform)",
     ("test_python_install.py", "test_a_debian13_image_runs_on_the_os_python"):
         "torch 2.6 / CUDA 12.4 on Debian 13's own Python 3.13 (its own lock)",
-    # Builds that fail before torch is installed (seconds).
-    ("test_e2e.py", "test_build_failure_names_the_step_and_leaves_no_tag"): "fails at the install step (no index)",
-    ("test_e2e.py", "test_missing_base_image_suggests_base_image"): "fails before building (no base)",
-    ("test_e2e.py", "test_strict_refuses_the_cuda_121_fallback_before_anything_is_built"): "refused before building",
-    ("test_python_install.py", "test_a_refusing_python_mirror_fails_the_build_with_one_line_naming_it"):
-        "fails at the interpreter download",
-    ("test_bad_inputs.py", "test_an_image_that_exists_nowhere_is_a_bad_request"): "fails before building (no base)",
-    ("test_bad_inputs.py", "test_a_registry_that_cannot_be_asked_is_the_worlds_failure"): "fails before building",
-    ("test_bad_inputs.py", "test_build_refuses_a_with_that_contradicts_the_torch_pins"): "refused before building",
-    ("test_bad_inputs.py", "test_a_devel_base_image_without_nvcc_fails_the_first_build_step"):
-        "fails at the first build step",
+    **FAILING_EARLY,
 }
 
 
