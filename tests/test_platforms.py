@@ -234,3 +234,41 @@ def test_what_builds_nothing_checks_no_platforms_wheels():
     with pytest.raises(NoWheelsForPlatform):
         per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"], per_platform.Reading(request=True),
                                    read_os_release=None, note=print, host="linux/arm64")
+
+
+def test_the_checks_before_any_daemon_render_nothing_and_refuse_what_the_plan_refuses(monkeypatch):
+    """build's and publish's checks (issue 54): every image of the request checked, a jupyter
+    image's parent before it, and none rendered; what the plan refuses, they refuse."""
+    from imagebuilder import pipeline
+    from imagebuilder.build import per_platform
+    from imagebuilder.build.image_plan import ForeignNeedsBuildKit
+    from imagebuilder.build.render_options import RenderRequest, for_command
+    from imagebuilder.lock.lockfile import ExtraContradictsPin
+    from imagebuilder.matrix.selection import ALL, Selection
+    from imagebuilder.publish.planner import check_publish
+
+    checked: list[tuple[str, str | None]] = []
+    real = per_platform.check_image  # type: ignore[attr-defined]
+
+    def counting(spec, matrix, options):
+        checked.append((spec.variant, options.platform))
+        real(spec, matrix, options)
+
+    def no_render(plan):
+        raise AssertionError(f"{plan.spec.key} rendered by a check")
+
+    monkeypatch.setattr(per_platform, "render", no_render)
+    monkeypatch.setattr(per_platform, "check_image", counting)
+    monkeypatch.setattr(per_platform, "host_platform", lambda: "linux/amd64")
+    selection = Selection("2.11", "13.0", os="debian12", variant=ALL)
+    pipeline.check_build(M, selection, RenderRequest(), ["linux/amd64", "linux/arm64"])
+    # each once per platform: a jupyter image's parent is selected too, and checked before it
+    assert checked == [(variant, platform) for platform in ("linux/amd64", "linux/arm64") for variant in VARIANTS]
+    checked.clear()
+    check_publish(M, replace(selection, variant="jupyter"), for_command(M, RenderRequest(), "buildkit"),
+                  ["linux/amd64"], multi=False, merge_only=False)
+    assert checked == [("runtime", "linux/amd64"), ("jupyter", "linux/amd64")]
+    with pytest.raises(ForeignNeedsBuildKit):
+        pipeline.check_build(M, selection, RenderRequest(), ["linux/arm64"], kind="classic")
+    with pytest.raises(ExtraContradictsPin):
+        pipeline.check_build(M, selection, RenderRequest(extras=("torch==2.5.1",)), ["linux/amd64"])

@@ -147,10 +147,7 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
                parent: RenderedImage | None = None) -> ImagePlan:
     """One image on one platform (options.platform; None: the host's, unchecked); `parent`: a
     jupyter image's parent as rendered with the same options."""
-    _check(spec, matrix, options)
-    extras = parse_extras((*matrix.extras, *options.extras))
-    lock = options.locks.lock_for(spec, matrix, extras)
-    check_extras(spec, extras, lock)
+    extras, lock = _checked(spec, matrix, options)
     if spec.parent is not None:
         if parent is None or parent.spec.key != spec.parent.key:
             raise ValueError(f"{spec.key} is planned with its parent {spec.parent.key} as rendered")
@@ -201,6 +198,22 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
         mounts=mounts, steps=steps, packages=packages, security=security_step(spec, options, packages.final),
         files=files, parent_hash=parent.inputs_hash if parent is not None else "", source=options.source,
         ca_files=ca_files, secrets=secrets, contexts=contexts, trusts_ca_bundle=ca is not None)
+
+
+def check_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> None:
+    """What `plan_image` refuses of the image, without planning (or rendering) it: the checks
+    a command makes before any daemon is asked."""
+    _checked(spec, matrix, options)
+
+
+def _checked(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> tuple[tuple[str, ...], Lock | None]:
+    """Every refusal of the image's request (the platform, the builder, --with against the
+    pins); its extras (matrix.yaml's and --with's) and its lock."""
+    _check(spec, matrix, options)
+    extras = parse_extras((*matrix.extras, *options.extras))
+    lock = options.locks.lock_for(spec, matrix, extras)
+    check_extras(spec, extras, lock)
+    return extras, lock
 
 
 def _check(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> None:
