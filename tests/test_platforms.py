@@ -16,7 +16,7 @@ from imagebuilder.build.per_platform import render_spec as render
 from imagebuilder.build.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, parse_base_images,
                                           parse_platforms)
 from imagebuilder.build.render import RenderedImage
-from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.build.render_options import RenderOptions, Target
 from imagebuilder.cli import cli
 from imagebuilder.errors import BadRequest
 from imagebuilder.matrix.load import load_matrix
@@ -98,7 +98,9 @@ def test_another_platform_gets_its_own_tags_and_needs_buildkit():
     assert arm.tags == tuple(f"{t}-arm64" for t in runtime.tags)
     assert f"# Tags: {', '.join(arm.tags)}\n" in arm.dockerfile
     # The tags name the image; they are no input: the same content, the same hash.
-    assert arm.inputs_hash == render(spec, M, replace(_on("linux/arm64"), platform_tags=False)).inputs_hash
+    untagged = _on("linux/arm64")
+    untagged = replace(untagged, target=replace(untagged.target, platform_tags=False))
+    assert arm.inputs_hash == render(spec, M, untagged).inputs_hash
     with pytest.raises(BadRequest, match="needs --builder buildkit"):
         render(spec, M, _on("linux/arm64", buildkit=False))
 
@@ -167,7 +169,7 @@ def test_a_foreign_platform_installs_its_wheels_on_the_build_host():
     host's own platform (and a native arm64 host) keeps the bootstrapped uv."""
     native = _arm64_runtime()
     assert "$BUILDPLATFORM" not in native.dockerfile and "native-uv" not in native.dockerfile
-    cross = _arm64_runtime(foreign_platform="linux/arm64")
+    cross = _arm64_runtime(target=Target(foreign_platform="linux/arm64"))
     text = cross.dockerfile
     assert "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS native-uv\n" in text
     stage, image = text.split(" AS native-uv\n")[1].split("\nFROM ${BASE_IMAGE}\n")
@@ -197,7 +199,7 @@ def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated(
     from imagebuilder.build.render_options import RenderOptions
 
     spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
-    image = render(spec, M, RenderOptions(buildkit=True, foreign_platform="linux/arm64"))  # no lock: no shared venv
+    image = render(spec, M, RenderOptions(buildkit=True, target=Target(foreign_platform="linux/arm64")))  # no lock: no shared venv
     assert "$BUILDPLATFORM" not in image.dockerfile
     assert any("every step runs under emulation" in n for n in image.notices)
 
@@ -208,12 +210,12 @@ def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
 
     monkeypatch.setattr(per_platform, "host_platform", lambda: "linux/amd64")
     options = RenderOptions(buildkit=True)
-    assert per_platform.platform_options(options, "linux/amd64").foreign_platform is None
-    assert per_platform.platform_options(options, "linux/arm64").foreign_platform == "linux/arm64"
+    assert per_platform.platform_options(options, "linux/amd64").target.foreign_platform is None
+    assert per_platform.platform_options(options, "linux/arm64").target.foreign_platform == "linux/arm64"
 
 
 def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt_cache():
-    text = _arm64_runtime(foreign_platform="linux/arm64").dockerfile
+    text = _arm64_runtime(target=Target(foreign_platform="linux/arm64")).dockerfile
     stage, image = text.split("\nFROM ${BASE_IMAGE}\n")
     assert "--mount=type=cache,id=imagebuilder-apt,target=" in stage
     assert "--mount=type=cache,id=imagebuilder-apt-arm64,target=" in image and "id=imagebuilder-apt," not in image
@@ -251,7 +253,7 @@ def test_the_checks_before_any_daemon_render_nothing_and_refuse_what_the_plan_re
     real = per_platform.check_image  # type: ignore[attr-defined]
 
     def counting(spec, matrix, options):
-        checked.append((spec.variant, options.platform))
+        checked.append((spec.variant, options.target.platform))
         real(spec, matrix, options)
 
     def no_render(plan):

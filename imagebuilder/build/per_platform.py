@@ -21,7 +21,7 @@ from ..scan.fixes import OsState
 from .image_plan import check_image, image_tags, plain_tags, plan_image, repository_of
 from .platforms import arch, host_platform
 from .render import RenderedImage, render
-from .render_options import RenderOptions
+from .render_options import RenderOptions, Target
 from .tags import image_ref
 
 if TYPE_CHECKING:
@@ -89,14 +89,15 @@ class PlatformImages:
 
 def platform_options(options: RenderOptions, platform: str, *, own_tags: bool = False, builds: bool = True,
                      host: str | None = None) -> RenderOptions:
-    """Each platform builds from its own lock and, where it `builds`, is checked for its wheels;
-    a foreign one says so (its wheels install natively) and goes under its own tags, as every
-    platform does with `own_tags` (publish --platform)."""
+    """The options for `platform`: its locks and its Target. Each platform builds from its own
+    lock and, where it `builds`, is checked for its wheels; a foreign one says so (its wheels
+    install natively) and goes under its own tags, as every platform does with `own_tags`
+    (publish --platform)."""
     if not builds:  # its lock, and nothing else of the platform's: nothing is built for it
         return replace(options, locks=options.locks.for_platform(platform))
     foreign = platform != (host or host_platform())
-    return replace(options, locks=options.locks.for_platform(platform), platform=platform,
-                   foreign_platform=platform if foreign else None, platform_tags=foreign or own_tags)
+    target = Target(platform, platform_tags=foreign or own_tags, foreign_platform=platform if foreign else None)
+    return replace(options, locks=options.locks.for_platform(platform), target=target)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, 
         if read_os_state is not None:
             # A jupyter image's parent is rendered for its inputs hash, built here or not.
             bases = dict.fromkeys((spec.parent or spec).base_image for spec in specs)
-            own = replace(own, os_states={base: read_os_state(base, arch(chosen.platform)) for base in bases})
+            states = {base: read_os_state(base, arch(chosen.platform)) for base in bases}
+            own = replace(own, target=replace(own.target, os_states=states))
         images = [renderer.image(spec, own) for spec in specs]
         if reading.notices:  # the requested images': what their lock and base pin leave unpinned
             for notice in dict.fromkeys(n for image in images if image.spec.key in chosen.asked for n in image.notices):
