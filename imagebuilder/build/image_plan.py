@@ -197,7 +197,8 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
         spec=spec, matrix=matrix, repository=repository_of(matrix, options), tags=image_tags(spec, matrix, options),
         base=base, lock=lock, notices=_notices(spec, options, lock, base, native),
         ca=CaMode(two_stage, options.buildkit and ca is not None, options.buildkit and ca is not None and options.ca_context),
-        mounts=mounts, steps=steps, packages=packages, security=security_step(spec, options.target, options.security_mirror, packages.final),
+        mounts=mounts, steps=steps, packages=packages,
+        security=security_step(spec, options.target, options.security_mirror, packages.final),
         files=files, parent_hash=parent.inputs_hash if parent is not None else "", source=options.source,
         ca_files=ca_files, secrets=secrets, contexts=contexts, trusts_ca_bundle=ca is not None)
 

@@ -51,7 +51,8 @@ def fixes_label(expected: Sequence[tuple[str, str]]) -> str:
     return " ".join(f"{name}={version}" for name, version in expected)
 
 
-def security_step(spec: BuildSpec, target: Target, security_mirror: str | None, packages: Sequence[str]) -> SecurityStep:
+def security_step(spec: BuildSpec, target: Target, security_mirror: str | None,
+                  packages: Sequence[str]) -> SecurityStep:
     """The security suite's part of the image's apt RUN (at `security_mirror`; None: the OS's own);
     the fixes are those target.os_states found for its base (none where nothing was read: `render`)."""
     mirror = security_base(spec.os.family, arch(target.platform or DEFAULT_PLATFORM), security_mirror)

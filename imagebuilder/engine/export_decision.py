@@ -70,7 +70,9 @@ class ExportDecision:
         """The `layers:` line a run prints (gzip+zstd named as asked)."""
         if self.export is None:
             return "gzip (docker push compresses them)"
-        return replace(self.export, compression=Compression(DUAL)).describe() if self.gzip_too else self.export.describe()
+        if self.gzip_too:  # zstd exported, and gzip after it
+            return replace(self.export, compression=Compression(DUAL)).describe()
+        return self.export.describe()
 
     def for_image(self, key: str, cached: Callable[[str], bool]) -> Export | None:
         """The export of the image of `key`: with its registry cache imported where `cached` says
