@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench.bench_build import ca_bundle, log_steps, remove, say, uv_cache_warm  # noqa: E402
-from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
+from build_records import build_cache_records, prune_records  # noqa: E402
 
 BASES = {"linux/amd64": "imagebuilder-base:bookworm", "linux/arm64": "imagebuilder-base:bookworm-arm64"}
 REPOSITORY = f"imagebuilder-bench-arm64-{uuid.uuid4().hex[:6]}"

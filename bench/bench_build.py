@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench.floor import LOCK_FLOOR_DOCKERFILE as FLOOR  # noqa: E402
-from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
+from build_records import build_cache_records, prune_records  # noqa: E402
 from imagebuilder.lock.lockfile import load_locks  # noqa: E402
 from imagebuilder.matrix.load import load_matrix  # noqa: E402
 from imagebuilder.matrix.resolve import Request, resolve  # noqa: E402

@@ -112,8 +112,8 @@ from imagebuilder.registry.client import HttpRegistry  # noqa: E402
 from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest  # noqa: E402
 from imagebuilder.registry.reference import parse_reference  # noqa: E402
 from imagebuilder.build.table import format_table  # noqa: E402
-from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
-from remote_engine import limit_rate, remote_engine  # type: ignore[import-not-found]  # noqa: E402
+from build_records import build_cache_records, prune_records  # noqa: E402
+from remote_engine import limit_rate, remote_engine  # noqa: E402
 
 BASE = "imagebuilder-base:bookworm"
 FIRST, SECOND, CUDA, OS, PYTHON = "2.6", "2.5", "12.4", "debian12", "3.11"

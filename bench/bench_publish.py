@@ -57,8 +57,8 @@ from imagebuilder.matrix.resolve import Request, resolve  # noqa: E402
 from imagebuilder.registry.client import HttpRegistry  # noqa: E402
 from imagebuilder.registry.reference import RegistryTarget  # noqa: E402
 from imagebuilder.resources import default_matrix_path  # noqa: E402
-from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]  # noqa: E402
-from remote_engine import remote_engine  # type: ignore[import-not-found]  # noqa: E402
+from build_records import build_cache_records, prune_records  # noqa: E402
+from remote_engine import remote_engine  # noqa: E402
 
 BASE = "imagebuilder-base:bookworm"
 TORCH, CUDA, OS = "2.12", "13.0", "debian12"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .build import (
-    Exists, Reading, ReadOsState, RenderedImage, RenderOptions, RenderRequest, check_for_any_os, each_platform,
-    for_command, host_platform, never,
+    Exists, Reading, ReadOsState, RenderedImage, RenderOptions, RenderRequest, check_each_platform, check_for_any_os,
+    each_platform, for_command, host_platform,
 )
 from .engine.api import BuilderKind
 from .engine.export import Compression
@@ -34,13 +34,16 @@ def needs_buildkit(platforms: Sequence[str], host: str | None = None) -> bool:
     return any(platform != (host or host_platform()) for platform in platforms)
 
 
+BUILD_READING = Reading(request=True, notices=True)
+
+
 def plan_build(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
                read_os_release: ReadOsRelease | None, exists: Exists, note: Note,
                read_os_state: ReadOsState | None = None) -> list[tuple[str, RenderedImage]]:
     """`build` (and `render`, which shows it): (platform, image) in build order, every
     platform's images resolved and checked (wheels for the platform; BuildKit for a foreign
     one; no --base-image PLATFORM=IMAGE for a platform not asked for) before anything builds."""
-    per_platform = each_platform(matrix, selection, options, platforms, Reading(request=True, notices=True),
+    per_platform = each_platform(matrix, selection, options, platforms, BUILD_READING,
                                  read_os_release=read_os_release, note=note, exists=exists,
                                  read_os_state=read_os_state)
     return [(each.platform, image) for each in per_platform for image in each.images]
@@ -54,12 +57,13 @@ def check_build(matrix: Matrix, selection: Selection, asked: RenderRequest, plat
     also where no daemon answers. `kind`: the builder as far as it is known before probing
     for one; BuildKit refuses nothing the classic builder takes, so what only the classic
     one refuses waits for the decided builder; the classic builder asked for refuses an export
-    (--compression, --cache-from-registry) here."""
+    (--compression, --cache-from-registry) here. The export is decided from the request alone,
+    and no image is rendered: each is only checked (per_platform.check_each_platform)."""
     decide_export(compression, command="build", buildkit=kind == "buildkit", image_store=None,
                   cache=cache_from_registry)
     options = for_command(matrix, asked, kind)
-    check_for_any_os(matrix, selection, lambda chosen: plan_build(
-        matrix, chosen, options, platforms, None, never, lambda text: None))
+    check_for_any_os(matrix, selection, lambda chosen: check_each_platform(
+        matrix, chosen, options, platforms, BUILD_READING))
 
 
 # --------------------------------------------------------------------------- lock

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from build_records import build_cache_records, prune_records  # type: ignore[import-not-found]
+from build_records import build_cache_records, prune_records
 from fault_proxy import FaultProxy
 from support.build_cache import (_SESSION_CACHE, _buildkit_cli, after_test, family_build,
                                  released_after_last_use)

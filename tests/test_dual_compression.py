@@ -33,7 +33,7 @@ from support.cleanup import remove_images
 from support.real_images import REPO_ROOT
 from support.registry import access_log, throwaway_registry
 from support.unavailable import _unavailable
-from remote_engine import remote_engine  # type: ignore[import-not-found]
+from remote_engine import remote_engine
 
 from imagebuilder.engine.api import BuildRequest
 from imagebuilder.engine.buildkit import BuildKitBuilder

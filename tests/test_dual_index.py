@@ -30,6 +30,7 @@ from imagebuilder.registry.manifests import OCI_INDEX, ZSTD_ANNOTATION, index_do
 from imagebuilder.verify.facts import gzip_instead, registry_compression
 
 DUAL = Compression("gzip+zstd")
+ZSTD = DUAL.exported  # what BuildKit exports into the store for it (export_decision)
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 REPO = "127.0.0.1:5999/ml/pytorch"
 
@@ -53,7 +54,11 @@ def test_gzip_zstd_takes_no_level_and_needs_the_containerd_store() -> None:
     with pytest.raises(CompressionUnavailable, match="--compression gzip\\+zstd"):
         decide_export(DUAL, command="publish", buildkit=True, image_store=False)
     decision = decide_export(DUAL, command="publish", buildkit=True, image_store=True)
-    assert decision.export == Export(DUAL, provenance=True) and decision.gzip_too
+    # One decision: zstd exported into the store (what verify runs), and gzip too, after it.
+    assert decision.export == Export(Compression("zstd"), provenance=True) and decision.gzip_too
+    assert decision.describe() == "gzip+zstd, exported by BuildKit and pushed as verified; SLSA provenance (mode=max)"
+    build = decide_export(DUAL, command="build", buildkit=True, image_store=True)
+    assert build.export == Export(Compression("zstd")) and build.gzip_too
 
 
 def _entry(name: str, platform: str | None = "linux/amd64", **annotations: str) -> dict[str, Any]:
@@ -148,7 +153,7 @@ class PushingEngine:
 def test_push_dual_pushes_gzip_then_zstd_then_the_index_under_every_tag() -> None:
     registry = DualRegistry(documents={_d("gzip-index"): _buildkit_index("gzip"), _d("zstd-index"): _buildkit_index("zstd")})
     engine = PushingEngine(registry)
-    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(DUAL), platform="linux/amd64")
+    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(ZSTD), gzip_too=True, platform="linux/amd64")
     done = Pushing()
     refs = (f"{REPO}:2.6-runtime", f"{REPO}:2.6-cuda12.4-runtime")
     index = push_dual(refs, _d("zstd-index"), _d("gzip-index"), engine, registry, options, done)  # type: ignore[arg-type]
@@ -169,7 +174,7 @@ def test_a_push_of_other_bytes_than_the_gzip_image_built_fails() -> None:
     from imagebuilder.publish.push import PushedOtherContent
 
     registry = DualRegistry(documents={_d("gzip-index"): _buildkit_index("gzip"), _d("zstd-index"): _buildkit_index("zstd")})
-    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(DUAL), platform="linux/amd64")
+    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(ZSTD), gzip_too=True, platform="linux/amd64")
     with pytest.raises(PushedOtherContent):
         push_dual((f"{REPO}:x",), _d("zstd-index"), _d("another"), PushingEngine(registry), registry,  # type: ignore[arg-type]
                   options, Pushing())
@@ -210,7 +215,7 @@ def test_the_plan_of_gzip_zstd_lists_the_pushes_the_run_makes_in_its_order() -> 
     assert step.gzip == gzip_ref(step.image.ref)
     registry = DualRegistry(documents={_d("gzip-index"): _buildkit_index("gzip"), _d("zstd-index"): _buildkit_index("zstd")})
     done = Pushing()
-    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(DUAL), platform="linux/amd64")
+    options = RunOptions(matrix_path=Path("matrix.yaml"), export=Export(ZSTD), gzip_too=True, platform="linux/amd64")
     push_dual(step.image.refs, _d("zstd-index"), _d("gzip-index"), PushingEngine(registry), registry,  # type: ignore[arg-type]
               options, done)
     assert step.dated is not None and list(step.writes) == [*done.pushed, step.dated]

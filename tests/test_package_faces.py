@@ -119,3 +119,96 @@ def test_at_most_twelve_modules_stay_at_the_top() -> None:
     assert "errors.py" in top and "__main__.py" in top  # the scan reads the real folder
     assert len(top) <= 12, top
     assert not [name for name in top if name.startswith("cli")], "the command line lives in imagebuilder/cli/"
+
+
+def _imports(path: Path, repo: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that the module at `path` imports when it runs: at any depth (a
+    function's deferred import too), but not under `if TYPE_CHECKING:`. A name imported from a
+    package is its submodule where one is called so, else the package (its __init__ runs)."""
+    module = _module_name(path, repo)
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(module, path.name == "__init__.py", node.level, node.module)
+                found.update(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+                             for alias in node.names)
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    visit([child])
+                elif isinstance(child, ast.ExceptHandler):
+                    visit(child.body)
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    named = set()
+    for name in found:  # `import a.b.c` runs a.b.c (and its packages): the nearest module of ours
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            named.add(name)
+    return named
+
+
+def import_cycles(root: Path, repo: Path = REPO) -> list[list[str]]:
+    """Each set of modules under `root` that import each other round a circle (Tarjan's strongly
+    connected components of more than one module), sorted."""
+    paths = {_module_name(path, repo): path for path in sorted(root.rglob("*.py"))}
+    graph = {module: sorted(_imports(path, repo, set(paths))) for module, path in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in index:
+                connect(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            connect(module)
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Issue 54: each module's imports lead away from it, deferred ones included: a circle would
+    make two modules one concept in two files (and a deferred import the way to hide it)."""
+    assert import_cycles(REPO / "imagebuilder") == []
+
+
+def test_the_cycle_scan_sees_a_circle_through_a_face_and_a_deferred_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "imagebuilder" / "p"
+    pkg.mkdir(parents=True)
+    (tmp_path / "imagebuilder" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .a import A\n")
+    (pkg / "a.py").write_text("def f():\n    from ..b import B\n")
+    (tmp_path / "imagebuilder" / "b.py").write_text("from typing import TYPE_CHECKING\nfrom .p import A\n"
+                                                   "if TYPE_CHECKING:\n    from .c import C\n")
+    (tmp_path / "imagebuilder" / "c.py").write_text("from . import b\n")
+    assert import_cycles(tmp_path / "imagebuilder", tmp_path) == [
+        ["imagebuilder.b", "imagebuilder.p", "imagebuilder.p.a"]]
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module that grows past 400 lines holds more than one concept: split it by them (docs/architecture.md)."""
+    sizes = {path.relative_to(REPO).as_posix(): len(path.read_text().splitlines())
+             for path in (REPO / "imagebuilder").rglob("*.py")}
+    assert len(sizes) > 100  # the scan reads the real package
+    assert {name: lines for name, lines in sizes.items() if lines > 400} == {}

@@ -16,7 +16,7 @@ from imagebuilder.build.per_platform import render_spec as render
 from imagebuilder.build.platforms import (NoWheelsForPlatform, UnknownPlatform, check_platform, parse_base_images,
                                           parse_platforms)
 from imagebuilder.build.render import RenderedImage
-from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.build.render_options import RenderOptions, Target
 from imagebuilder.cli import cli
 from imagebuilder.errors import BadRequest
 from imagebuilder.matrix.load import load_matrix
@@ -102,7 +102,9 @@ def test_another_platform_gets_its_own_tags_and_needs_buildkit():
     assert arm.tags == tuple(f"{t}-arm64" for t in runtime.tags)
     assert f"# Tags: {', '.join(arm.tags)}\n" in arm.dockerfile
     # The tags name the image; they are no input: the same content, the same hash.
-    assert arm.inputs_hash == render(spec, M, replace(_on("linux/arm64"), platform_tags=False)).inputs_hash
+    untagged = _on("linux/arm64")
+    untagged = replace(untagged, target=replace(untagged.target, platform_tags=False))
+    assert arm.inputs_hash == render(spec, M, untagged).inputs_hash
     with pytest.raises(BadRequest, match="needs --builder buildkit"):
         render(spec, M, _on("linux/arm64", buildkit=False))
 
@@ -171,7 +173,7 @@ def test_a_foreign_platform_installs_its_wheels_on_the_build_host():
     host's own platform (and a native arm64 host) keeps the bootstrapped uv."""
     native = _arm64_runtime()
     assert "$BUILDPLATFORM" not in native.dockerfile and "native-uv" not in native.dockerfile
-    cross = _arm64_runtime(foreign_platform="linux/arm64")
+    cross = _arm64_runtime(target=Target(foreign_platform="linux/arm64"))
     text = cross.dockerfile
     assert "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS native-uv\n" in text
     stage, image = text.split(" AS native-uv\n")[1].split("\nFROM ${BASE_IMAGE}\n")
@@ -201,7 +203,7 @@ def test_a_foreign_platform_without_the_shared_venv_says_everything_is_emulated(
     from imagebuilder.build.render_options import RenderOptions
 
     spec = resolve(M, Request("2.11", "13.0", os="debian12", variant="runtime"))
-    image = render(spec, M, RenderOptions(buildkit=True, foreign_platform="linux/arm64"))  # no lock: no shared venv
+    image = render(spec, M, RenderOptions(buildkit=True, target=Target(foreign_platform="linux/arm64")))  # no lock: no shared venv
     assert "$BUILDPLATFORM" not in image.dockerfile
     assert any("every step runs under emulation" in n for n in image.notices)
 
@@ -212,12 +214,12 @@ def test_plan_build_marks_only_a_foreign_platform(monkeypatch):
 
     monkeypatch.setattr(per_platform, "host_platform", lambda: "linux/amd64")
     options = RenderOptions(buildkit=True)
-    assert per_platform.platform_options(options, "linux/amd64").foreign_platform is None
-    assert per_platform.platform_options(options, "linux/arm64").foreign_platform == "linux/arm64"
+    assert per_platform.platform_options(options, "linux/amd64").target.foreign_platform is None
+    assert per_platform.platform_options(options, "linux/arm64").target.foreign_platform == "linux/arm64"
 
 
 def test_the_emulated_apt_of_a_foreign_image_does_not_lock_the_native_stages_apt_cache():
-    text = _arm64_runtime(foreign_platform="linux/arm64").dockerfile
+    text = _arm64_runtime(target=Target(foreign_platform="linux/arm64")).dockerfile
     stage, image = text.split("\nFROM ${BASE_IMAGE}\n")
     assert "--mount=type=cache,id=imagebuilder-apt,target=" in stage
     assert "--mount=type=cache,id=imagebuilder-apt-arm64,target=" in image and "id=imagebuilder-apt," not in image
@@ -238,3 +240,41 @@ def test_what_builds_nothing_checks_no_platforms_wheels():
     with pytest.raises(NoWheelsForPlatform):
         per_platform.each_platform(M, selection, RenderOptions(), ["linux/arm64"], per_platform.Reading(request=True),
                                    read_os_release=None, note=print, host="linux/arm64")
+
+
+def test_the_checks_before_any_daemon_render_nothing_and_refuse_what_the_plan_refuses(monkeypatch):
+    """build's and publish's checks (issue 54): every image of the request checked, a jupyter
+    image's parent before it, and none rendered; what the plan refuses, they refuse."""
+    from imagebuilder import pipeline
+    from imagebuilder.build import per_platform
+    from imagebuilder.build.image_plan import ForeignNeedsBuildKit
+    from imagebuilder.build.render_options import RenderRequest, for_command
+    from imagebuilder.lock.lockfile import ExtraContradictsPin
+    from imagebuilder.matrix.selection import ALL, Selection
+    from imagebuilder.publish.planner import check_publish
+
+    checked: list[tuple[str, str | None]] = []
+    real = per_platform.check_image  # type: ignore[attr-defined]
+
+    def counting(spec, matrix, options):
+        checked.append((spec.variant, options.target.platform))
+        real(spec, matrix, options)
+
+    def no_render(plan):
+        raise AssertionError(f"{plan.spec.key} rendered by a check")
+
+    monkeypatch.setattr(per_platform, "render", no_render)
+    monkeypatch.setattr(per_platform, "check_image", counting)
+    monkeypatch.setattr(per_platform, "host_platform", lambda: "linux/amd64")
+    selection = Selection("2.11", "13.0", os="debian12", variant=ALL)
+    pipeline.check_build(M, selection, RenderRequest(), ["linux/amd64", "linux/arm64"])
+    # each once per platform: a jupyter image's parent is selected too, and checked before it
+    assert checked == [(variant, platform) for platform in ("linux/amd64", "linux/arm64") for variant in VARIANTS]
+    checked.clear()
+    check_publish(M, replace(selection, variant="jupyter"), for_command(M, RenderRequest(), "buildkit"),
+                  ["linux/amd64"], multi=False, merge_only=False)
+    assert checked == [("runtime", "linux/amd64"), ("jupyter", "linux/amd64")]
+    with pytest.raises(ForeignNeedsBuildKit):
+        pipeline.check_build(M, selection, RenderRequest(), ["linux/arm64"], kind="classic")
+    with pytest.raises(ExtraContradictsPin):
+        pipeline.check_build(M, selection, RenderRequest(extras=("torch==2.5.1",)), ["linux/amd64"])

@@ -248,7 +248,7 @@ def remote(docker_engine: Any, local_registry: str) -> Iterator[Any]:
     uses it comes last: what the first engine built is in the registry (images and cache), so
     its local images and build records go first, and the two engines' copies of torch never
     share the disk."""
-    from remote_engine import remote_engine  # type: ignore[import-not-found]
+    from remote_engine import remote_engine
 
     if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
         _unavailable("ip netns does not work here (root and iproute2 needed) for the remote engine")

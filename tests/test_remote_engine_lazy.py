@@ -162,7 +162,7 @@ def _toc(blob: bytes) -> tuple[int, list[dict[str, Any]]]:
 @contextmanager
 def _lazy_engine(registry: str) -> Iterator[Any]:
     """The empty lazy-pull engine; skips (fails in CI) where it cannot be made."""
-    from remote_engine import remote_engine  # type: ignore[import-not-found]
+    from remote_engine import remote_engine
 
     if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
         _unavailable("ip netns does not work here (root and iproute2 needed) for the remote engine")

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from imagebuilder.build.context_folder import ForeignFolder, write_tree
 from imagebuilder.build.per_platform import render_spec as render
-from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.build.render_options import RenderOptions, Target
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.matrix.model import VARIANTS, driver_key
 from imagebuilder.matrix.resolve import Request, enumerate_matrix, resolve
@@ -328,7 +328,7 @@ def test_every_image_keeps_its_compile_caches_in_one_folder_any_uid_writes(tmp_p
         "classic with a CA": render(resolve(M, Request("2.6", "12.4")), M, RenderOptions(ca_bundle=ca.read_bytes())),
         **{f"buildkit {v}": _buildkit_render("2.12", "13.0", v) for v in ("runtime", "devel")},
         "arm64 native wheels": render(resolve(matrix, Request("2.11", "13.0", os="debian12")), matrix,
-                                      RenderOptions(buildkit=True, locks=arm64, foreign_platform="linux/arm64")),
+                                      RenderOptions(buildkit=True, locks=arm64, target=Target(foreign_platform="linux/arm64"))),
     }
     env = {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_CACHE}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_CACHE}/triton",
            "CUDA_CACHE_PATH": f"{COMPILE_CACHE}/nv"}

@@ -17,7 +17,7 @@ from support.canned_registry import CannedRegistry
 
 from imagebuilder.build.per_platform import Reading, each_platform, render_spec
 from imagebuilder.build.render import RenderedImage
-from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.build.render_options import RenderOptions, Target
 from imagebuilder.build.security_step import SOURCES_FILE
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.matrix.resolve import Request, resolve
@@ -95,8 +95,8 @@ def test_fixes_are_those_the_image_holds(security, base, packages, fixes):
 
 
 def _render(state: OsState | None, mirror: str | None = None) -> RenderedImage:
-    return render_spec(SPEC, M, RenderOptions(buildkit=True, platform="linux/amd64", security_mirror=mirror,
-                                              os_states={SPEC.base_image: state} if state else {}))
+    return render_spec(SPEC, M, RenderOptions(buildkit=True, security_mirror=mirror, target=Target(
+        "linux/amd64", os_states={SPEC.base_image: state} if state else {})))
 
 
 def test_the_apt_step_adds_the_suite_for_its_run_upgrades_and_checks_the_fixes():

@@ -136,7 +136,8 @@ def plain_tags(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> tuple
 def image_tags(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> tuple[str, ...]:
     """The image's tags: plain_tags, each with `-{arch}` where the platform's own are asked for."""
     tags = plain_tags(spec, matrix, options)
-    return platform_tags(tags, options.platform) if options.platform_tags and options.platform else tags
+    target = options.target
+    return platform_tags(tags, target.platform) if target.platform_tags and target.platform else tags
 
 
 def repository_of(matrix: Matrix, options: RenderOptions) -> str:
@@ -145,12 +146,9 @@ def repository_of(matrix: Matrix, options: RenderOptions) -> str:
 
 def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried: Mapping[str, bytes],
                parent: RenderedImage | None = None) -> ImagePlan:
-    """One image on one platform (options.platform; None: the host's, unchecked); `parent`: a
+    """One image on one platform (options.target.platform; None: the host's, unchecked); `parent`: a
     jupyter image's parent as rendered with the same options."""
-    _check(spec, matrix, options)
-    extras = parse_extras((*matrix.extras, *options.extras))
-    lock = options.locks.lock_for(spec, matrix, extras)
-    check_extras(spec, extras, lock)
+    extras, lock = _checked(spec, matrix, options)
     if spec.parent is not None:
         if parent is None or parent.spec.key != spec.parent.key:
             raise ValueError(f"{spec.key} is planned with its parent {spec.parent.key} as rendered")
@@ -161,8 +159,9 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
         base = Base(spec.base_image, pin.from_ref, pin)
     ca = options.ca_bundle
     two_stage = ca is not None and not options.buildkit
-    venv = shared_venv(spec, matrix, options, lock, extras)
-    native = native_install(spec, options, venv)
+    install = options.installer
+    venv = shared_venv(spec, matrix, options.buildkit, options.locks, lock, extras)
+    native = native_install(spec, options.target.foreign_platform, venv)
     apt_mounts, install_mounts = run_mounts(options.buildkit, ca, options.ca_context,
                                             bool(index_netrc(options.index_urls)))
     # apt's cache mount is locked while one apt runs: the image's apt, emulated, takes one of
@@ -173,11 +172,11 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
     steps = Steps(
         nvcc_check=nvcc_check(spec), shared_venv=venv is not None, added=venv is not None and venv.added is not None,
         added_lock_path=ADDED_LOCK_PATH,
-        torch_layers=tuple(torch_layers(spec, matrix, options, venv, install_mounts, native)) if venv else (),
-        native=native, native_uv=native_uv_run(matrix, options, install_mounts, native) if native else None,
-        added_commands=tuple(added_commands(spec, matrix, options)) if venv and venv.added else (),
-        install_commands=tuple(install_commands(spec, matrix, options, not two_stage, lock, extras)),
-        jupyter_commands=tuple(jupyter_commands(spec, matrix, options, not two_stage, lock)),
+        torch_layers=tuple(torch_layers(spec, matrix, install, venv, install_mounts, native)) if venv else (),
+        native=native, native_uv=native_uv_run(matrix, install, install_mounts, native) if native else None,
+        added_commands=tuple(added_commands(spec, matrix, install)) if venv and venv.added else (),
+        install_commands=tuple(install_commands(spec, matrix, install, not two_stage, lock, extras)),
+        jupyter_commands=tuple(jupyter_commands(spec, matrix, install, not two_stage, lock)),
         lock_path=lock_path if lock is not None else None,
         sbom_command=f"{VENV}/bin/python /opt/imagebuilder/sbom.py {VENV} {SBOM_PATH}")
     files = dict(carried)
@@ -198,17 +197,35 @@ def plan_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions, carried:
         spec=spec, matrix=matrix, repository=repository_of(matrix, options), tags=image_tags(spec, matrix, options),
         base=base, lock=lock, notices=_notices(spec, options, lock, base, native),
         ca=CaMode(two_stage, options.buildkit and ca is not None, options.buildkit and ca is not None and options.ca_context),
-        mounts=mounts, steps=steps, packages=packages, security=security_step(spec, options, packages.final),
+        mounts=mounts, steps=steps, packages=packages,
+        security=security_step(spec, options.target, options.security_mirror, packages.final),
         files=files, parent_hash=parent.inputs_hash if parent is not None else "", source=options.source,
         ca_files=ca_files, secrets=secrets, contexts=contexts, trusts_ca_bundle=ca is not None)
 
 
+def check_image(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> None:
+    """What `plan_image` refuses of the image, without planning (or rendering) it: the checks
+    a command makes before any daemon is asked."""
+    _checked(spec, matrix, options)
+
+
+def _checked(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> tuple[tuple[str, ...], Lock | None]:
+    """Every refusal of the image's request (the platform, the builder, --with against the
+    pins); its extras (matrix.yaml's and --with's) and its lock."""
+    _check(spec, matrix, options)
+    extras = parse_extras((*matrix.extras, *options.extras))
+    lock = options.locks.lock_for(spec, matrix, extras)
+    check_extras(spec, extras, lock)
+    return extras, lock
+
+
 def _check(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> None:
     """The refusals of a request that are not the lock's (--with against the pins)."""
-    if options.platform is not None:
-        check_platform(matrix, spec.torch, options.platform)
-    if options.foreign_platform is not None and not options.buildkit:
-        raise ForeignNeedsBuildKit(platform=options.foreign_platform)
+    target = options.target
+    if target.platform is not None:
+        check_platform(matrix, spec.torch, target.platform)
+    if target.foreign_platform is not None and not options.buildkit:
+        raise ForeignNeedsBuildKit(platform=target.foreign_platform)
     if index_netrc(options.index_urls) and not options.buildkit:
         raise CredentialsNeedBuildKit()
 
@@ -243,8 +260,8 @@ def _notices(spec: BuildSpec, options: RenderOptions, lock: Lock | None, base: B
         notices.append(f"{native.platform} on a host of another platform: its wheels install natively "
                        f"(uv --python-platform {native.uv_platform}); apt, the SBOM and what runs the image's "
                        "own programs run under emulation")
-    elif options.foreign_platform is not None:
-        notices.append(f"{options.foreign_platform} on a host of another platform: every step runs under "
+    elif options.target.foreign_platform is not None:
+        notices.append(f"{options.target.foreign_platform} on a host of another platform: every step runs under "
                        "emulation (the wheels install natively only with BuildKit, the shared venv and "
                        "the OS's Python)")
     return tuple(notices)

@@ -13,14 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ..lock.index_url import netrc, parse_index_url
-from ..lock.lockfile import Lock, index_args, requirements
+from ..lock.lockfile import Lock, LockSet, index_args, requirements
 from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec
 from ..matrix.variants import variant
 from ..platforms import PLATFORMS
 from .image_contents import JUPYTER_LOCK_PATH, LOCK_PATH, USER_ID, VENV, python_path
 from .layers import wheel_groups
-from .render_options import RenderOptions
 
 UV = "/tmp/uv"
 SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -41,6 +40,22 @@ APT_CACHE = f"{CACHE_DIR}/apt"
 UV_CACHE = f"{CACHE_DIR}/uv"
 
 
+@dataclass(frozen=True)
+class Installer:
+    """What the install RUNs take of a render's options (RenderOptions.installer): the builder, the
+    package indexes, the CA bundle, the CPython mirror."""
+
+    buildkit: bool = False
+    ca_bundle: bytes | None = None
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    python_mirror: str | None = None
+
+    @property
+    def index_urls(self) -> tuple[str | None, ...]:
+        return (self.index_url, *self.extra_index_urls)
+
+
 def _cert_file(buildkit: bool, ca_bundle: bytes | None, single_stage: bool) -> str | None:
     """The CA bundle pip and uv trust in the install RUN; None: the stage's ENV names it.
     Without --ca-bundle they trust the image's own CA store (which a site's base image may
@@ -58,16 +73,16 @@ def _cert_file(buildkit: bool, ca_bundle: bytes | None, single_stage: bool) -> s
 GROUP_UV_CACHE = f"{VENV}/.uv-cache"
 
 
-def _uv_env(options: RenderOptions, single_stage: bool, cache: str = UV_CACHE, link: str = "copy") -> str:
+def _uv_env(install: Installer, single_stage: bool, cache: str = UV_CACHE, link: str = "copy") -> str:
     """Environment of the install RUN; BuildKit: uv's cache at `cache` (the shared cache mount by
     default), files put into place by `link` (uv's link mode)."""
-    if options.buildkit:
+    if install.buildkit:
         env = (f"export UV_CACHE_DIR={cache} UV_PYTHON_CACHE_DIR={UV_CACHE}/python "
                f"UV_LINK_MODE={link} UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1")
     else:
         env = "export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_INSTALL_DIR=/opt/python PIP_NO_CACHE_DIR=1"
-    cert = _cert_file(options.buildkit, options.ca_bundle, single_stage)
-    netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(options.index_urls) else ""
+    cert = _cert_file(install.buildkit, install.ca_bundle, single_stage)
+    netrc_file = f" NETRC={NETRC_SECRET_PATH}" if index_netrc(install.index_urls) else ""
     return env + (f" SSL_CERT_FILE={cert} PIP_CERT={cert}" if cert else "") + netrc_file
 
 
@@ -105,11 +120,11 @@ def apt_options(buildkit: bool) -> str:
     return f" -o Dir::Cache::Archives={APT_CACHE} -o APT::Keep-Downloaded-Packages=true"
 
 
-def _index_args(spec: BuildSpec, options: RenderOptions) -> list[str]:
+def _index_args(spec: BuildSpec, install: Installer) -> list[str]:
     """The index options of a RUN line: each URL without its user and password (those reach
     the build as the netrc secret) and quoted for the shell."""
     return [f"{option} {shlex.quote(parse_index_url(value).public if option.endswith('-url') else value)}"
-            for option, value in index_args(spec, options.index_url, options.extra_index_urls)]
+            for option, value in index_args(spec, install.index_url, install.extra_index_urls)]
 
 
 def index_netrc(urls: Iterable[str | None]) -> bytes:
@@ -121,28 +136,28 @@ def _pip_install(args: list[str]) -> str:
     return f"{UV}/bin/uv pip install --python {VENV}/bin/python" + "".join(f" \\\n        {a}" for a in args)
 
 
-def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix, options: RenderOptions,
+def _install_from(lock: Lock | None, path: str, spec: BuildSpec, matrix: Matrix, install: Installer,
                   extras: tuple[str, ...]) -> str:
     """Exactly the lock when there is one (no resolution in the build); else resolve now."""
-    index = _index_args(spec, options)
+    index = _index_args(spec, install)
     if lock is not None:
         return _pip_install(index + ["--require-hashes --no-deps", f"-r {path}"])
     return _pip_install(index + requirements(spec, matrix, extras))
 
 
-def install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
+def install_commands(spec: BuildSpec, matrix: Matrix, install: Installer, single_stage: bool,
                      lock: Lock | None, extras: tuple[str, ...], lock_path: str = LOCK_PATH) -> list[str]:
     """The one RUN that makes the venv: uv comes and goes within it."""
-    commands = [_uv_env(options, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
+    commands = [_uv_env(install, single_stage), f"python3 -m venv {UV}", f"{UV}/bin/pip install --no-cache-dir uv=={matrix.tools.uv}"]
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     if not spec.python_from_os:
-        mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
+        mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(install.python_mirror)} " if install.python_mirror else ""
         commands.append(f"{mirror}{UV}/bin/uv python install {spec.python}")
     # --allow-existing: in a single stage the (empty) venv folder is made beforehand, owned by the user.
     # With a lock, no --seed: pip and setuptools come from the lock, so nothing in the venv floats.
     seed = "" if lock is not None else " --seed"
     commands.append(f"{UV}/bin/uv venv{seed} --allow-existing --python {python} {VENV}")
-    commands.append(_install_from(lock, lock_path, spec, matrix, options, extras))
+    commands.append(_install_from(lock, lock_path, spec, matrix, install, extras))
     if spec.toolchain == "pip":
         # torch.utils.cpp_extension links -lcudart; the wheel ships only the versioned soname.
         lib = f"{python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"
@@ -151,19 +166,19 @@ def install_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, si
     return commands
 
 
-def jupyter_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions, single_stage: bool,
+def jupyter_commands(spec: BuildSpec, matrix: Matrix, install: Installer, single_stage: bool,
                      lock: Lock | None) -> list[str]:
     """Add JupyterLab (and what notebook users expect beside it) to the venv without changing
     anything already in it: with a lock, its additions only (--no-deps); without one,
     everything installed is pinned to what is there."""
-    bootstrap = [_uv_env(options, single_stage),
+    bootstrap = [_uv_env(install, single_stage),
                  f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}"]
     if lock is not None:
-        return bootstrap + [_install_from(lock, JUPYTER_LOCK_PATH, spec, matrix, options, ()), f"rm -rf {UV}"]
+        return bootstrap + [_install_from(lock, JUPYTER_LOCK_PATH, spec, matrix, install, ()), f"rm -rf {UV}"]
     return bootstrap + [
         f"{UV}/bin/uv pip freeze --python {VENV}/bin/python > /tmp/constraints.txt",
         _pip_install(["--constraint /tmp/constraints.txt"]
-                     + _index_args(spec, options) + requirements(spec, matrix)),
+                     + _index_args(spec, install) + requirements(spec, matrix)),
         f"rm -rf {UV} /tmp/constraints.txt",
     ]
 
@@ -192,16 +207,16 @@ class SharedVenv:
     """devel: the pins its lock has beyond the runtime lock, installed on top; None: runtime."""
 
 
-def shared_venv(spec: BuildSpec, matrix: Matrix, options: RenderOptions, lock: Lock | None,
+def shared_venv(spec: BuildSpec, matrix: Matrix, buildkit: bool, locks: LockSet, lock: Lock | None,
                 extras: tuple[str, ...]) -> SharedVenv | None:
     """The image's torch layer, or None where it takes the plain single-stage install: the
     classic builder, a jupyter image (its torch is its parent's), an image without a lock, or
     a devel lock that does not contain its runtime lock pin for pin."""
-    if not options.buildkit or spec.parent is not None or lock is None:
+    if not buildkit or spec.parent is not None or lock is None:
         return None
     if not variant(spec.variant).toolchain:
         return SharedVenv(lock, None)
-    runtime_lock = options.locks.lock_for(replace(spec, variant="runtime", toolchain="none"), matrix, extras)
+    runtime_lock = locks.lock_for(replace(spec, variant="runtime", toolchain="none"), matrix, extras)
     if runtime_lock is None or not set(runtime_lock.pins) <= set(lock.pins):
         return None
     added = tuple(p for p in lock.pins if p not in set(runtime_lock.pins))
@@ -228,13 +243,13 @@ class NativeInstall:
     mount: str = NATIVE_MOUNT
 
 
-def native_install(spec: BuildSpec, options: RenderOptions, venv: SharedVenv | None) -> NativeInstall | None:
-    """How a foreign platform's wheels install natively, or None where they install in the
-    image's own RUNs: the host's platform, the classic builder, no shared venv, or a Python
-    that uv installs (that would be the host's, not the image's)."""
-    if options.foreign_platform is None or venv is None or not options.buildkit or not spec.python_from_os:
+def native_install(spec: BuildSpec, foreign_platform: str | None, venv: SharedVenv | None) -> NativeInstall | None:
+    """How `foreign_platform`'s wheels install natively, or None where they install in the
+    image's own RUNs: the host's platform (None), no shared venv (the classic builder makes
+    none), or a Python that uv installs (that would be the host's, not the image's)."""
+    if foreign_platform is None or venv is None or not spec.python_from_os:
         return None
-    return NativeInstall(options.foreign_platform, PLATFORMS[options.foreign_platform].uv_platform)
+    return NativeInstall(foreign_platform, PLATFORMS[foreign_platform].uv_platform)
 
 
 def _uv_bootstrap(matrix: Matrix) -> str:
@@ -246,12 +261,12 @@ def _uv_bootstrap(matrix: Matrix) -> str:
             f"&& mv -f {uv}.$$ {uv}; }}; }}")
 
 
-def native_uv_run(matrix: Matrix, options: RenderOptions, install_mounts: str, native: NativeInstall) -> TorchLayer:
+def native_uv_run(matrix: Matrix, install: Installer, install_mounts: str, native: NativeInstall) -> TorchLayer:
     """The native-uv stage's RUN: the host's uv, its dynamic loader and the libraries it links,
     copied to native.dir, so that a RUN of the foreign image runs it as `ld.so --library-path
     lib uv` (the image's root has no loader of the host's platform); checked to run."""
     d = native.dir
-    commands = (_uv_env(options, True), _uv_bootstrap(matrix),
+    commands = (_uv_env(install, True), _uv_bootstrap(matrix),
                 f"install -d {d}/lib && install -m 755 $uv {d}/uv",
                 f"cp -L \"$(ldd $uv | awk 'index($1, \"/\") == 1 {{print $1}}')\" {d}/ld.so",
                 f"ldd $uv | awk '$2 == \"=>\" && index($3, \"/\") == 1 {{print $3}}' | xargs cp -L -t {d}/lib",
@@ -259,7 +274,7 @@ def native_uv_run(matrix: Matrix, options: RenderOptions, install_mounts: str, n
     return TorchLayer("native-uv", install_mounts + "--mount=type=tmpfs,target=/tmp \\\n    ", commands)
 
 
-def torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: SharedVenv,
+def torch_layers(spec: BuildSpec, matrix: Matrix, install: Installer, venv: SharedVenv,
                  install_mounts: str, native: NativeInstall | None = None) -> list[TorchLayer]:
     """The runtime lock as its wheel groups' layers (layers.py), one RUN each. Each touches only
     the venv (the lock is bind-mounted, /tmp a tmpfs) and gives what it wrote a fixed time, so a
@@ -275,13 +290,13 @@ def torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: 
         find_uv, native_mount = _uv_bootstrap(matrix), ""
     python = f"/usr/bin/python{spec.python}" if spec.python_from_os else str(spec.python)
     trees = VENV + ("" if spec.python_from_os else " /opt/python")
-    index = _index_args(spec, options)
+    index = _index_args(spec, install)
     layers = []
     for n, group in enumerate(wheel_groups(venv.lock)):
-        commands = [_uv_env(options, True, cache=GROUP_UV_CACHE, link="hardlink"), "touch /tmp/.layer-start", find_uv]
+        commands = [_uv_env(install, True, cache=GROUP_UV_CACHE, link="hardlink"), "touch /tmp/.layer-start", find_uv]
         if n == 0:
             if not spec.python_from_os:
-                mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(options.python_mirror)} " if options.python_mirror else ""
+                mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(install.python_mirror)} " if install.python_mirror else ""
                 commands.append(f"{mirror}{uv} python install {spec.python}")
             commands.append(f"{uv} venv --allow-existing --python {python} {VENV}")
         target = [f"--python-platform {native.uv_platform}"] if native else []
@@ -296,11 +311,11 @@ def torch_layers(spec: BuildSpec, matrix: Matrix, options: RenderOptions, venv: 
     return layers
 
 
-def added_commands(spec: BuildSpec, matrix: Matrix, options: RenderOptions) -> list[str]:
+def added_commands(spec: BuildSpec, matrix: Matrix, install: Installer) -> list[str]:
     """devel on the shared venv: its lock's additions (ninja, the nvcc wheels) on top."""
-    commands = [_uv_env(options, True),
+    commands = [_uv_env(install, True),
                 f"{VENV}/bin/python -m pip install --no-cache-dir --target {UV} uv=={matrix.tools.uv}",
-                _pip_install(_index_args(spec, options)
+                _pip_install(_index_args(spec, install)
                              + ["--require-hashes --no-deps", f"-r {ADDED_LOCK_PATH}"])]
     if spec.toolchain == "pip":
         lib = f"{python_path(spec)}/nvidia/cu{spec.cuda.major}/lib"

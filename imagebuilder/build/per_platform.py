@@ -7,7 +7,7 @@ children needs its inputs hash.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
@@ -18,10 +18,10 @@ from ..matrix.model import Matrix
 from ..matrix.resolve import BuildSpec, resolve
 from ..matrix.selection import NothingSelected, Note, ReadOsRelease, Selection, select_specs, settle_os
 from ..scan.fixes import OsState
-from .image_plan import image_tags, plain_tags, plan_image, repository_of
+from .image_plan import check_image, image_tags, plain_tags, plan_image, repository_of
 from .platforms import arch, host_platform
 from .render import RenderedImage, render
-from .render_options import RenderOptions
+from .render_options import RenderOptions, Target
 from .tags import image_ref
 
 if TYPE_CHECKING:
@@ -89,25 +89,34 @@ class PlatformImages:
 
 def platform_options(options: RenderOptions, platform: str, *, own_tags: bool = False, builds: bool = True,
                      host: str | None = None) -> RenderOptions:
-    """Each platform builds from its own lock and, where it `builds`, is checked for its wheels;
-    a foreign one says so (its wheels install natively) and goes under its own tags, as every
-    platform does with `own_tags` (publish --platform)."""
+    """The options for `platform`: its locks and its Target. Each platform builds from its own
+    lock and, where it `builds`, is checked for its wheels; a foreign one says so (its wheels
+    install natively) and goes under its own tags, as every platform does with `own_tags`
+    (publish --platform)."""
     if not builds:  # its lock, and nothing else of the platform's: nothing is built for it
         return replace(options, locks=options.locks.for_platform(platform))
     foreign = platform != (host or host_platform())
-    return replace(options, locks=options.locks.for_platform(platform), platform=platform,
-                   foreign_platform=platform if foreign else None, platform_tags=foreign or own_tags)
+    target = Target(platform, platform_tags=foreign or own_tags, foreign_platform=platform if foreign else None)
+    return replace(options, locks=options.locks.for_platform(platform), target=target)
 
 
-def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
-                  reading: Reading, *, read_os_release: ReadOsRelease | None, note: Note,
-                  exists: Exists = never, host: str | None = None,
-                  read_os_state: ReadOsState | None = None) -> list[PlatformImages]:
-    """Every platform's images, each platform's checked before the next is read: nothing is built
-    until the whole list is back. `read_os_state`: each base image's OS on the platform, for the
-    security fixes its images hold (None: none known, as `render` shows them)."""
+@dataclass(frozen=True)
+class _Chosen:
+    """One platform's images before any is rendered."""
+
+    platform: str
+    options: RenderOptions  # the platform's own (platform_options)
+    specs: tuple[BuildSpec, ...]  # the images to make, a jupyter image's missing parent before it
+    asked: frozenset[str]  # the keys selected (the parents that came along are not)
+    plain_refs: tuple[str, ...]  # every image's refs without a platform's suffix
+
+
+def _choose(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
+            reading: Reading, *, read_os_release: ReadOsRelease | None, note: Note, exists: Exists,
+            host: str | None) -> Iterator[_Chosen]:
+    """Each platform's selection settled and its images chosen, in turn (a platform's refusal
+    comes before the next platform is read)."""
     selection.check_platform_bases(platforms)
-    renderer, out = Renderer(matrix), []
     for platform in platforms:
         chosen = settle_os(matrix, selection.for_platform(platform), read_os_release, note)
         own = platform_options(options, platform, own_tags=reading.multi, builds=reading.builds, host=host)
@@ -122,21 +131,52 @@ def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, 
             if not specs:
                 note(f"no selected release has CUDA wheels for {platform}; nothing to publish for it")
                 continue
-        asked = {spec.key for spec in specs}
+        asked = frozenset(spec.key for spec in specs)
         repository = repository_of(matrix, own)
         if reading.parents:
             specs = _with_parents(specs, partial(_ref, matrix, own), exists)
+        refs = tuple(image_ref(repository, tag) for spec in specs for tag in plain_tags(spec, matrix, own))
+        yield _Chosen(platform, own, tuple(specs), asked, refs)
+
+
+def each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
+                  reading: Reading, *, read_os_release: ReadOsRelease | None, note: Note,
+                  exists: Exists = never, host: str | None = None,
+                  read_os_state: ReadOsState | None = None) -> list[PlatformImages]:
+    """Every platform's images, each platform's checked before the next is read: nothing is built
+    until the whole list is back. `read_os_state`: each base image's OS on the platform, for the
+    security fixes its images hold (None: none known, as `render` shows them)."""
+    renderer, out = Renderer(matrix), []
+    for chosen in _choose(matrix, selection, options, platforms, reading, read_os_release=read_os_release,
+                          note=note, exists=exists, host=host):
+        own, specs = chosen.options, chosen.specs
         if read_os_state is not None:
             # A jupyter image's parent is rendered for its inputs hash, built here or not.
             bases = dict.fromkeys((spec.parent or spec).base_image for spec in specs)
-            own = replace(own, os_states={base: read_os_state(base, arch(platform)) for base in bases})
+            states = {base: read_os_state(base, arch(chosen.platform)) for base in bases}
+            own = replace(own, target=replace(own.target, os_states=states))
         images = [renderer.image(spec, own) for spec in specs]
         if reading.notices:  # the requested images': what their lock and base pin leave unpinned
-            for notice in dict.fromkeys(n for image in images if image.spec.key in asked for n in image.notices):
+            for notice in dict.fromkeys(n for image in images if image.spec.key in chosen.asked for n in image.notices):
                 note(notice)
-        refs = tuple(image_ref(repository, tag) for spec in specs for tag in plain_tags(spec, matrix, own))
-        out.append(PlatformImages(platform, tuple(build_order(images) if reading.request else images), refs))
+        out.append(PlatformImages(chosen.platform, tuple(build_order(images) if reading.request else images),
+                                  chosen.plain_refs))
     return out
+
+
+def check_each_platform(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str],
+                        reading: Reading, *, host: str | None = None) -> None:
+    """What `each_platform` refuses (with no daemon to ask and no notes), without rendering an
+    image: the checks before any daemon is asked. A jupyter image's parent is checked before it,
+    as it is rendered before it."""
+    for chosen in _choose(matrix, selection, options, platforms, reading, read_os_release=None,
+                          note=lambda text: None, exists=never, host=host):
+        checked: set[tuple[str, str]] = set()
+        for spec in chosen.specs:
+            for each in (spec.parent, spec) if spec.parent is not None else (spec,):
+                if (each.key, each.base_image) not in checked:
+                    check_image(each, matrix, chosen.options)
+                    checked.add((each.key, each.base_image))
 
 
 def _ref(matrix: Matrix, options: RenderOptions, spec: BuildSpec) -> str:

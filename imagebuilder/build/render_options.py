@@ -2,7 +2,8 @@
 (RenderRequest: the repository, the package index, a CA bundle, a Python mirror, extras; the
 command line's rendering options, options.rendering, parse into one), and what one image on one
 platform renders with (RenderOptions: the request completed by for_command() with the builder,
-the source and the matrix's locks, then per platform by per_platform.platform_options())."""
+the source and the matrix's locks, then per platform by per_platform.platform_options(), which sets
+its Target: the platform and what depends on it)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..engine.api import BuilderKind
 from ..lock.lockfile import LockSet, load_locks, locks_dir
 from ..matrix.model import Matrix
 from ..scan.fixes import OsState
+from .install_steps import Installer
 
 DEFAULT_SOURCE = "imagebuilder"
 
@@ -34,9 +36,28 @@ class RenderRequest:
 
 
 @dataclass(frozen=True)
+class Target:
+    """The platform one image renders for, and what depends on it: set per platform by
+    per_platform.platform_options() (and the OS states where a command reads them)."""
+
+    # The platform the image is built for: its release's CUDA wheels are checked for it (None:
+    # the host's, unchecked); `platform_tags`: its tags end in -{arch} (another platform than
+    # the host's, or every platform of publish --platform).
+    platform: str | None = None
+    platform_tags: bool = False
+    # The image's platform when BuildKit builds it on a host of another (linux/arm64 on an amd64
+    # host): its wheels install on the host, natively, instead of under emulation.
+    foreign_platform: str | None = None
+    # What was read of each base image's OS for this platform (scan.updates.OsStates): the
+    # security fixes its image holds. Empty: none known (`render`).
+    os_states: Mapping[str, OsState] = field(default_factory=dict, hash=False)  # (compared, not hashed)
+
+
+@dataclass(frozen=True)
 class RenderOptions:
     """What one image renders with on one platform: the request's values, the builder's, the locks
-    and the platform (its target). Hashable: build/per_platform's renders are keyed by it."""
+    (the platform's, per_platform.platform_options) and the target. Hashable: build/per_platform's
+    renders are keyed by it."""
 
     repository: str | None = None  # None: the matrix's defaults.repository
     index_url: str | None = None  # replaces the wheel variant's index (mirrors, air-gapped sites)
@@ -53,24 +74,20 @@ class RenderOptions:
     ca_context: bool = False
     extras: tuple[str, ...] = ()  # --with: added to the image's lock (besides matrix.yaml's extras)
     locks: LockSet = LockSet()  # locks/ beside the matrix; empty: resolve at build time
-    # The image's platform when BuildKit builds it on a host of another (linux/arm64 on an amd64
-    # host): its wheels install on the host, natively, instead of under emulation.
-    foreign_platform: str | None = None
-    # The platform the image is built for: its release's CUDA wheels are checked for it (None:
-    # the host's, unchecked); `platform_tags`: its tags end in -{arch} (another platform than
-    # the host's, or every platform of publish --platform).
-    platform: str | None = None
-    platform_tags: bool = False
-    # The mirror of the OS's security suite the image's apt step reads (None: the OS's own,
-    # scan/release.py), and what was read of each base image's OS for this platform
-    # (scan.updates.OsStates): the security fixes its image holds. Empty: none known (`render`).
+    # The mirror of the OS's security suite the image's apt step reads (None: the OS's own, scan/release.py).
     security_mirror: str | None = None
-    os_states: Mapping[str, OsState] = field(default_factory=dict, hash=False)  # (compared, not hashed)
+    target: Target = Target()
 
     @property
     def index_urls(self) -> tuple[str | None, ...]:
         """--index-url (None: the wheel variant's) and every --extra-index-url."""
         return (self.index_url, *self.extra_index_urls)
+
+    @property
+    def installer(self) -> Installer:
+        """What the install RUNs take of these (install_steps)."""
+        return Installer(buildkit=self.buildkit, ca_bundle=self.ca_bundle, index_url=self.index_url,
+                         extra_index_urls=self.extra_index_urls, python_mirror=self.python_mirror)
 
 
 def source_label() -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from ..atomic import write_json
 from ..engine.api import BackgroundBuilder, Builder, BuildRequest, BuildResult, ImageStore, OnProgress, Progress
 from ..engine.errors import BuildFailed, EngineError, network_hint
-from ..engine.export import Export, gzip_ref
+from ..engine.export import Compression, Export, gzip_ref
 from ..engine.progress import ProgressPrinter, human_size
 from ..trust.labels import SBOM_DIGEST
 from ..trust.sbom import DIGEST_LINE
@@ -111,11 +111,13 @@ def build_image(
     timeout: float = 3 * 3600,
     platform: str | None = None,
     export: Export | None = None,
+    gzip_too: bool = False,
     background_cache: bool = False,
 ) -> Built:
     """Build one image with `builder`; `engine` holds the images it builds on and makes.
 
-    `export` (BuildKit): the final image's compression, provenance and registry caches.
+    `export` (BuildKit): the final image's compression, provenance and registry caches; `gzip_too`
+    (gzip+zstd, export_decision.ExportDecision.gzip_too): the image again as gzip, tagged gzip_ref().
     `background_cache`: the registry cache (export.cache_to) is exported by a build that is
     still running when this returns (Built.cache_export), where the builder can; the caller
     waits for it or stops it."""
@@ -174,7 +176,7 @@ def build_image(
                 raise
             raise e.with_hint(hint) from e
         # What the image's tags name before the builds that tag it (gzip+zstd's TAG-gzip too).
-        dual = image_export is not None and image_export.compression is not None and image_export.compression.also
+        dual = gzip_too and image_export is not None
         named = {ref: _image_id(engine, ref) for ref in (*image.refs, *((gzip_ref(image.ref),) if dual else ()))}
         try:
             sbom_log = log_path.with_name(log_path.stem + "-sbom.log")
@@ -192,7 +194,7 @@ def build_image(
                                        nocache=False, pull=False, timeout=300, platform=platform, log_path=sbom_log,
                                        export=image_export)
             result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
-            gzip = _export_gzip(builder, image, request, on_progress, result.seconds)
+            gzip = _export_gzip(builder, image, request, on_progress, result.seconds) if dual else None
         except BaseException:
             # A build that tagged and then failed (BuildKit's lost record after the export) leaves
             # no tag on what it made; a tag that still names the image it named before stays.
@@ -216,14 +218,13 @@ def build_image(
 def _export_gzip(builder: Builder, image: RenderedImage, request: BuildRequest,
                  on_progress: OnProgress | None, offset: float) -> BuildResult | None:
     """gzip+zstd: the labelled build again, every step cached, exported as gzip under
-    gzip_ref(); None for any other compression."""
+    gzip_ref(); None without an export (the classic builder)."""
     export = request.export
-    also = export.compression.also if export is not None and export.compression is not None else None
-    if export is None or also is None:
+    if export is None:
         return None
     log = request.log_path.with_name(request.log_path.stem + "-gzip.log") if request.log_path else None
     gzip_request = replace(request, tags=(gzip_ref(image.ref),), log_path=log,
-                           export=replace(export, compression=also, cache_to=None))
+                           export=replace(export, compression=Compression("gzip"), cache_to=None))
     return builder.build(gzip_request, None if on_progress is None else _activities_only(on_progress, offset))
 
 
@@ -311,9 +312,11 @@ def _activities_only(on_progress: OnProgress, offset: float) -> OnProgress:
 
 def build_all(plan: Sequence[tuple[str, RenderedImage]], *, engine: ImageStore, builder: Builder,
               matrix_path: Path, nocache: bool, pull: bool, quiet: bool, exports: Callable[[str], Export | None],
-              report: Path | None, echo: Callable[[str], None], err: Callable[[str], None]) -> list[Built]:
+              report: Path | None, echo: Callable[[str], None], err: Callable[[str], None],
+              gzip_too: bool = False) -> list[Built]:
     """`build`: every planned (platform, image) in order, progress on `err`, each result on
-    `echo`; the --report written also when a build fails or is interrupted."""
+    `echo`; the --report written also when a build fails or is interrupted. `exports` and
+    `gzip_too`: the export decision's (export_decision.ExportDecision.for_image, .gzip_too)."""
     done: list[Built] = []
     try:
         for n, (platform, image) in enumerate(plan, 1):
@@ -323,7 +326,7 @@ def build_all(plan: Sequence[tuple[str, RenderedImage]], *, engine: ImageStore, 
             try:
                 built = build_image(engine, image, builder=builder, matrix_path=matrix_path, nocache=nocache,
                                     pull=pull, on_progress=None if quiet else printer, platform=platform,
-                                    export=exports(image.spec.key))
+                                    export=exports(image.spec.key), gzip_too=gzip_too)
             finally:
                 printer.close()
             done.append(built)

@@ -19,7 +19,7 @@ from ..platforms import DEFAULT_PLATFORM
 from ..scan.fixes import Fixes, fixes_for
 from ..scan.release import COMPONENT, security_base
 from .platforms import arch
-from .render_options import RenderOptions
+from .render_options import Target
 
 SOURCES_FILE = "/etc/apt/sources.list.d/imagebuilder-security.list"
 # The suite by the image's own codename: Ubuntu (and its derivatives) name theirs in UBUNTU_CODENAME.
@@ -51,11 +51,12 @@ def fixes_label(expected: Sequence[tuple[str, str]]) -> str:
     return " ".join(f"{name}={version}" for name, version in expected)
 
 
-def security_step(spec: BuildSpec, options: RenderOptions, packages: Sequence[str]) -> SecurityStep:
-    """The security suite's part of the image's apt RUN; the fixes are those options.os_states
-    found for its base (none where nothing was read: `render`)."""
-    mirror = security_base(spec.os.family, arch(options.platform or DEFAULT_PLATFORM), options.security_mirror)
-    state = options.os_states.get(spec.base_image)
+def security_step(spec: BuildSpec, target: Target, security_mirror: str | None,
+                  packages: Sequence[str]) -> SecurityStep:
+    """The security suite's part of the image's apt RUN (at `security_mirror`; None: the OS's own);
+    the fixes are those target.os_states found for its base (none where nothing was read: `render`)."""
+    mirror = security_base(spec.os.family, arch(target.platform or DEFAULT_PLATFORM), security_mirror)
+    state = target.os_states.get(spec.base_image)
     fixes = fixes_for(state, packages) if state is not None else Fixes()
     return SecurityStep(mirror, f'echo "deb {mirror} {_SUITE} {COMPONENT}" > {SOURCES_FILE}', SOURCES_FILE,
                         fixes.upgrades, _check(fixes.expected), fixes)

@@ -223,7 +223,7 @@ def build_cmd(ctx: Context, quiet: bool, no_cache: bool, pull: bool, report: Pat
         return report_plan(plan, report=report, echo=click.echo)
     build_all(plan, engine=engine, builder=builder, matrix_path=ctx.matrix_path, nocache=no_cache, pull=pull,
               quiet=quiet, exports=lambda key: exported.for_image(key, lambda ref: registry.digest(ref) is not None),
-              report=report, echo=click.echo, err=progress)
+              gzip_too=exported.gzip_too, report=report, echo=click.echo, err=progress)
 
 
 # --- scan -----------------------------------------------------------------------------------

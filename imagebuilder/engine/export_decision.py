@@ -59,15 +59,20 @@ class ExportDecision:
     ordered: Ordered | None = None
     """publish: the layers pushed ordered by the image's start, written by publish itself."""
     gzip_too: bool = False
-    """gzip+zstd: each image built goes up as gzip under gzip_ref() too."""
+    """gzip+zstd: `export` is zstd, and each image is built again, every step cached, as gzip,
+    tagged gzip_ref() (build/run.py), which publish pushes too (push.push_dual)."""
     cache: CacheHome | None = None
     """Where each image's registry cache lives (cache_ref()): imported where the registry has it."""
     cache_to: bool = False
     """publish: each image's cache exported there too (build only imports it)."""
 
     def describe(self) -> str:
-        """The `layers:` line a run prints."""
-        return self.export.describe() if self.export else "gzip (docker push compresses them)"
+        """The `layers:` line a run prints (gzip+zstd named as asked)."""
+        if self.export is None:
+            return "gzip (docker push compresses them)"
+        if self.gzip_too:  # zstd exported, and gzip after it
+            return replace(self.export, compression=Compression(DUAL)).describe()
+        return self.export.describe()
 
     def for_image(self, key: str, cached: Callable[[str], bool]) -> Export | None:
         """The export of the image of `key`: with its registry cache imported where `cached` says
@@ -100,9 +105,10 @@ def decide_export(asked: Compression | None, *, command: Command, buildkit: bool
             raise (ExportNeedsBuildKit if image_store is None else CompressionUnavailable)(asked=" and ".join(wanted))
         return ExportDecision(None)
     compression = asked or Compression(Compression.DEFAULT)
+    gzip_too = compression.kind == DUAL  # zstd exported (Compression.exported), then gzip
     if command == "build":
-        return ExportDecision(Export(compression), gzip_too=compression.kind == DUAL, cache=cache)
+        return ExportDecision(Export(compression.exported), gzip_too=gzip_too, cache=cache)
     ordered = Ordered(compression.kind, compression.level) if compression.kind in ORDERED else None
-    exported = Compression(Compression.DEFAULT) if ordered else compression
-    return ExportDecision(Export(exported, provenance=True), ordered=ordered, gzip_too=compression.kind == DUAL,
+    exported = Compression(Compression.DEFAULT) if ordered else compression.exported
+    return ExportDecision(Export(exported, provenance=True), ordered=ordered, gzip_too=gzip_too,
                           cache=cache, cache_to=True)

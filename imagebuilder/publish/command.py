@@ -120,7 +120,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
                 progress(pushed_as(estargz.codec, estargz.level, start))
         run_options = RunOptions(matrix_path=matrix_path, push=r.push, keep_going=r.keep_going,
                                  allow_no_gpu=r.allow_no_gpu, verify_timeout=r.verify_timeout, nocache=r.no_cache,
-                                 pull=r.pull, export=exported.export, cache_registry=r.target if exported.export else None,
+                                 pull=r.pull, export=exported.export, gzip_too=exported.gzip_too,
+                                 cache_registry=r.target if exported.export else None,
                                  signer=signer, squashfs=hook, estargz=estargz,
                                  scan=scanning.gate(engine, get, opts.security_mirror, progress))
         run_and_report(plan.steps, engine=engine, builder=builder, registry=registry, options=run_options,

@@ -188,6 +188,9 @@ class RunOptions:
     """BuildKit: the image's compression, provenance and registry caches (export.Export).
     With a compression the image store keeps the exported blobs, the pushed digest must be
     the image id verify ran, and the image's registry cache is exported beside it."""
+    gzip_too: bool = False
+    """--compression gzip+zstd (export_decision.ExportDecision.gzip_too): each image built goes up
+    as gzip too, under gzip_ref(), in one index with the zstd image (push.push_dual)."""
     cache_registry: RegistryTarget | None = None
     """The registry and namespace whose imagebuilder-cache repository holds the build caches."""
     signer: Signer | None = None

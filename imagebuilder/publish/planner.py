@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from ..build.per_platform import Reading, ReadOsState, base_os_reader, check_for_any_os, each_platform
+from ..build.per_platform import (Reading, ReadOsState, base_os_reader, check_each_platform, check_for_any_os,
+                                  each_platform)
 from ..build.render import RenderedImage
 from ..build.render_options import RenderOptions
 from ..engine.export import ZSTD_CHUNKED, Compression
@@ -75,8 +76,8 @@ def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions,
     """The images `publish` selects per platform, each checked for its platform (none with
     --merge-only: it builds nothing), and each plain ref -> the platforms its index joins.
     Asks no registry, and no daemon but through `read_os_release`."""
-    reading = Reading(request=False, multi=multi, builds=not merge_only)
-    per_platform = each_platform(matrix, selection, options, platforms, reading, read_os_release=read_os_release,
+    per_platform = each_platform(matrix, selection, options, platforms, _reading(multi=multi, merge_only=merge_only),
+                                 read_os_release=read_os_release,
                                  note=note, read_os_state=None if merge_only else read_os_state)
     index_platforms: dict[str, list[str]] = {}
     for each in per_platform:
@@ -88,12 +89,17 @@ def publish_images(matrix: Matrix, selection: Selection, options: RenderOptions,
 def check_publish(matrix: Matrix, selection: Selection, options: RenderOptions, platforms: Sequence[str], *,
                   multi: bool, merge_only: bool, compression: Compression | None = None) -> None:
     """What `plan_publish` refuses without asking a daemon or a registry, checked before either
-    is asked (issue 29), as pipeline's `check_build` does for `build`: `options` rendered for the
-    builder as far as it is known before probing for one (--merge-only builds nothing, so exports nothing)."""
+    is asked (issue 29), as pipeline's `check_build` does for `build`: `options` made for the
+    builder as far as it is known before probing for one (--merge-only builds nothing, so exports
+    nothing). The export is decided from the request alone, and no image is rendered: each is only
+    checked (per_platform.check_each_platform)."""
     if not merge_only:
         decide_export(compression, command="publish", buildkit=options.buildkit, image_store=None)
         if compression is not None and compression.kind == ZSTD_CHUNKED:
             check_libzstd()
-    check_for_any_os(matrix, selection, lambda chosen: publish_images(
-        matrix, chosen, options, platforms, multi=multi, read_os_release=None, merge_only=merge_only,
-        note=lambda text: None))
+    check_for_any_os(matrix, selection, lambda chosen: check_each_platform(
+        matrix, chosen, options, platforms, _reading(multi=multi, merge_only=merge_only)))
+
+
+def _reading(*, multi: bool, merge_only: bool) -> Reading:
+    return Reading(request=False, multi=multi, builds=not merge_only)

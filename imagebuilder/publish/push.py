@@ -20,7 +20,7 @@ from ..build.platforms import host_platform
 from ..build.render import RenderedImage
 from ..build.run import Built
 from ..engine.api import Engine
-from ..engine.export import DUAL, Export, gzip_ref
+from ..engine.export import Export, gzip_ref
 from ..engine.export_decision import ExportDecision
 from ..errors import ImageBuilderError
 from ..registry.api import Registry
@@ -94,7 +94,7 @@ def _published_as_built(image: RenderedImage, engine: Engine, registry: Registry
     verified: the same layers (uncompressed digests), compressed as asked, and the same
     runtime settings and labels. None where it is not, or where the registry cannot tell."""
     compression = options.export.compression if options.export is not None else None
-    if compression is None or compression.kind == DUAL:  # (its index holds two images: pushed again)
+    if compression is None or options.gzip_too:  # gzip+zstd (its index holds two images): pushed again
         return None
     found = registry.image_config(image.ref, options.platform)
     if found is None or not all(m.endswith(compression.media_suffix) for m in found[1]):

@@ -186,7 +186,7 @@ def _build(image: RenderedImage, engine: Engine, builder: Builder, registry: Reg
     export = export_for(image, options, registry)
     built = build_image(engine, image, matrix_path=options.matrix_path, nocache=options.nocache,
                         pull=options.pull, on_progress=on_progress, builder=builder,
-                        platform=options.platform, export=export, background_cache=True)
+                        platform=options.platform, export=export, gzip_too=options.gzip_too, background_cache=True)
     return built, export
 
 

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
-from build_records import prune_records  # type: ignore[import-not-found]
+from build_records import prune_records
 
 from .policy import FAMILY_OF
 

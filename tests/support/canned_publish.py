@@ -3,7 +3,7 @@ matrix), a verifier with a canned verdict, and an eStargz publisher whose work i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,13 @@ def run(steps: Sequence[Step], engine: CannedEngine, registry: CannedRegistry, o
     with OPTIONS changed by `options` and every verification's verdict `ok`."""
     return list(publish(steps, engine=engine, builder=engine, registry=registry,
                         options=replace(OPTIONS, **options), verifier=verdict(ok)))
+
+
+class NoSaves:
+    """publish/estargz.py's ImageSaver for the canned eStargz push, which reads no image."""
+
+    def save_image(self, ref: str) -> Iterator[bytes]:
+        raise AssertionError("the canned eStargz push saves no image")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,13 @@ class CannedRegistry:
 
     def provenance(self, ref: str) -> dict[str, Any] | None:
         return None
+
+    # publish/estargz.py's EstargzRegistry: the canned eStargz publisher (canned_publish) pushes nothing itself.
+    def upload_blob(self, ref: str, digest: str, source: Any, size: int) -> None:
+        raise AssertionError("the canned eStargz push uploads no blob")
+
+    def put_manifest(self, ref: str, body: bytes, media_type: str) -> Mapping[str, str]:
+        raise AssertionError("the canned eStargz push puts no manifest")
 
 
 @dataclass

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urljoin
 
 from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
@@ -51,7 +52,7 @@ def _kept(filename: str, cap: Version | None) -> bool:
     return version is None or version <= cap
 
 
-def frozen_json(page: dict[str, object], cap: Version | None, page_url: str) -> dict[str, object]:
+def frozen_json(page: Mapping[str, Any], cap: Version | None, page_url: str) -> dict[str, Any]:
     files = page.get("files")
     assert isinstance(files, list), page_url
     kept = []

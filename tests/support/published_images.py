@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from imagebuilder.build.per_platform import render_spec as render
 from imagebuilder.build.render import RenderedImage
-from imagebuilder.build.render_options import RenderOptions
+from imagebuilder.build.render_options import RenderOptions, Target
 from imagebuilder.lock.lockfile import load_locks, locks_dir
 from imagebuilder.matrix.load import load_matrix
 from imagebuilder.matrix.resolve import Request, resolve
@@ -46,7 +46,7 @@ def rendered_signed(registry: str, base_image: str, buildkit: bool = False, mirr
     ca = session_ca_bundle()
     opts = RenderOptions(repository=f"{registry}/pytorch", source=source_label(), ca_bundle=ca.read_bytes() if ca else None,
                          locks=load_locks(locks_dir(matrix)), buildkit=buildkit, ca_context=buildkit,
-                         security_mirror=mirror, os_states=_os_states(base_image, mirror))
+                         security_mirror=mirror, target=Target(os_states=_os_states(base_image, mirror)))
     return render(spec, matrix, opts)
 
 
