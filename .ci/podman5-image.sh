@@ -24,7 +24,7 @@ made_as() {  # made_as IMAGE: the script hash in IMAGE's label ("" when IMAGE is
 }
 
 make_image() {
-    local image=$1 base=$2 ca=$3 packages=${PODMAN5_PACKAGES:-podman} hash tmp
+    local image=$1 base=$2 ca=$3 packages=${PODMAN5_PACKAGES:-podman} hash old cid log tmp
     hash=$( (cat "$0"; echo "$packages") | sha256sum | cut -d' ' -f1)
     if [ "$(made_as "$image")" = "$hash" ]; then
         say "$image already made by this script; nothing to do"
@@ -38,25 +38,29 @@ make_image() {
         say "cannot read the CA file $ca" >&2
         return 1
     fi
-    tmp=$(mktemp -d /tmp/podman5-image.XXXXXX)
-    # shellcheck disable=SC2064 # the folder is known now
-    trap "rm -rf '$tmp'" RETURN
-    cp "$ca" "$tmp/ca-bundle.crt"
-    cat >"$tmp/Dockerfile" <<EOF
-FROM $base
-COPY ca-bundle.crt /etc/ssl/imagebuilder-ca-bundle.crt
-ENV SSL_CERT_FILE=/etc/ssl/imagebuilder-ca-bundle.crt
-RUN export DEBIAN_FRONTEND=noninteractive && apt-get update -qq \\
-    && apt-get install -y -qq --no-install-recommends $packages >/dev/null \\
-    && rm -rf /var/lib/apt/lists/*
-LABEL imagebuilder.ci.podman5-image=$hash
-EOF
+    old=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
     say "making $image from $base: $packages (Debian's packages, ~1 min)"
-    # The classic builder: no BuildKit, whose cache the CI's image builds own.
-    if ! DOCKER_BUILDKIT=0 docker build --quiet --tag "$image" "$tmp" >/dev/null 2>"$tmp/build.log"; then
-        say "docker build of $image failed:" >&2
-        tail -n 30 "$tmp/build.log" >&2
+    # A container of the base, committed: no builder at all, so neither BuildKit's cache (the
+    # CI's image builds own it) nor the classic builder's step images (left dangling in the
+    # containerd store) are touched.
+    cid=$(docker create --label org.imagebuilder.run=1 -e DEBIAN_FRONTEND=noninteractive "$base" sh -c \
+        "apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null \
+         && rm -rf /var/lib/apt/lists/*")
+    tmp=$(mktemp -d /tmp/podman5-image.XXXXXX)
+    # shellcheck disable=SC2064 # both are known now; EXIT: set -e exits before a RETURN trap would run
+    trap "docker rm -f '$cid' >/dev/null 2>&1 || true; rm -rf '$tmp'" EXIT
+    # As a tar stream: the minbase has no /etc/ssl, which `docker cp FILE` would need.
+    mkdir -p "$tmp/etc/ssl" && cp "$ca" "$tmp/etc/ssl/imagebuilder-ca-bundle.crt"
+    tar -C "$tmp" -c etc | docker cp - "$cid:/" >/dev/null
+    if ! log=$(docker start --attach "$cid" 2>&1); then
+        say "installing $packages in a container of $base failed:" >&2
+        tail -n 30 <<<"$log" >&2
         return 1
+    fi
+    docker commit --change "ENV SSL_CERT_FILE=/etc/ssl/imagebuilder-ca-bundle.crt" \
+        --change "LABEL imagebuilder.ci.podman5-image=$hash" --change 'CMD ["bash"]' "$cid" "$image" >/dev/null
+    if [ -n "$old" ] && [ "$old" != "$(docker image inspect --format '{{.Id}}' "$image")" ]; then
+        docker rmi "$old" >/dev/null 2>&1 || true  # the image this one replaces (made by an older script)
     fi
     say "$image ready: $(docker run --rm "$image" sh -c 'command -v podman >/dev/null && podman --version || echo "no podman"')"
 }
