@@ -84,3 +84,46 @@ def test_two_runs_of_one_image_in_one_second_name_nothing_alike(tmp_path: Path) 
     assert len(tags) == 50 and len(logs) == 50
     assert all(t.startswith(f"{ref}-unlabelled-") for t in tags)
     assert all(p.parent == tmp_path and p.name.startswith("torch2.6-cu121-") and p.suffix == ".log" for p in logs)
+
+
+@pytest.mark.docker
+@pytest.mark.beside_builds  # the classic builder on the small base
+@pytest.mark.parametrize("tagged_before", [True, False])
+def test_an_interrupt_after_the_label_build_tagged_gives_each_tag_back_and_removes_what_it_made(
+        docker_engine: Any, base_image: str, image_repo: str, tmp_path: Path, tagged_before: bool) -> None:
+    """Ctrl-C just after the SBOM-labelled build tagged the image (the gzip build or the cache
+    export would run next): the image's tags name what they named before (or nothing), and
+    neither the new image nor the intermediate one is left."""
+    from imagebuilder.build.run import build_image
+    from imagebuilder.engine.api import BuildRequest, BuildResult, OnProgress
+    from imagebuilder.engine.classic import ClassicBuilder
+
+    image = render(resolve(MATRIX, E2E), MATRIX, RenderOptions(locks=load_locks(REPO_ROOT / "locks")))
+    marker = uuid.uuid4().hex
+    dockerfile = f"FROM {base_image}\nRUN mkdir -p {Path(SBOM_PATH).parent} && echo '{{\"run\": \"{marker}\"}}' > {SBOM_PATH}\n"
+    image = replace(image, repository=image_repo, dockerfile=dockerfile, contexts=(), secrets={})
+    before = None
+    if tagged_before:  # the user's image of yesterday under the tag
+        for ref in image.refs:
+            docker_engine.tag_image(base_image, ref)
+        before = docker_engine.image_identity(image.ref)[0]
+    made: list[str] = []
+
+    class InterruptedAfterLabelling(ClassicBuilder):
+        def build(self, req: BuildRequest, on_progress: OnProgress | None = None) -> BuildResult:
+            result = super().build(req, on_progress)
+            made.append(result.image_id)
+            if req.tags == image.refs:  # the labelled build: tagged, then Ctrl-C
+                raise KeyboardInterrupt
+            return result
+
+    with pytest.raises(KeyboardInterrupt):
+        build_image(docker_engine, image, builder=InterruptedAfterLabelling(docker_engine), nocache=True,
+                    matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
+    assert len(made) == 2  # the unlabelled build, then the labelled one
+    for ref in image.refs:
+        identity = docker_engine.image_identity(ref)
+        assert (identity[0] if identity else None) == before, ref
+    assert not any(docker_engine.image_exists(image_id) for image_id in made)
+    if tagged_before:
+        assert docker_engine.image_exists(base_image)  # the image the tags gave back is whole

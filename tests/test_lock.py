@@ -623,6 +623,9 @@ class RecordingEngine:
     def remove_image(self, ref, force=True):
         self.removed.append((ref, force))
 
+    def tag_image(self, source: str, ref: str) -> None:
+        raise AssertionError(f"no build here moves a tag back ({ref})")
+
 
 def test_the_build_labels_the_image_with_its_sboms_digest_and_only_that_image_takes_the_tags(tmp_path) -> None:
     from imagebuilder.build.run import SbomMissing, build_image
@@ -669,6 +672,9 @@ class LostRecordEngine(RecordingEngine):
         self.removed.append((ref, force))
         self.named.pop(ref, None)
 
+    def tag_image(self, source: str, ref: str) -> None:
+        self.named[ref] = source
+
 
 def test_a_build_that_failed_after_tagging_leaves_no_tag_on_what_it_made(tmp_path) -> None:
     """Round five: "the build failed: not found" left the image's local tags on the failed build's image."""
@@ -680,9 +686,11 @@ def test_a_build_that_failed_after_tagging_leaves_no_tag_on_what_it_made(tmp_pat
     engine = LostRecordEngine({first: "sha256:old", third: "sha256:old"})
     with pytest.raises(BuildFailed, match="not found"):
         build_image(engine, image, builder=engine, matrix_path=REPO_ROOT / "matrix.yaml", logs=tmp_path)
-    # The tags it moved are gone; the tag that still names the last good image stays.
-    assert engine.named == {third: "sha256:old"}
-    assert [ref for ref, _ in engine.removed if ref in image.refs] == [first, second]
+    # The tags it moved name what they named before, or nothing; the one it did not move stays;
+    # the image it made goes.
+    assert engine.named == {first: "sha256:old", third: "sha256:old"}
+    assert [ref for ref, _ in engine.removed if ref in image.refs] == [second]
+    assert ("sha256:new", False) in engine.removed
 
 
 class InterruptedEngine(RecordingEngine):

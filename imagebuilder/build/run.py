@@ -6,6 +6,7 @@ which build-time labels, and where the logs go.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -196,11 +197,10 @@ def build_image(
             result = _label_sbom(engine, builder, image, unlabelled, result, request, on_progress)
             gzip = _export_gzip(builder, image, request, on_progress, result.seconds) if dual else None
         except BaseException:
-            # A build that tagged and then failed (BuildKit's lost record after the export) leaves
-            # no tag on what it made; a tag that still names the image it named before stays.
-            for ref, before in named.items():
-                if _image_id(engine, ref) not in (None, before):
-                    engine.remove_image(ref, force=False)
+            # A build that tagged and then failed or was interrupted (BuildKit's lost record after
+            # the export, a Ctrl-C during the SBOM label or the gzip build) leaves no tag on what it
+            # made: each tag it moved names again what it named before, or nothing.
+            _restore_tags(engine, named)
             raise
         finally:
             engine.remove_image(unlabelled, force=False)  # untags: the labelled image is built on it
@@ -232,6 +232,24 @@ def run_log(logs: Path, key: str) -> Path:
     """This run's build log (its -sbom, -gzip, -cache logs are named after it): its own, as
     intermediate_tag is, so two builds of one image in one second do not write into one file."""
     return logs / f"{key}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{token_hex(3)}.log"
+
+
+def _restore_tags(engine: ImageStore, named: dict[str, str | None]) -> None:
+    """Each tag names what it named before the build (`named`), or nothing; then the images the
+    build made under them go, unless something else still names one (another run's tag)."""
+    made = set()
+    for ref, before in named.items():
+        now = _image_id(engine, ref)
+        if now in (None, before):
+            continue
+        made.add(now)
+        if before is None:
+            engine.remove_image(ref, force=False)
+        else:
+            engine.tag_image(before, ref)
+    for image_id in made - set(named.values()):
+        with contextlib.suppress(EngineError):
+            engine.remove_image(image_id, force=False)
 
 
 def _image_id(engine: ImageStore, ref: str) -> str | None:

@@ -199,6 +199,10 @@ class ImageStore(Protocol):
 
     def remove_image(self, ref: str, force: bool = True) -> None: ...
 
+    def tag_image(self, source: str, ref: str) -> None:
+        """`ref` names `source` (an image id or another ref) from now on."""
+        ...
+
 
 class ImageInspector(Protocol):
     """What a builder that builds outside the SDK reads back (buildkit.py)."""

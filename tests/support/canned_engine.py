@@ -81,6 +81,9 @@ class CannedEngine:
     def remove_image(self, ref: str, force: bool = True) -> None:
         self.removed.append(ref)  # (build untags the unlabelled image it labelled)
 
+    def tag_image(self, source: str, ref: str) -> None:
+        self.contents[ref] = self.contents.get(source, source)
+
     def push(self, ref: str, *, retries: int = 3, backoff: float = 2.0) -> str:
         if ref in self.fail_push:
             raise PushFailed(ref=ref, attempts=retries, detail="connection refused")
