@@ -19,11 +19,16 @@ blobs) and verify runs it as usual. At the push, instead of `docker push`:
      annotations, marked zstd in the index (_readers says why).
 
 The profile and its command are in the report and in the manifest's annotations.
+
+A republish skips what an earlier one did (layer_reuse.py): a layer kept under the same key whose
+blob the repository has is not written or uploaded, a kept profile is not run, and an image whose
+profile and layers are all known is not read out of the engine.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shlex
 import shutil
@@ -45,7 +50,7 @@ from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
 from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST, ZSTD_ANNOTATION
 from ..registry.reference import pinned
-from .layer_reuse import LayerStore, layer_key, present, profile_key
+from .layer_reuse import LayerStore, kept_layers, layer_key, profile_key
 
 LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
                ZSTD_CHUNKED: "application/vnd.oci.image.layer.v1.tar+zstd"}
@@ -206,10 +211,9 @@ class EstargzPublisher:
         if self.reuse is None:
             return None
         inspect = self.engine.inspect_image(ref)
-        diff_ids = tuple((inspect.get("RootFS") or {}).get("Layers") or ())
-        key = profile_key(inspect, self.start or (), platform)
-        image_id = f"{inspect.get('Id')}"
-        return _Known(diff_ids, key, self.reuse.profile(key) if self.start is not None else None,
+        key, image_id = profile_key(inspect, self.start or (), platform), str(inspect.get("Id"))
+        return _Known(tuple((inspect.get("RootFS") or {}).get("Layers") or ()), key,
+                      self.reuse.profile(key) if self.start is not None else None,
                       image_id, platform, self.reuse.image(image_id, platform))
 
     def _keep(self, known: _Known, saved: SavedImage, profile: StartProfile | None) -> None:
@@ -223,17 +227,8 @@ class EstargzPublisher:
             self.reuse.keep_image(known.image_id, known.platform, saved)
 
     def _hits(self, ref: str, diff_ids: Sequence[str], profile: StartProfile | None) -> dict[int, Written]:
-        """The layers (by index) written before, for this order, whose blob `ref`'s repository has."""
-        if self.reuse is None:
-            return {}
         files = profile.prefetched() if profile is not None else ()
-        hits = {}
-        for index, diff_id in enumerate(diff_ids):
-            found = self.reuse.found(diff_id, files)
-            kept = self.reuse.record(layer_key(diff_id, self.codec, self.level, found)) if found is not None else None
-            if kept is not None and present(self.registry, ref, kept[0].digest, kept[1]):
-                hits[index] = kept[0]
-        return hits
+        return kept_layers(self.reuse, self.registry, ref, diff_ids, files, self.codec, self.level) if self.reuse else {}
 
     def _wait(self, future: Future[T], still: str) -> T:
         """The result of `future`, saying `still` every SAY_EVERY seconds until it is there."""
@@ -387,8 +382,6 @@ def _attestation(ref: str, saved: SavedImage, digest: str, registry: EstargzRegi
 
 
 def _blob(registry: EstargzRegistry, ref: str, body: bytes) -> str:
-    import io
-
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     registry.upload_blob(ref, digest, io.BytesIO(body), len(body))
     return digest

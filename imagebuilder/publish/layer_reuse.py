@@ -104,6 +104,19 @@ def present(registry: BlobRegistry, ref: str, digest: str, repositories: Sequenc
     return False
 
 
+def kept_layers(store: LayerStore, registry: BlobRegistry, ref: str, diff_ids: Sequence[str], files: Sequence[str],
+                codec: str, level: int) -> dict[int, Written]:
+    """The layers (by index) kept for this order (the profile's `files`) whose blob `ref`'s
+    repository has, or now does."""
+    hits = {}
+    for index, diff_id in enumerate(diff_ids):
+        found = store.found(diff_id, files)
+        kept = store.record(layer_key(diff_id, codec, level, found)) if found is not None else None
+        if kept is not None and present(registry, ref, kept[0].digest, kept[1]):
+            hits[index] = kept[0]
+    return hits
+
+
 def _written_of(record: Mapping[str, Any]) -> Written:
     fields = dict(record["written"])
     fields["prioritized"] = tuple(fields["prioritized"])
