@@ -33,7 +33,7 @@ DOCUMENTS = 64 << 10
 """More than a config, two manifests, an index and the registry's link files take."""
 
 
-def _build(ref: str, dockerfile: str, folder: Path) -> None:
+def _buildx(ref: str, dockerfile: str, folder: Path) -> None:
     folder.mkdir()
     (folder / "Dockerfile").write_text(dockerfile)
     done = subprocess.run(["docker", "buildx", "build", "--output",
@@ -93,8 +93,8 @@ def test_a_republish_writes_only_what_changed_and_pulls_back_as_built(docker_eng
         repository = f"imagebuilder-test/republish-{tag}"
         v1, v2 = f"{registry.address}/{repository}:v1", f"{registry.address}/{repository}:v2"
         try:
-            _build(v1, common + "RUN head -c 1000000 /dev/urandom >/data/last\n", tmp_path / "v1")
-            _build(v2, common + "RUN head -c 1000000 /dev/urandom >/data/last && echo 2 >>/data/last\n",
+            _buildx(v1, common + "RUN head -c 1000000 /dev/urandom >/data/last\n", tmp_path / "v1")
+            _buildx(v2, common + "RUN head -c 1000000 /dev/urandom >/data/last && echo 2 >>/data/last\n",
                    tmp_path / "v2")
             said: list[str] = []
             publisher = EstargzPublisher(docker_engine, HttpRegistry(), level=LEVELS[ZSTD_CHUNKED], codec=ZSTD_CHUNKED,
