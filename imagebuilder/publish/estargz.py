@@ -112,7 +112,6 @@ class Converted:
                 **{k: round(v, 2) for k, v in self.seconds.items()}}
 
 
-
 def reuse_summary(converted: Mapping[str, Any]) -> str:
     """How an ordered push's layers went up (Converted.to_json()), for the publish's summary."""
     return (f"{NAMES.get(converted['format'], converted['format'])} layers: {converted['written_layers']} written, "

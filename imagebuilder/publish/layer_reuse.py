@@ -141,12 +141,13 @@ class LayerStore:
     def names(self, diff_id: str) -> tuple[str, ...] | None:
         """The layer's entry names as its tar spells them; None: never seen here."""
         try:
-            return tuple(json.loads(gzip.decompress((self._path("names", diff_id, ".json.gz")).read_bytes())))
+            return tuple(json.loads(gzip.decompress(self._path("names", diff_id, ".json.gz").read_bytes())))
         except (OSError, ValueError):
             return None
 
     def keep_names(self, diff_id: str, tar_path: Path) -> None:
-        if self.names(diff_id) is not None:
+        """The entry names of the layer tar at `tar_path` (its headers read), unless kept."""
+        if self._path("names", diff_id, ".json.gz").exists():
             return
         with tarfile.open(tar_path, mode="r:") as tar:
             names = tar.getnames()
