@@ -121,18 +121,21 @@ def test_another_repository_of_the_registry_mounts_the_kept_blobs(setup: Any, tm
 
 def test_a_layer_is_written_again_only_where_its_own_prefetch_set_changed(setup: Any, tmp_path: Path) -> None:
     """The kept profiles (as a publish keeps them) stand in for the start: nothing runs. v2's
-    start opens another file of VENV: VENV is written again, BASE (same files opened) is not."""
+    start opens another file of VENV: VENV is written again; BASE's files are the same, opened in
+    another order (as a pipeline's processes do): it is not."""
     engine, registry, store = setup
-    for ref, files in ((f"{REPO}:v1", ("/usr/lib/libbase.so", "/opt/venv/lib/torch.py")),
-                       (f"{REPO}:v2", ("/usr/lib/libbase.so", "/opt/venv/lib/big.so", "/app/main.py"))):
+    for ref, files in ((f"{REPO}:v1", ("/usr/lib/libbase.so", "/etc/os-release", "/opt/venv/lib/torch.py")),
+                       (f"{REPO}:v2", ("/etc/os-release", "/usr/lib/libbase.so", "/opt/venv/lib/big.so",
+                                       "/app/main.py"))):
         store.keep_profile(profile_key(engine.inspect_image(ref), START, "linux/amd64"),
                            StartProfile(files, START, "", 1.0))
     publisher = _publisher(engine, registry, store, tmp_path, start=START)
     first = publisher.push(f"{REPO}:v1", [f"{REPO}:v1"], None)
     assert (first.profiled, first.layers[0].prioritized, first.layers[1].prioritized) == (
-        False, ("/usr/lib/libbase.so",), ("/opt/venv/lib/torch.py",))
+        False, ("/usr/lib/libbase.so", "/etc/os-release"), ("/opt/venv/lib/torch.py",))
     second = publisher.push(f"{REPO}:v2", [f"{REPO}:v2"], None)
     assert second.reused == (0,) and second.layers[1].prioritized == ("/opt/venv/lib/big.so",)
+    assert second.layers[0] == first.layers[0]  # as the first run wrote it
     manifest = registry.manifest(f"{REPO}@{second.manifest}")
     assert json.loads(manifest["annotations"]["io.imagebuilder.start-profile.command"]) == list(START)
 

@@ -6,7 +6,8 @@ others would come out byte for byte as last time, because a written layer depend
   - the uncompressed layer (its diff_id),
   - the format and level,
   - the profile's paths that this layer holds, in the profile's order (estargz/order.py: they,
-    their parents and link targets go first, then the landmark; nothing else moves), and
+    their parents and link targets go first, then the landmark; nothing else moves): the key
+    takes them as a set (layer_key says why), and
   - the writer itself: writer_fingerprint() is the digest of what it writes of a fixed small
     layer in that format, so a change to the writer's bytes (or to the zstd library) is a new key, with no
     version number to forget.
@@ -76,9 +77,14 @@ def writer_fingerprint(codec: str) -> str:
 
 
 def layer_key(diff_id: str, codec: str, level: int, found: Sequence[str]) -> str:
-    """What a written layer's bytes depend on, as one digest (the module's docstring)."""
+    """What a written layer's bytes depend on, as one digest (the module's docstring), but the
+    order of the profile's paths within its prefetched span: a start whose processes run beside
+    each other (a shell pipeline, a compiler spawned) opens them in another order on each run
+    (bench/bench_republish.py: the base layer's 25 files, rewritten on every republish while
+    keyed by order), and the snapshotter fetches the span in one range read whatever its order.
+    A reused layer holds the same files before its landmark, in the order of the run that wrote it."""
     document = {"format": FORMAT, "writer": writer_fingerprint(codec), "diff_id": diff_id, "codec": codec,
-                "level": level, "prefetch": list(found)}
+                "level": level, "prefetch": sorted(found)}
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
