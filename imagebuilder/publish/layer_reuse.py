@@ -101,13 +101,10 @@ def present(registry: BlobRegistry, ref: str, digest: str, repositories: Sequenc
     `repositories` (host/repository) of the same registry, where it went before."""
     if registry.has_blob(ref, digest):
         return True
-    host = parse_reference(ref).api_host
-    for repository in repositories:
-        source = f"{repository}@{digest}"
-        if repository != parse_reference(ref).name and parse_reference(source).api_host == host \
-                and registry.mount(ref, digest, source):
-            return True
-    return False
+    target = parse_reference(ref)
+    sources = [f"{repository}@{digest}" for repository in repositories if repository != target.name]
+    return any(parse_reference(source).api_host == target.api_host and registry.mount(ref, digest, source)
+               for source in sources)
 
 
 def kept_layers(store: LayerStore, registry: BlobRegistry, ref: str, diff_ids: Sequence[str], files: Sequence[str],
