@@ -21,6 +21,7 @@ from ..matrix.model import Matrix
 from ..registry.api import Registry
 from ..scan import HttpMirror, OsStates, Scanning, cached
 from .estargz import LEVELS, EstargzPublisher, asked_layers, pushed_as
+from .layer_reuse import LayerStore
 from .indexes import IndexOutcome, IndexStep
 from .ledger import Ledger
 from .plan import RunOptions, Step
@@ -112,7 +113,8 @@ def publish_command(matrix: Matrix, matrix_path: Path, request: PublishRequest, 
         ordered = exported.ordered
         estargz = None if ordered is None else EstargzPublisher(
             engine, registry, level=LEVELS[ordered.codec] if ordered.level is None else ordered.level,
-            codec=ordered.codec, start=start, start_timeout=r.start_timeout, say=progress)
+            codec=ordered.codec, start=start, start_timeout=r.start_timeout, say=progress,
+            reuse=None if r.no_cache else LayerStore())  # --no-cache: every layer written anew
         if not r.quiet:
             progress(f"builder: {builder.describe()}")
             progress(f"layers: {exported.describe()}")

@@ -19,11 +19,16 @@ blobs) and verify runs it as usual. At the push, instead of `docker push`:
      annotations, marked zstd in the index (_readers says why).
 
 The profile and its command are in the report and in the manifest's annotations.
+
+A republish skips what an earlier one did (layer_reuse.py): a layer kept under the same key whose
+blob the repository has is not written or uploaded, a kept profile is not run, and an image whose
+profile and layers are all known is not read out of the engine.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shlex
 import shutil
@@ -45,6 +50,7 @@ from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
 from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST, ZSTD_ANNOTATION
 from ..registry.reference import pinned
+from .layer_reuse import LayerStore, kept_layers, layer_key, profile_key
 
 LAYER_TYPES = {ESTARGZ: "application/vnd.oci.image.layer.v1.tar+gzip",
                ZSTD_CHUNKED: "application/vnd.oci.image.layer.v1.tar+zstd"}
@@ -69,9 +75,13 @@ class EstargzRegistry(Protocol):
 
     def digest(self, ref: str) -> str | None: ...
 
+    def mount(self, ref: str, digest: str, source: str) -> bool: ...
+
 
 class ImageSaver(Protocol):
     def save_image(self, ref: str) -> Iterator[bytes]: ...
+
+    def inspect_image(self, ref: str) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -83,14 +93,42 @@ class Converted:
     profile: StartProfile | None
     layers: tuple[Written, ...]
     seconds: Mapping[str, float]
+    reused: tuple[int, ...] = ()
+    """The layers (by index) an earlier publish wrote and the registry had: neither written nor uploaded."""
+    saved: bool = True
+    """Whether the engine's save was read (not when the profile and every layer were known)."""
+    profiled: bool = True
+    """Whether the start ran (not when its profile was kept for this image's layers and config)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format": self.layers[0].codec if self.layers else None, "manifest": self.manifest,
                 "profile": self.profile.to_json() if self.profile else None,
                 "layers": [{"digest": w.digest, "size": w.size, "toc_digest": w.toc_digest,
-                            "prioritized_files": len(w.prioritized), "prioritized_bytes": w.prioritized_bytes}
-                           for w in self.layers],
+                            "prioritized_files": len(w.prioritized), "prioritized_bytes": w.prioritized_bytes,
+                            "reused": index in self.reused}
+                           for index, w in enumerate(self.layers)],
+                "reused_layers": len(self.reused), "written_layers": len(self.layers) - len(self.reused),
+                "saved": self.saved, "profiled": self.profiled,
                 **{k: round(v, 2) for k, v in self.seconds.items()}}
+
+
+def reuse_summary(converted: Mapping[str, Any]) -> str:
+    """How an ordered push's layers went up (Converted.to_json()), for the publish's summary."""
+    return (f"{NAMES.get(converted['format'], converted['format'])} layers: {converted['written_layers']} written, "
+            f"{converted['reused_layers']} reused from an earlier publish"
+            + ("" if converted["saved"] else "; the engine's save not read")
+            + ("" if converted["profiled"] or converted["profile"] is None else "; its start profile kept"))
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What the reuse store had of the local image before the publish read anything."""
+    diff_ids: tuple[str, ...]
+    profile_key: str
+    profile: StartProfile | None
+    image_id: str
+    platform: str
+    saved: SavedImage | None
 
 
 def _failing_first(profiled: Future[StartProfile] | None, on_progress: Callable[[int], None]) -> Callable[[int], None]:
@@ -120,31 +158,76 @@ class EstargzPublisher:
     workdir: Path | None = None
     """Where the layers are spooled (their uncompressed size, and one eStargz at a time)."""
     say: Callable[[str], None] = print
+    reuse: LayerStore | None = None
+    """Layers (and start profiles) kept from earlier publishes (layer_reuse.py); None: all written anew."""
 
     def push(self, ref: str, refs: Sequence[str], platform: str | None) -> Converted:
         """The local image `ref` as ordered eStargz (zstd:chunked) under each of `refs`; each tag confirmed."""
         folder = Path(tempfile.mkdtemp(prefix=".imagebuilder-estargz-", dir=self.workdir))
         seconds: dict[str, float] = {}
+        platform = platform or host_platform()
         try:
             started = time.monotonic()
-            with ThreadPoolExecutor(1, thread_name_prefix="start-profile") as pool:
-                profiled = pool.submit(self._profile, ref) if self.start is not None else None
-                saved = save_layers(ref, self.engine.save_image(ref), folder, platform or host_platform(),
-                                    on_progress=_failing_first(profiled,
-                                                               self._every(f"{ref}: reading its layers", SAY_EVERY)))
+            known = self._known(ref, platform)
+            profile = known.profile if known is not None else None
+            saved, hits = None, {}
+            if known is not None and (profile is not None or self.start is None):
+                hits = self._hits(ref, known.diff_ids, profile)  # all of them, and a kept save: no save
+                saved = known.saved if len(hits) == len(known.diff_ids) else None
+            if saved is None:
+                saved, ran = self._save(ref, folder, platform, profile is None)
                 seconds["save_s"] = time.monotonic() - started
-                profile = (self._wait(profiled, f"{ref}: its start profile still runs ({' '.join(self.start or ())[:60]})")
-                           if profiled is not None else None)
-            if profile is not None:
-                seconds["profile_s"] = profile.seconds
-                self.say(f"{ref}: its start opened {len(profile.files)} files ({' '.join(profile.command)[:80]})")
+                if ran is not None:
+                    profile = ran
+                    seconds["profile_s"] = ran.seconds
+                    self.say(f"{ref}: its start opened {len(ran.files)} files ({' '.join(ran.command)[:80]})")
+                if known is not None:
+                    self._keep(known, saved, profile)
+                    hits = self._hits(ref, [layer.diff_id for layer in saved.layers], profile)
             started = time.monotonic()
-            written, uploaded = self._layers(ref, saved, profile, folder)
+            diff_ids = [layer.diff_id for layer in saved.layers] if saved.layers or known is None else known.diff_ids
+            written, uploaded = self._layers(ref, saved, diff_ids, profile, folder, hits)
             seconds["estargz_s"] = time.monotonic() - started
             digest, manifest = _put(ref, refs, saved, written, profile, self.registry)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        return Converted(digest, manifest, uploaded, profile, tuple(written), seconds)
+        return Converted(digest, manifest, uploaded, profile, tuple(written), seconds, reused=tuple(sorted(hits)),
+                         saved="save_s" in seconds, profiled="profile_s" in seconds)
+
+    def _save(self, ref: str, folder: Path, platform: str, profile: bool) -> tuple[SavedImage, StartProfile | None]:
+        """The engine's save of `ref` read into `folder`, and (`profile`) its start profile, run beside."""
+        with ThreadPoolExecutor(1, thread_name_prefix="start-profile") as pool:
+            profiled = pool.submit(self._profile, ref) if self.start is not None and profile else None
+            saved = save_layers(ref, self.engine.save_image(ref), folder, platform,
+                                on_progress=_failing_first(profiled,
+                                                           self._every(f"{ref}: reading its layers", SAY_EVERY)))
+            ran = (self._wait(profiled, f"{ref}: its start profile still runs ({' '.join(self.start or ())[:60]})")
+                   if profiled is not None else None)
+        return saved, ran
+
+    def _known(self, ref: str, platform: str) -> _Known | None:
+        """What the reuse store knows of the local image `ref`; None without a store."""
+        if self.reuse is None:
+            return None
+        inspect = self.engine.inspect_image(ref)
+        key, image_id = profile_key(inspect, self.start or (), platform), str(inspect.get("Id"))
+        return _Known(tuple((inspect.get("RootFS") or {}).get("Layers") or ()), key,
+                      self.reuse.profile(key) if self.start is not None else None,
+                      image_id, platform, self.reuse.image(image_id, platform))
+
+    def _keep(self, known: _Known, saved: SavedImage, profile: StartProfile | None) -> None:
+        """The names of the save's layers, the profile and the save's small parts, for the next publish."""
+        assert self.reuse is not None
+        for layer in saved.layers:
+            self.reuse.keep_names(layer.diff_id, layer.path)
+        if profile is not None and known.profile is None:
+            self.reuse.keep_profile(known.profile_key, profile)
+        if known.saved is None and tuple(saved.config_json["rootfs"]["diff_ids"]) == known.diff_ids:
+            self.reuse.keep_image(known.image_id, known.platform, saved)
+
+    def _hits(self, ref: str, diff_ids: Sequence[str], profile: StartProfile | None) -> dict[int, Written]:
+        files = profile.prefetched() if profile is not None else ()
+        return kept_layers(self.reuse, self.registry, ref, diff_ids, files, self.codec, self.level) if self.reuse else {}
 
     def _wait(self, future: Future[T], still: str) -> T:
         """The result of `future`, saying `still` every SAY_EVERY seconds until it is there."""
@@ -171,24 +254,41 @@ class EstargzPublisher:
 
         return on_progress
 
-    def _layers(self, ref: str, saved: SavedImage, profile: StartProfile | None, folder: Path) -> tuple[list[Written], int]:
-        """Each layer written and uploaded (the upload of one beside the writing of the next)."""
+    def _layers(self, ref: str, saved: SavedImage, diff_ids: Sequence[str], profile: StartProfile | None,
+                folder: Path, hits: Mapping[int, Written]) -> tuple[list[Written], int]:
+        """Each layer written and uploaded (the upload of one beside the writing of the next), but
+        those in `hits`, kept from an earlier publish and in the registry."""
         files = profile.prefetched() if profile is not None else ()
+        layers = dict(enumerate(saved.layers))
+        count = len(diff_ids)
         written: list[Written] = []
         uploads: list[Future[int]] = []
         clock = [time.monotonic()]
         with ThreadPoolExecutor(1, thread_name_prefix="estargz-upload") as uploader:
-            for index, layer in enumerate(saved.layers, 1):
-                out = folder / f"layer-{index}.blob"
+            for index in range(count):
+                if index in hits:
+                    written.append(hits[index])
+                    if index in layers:
+                        layers[index].path.unlink()
+                    continue
+                layer = layers[index]
+                out = folder / f"layer-{index + 1}.blob"
                 with open(layer.path, "rb") as source, open(out, "wb") as sink:
                     done = write_estargz(source, sink, files, level=self.level, codec=self.codec, on_progress=self._every(
-                        f"{ref}: {NAMES[self.codec]} layer {index}/{len(saved.layers)} of {human_size(layer.size)}",
+                        f"{ref}: {NAMES[self.codec]} layer {index + 1}/{count} of {human_size(layer.size)}",
                         SAY_EVERY, clock))
                 layer.path.unlink()
                 written.append(done)
-                uploads.append(uploader.submit(_upload, self.registry, ref, done, out))
+                uploads.append(uploader.submit(self._upload, ref, done, out, layer.diff_id))
             uploaded = sum(self._wait(upload, f"{ref}: uploading its {NAMES[self.codec]} layers") for upload in uploads)
         return written, uploaded
+
+    def _upload(self, ref: str, written: Written, path: Path, diff_id: str) -> int:
+        """The blob up (unless the registry has it), then kept for the next publish."""
+        sent = _upload(self.registry, ref, written, path)
+        if self.reuse is not None:
+            self.reuse.keep(layer_key(diff_id, self.codec, self.level, written.prioritized), written, ref)
+        return sent
 
 
 def pushed_as(codec: str, level: int, start: Sequence[str] | None) -> str:
@@ -281,8 +381,6 @@ def _attestation(ref: str, saved: SavedImage, digest: str, registry: EstargzRegi
 
 
 def _blob(registry: EstargzRegistry, ref: str, body: bytes) -> str:
-    import io
-
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     registry.upload_blob(ref, digest, io.BytesIO(body), len(body))
     return digest

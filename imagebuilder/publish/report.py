@@ -13,6 +13,7 @@ from ..engine.progress import ProgressPrinter, human_size
 from ..errors import ImageBuilderError
 from ..build.table import format_table
 from ..registry.reference import parse_reference
+from .estargz import reuse_summary
 from .indexes import WRITE, IndexOutcome, IndexStep, MergeIncomplete
 from .plan import BUILD, CACHE, FAILED, RETAG, SKIP, SKIPPED, Outcome, Step, short
 
@@ -99,7 +100,8 @@ def format_indexes(indexes: Sequence[IndexStep | IndexOutcome]) -> str:
 
 def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
     """A row per image, then a line per published image: its layers new to the registry and
-    those the registry had already (blobs.Layers.summary)."""
+    those the registry had already (blobs.Layers.summary); with --compression estargz|zstd:chunked,
+    the ordered layers written and those reused from an earlier publish (estargz.reuse_summary)."""
     def mark(value: bool | None) -> str:
         return "-" if value is None else ("yes" if value else "no")
 
@@ -113,10 +115,12 @@ def format_summary(outcomes: Sequence[Outcome], signing: bool = False) -> str:
         rows.append(row[:4] + ((mark(bool(o.signed) if o.pushed else None),) if signing else ()) + row[4:])
     headers = ("IMAGE", "BUILT", "VERIFIED", "PUSHED") + (("SIGNED",) if signing else ()) + ("RESULT", "WHY")
     layers = [f"{o.step.image.tags[0]} layers: {o.layers.summary()}" for o in outcomes if o.layers is not None]
+    ordered = [f"{o.step.image.tags[0]} {reuse_summary(o.estargz)}" for o in outcomes
+               if o.estargz is not None and o.estargz.get("format") and "written_layers" in o.estargz]
     squashfs = [f"{o.step.image.tags[0]} squashfs: {human_size(o.squashfs['size'])} "
                 f"{'pushed' if o.squashfs['created'] else 'already published'} ({o.squashfs['artifact']})"
                 for o in outcomes if o.squashfs is not None]
-    return "\n".join((format_table(headers, rows), *layers, *squashfs))
+    return "\n".join((format_table(headers, rows), *layers, *ordered, *squashfs))
 
 
 def raise_if_failed(outcomes: Sequence[Outcome], indexes: Sequence[IndexStep | IndexOutcome] = ()) -> None:
