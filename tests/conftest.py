@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal does, on processes that have Python's default handler."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # What imagebuilder keeps between commands (the main suite's dependency graph, converted
+    # layers): the session's own, so no test reads what an earlier run or the user left.
+    if "IMAGEBUILDER_CACHE_DIR" not in os.environ:
+        os.environ["IMAGEBUILDER_CACHE_DIR"] = tempfile.mkdtemp(prefix="imagebuilder-test-cache-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("IMAGEBUILDER_CACHE_DIR"), ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
