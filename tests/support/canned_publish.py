@@ -61,6 +61,9 @@ class NoSaves:
     def save_image(self, ref: str) -> Iterator[bytes]:
         raise AssertionError("the canned eStargz push saves no image")
 
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        raise AssertionError("the canned eStargz push inspects no image")
+
 
 @dataclass(frozen=True)
 class CannedEstargz(EstargzPublisher):
