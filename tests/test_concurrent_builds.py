@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from support.cleanup import local_tags
 from support.real_images import REPO_ROOT
 from imagebuilder.build.image_contents import SBOM_PATH
 from imagebuilder.build.per_platform import render_spec as render
@@ -59,14 +60,7 @@ def test_two_no_cache_builds_of_one_tag_at_once_both_succeed(docker_engine: Any,
     assert results[1].result.image_id != results[2].result.image_id  # --no-cache: two builds, two images
     assert docker_engine.image_exists(image.ref)
     # Neither left its intermediate image, nor removed the other's before its label build used it.
-    import docker
-
-    client = docker.from_env()
-    try:
-        left = [t for i in client.images.list() for t in i.tags if t.startswith(image_repo) and "-unlabelled" in t]
-    finally:
-        client.close()
-    assert left == []
+    assert [t for t in local_tags(image_repo) if "-unlabelled" in t] == []
     # Each run wrote its own logs: a build log with its own run's output in each.
     logs = sorted(tmp_path.glob("*.log"))
     assert results[1].result.log_path != results[2].result.log_path, logs

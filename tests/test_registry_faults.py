@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support.cleanup import local_tags
 from support.real_images import REPO_ROOT, imagebuilder
 from support.registry import put_blob, put_manifest
 from fault_proxy import Fault, FaultProxy
@@ -587,7 +588,7 @@ def test_ctrl_c_while_the_image_is_pushed_exits_130_claims_nothing_and_the_rerun
     assert tags and all(_tag_digest(upstream, f"{image_repo}/pytorch", tag) is None for tag in tags)
     assert {c.id for c in client.containers.list(all=True)} <= containers  # the build's step containers removed
     # The image built stays under its tags, as after any publish, and nothing else of the run does.
-    local = {t for i in client.images.list() for t in i.tags if image_repo in t}
+    local = set(local_tags(image_repo))
     assert local and local <= set(document["planned"][0]["push"]), local
     assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "tmp"]
 

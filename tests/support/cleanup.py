@@ -9,16 +9,22 @@ if TYPE_CHECKING:
     from imagebuilder.engine.docker import DockerEngine
 
 
-def remove_local_tags(docker_engine: DockerEngine, marker: str) -> None:
-    """Remove every local tag that contains `marker` (images are GBs; the disk is shared)."""
+def local_tags(marker: str) -> list[str]:
+    """Every local tag that contains `marker`, from one listing of the daemon's images. Not the
+    SDK's images.list(), which inspects each image it listed: an image that another session
+    removes in between fails the whole listing (404)."""
     import docker
 
     client = docker.from_env()
     try:
-        refs = [tag for image in client.images.list() for tag in image.tags if marker in tag]
+        return [tag for image in client.api.images() for tag in image.get("RepoTags") or () if marker in tag]
     finally:
         client.close()
-    remove_images(docker_engine, refs)
+
+
+def remove_local_tags(docker_engine: DockerEngine, marker: str) -> None:
+    """Remove every local tag that contains `marker` (images are GBs; the disk is shared)."""
+    remove_images(docker_engine, local_tags(marker))
 
 
 def remove_images(docker_engine: DockerEngine, refs: list[str]) -> None:
