@@ -258,6 +258,7 @@ def test_a_second_identical_build_is_fully_cached(docker_engine, base_image, run
         assert again["seconds"] < 30
 
 
+@pytest.mark.beside_builds  # the classic builder, failing at the install step (FAILING_EARLY)
 def test_build_failure_names_the_step_and_leaves_no_tag(docker_engine, base_image, tmp_path):
     repository = f"{TEST_REPOSITORY_PREFIX}/fail-{uuid.uuid4().hex[:8]}"
     done = imagebuilder("build", "--torch", "2.6", "--cuda", "12.1", "--os", "debian12", "--base-image", base_image,

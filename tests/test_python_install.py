@@ -97,6 +97,7 @@ def test_other_failures_get_no_python_hint():
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.beside_builds  # the classic builder, failing at the interpreter download (FAILING_EARLY)
 def test_a_refusing_python_mirror_fails_the_build_with_one_line_naming_it(docker_engine, base_image, free_port):
     """The interpreter download fails for real (a mirror on a loopback port nothing listens
     on, inside the build); the error line names the host and --python-mirror."""
