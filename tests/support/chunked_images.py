@@ -23,6 +23,7 @@ from imagebuilder.estargz.writer import Written, write_estargz
 from imagebuilder.publish.estargz import _put
 from imagebuilder.registry.client import HttpRegistry
 
+from .ordered_saves import add_files
 from .unavailable import _unavailable
 
 ROOT_FILES = ("/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")
@@ -47,15 +48,7 @@ def layer(files: dict[str, bytes], varied: bool = False) -> bytes:
     type's bits, PAX mtime under the second and atime/ctime (the writer rounds and drops those)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        folders = sorted({str(Path(name).parent) for name in files} - {"."})
-        for folder in folders:
-            info = tarfile.TarInfo(folder + "/")
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 1_700_000_000
-            tar.addfile(info)
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o755, 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
+        add_files(tar, files, mode=0o755)
         if varied:
             for info, data in _varied():
                 info.mtime = info.mtime or 1_700_000_000

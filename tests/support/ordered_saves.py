@@ -22,19 +22,23 @@ def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def add_files(tar: tarfile.TarFile, files: Mapping[str, bytes], *, mode: int = 0o644) -> None:
+    """`files` (name -> content) into `tar`, each file's folder (0755) before them, at one mtime."""
+    for name in sorted({name.rsplit("/", 1)[0] for name in files if "/" in name}):
+        info = tarfile.TarInfo(name + "/")
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 1_700_000_000
+        tar.addfile(info)
+    for name, data in files.items():
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), mode, 1_700_000_000
+        tar.addfile(info, io.BytesIO(data))
+
+
 def layer_tar(files: Mapping[str, bytes]) -> bytes:
     """A layer tar of `files` (name -> content), its folders before them."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        folders = sorted({name.rsplit("/", 1)[0] for name in files if "/" in name})
-        for name in folders:
-            info = tarfile.TarInfo(name + "/")
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 1_700_000_000
-            tar.addfile(info)
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 1_700_000_000
-            tar.addfile(info, io.BytesIO(data))
+        add_files(tar, files)
     return out.getvalue()
 
 
