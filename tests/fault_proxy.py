@@ -48,9 +48,19 @@ class Fault:
     """Pass the request on, and the answer with each byte of its body flipped (same length, same headers)."""
     times: int | None = 1
     """How many matching requests it fires on; None: every one."""
+    overlapping: tuple[int, int] | None = None
+    """Only a request for a byte in [first, last] (by its Range; one without asks for every byte)."""
 
-    def matches(self, method: str, path: str) -> bool:
-        return (self.times is None or self.times > 0) and self.method in ("*", method) and bool(re.search(self.path, path))
+    def matches(self, method: str, path: str, range_header: str | None = None) -> bool:
+        return ((self.times is None or self.times > 0) and self.method in ("*", method)
+                and bool(re.search(self.path, path)) and self._overlaps(range_header))
+
+    def _overlaps(self, range_header: str | None) -> bool:
+        if self.overlapping is None or range_header is None:  # (no Range: the whole blob)
+            return True
+        first, last = self.overlapping
+        spans = re.findall(r"(\d+)-(\d*)", range_header or "")
+        return any(int(a) <= last and (not b or int(b) >= first) for a, b in spans)
 
 
 class FaultProxy:
@@ -88,10 +98,10 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def _take(self, method: str, path: str) -> Fault | None:
+    def _take(self, method: str, path: str, range_header: str | None = None) -> Fault | None:
         with self._lock:
             for fault in self.faults:
-                if fault.matches(method, path):
+                if fault.matches(method, path, range_header):
                     if fault.times is not None:
                         fault.times -= 1
                     return fault
@@ -124,7 +134,7 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 with proxy._lock:
                     proxy.ranges.append((self.command, self.path, self.headers.get("Range")))
-                fault = proxy._take(self.command, self.path)
+                fault = proxy._take(self.command, self.path, self.headers.get("Range"))
                 if fault is not None and fault.reset:
                     proxy._record(self.command, self.path, "reset")
                     # SO_LINGER 0: close() sends a RST, as a load balancer that drops the connection does.

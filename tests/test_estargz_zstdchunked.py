@@ -255,3 +255,90 @@ def test_each_header_says_what_its_toc_entry_says():
             assert info.mtime == (1_700_000_001 if info.name == "late" else 0)
             assert entry.get("modtime", "") == ("2023-11-14T22:13:21Z" if info.name == "late" else "")
             assert not {"atime", "ctime", "mtime"} & set(info.pax_headers), info.pax_headers
+
+
+def _layer_of(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 1_700_000_000, 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _noise(size: int, seed: bytes) -> bytes:
+    """Bytes no two chunks of which are alike (a copy's digest names its chunk alone)."""
+    return b"".join(hashlib.sha256(seed + n.to_bytes(8, "big")).digest() for n in range(-(-size // 32)))[:size]
+
+
+LIBRARY = _noise(5 * CHUNK + 999, b"lib")  # six chunks, the last short
+COPY_LAYER = {"usr/lib/start.py": b"import lib\n", "usr/lib/libbig.so": LIBRARY, "usr/lib/other.so": _noise(3 * CHUNK, b"o")}
+
+
+def _storage_toc(blob: bytes, written: Written) -> list[dict]:
+    """containers/storage's TOC, where its annotations say (and the 64-byte footer, and Podman 4's names)."""
+    position = written.storage_annotations["io.github.containers.zstd-chunked.manifest-position"]
+    offset, compressed, raw, kind = map(int, position.split(":"))
+    _, storage = _footers(blob)
+    assert storage[:4] == (offset, compressed, raw, kind) == (offset, compressed, raw, 1)
+    assert written.toc_annotations["io.containers.zstd-chunked.manifest-position"] == position
+    frame = _frame(blob, offset, compressed)
+    assert _sha(frame) == written.storage_annotations["io.github.containers.zstd-chunked.manifest-checksum"]
+    return json.loads(_unzstd(frame))["entries"]
+
+
+def _snapshotter_toc(blob: bytes, written: Written) -> list[dict]:
+    """The TOC the last footer names, checked against the snapshotter's annotation."""
+    (offset, compressed, raw, kind), _ = _footers(blob)
+    document = _unzstd(_frame(blob, offset, compressed))
+    assert kind == 1 and len(document) == raw and _sha(document) == written.toc_digest
+    return json.loads(document)["entries"]
+
+
+def _chunk_at(blob: bytes, offset: int, size: int) -> bytes:
+    """What a lazy reader gets decompressing from `offset`: the frame there, `size` bytes of it."""
+    reader = subprocess.run(["zstd", "-dc"], input=blob[offset:], capture_output=True, timeout=60)
+    return reader.stdout[:size]
+
+
+def test_copied_chunks_lie_before_the_landmark_for_the_snapshotter_alone_and_the_diff_is_the_tar():
+    layer = _layer_of(COPY_LAYER)
+    plain, plain_written = _write(layer, ("/usr/lib/start.py",))
+    blob, written = _write(layer, ("/usr/lib/start.py",), copied={"/usr/lib/libbig.so": {0, 2, 4, 9},
+                                                                    "/usr/lib/start.py": {1}, "/not/here": {1}})
+    assert _unzstd(blob) == _unzstd(plain) and written.diff_id == plain_written.diff_id
+    assert written.copied_chunks == 2 and 2 * CHUNK < written.copied_bytes < 2 * CHUNK + 100  # 2, 4 (noise: stored)
+    assert len(blob) > len(plain) + written.copied_bytes
+
+    snapshotter, storage = _snapshotter_toc(blob, written), _storage_toc(blob, written)
+    landmark = next(int(e["offset"]) for e in storage if e["name"] == ".prefetch.landmark")
+    big = [e for e in snapshotter if e["name"] == "usr/lib/libbig.so"]
+    in_place = [e for e in storage if e["name"] == "usr/lib/libbig.so"]
+    assert [int(e.get("chunkOffset", 0)) // CHUNK for e in big] == list(range(6))
+    for index, (moved, kept) in enumerate(zip(big, in_place, strict=True)):
+        assert {k: v for k, v in moved.items() if k != "offset"} == {k: v for k, v in kept.items() if k != "offset"}
+        size = min(CHUNK, len(LIBRARY) - index * CHUNK)
+        want = LIBRARY[index * CHUNK:index * CHUNK + size]
+        assert landmark < int(kept["offset"]) and _chunk_at(blob, int(kept["offset"]), size) == want
+        if index in (2, 4):  # the copy: before the landmark, the same bytes and digest
+            assert int(moved["offset"]) < landmark and _chunk_at(blob, int(moved["offset"]), size) == want
+            assert _sha(want) == moved["chunkDigest"]
+        else:
+            assert moved["offset"] == kept["offset"]
+    others = [e for e in snapshotter if e["name"] != "usr/lib/libbig.so"]
+    assert others == [e for e in storage if e["name"] != "usr/lib/libbig.so"]
+    # containers/storage reads its own TOC: every file's chunks one run, each ending where the next starts
+    offsets = [int(e["offset"]) for e in in_place]
+    assert offsets == sorted(offsets) and blob[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame first, as detectors expect
+
+
+def test_without_copies_the_blob_has_one_toc_and_estargz_copies_nothing():
+    layer = _layer_of(COPY_LAYER)
+    plain, _ = _write(layer, ("/usr/lib/start.py",))
+    none, written = _write(layer, ("/usr/lib/start.py",), copied={"/usr/lib/libbig.so": {0}, "/other": {3}})
+    assert none == plain and written.copied_chunks == 0
+    assert _snapshotter_toc(none, written) == _storage_toc(none, written)
+    with pytest.raises(ValueError, match="zstd:chunked only"):
+        write_estargz(io.BytesIO(layer), io.BytesIO(), ("/usr/lib/start.py",), chunk_size=CHUNK,
+                      copied={"/usr/lib/libbig.so": {2}})

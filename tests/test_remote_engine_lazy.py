@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from fault_proxy import FaultProxy
+from fault_proxy import Fault, FaultProxy
 from support.cleanup import remove_images
 from support.unavailable import _unavailable
 
@@ -57,7 +57,12 @@ TOC_DIGEST = "containerd.io/snapshot/stargz/toc.digest"
 STORAGE_KEYS = {f"io.github.containers.zstd-chunked.{key}" for key in ("manifest-checksum", "manifest-position",
                                                                        "tarsplit-position")}
 FOOTER = 51
-START = ("sh", "-c", "cat /marker /data/f7 /data/f8 >/dev/null")
+BIG_CHUNK = 4 << 20
+"""The writer's chunk (estargz/toc.py DEFAULT_CHUNK_SIZE): /data/big holds ten."""
+PAGES = 'imagebuilder-pages: {"/data/big":[[12582912,12648448]]}'
+"""The start's own report (estargz/pages.py) of the pages it touched of /data/big: in its chunk 3."""
+START = ("sh", "-c", "cat /marker /data/f7 /data/f8 >/dev/null"
+         f" && dd if=/data/big bs={BIG_CHUNK} skip=3 count=1 2>/dev/null | wc -c >/dev/null && echo '{PAGES}'")
 CHUNK = 50_000
 """The snapshotter's unit of a registry read (fs/remote/resolver.go, defaultChunkSize): each range
 it asks for starts and ends on it."""
@@ -101,6 +106,8 @@ def estargz_image(request: pytest.FixtureRequest, docker_engine: Any, registry: 
         f"FROM {base_image}\n"
         "RUN mkdir /data && for i in $(seq 1 40); do head -c 1048576 /dev/urandom >/data/f$i; done"
         " && for f in f7 f30; do sha256sum /data/$f | cut -d' ' -f1 >/$f.sha256; done"
+        f" && head -c {10 * BIG_CHUNK} /dev/urandom >/data/big"
+        f" && dd if=/data/big bs={BIG_CHUNK} skip=3 count=1 2>/dev/null | sha256sum | cut -d' ' -f1 >/big3.sha256"
         f" && echo {marker} >/marker\n")
     before = _build_records()
     try:
@@ -115,7 +122,7 @@ def estargz_image(request: pytest.FixtureRequest, docker_engine: Any, registry: 
                                      say=said.append).push(ref, [ref], None)
         manifest = _manifest(registry, repository, "v1")
         assert converted.manifest == _manifest_digest(registry, repository)
-        yield {"ref": ref, "repository": repository, "marker": marker, "layers": manifest["layers"], "codec": codec,
+        yield {"ref": ref, "registry": registry, "repository": repository, "marker": marker, "layers": manifest["layers"], "codec": codec,
                "manifest": manifest, "converted": converted, "said": said}
     finally:
         remove_images(docker_engine, [ref])
@@ -222,14 +229,19 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
         else:
             assert ".no.prefetch.landmark" in names
     data = layers[-1]["digest"]
-    assert data in landmarks and landmarks[data][0] < 2_500_000  # the marker, f7 and f8, not 40 MB
-    data_entries = _toc(_blob(registry, repository, data))[1]
+    copied = converted.layers[-1].copied_bytes  # zstd:chunked: /data/big's chunk 3, which the start touched
+    assert data in landmarks and landmarks[data][0] < 2_500_000 + copied  # the marker, f7 and f8, not 80 MB
+    data_blob = _blob(registry, repository, data)
+    data_entries = _toc(data_blob)[1]
+    chunk3 = _copied_chunk(estargz_image, data_blob, data_entries, layers[-1], landmarks[data][0])
     f30_offset = [int(e["offset"]) for e in data_entries if posixpath.normpath("/" + e["name"]) == "/data/f30"]
     assert f30_offset and f30_offset[0] > landmarks[data][0]
     # No one file's read spans the data layer's prefetch: only a prefetch asks for [0, landmark) at once.
     assert not _one_file_spans(data_entries, landmarks[data][0]), data_entries[:6]
 
     with FaultProxy(registry) as proxy, _lazy_engine(proxy.address) as lazy_engine:
+        if estargz_image["codec"] == "zstd:chunked":  # chunk 3 in its place is never served: only its copy can be
+            proxy.inject(Fault("GET", f"/blobs/{data}", status=500, times=None, overlapping=chunk3))
         env, ref = lazy_engine.env(), f"{proxy.address}/{repository}:v1"
         assert subprocess.run(["docker", "info", "--format", "{{.Driver}}"], env=env, capture_output=True,
                               text=True, timeout=60).stdout.strip() == "stargz"
@@ -245,12 +257,14 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
 
         # The files read come down, and are what the build wrote: the profile's and one outside it.
         ran = subprocess.run(["docker", "run", "--rm", ref, "sh", "-c",
-                              "cat /marker; for f in f7 f30; do sha256sum /data/$f | cut -d' ' -f1; cat /$f.sha256; done"],
+                              "cat /marker; for f in f7 f30; do sha256sum /data/$f | cut -d' ' -f1; cat /$f.sha256; done;"
+                              f" dd if=/data/big bs={BIG_CHUNK} skip=3 count=1 2>/dev/null | sha256sum | cut -d' ' -f1;"
+                              " cat /big3.sha256"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert ran.returncode == 0, ran.stderr[-3000:]
-        marker, f7, f7_at_build, f30, f30_at_build = ran.stdout.split()
+        marker, f7, f7_at_build, f30, f30_at_build, big3, big3_at_build = ran.stdout.split()
         assert marker == estargz_image["marker"]
-        assert (f7, f30) == (f7_at_build, f30_at_build)
+        assert (f7, f30, big3) == (f7_at_build, f30_at_build, big3_at_build)
         reads = list(proxy.ranges)
 
     # Per prioritized layer: the first request for bytes before the landmark is the prefetch; in
@@ -270,6 +284,29 @@ def test_a_lazy_pull_prefetches_the_start_in_one_read_per_layer_and_fetches_the_
     # nothing left mounted under the engine's root, and removed the root.
     assert lazy_engine.left_mounted == []
     assert _fuse_mounts(root) == [] and not Path(root).exists()
+
+
+def _copied_chunk(image: dict[str, Any], blob: bytes, entries: list[dict[str, Any]], layer: dict[str, Any],
+                  landmark: int) -> tuple[int, int]:
+    """The first and last byte of /data/big's chunk 3 in its place (in the tar's order). zstd:chunked:
+    the snapshotter's TOC (`entries`, by the last footer) has it copied before the landmark, and
+    containers/storage's (by its annotations) in place; eStargz copies nothing."""
+    big = [e for e in entries if posixpath.normpath("/" + e["name"]) == "/data/big"]
+    assert [int(e.get("chunkOffset", 0)) for e in big] == [n * BIG_CHUNK for n in range(10)], big
+    count = layer["annotations"].get("io.imagebuilder.start-profile.copied-chunks")
+    if image["codec"] != "zstd:chunked":
+        assert count is None
+        return int(big[3]["offset"]), int(big[4]["offset"]) - 1
+    assert count == "1"
+    storage = _manifest(image["registry"], image["repository"], "v1", entry=1)
+    annotations = next(s for s in storage["layers"] if s["digest"] == layer["digest"])["annotations"]
+    offset, compressed = map(int, annotations["io.github.containers.zstd-chunked.manifest-position"].split(":")[:2])
+    document = subprocess.run(["zstd", "-dc"], input=blob[offset:offset + compressed], capture_output=True,
+                              timeout=60, check=True).stdout
+    in_place = [e for e in json.loads(document)["entries"] if posixpath.normpath("/" + e["name"]) == "/data/big"]
+    assert int(big[3]["offset"]) < landmark < int(in_place[3]["offset"]) < int(in_place[4]["offset"])
+    assert [e["offset"] for n, e in enumerate(big) if n != 3] == [e["offset"] for n, e in enumerate(in_place) if n != 3]
+    return int(in_place[3]["offset"]), int(in_place[4]["offset"]) - 1
 
 
 def _ranges(header: str | None) -> list[tuple[int, int]]:

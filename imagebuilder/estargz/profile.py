@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ImageBuilderError
+from .pages import REPORT, chunk_map, parse_report
 from .residency import CHUNK, drop, reads
 from .trace import MARK, STRACE_FLAGS, Opened, interpreter_of, parse_trace, profile_files
 
@@ -52,10 +53,10 @@ _HEAD_BYTES = 64 * 1024
 """Enough of an executable to hold its program headers and PT_INTERP, or its #! line."""
 
 TORCH_START = ("python3", "-c", "import torch\ntry:\n    open(" + repr(MARK) + ")\nexcept OSError:\n    pass\n"
-               "f = torch.compile(lambda x: (x.sin() + 1).sum())\nf(torch.ones(64))")
-"""The start a GPU image's users wait for: import torch, the MARK, then a first torch.compile on
-the CPU (Inductor's C++ codegen and the compiler it spawns). `python3` on the image's PATH, as
-verify's probes run it (the image's venv comes first there)."""
+               + REPORT + "f = torch.compile(lambda x: (x.sin() + 1).sum())\nf(torch.ones(64))")
+"""The start a GPU image's users wait for: import torch, the MARK, the pages the import touched
+(pages.py), then a first torch.compile on the CPU (Inductor's C++ codegen and the compiler it
+spawns). `python3` on the image's PATH, as verify's probes run it (the image's venv comes first there)."""
 
 class ProfileError(ImageBuilderError):
     """Recording an image's start profile failed."""
@@ -91,6 +92,8 @@ class StartProfile:
     first: int | None = None
     """How many of `files` the start opened before its MARK (TORCH_START: the import); None: it
     opened no MARK, all of them count."""
+    pages: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    """The byte ranges of each mapped file that the start reported touched (pages.py); {}: none reported."""
 
     def prefetched(self, whole: float = PREFETCH_SHARE, small: int = CHUNK, large: int = 8 * CHUNK) -> tuple[str, ...]:
         """The files worth fetching whole, in one read, before the start: of those opened before
@@ -105,10 +108,18 @@ class StartProfile:
                      if path not in self.reads or self.reads[path][0] <= small
                      or (self.reads[path][0] <= large and self.reads[path][1] >= whole * self.reads[path][0]))
 
+    def copied(self, chunk: int = CHUNK) -> dict[str, frozenset[int]]:
+        """The chunks worth copying before the landmark (zstd:chunked): of the files opened before
+        the MARK and not prefetched whole, the chunks whose pages the start reported touching."""
+        opened = self.files if self.first is None else self.files[:self.first]
+        whole = set(self.prefetched())
+        return chunk_map(self.pages, (path for path in opened if path not in whole), chunk)
+
     def to_json(self) -> dict[str, Any]:
         return {"files": list(self.files), "command": list(self.command), "user": self.user,
                 "seconds": round(self.seconds, 3), "reads": {path: list(read) for path, read in self.reads.items()},
-                "before_mark": self.first, "prefetched": len(self.prefetched())}
+                "before_mark": self.first, "prefetched": len(self.prefetched()),
+                "pages": {path: [list(r) for r in ranges] for path, ranges in self.pages.items()}}
 
 
 # --- I/O: the traced run ------------------------------------------------------------------
@@ -304,11 +315,12 @@ def start_profile(ref: str, command: Sequence[str] = TORCH_START, *, user: str |
             tail = " ".join((logs.stdout + logs.stderr).split())[-500:] or "nothing"
             raise StartFailed(ref=ref, command=" ".join(command), exit_code=exit_code, tail=tail)
         opened = parse_trace(trace.read_text(errors="replace").splitlines())
+        pages = parse_report(_docker("logs", name, check=False).stdout)
         answers = _ask_image(ref, name, opened, user, max(10.0, deadline - time.monotonic()))
     marked = profile_files(opened, answers.resolved, directories=answers.directories)
     first = marked.index(MARK) if MARK in marked else None
     files = tuple(path for path in marked if path != MARK)
-    return StartProfile(files, tuple(command), user, seconds, _measure(ref, files, user, deadline), first)
+    return StartProfile(files, tuple(command), user, seconds, _measure(ref, files, user, deadline), first, pages)
 
 
 def _measure(ref: str, files: Sequence[str], user: str, deadline: float) -> Mapping[str, tuple[int, int]]:

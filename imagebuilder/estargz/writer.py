@@ -17,6 +17,14 @@ end (the TOC and the tar-split in skippable frames, then the footers): `codec` c
 tar-split (tarsplit.py) is gathered as the tar is written; containers/storage checks that each
 header it holds matches the TOC's entry, so a zstd:chunked header keeps no more than the TOC says:
 its mtime in whole seconds, no atime or ctime.
+
+zstd:chunked can also prefetch parts of a file (`copied`): a library of 500 MB of which the start
+touches a few MB is not worth fetching whole, and on demand its chunks come one request after
+another as the loader faults them in. So the chunks the start touched (profile.py's pages) are
+also written, compressed, in one skippable frame right after the blob's first frame, before the
+landmark, and the snapshotter's TOC names those copies (zstdchunked.py: a TOC per reader). A
+file's first chunk is never copied: the snapshotter's prefetch caches every chunk of a file whose
+first chunk lies before the landmark, which would fetch the whole library.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import math
 import os
 import tarfile
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -36,10 +44,10 @@ from ..engine.export import ESTARGZ, ZSTD_CHUNKED, Compression
 from ..errors import ImageBuilderError
 from .order import prioritize
 from .toc import (ANNOTATION_TOC_DIGEST, ANNOTATION_UNCOMPRESSED_SIZE, DEFAULT_CHUNK_SIZE, END_OF_TAR,
-                  LANDMARK_CONTENTS, TOC_NAME, OwnerNames, entry_of, footer, gzip_member, header, kind_of, padding,
-                  synthetic, toc_json)
+                  LANDMARK_CONTENTS, TOC_NAME, OwnerNames, clean_name, entry_of, footer, gzip_member, header, kind_of,
+                  padding, synthetic, toc_json)
 from .tarsplit import Crc64, TarSplit
-from .zstdchunked import trailer, zstd_frame
+from .zstdchunked import SKIPPABLE_MAGIC, trailer, zstd_frame
 
 CODECS: dict[str, Callable[[Sequence[bytes], int], bytes]] = {ESTARGZ: gzip_member, ZSTD_CHUNKED: zstd_frame}
 
@@ -70,6 +78,10 @@ class Written:
     storage_annotations: dict[str, str] = field(default_factory=dict)
     """zstd:chunked's for containers/storage: the compressed TOC's digest and position, the tar-split's
     position. Never beside annotations(): containers/image refuses a layer with both (zstdchunked.py)."""
+    copied_chunks: int = 0
+    """Chunks written a second time before the landmark (zstd:chunked's prefetch by chunk)."""
+    copied_bytes: int = 0
+    """Their compressed bytes: what the copies add to the blob."""
 
     def annotations(self) -> dict[str, str]:
         """The layer descriptor's annotations the snapshotter reads."""
@@ -79,10 +91,13 @@ class Written:
 
 def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = (), *, level: int = 6,
                   codec: str = ESTARGZ, chunk_size: int = DEFAULT_CHUNK_SIZE, workers: int | None = None,
-                  on_progress: Callable[[int], None] | None = None) -> Written:
+                  on_progress: Callable[[int], None] | None = None,
+                  copied: Mapping[str, Collection[int]] | None = None) -> Written:
     """Write the layer tar `source` (seekable, read from where it stands) to `out` as eStargz (or
     zstd:chunked, `codec`), the files of the start profile `prioritized` (image paths; those not
-    in the layer are ignored) first. `on_progress` gets the layer bytes done so far, about every chunk."""
+    in the layer are ignored) first, and (zstd:chunked) a copy of the chunks `copied` names (image
+    path -> chunk indices, of `chunk_size`) of the files after the landmark, but their first.
+    `on_progress` gets the layer bytes done so far, about every chunk."""
     if codec not in CODECS:
         raise ValueError(f"codec {codec!r} is not one of {', '.join(CODECS)}")
     compress, levels = CODECS[codec], Compression.LEVELS[codec]
@@ -93,6 +108,8 @@ def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = 
     threads = workers if workers is not None else len(os.sched_getaffinity(0))
     if threads < 1:
         raise ValueError(f"workers {workers} is not positive")
+    if copied and codec != ZSTD_CHUNKED:
+        raise ValueError("chunks are copied ahead in zstd:chunked only")
     try:
         members = tarfile.open(fileobj=source, mode="r:").getmembers()
     except tarfile.TarError as e:
@@ -109,11 +126,16 @@ def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = 
             raise BadLayer(detail=f"{info.name} ends {size - len(data)} bytes early")
         return data
 
+    copies = _copies(order.after, copied or {}, chunk_size)
     split = TarSplit() if codec == ZSTD_CHUNKED else None
     with _Members(out, compress, level, threads, chunk_size, on_progress) as blob:
-        owners, entries = OwnerNames(), []
-        for info in (*order.before, landmark, *order.after):
+        frames = blob.compress_all([content(info, index * chunk_size, min(chunk_size, info.size - index * chunk_size))
+                                    for info, index in copies])
+        owners, entries, placed = OwnerNames(), [], {}
+        for number, info in enumerate((*order.before, landmark, *order.after)):
             entries.extend(_write_entry(blob, info, owners, chunk_size, content, split))
+            if number == 0 and frames:  # the copies right after the first frame: a zstd blob starts with one
+                placed = blob.write_skippable(frames, [(_path(info), index) for info, index in copies])
         payload_end = blob.finish_payload()
         old, storage = {}, {}
         if split is None:  # eStargz: the TOC is the tar's last entry, in the member the footer points at
@@ -125,15 +147,50 @@ def write_estargz(source: BinaryIO, out: BinaryIO, prioritized: Sequence[str] = 
             split.raw(END_OF_TAR)
             raw_split = split.document()
             compressed_split = zstd_frame([raw_split], level)
-            document = toc_json(entries, tar_split_digest="sha256:" + hashlib.sha256(compressed_split).hexdigest())
-            compressed = zstd_frame([document], level)
-            end = trailer(blob.written, compressed, len(document), compressed_split, len(raw_split))
+            split_digest = "sha256:" + hashlib.sha256(compressed_split).hexdigest()
+            storage_document = toc_json(entries, tar_split_digest=split_digest)
+            document, snapshotter_toc = storage_document, None
+            if placed:
+                document = toc_json(_at_copies(entries, placed, chunk_size), tar_split_digest=split_digest)
+                snapshotter_toc = (zstd_frame([document], level), len(document))
+            end = trailer(blob.written, zstd_frame([storage_document], level), len(storage_document),
+                          compressed_split, len(raw_split), snapshotter_toc)
             blob.write_raw(end.data)
             old, storage = end.old_annotations(), end.storage_annotations()
     return Written(digest=blob.digest(), size=blob.written, diff_id=blob.diff_id(),
                    uncompressed_size=blob.uncompressed, toc_digest="sha256:" + hashlib.sha256(document).hexdigest(),
                    prioritized=order.found, prioritized_bytes=sum(i.size for i in order.before if i.isreg()),
-                   codec=codec, toc_annotations=old, storage_annotations=storage)
+                   codec=codec, toc_annotations=old, storage_annotations=storage, copied_chunks=len(frames),
+                   copied_bytes=sum(map(len, frames)))
+
+
+def _path(info: tarfile.TarInfo) -> str:
+    return "/" + clean_name(info.name)
+
+
+def _copies(after: Sequence[tarfile.TarInfo], copied: Mapping[str, Collection[int]],
+            chunk_size: int) -> list[tuple[tarfile.TarInfo, int]]:
+    """The (file, chunk index) pairs to copy ahead: of the files after the landmark that
+    `copied` names, each named chunk the file has, but its first; in the tar's order."""
+    if not copied:
+        return []
+    pairs: list[tuple[tarfile.TarInfo, int]] = []
+    for info in after:
+        wanted = copied.get(_path(info)) if info.isreg() and info.size > chunk_size else None
+        if wanted:
+            chunks = -(-info.size // chunk_size)
+            pairs.extend((info, index) for index in sorted(set(wanted)) if 1 <= index < chunks)
+    return pairs
+
+
+def _at_copies(entries: Sequence[dict[str, Any]], placed: Mapping[tuple[str, int], int],
+               chunk_size: int) -> list[dict[str, Any]]:
+    """The TOC's entries with each copied chunk's offset at its copy (the snapshotter's TOC)."""
+    moved = []
+    for entry in entries:
+        key = ("/" + clean_name(entry["name"]), int(entry.get("chunkOffset", 0)) // chunk_size)
+        moved.append({**entry, "offset": placed[key]} if entry["type"] in ("reg", "chunk") and key in placed else entry)
+    return moved
 
 
 def _whole_seconds(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -247,6 +304,26 @@ class _Members:
         entry, where this chunk is the whole file (its digest is the chunk's)."""
         self._close()
         self.pieces, self.chunk, self.file_digest = [data], chunk, file_digest
+
+    def compress_all(self, chunks: Sequence[bytes]) -> list[bytes]:
+        """Each chunk compressed on its own (on the pool), in order; the blob is not touched."""
+        if self.pool is None:
+            return [self.compress([chunk], self.level) for chunk in chunks]
+        return list(self.pool.map(lambda chunk: self.compress([chunk], self.level), chunks))
+
+    def write_skippable(self, frames: Sequence[bytes], keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Write every member so far, then one skippable frame holding `frames`, which decoders
+        pass over: where each frame starts in the blob, by its key."""
+        self.finish_payload()
+        size = sum(map(len, frames))
+        if size >= 1 << 32:
+            raise ValueError(f"{size} bytes of copied chunks do not fit one skippable frame (4 GiB)")
+        self.write_raw(SKIPPABLE_MAGIC + size.to_bytes(4, "little"))
+        placed = {}
+        for key, frame in zip(keys, frames, strict=True):
+            placed[key] = self.written
+            self.write_raw(frame)
+        return placed
 
     def finish_payload(self) -> int:
         """Close the open member, write every member; the offset the next one starts at."""

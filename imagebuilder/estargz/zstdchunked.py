@@ -19,6 +19,16 @@ which decoders pass over, so none is in the diff:
      other readers, 48 bytes before the end.
 Offsets are where a frame's compressed bytes start (its skippable frame's start + 8).
 
+Chunks prefetched by copy (writer.py): a layer may carry, in a skippable frame before its
+landmark, copies of chunks of large files that the start reads, so that the snapshotter's one
+prefetch read fetches them with the start's whole files. Decoders pass over that frame, so the
+diff is still the tar. Only the snapshotter may be told of the copies: containers/storage takes a
+chunk's end to be the next chunk's offset (pkg/chunked/storage_linux.go, 1.43 and 1.57 alike), so
+a file whose chunks lie in two places would read wrong. Such a layer therefore has two TOCs: the
+snapshotter's (its copied chunks at their copies' offsets), found by the 40-byte footer and named
+by the snapshotter's annotation, after containers/storage's (every chunk in its place), which its
+annotations, the older names (Podman 4) and the 64-byte footer name.
+
 Two annotation sets name the frames, and no one manifest can carry both: containers/storage's
 (io.github.containers.zstd-chunked.*: the TOC's compressed digest and position, the tar-split's
 position) and the snapshotter's, which checks the raw TOC's sha256 against eStargz's
@@ -141,12 +151,15 @@ class Span:
 
 @dataclass(frozen=True)
 class Trailer:
-    """The blob's bytes after the tar, and where its TOC and tar-split lie."""
+    """The blob's bytes after the tar, and where its TOCs and tar-split lie."""
     data: bytes
     toc: Span
+    """containers/storage's TOC (every chunk in its place)."""
     tar_split: Span
     toc_checksum: str
-    """sha256:HEX of the compressed TOC."""
+    """sha256:HEX of containers/storage's compressed TOC."""
+    snapshotter_toc: Span
+    """The TOC the last footer names: the snapshotter's (the same span as `toc` without copies)."""
 
     def storage_annotations(self) -> dict[str, str]:
         """containers/storage's: "offset:compressed:raw:type" and "offset:compressed:raw"."""
@@ -154,21 +167,30 @@ class Trailer:
                 STORAGE_TAR_SPLIT: _position(self.tar_split)}
 
     def old_annotations(self) -> dict[str, str]:
-        """The older names of the TOC's checksum and position (the snapshotter's store, Podman 4)."""
+        """The older names of containers/storage's TOC's checksum and position (Podman 4, the
+        snapshotter's store)."""
         return {OLD_CHECKSUM: self.toc_checksum, OLD_POSITION: _position(self.toc) + f":{MANIFEST_TYPE_CRFS}"}
 
 
-def trailer(start: int, toc: bytes, toc_raw: int, tar_split: bytes, tar_split_raw: int) -> Trailer:
+def trailer(start: int, toc: bytes, toc_raw: int, tar_split: bytes, tar_split_raw: int,
+            snapshotter_toc: tuple[bytes, int] | None = None) -> Trailer:
     """What follows the tar's last frame, which ends at blob offset `start`: the compressed TOC
-    and tar-split, each in its skippable frame, then the two footers (the module's comment)."""
+    and tar-split, each in its skippable frame, the snapshotter's own compressed TOC (and its raw
+    length) where it differs (chunks copied), then the two footers (the module's comment)."""
     toc_span = Span(start + SKIPPABLE_HEADER, len(toc), toc_raw)
     split_span = Span(toc_span.offset + len(toc) + SKIPPABLE_HEADER, len(tar_split), tar_split_raw)
+    data = skippable(toc) + skippable(tar_split)
+    snapshotter_span = toc_span
+    if snapshotter_toc is not None:
+        snapshotter_span = Span(split_span.offset + len(tar_split) + SKIPPABLE_HEADER, len(snapshotter_toc[0]),
+                                snapshotter_toc[1])
+        data += skippable(snapshotter_toc[0])
     storage_footer = struct.pack("<7Q", toc_span.offset, toc_span.compressed, toc_span.raw, MANIFEST_TYPE_CRFS,
                                  split_span.offset, split_span.compressed, split_span.raw) + FOOTER_MAGIC
-    snapshotter_footer = struct.pack("<4Q", toc_span.offset, toc_span.compressed, toc_span.raw,
-                                     MANIFEST_TYPE_CRFS) + FOOTER_MAGIC
-    data = skippable(toc) + skippable(tar_split) + skippable(storage_footer) + skippable(snapshotter_footer)
-    return Trailer(data, toc_span, split_span, "sha256:" + hashlib.sha256(toc).hexdigest())
+    snapshotter_footer = struct.pack("<4Q", snapshotter_span.offset, snapshotter_span.compressed,
+                                     snapshotter_span.raw, MANIFEST_TYPE_CRFS) + FOOTER_MAGIC
+    data += skippable(storage_footer) + skippable(snapshotter_footer)
+    return Trailer(data, toc_span, split_span, "sha256:" + hashlib.sha256(toc).hexdigest(), snapshotter_span)
 
 
 def _position(span: Span) -> str:

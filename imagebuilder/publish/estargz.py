@@ -60,6 +60,7 @@ PROFILE_COMMAND = "io.imagebuilder.start-profile.command"
 PROFILE_DIGEST = "io.imagebuilder.start-profile.digest"
 PROFILE_FILES = "io.imagebuilder.start-profile.files"
 PROFILE_BYTES = "io.imagebuilder.start-profile.bytes"
+PROFILE_CHUNKS = "io.imagebuilder.start-profile.copied-chunks"
 SOURCE_ANNOTATION = "io.imagebuilder.estargz.source"
 LEVELS = {ESTARGZ: 6, ZSTD_CHUNKED: ZSTD_LEVEL}
 SAY_EVERY = 10.0
@@ -227,7 +228,12 @@ class EstargzPublisher:
 
     def _hits(self, ref: str, diff_ids: Sequence[str], profile: StartProfile | None) -> dict[int, Written]:
         files = profile.prefetched() if profile is not None else ()
-        return kept_layers(self.reuse, self.registry, ref, diff_ids, files, self.codec, self.level) if self.reuse else {}
+        return (kept_layers(self.reuse, self.registry, ref, diff_ids, files, self.codec, self.level,
+                            self._copied(profile)) if self.reuse else {})
+
+    def _copied(self, profile: StartProfile | None) -> dict[str, frozenset[int]]:
+        """The chunks to copy before the landmark: zstd:chunked's prefetch by chunk (writer.py)."""
+        return profile.copied() if profile is not None and self.codec == ZSTD_CHUNKED else {}
 
     def _wait(self, future: Future[T], still: str) -> T:
         """The result of `future`, saying `still` every SAY_EVERY seconds until it is there."""
@@ -259,6 +265,7 @@ class EstargzPublisher:
         """Each layer written and uploaded (the upload of one beside the writing of the next), but
         those in `hits`, kept from an earlier publish and in the registry."""
         files = profile.prefetched() if profile is not None else ()
+        copied = self._copied(profile)
         layers = dict(enumerate(saved.layers))
         count = len(diff_ids)
         written: list[Written] = []
@@ -276,18 +283,19 @@ class EstargzPublisher:
                 with open(layer.path, "rb") as source, open(out, "wb") as sink:
                     done = write_estargz(source, sink, files, level=self.level, codec=self.codec, on_progress=self._every(
                         f"{ref}: {NAMES[self.codec]} layer {index + 1}/{count} of {human_size(layer.size)}",
-                        SAY_EVERY, clock))
+                        SAY_EVERY, clock), copied=copied)
                 layer.path.unlink()
                 written.append(done)
-                uploads.append(uploader.submit(self._upload, ref, done, out, layer.diff_id))
+                uploads.append(uploader.submit(self._upload, ref, done, out, layer.diff_id, copied))
             uploaded = sum(self._wait(upload, f"{ref}: uploading its {NAMES[self.codec]} layers") for upload in uploads)
         return written, uploaded
 
-    def _upload(self, ref: str, written: Written, path: Path, diff_id: str) -> int:
+    def _upload(self, ref: str, written: Written, path: Path, diff_id: str, copied: Mapping[str, frozenset[int]]) -> int:
         """The blob up (unless the registry has it), then kept for the next publish."""
         sent = _upload(self.registry, ref, written, path)
-        if self.reuse is not None:
-            self.reuse.keep(layer_key(diff_id, self.codec, self.level, written.prioritized), written, ref)
+        held = self.reuse.held(diff_id, copied) if self.reuse is not None else None
+        if self.reuse is not None and held is not None:
+            self.reuse.keep(layer_key(diff_id, self.codec, self.level, written.prioritized, held), written, ref)
         return sent
 
 
@@ -335,7 +343,9 @@ def _put(ref: str, refs: Sequence[str], saved: SavedImage, written: Sequence[Wri
                           "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config_body)},
                           "layers": [{"mediaType": LAYER_TYPES[w.codec], "digest": w.digest, "size": w.size,
                                       "annotations": {**reader(w), PROFILE_FILES: str(len(w.prioritized)),
-                                                      PROFILE_BYTES: str(w.prioritized_bytes)}} for w in written],
+                                                      PROFILE_BYTES: str(w.prioritized_bytes),
+                                                      **({PROFILE_CHUNKS: str(w.copied_chunks)} if w.copied_chunks
+                                                         else {})}} for w in written],
                           "annotations": annotations}) for reader in _readers(written, saved.platform)]
     entries: list[dict[str, Any]] = []
     for body in bodies:

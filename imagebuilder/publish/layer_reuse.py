@@ -7,7 +7,8 @@ others would come out byte for byte as last time, because a written layer depend
   - the format and level,
   - the profile's paths that this layer holds, in the profile's order (estargz/order.py: they,
     their parents and link targets go first, then the landmark; nothing else moves): the key
-    takes them as a set (layer_key says why), and
+    takes them as a set (layer_key says why),
+  - zstd:chunked's copied chunks of the layer's files (the profile's pages, writer.py), and
   - the writer itself: writer_fingerprint() is the digest of what it writes of a fixed small
     layer in that format, so a change to the writer's bytes (or to the zstd library) is a new key, with no
     version number to forget.
@@ -35,7 +36,7 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 
 from ..atomic import write_atomic
 from ..estargz.order import prioritize
+from ..estargz.toc import clean_name
 from ..estargz.profile import StartProfile
 from ..estargz.saved import SavedImage
 from ..estargz.writer import Written, write_estargz
@@ -76,15 +78,18 @@ def writer_fingerprint(codec: str) -> str:
     return hashlib.sha256(described.encode()).hexdigest()
 
 
-def layer_key(diff_id: str, codec: str, level: int, found: Sequence[str]) -> str:
+def layer_key(diff_id: str, codec: str, level: int, found: Sequence[str],
+              chunks: Mapping[str, Collection[int]] | None = None) -> str:
     """What a written layer's bytes depend on, as one digest (the module's docstring), but the
     order of the profile's paths within its prefetched span: a start whose processes run beside
     each other (a shell pipeline, a compiler spawned) opens them in another order on each run
     (bench/bench_republish.py: the base layer's 25 files, rewritten on every republish while
     keyed by order), and the snapshotter fetches the span in one range read whatever its order.
     A reused layer holds the same files before its landmark, in the order of the run that wrote it."""
-    document = {"format": FORMAT, "writer": writer_fingerprint(codec), "diff_id": diff_id, "codec": codec,
-                "level": level, "prefetch": sorted(found)}
+    document: dict[str, Any] = {"format": FORMAT, "writer": writer_fingerprint(codec), "diff_id": diff_id,
+                                "codec": codec, "level": level, "prefetch": sorted(found)}
+    if chunks:
+        document["chunks"] = {path: sorted(indices) for path, indices in sorted(chunks.items())}
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
@@ -108,13 +113,14 @@ def present(registry: BlobRegistry, ref: str, digest: str, repositories: Sequenc
 
 
 def kept_layers(store: LayerStore, registry: BlobRegistry, ref: str, diff_ids: Sequence[str], files: Sequence[str],
-                codec: str, level: int) -> dict[int, Written]:
-    """The layers (by index) kept for this order (the profile's `files`) whose blob `ref`'s
-    repository has, or now does."""
+                codec: str, level: int, copied: Mapping[str, Collection[int]] | None = None) -> dict[int, Written]:
+    """The layers (by index) kept for this order (the profile's `files`, and the `copied` chunks)
+    whose blob `ref`'s repository has, or now does."""
     hits = {}
     for index, diff_id in enumerate(diff_ids):
-        found = store.found(diff_id, files)
-        kept = store.record(layer_key(diff_id, codec, level, found)) if found is not None else None
+        found, held = store.found(diff_id, files), store.held(diff_id, copied or {})
+        kept = (store.record(layer_key(diff_id, codec, level, found, held))
+                if found is not None and held is not None else None)
         if kept is not None and present(registry, ref, kept[0].digest, kept[1]):
             hits[index] = kept[0]
     return hits
@@ -130,7 +136,9 @@ def _profile_of(document: Mapping[str, Any]) -> StartProfile:
     return StartProfile(tuple(document["files"]), tuple(document["command"]), str(document["user"]),
                         float(document["seconds"]),
                         {path: (int(read[0]), int(read[1])) for path, read in document["reads"].items()},
-                        document["before_mark"])
+                        document["before_mark"],
+                        {path: tuple((int(a), int(b)) for a, b in ranges)
+                         for path, ranges in document.get("pages", {}).items()})
 
 
 class LayerStore:
@@ -165,6 +173,16 @@ class LayerStore:
         if names is None:
             return None
         return prioritize([tarfile.TarInfo(name) for name in names], prefetched).found
+
+    def held(self, diff_id: str, copied: Mapping[str, Collection[int]]) -> dict[str, Collection[int]] | None:
+        """The part of `copied` (image path -> chunks) whose files this layer holds; None where
+        the layer's names are not known here."""
+        if not copied:
+            return {}
+        names = self.names(diff_id)
+        if names is None:
+            return None
+        return {path: copied[path] for path in sorted({"/" + clean_name(name) for name in names}) if path in copied}
 
     def record(self, key: str) -> tuple[Written, tuple[str, ...]] | None:
         """The layer written under `key` and the repositories it went to; None: none kept."""
