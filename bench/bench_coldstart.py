@@ -84,6 +84,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -108,6 +109,8 @@ from bench.coldstart_slurm import SlurmStart, slurm_starts, squashfs_bytes  # no
 from bench.coldstart_slurm import report as slurm_report  # noqa: E402
 from bench.manifests import Image, added_bytes, layer_labels, splice_venv_layer  # noqa: E402
 from imagebuilder.build.image_contents import USER_ID, VENV  # noqa: E402
+from imagebuilder.estargz.pages import REPORT  # noqa: E402
+from imagebuilder.estargz.profile import TORCH_START  # noqa: E402
 from imagebuilder.registry.client import HttpRegistry  # noqa: E402
 from imagebuilder.registry.manifests import INDEXES, OCI_MANIFEST, pick_manifest  # noqa: E402
 from imagebuilder.registry.reference import parse_reference  # noqa: E402
@@ -122,8 +125,9 @@ NAMESPACE = f"bench-cold-{RUN}"  # in every local tag and registry path this run
 ONE_LAYER_REPOSITORY = "pytorch-onelayer"
 ONE_LAYER, GROUPS, LAZY = "one-layer", "groups", "lazy"  # the layouts
 UNORDERED, ZSTD_AGAIN = "estargz-unordered", "zstd-again"  # eStargz without a start profile; zstd, warm
-CHUNKED = "zstd-chunked"  # zstd:chunked, ordered as LAZY is
-LAZY_LAYOUTS = (UNORDERED, LAZY, CHUNKED)
+CHUNKED = "zstd-chunked"  # zstd:chunked, ordered as LAZY is, and the chunks the import touched copied ahead
+CHUNKED_FILES = "zstd-chunked-files"  # the same, by whole files alone (the start prints no pages report)
+LAZY_LAYOUTS = (UNORDERED, LAZY, CHUNKED_FILES, CHUNKED)
 RATES = "1gbit,200mbit"
 COLD = 0.9  # a cold pull moves at least this share of the image's registry bytes through the link
 PULL_TIMEOUT_S, RUN_TIMEOUT_S, PUBLISH_TIMEOUT_S = 1800, 600, 2400
@@ -136,6 +140,14 @@ _BITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}  # tc's rate uni
 
 
 # --------------------------------------------------------------------------- the link
+
+
+def parse_layouts(text: str) -> tuple[str, ...]:
+    layouts = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [name for name in layouts if name not in LAZY_LAYOUTS]
+    if not layouts or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: give lazy layouts among {', '.join(LAZY_LAYOUTS)}")
+    return layouts
 
 
 def parse_rates(text: str) -> tuple[str, ...]:
@@ -361,6 +373,7 @@ class Results:
     """ZSTD_AGAIN and the eStargz layouts: their publishes from the same warm build cache."""
     zstd_bytes: int | None = None
     """The zstd image's registry bytes (ZSTD_AGAIN's: the groups image's, blob for blob)."""
+    lazy_layouts: tuple[str, ...] = LAZY_LAYOUTS
     slurm: list[SlurmStart] = field(default_factory=list)
     """The Slurm path's starts, (a) and (b) at each rate."""
     squashfs_bytes: int | None = None
@@ -373,9 +386,14 @@ def lazy_publishes(address: str, registry: HttpRegistry, results: Results) -> No
     publish the eStargz ones are measured against), as eStargz without a start profile
     (`--start-command ''`: every layer .no.prefetch.landmark, as BuildKit's eStargz), as
     eStargz ordered by the default start profile (import torch, a first torch.compile), and as
-    zstd:chunked ordered by it."""
+    zstd:chunked ordered by it: by whole files alone (CHUNKED_FILES), and with the chunks the
+    import touched copied ahead (CHUNKED); those of `results.lazy_layouts`."""
+    files_only = shlex.join(part.replace(REPORT, "") for part in TORCH_START)  # no pages: whole files alone
     for name, compression, start in ((ZSTD_AGAIN, "zstd", None), (UNORDERED, "estargz", ""),
-                                     (LAZY, "estargz", None), (CHUNKED, "zstd:chunked", None)):
+                                     (LAZY, "estargz", None), (CHUNKED_FILES, "zstd:chunked", files_only),
+                                     (CHUNKED, "zstd:chunked", None)):
+        if name != ZSTD_AGAIN and name not in results.lazy_layouts:
+            continue
         say(f"publishing the torch {FIRST} / CUDA {CUDA} runtime image again, {name} (warm build cache)")
         done = results.publishes[name] = publish(f"{address}/{NAMESPACE}/{name}", FIRST, compression=compression,
                                                  start_command=start)
@@ -428,6 +446,8 @@ def main() -> None:
                         help="run one step alone: slurm, the Slurm path (one publish, no docker pulls); lazy, "
                              "the eStargz publishes against zstd and their cold starts against one-layer's (no "
                              "2.5, no groups pulls, no Slurm)")
+    parser.add_argument("--lazy-layouts", type=parse_layouts, default=LAZY_LAYOUTS,
+                        help=f"the lazy layouts to publish and start (default {','.join(LAZY_LAYOUTS)})")
     args = parser.parse_args()
     if args.only == "slurm" and args.skip_slurm or args.only == "lazy" and args.skip_lazy:
         parser.error(f"--only {args.only} and --skip-{args.only} contradict each other")
@@ -435,7 +455,7 @@ def main() -> None:
         args.skip_25 = args.skip_slurm = True
     before = build_cache_records("docker")
     port = free_port()
-    results = Results(args.rates)
+    results = Results(args.rates, lazy_layouts=args.lazy_layouts)
     try:
         address = sh(str(ROOT / ".ci" / "registry.sh"), "start", str(port)).stdout.strip().splitlines()[-1]
         registry = HttpRegistry(config={})
@@ -613,7 +633,7 @@ def _ratios(results: Results) -> None:
             lazy = results.cold.get((rate, name))
             if one is None or lazy is None:
                 continue
-            target = " (target <= 0.15x)" if rate == "1gbit" and name in (LAZY, CHUNKED) else ""
+            target = " (target <= 0.15x)" if rate == "1gbit" and name in (LAZY, CHUNKED_FILES, CHUNKED) else ""
             print(f"  cold start at {rate}, {name} (stargz snapshotter) / {ONE_LAYER}: pull to import torch "
                   f"{_ratio(lazy.ready_s, one.ready_s)}{target}; to the first torch.compile "
                   f"{_ratio(lazy.compiled_s, one.compiled_s)}")
@@ -622,7 +642,7 @@ def _ratios(results: Results) -> None:
         done, image = results.publishes.get(name), next((x.first for x in results.lazies if x.name == name), None)
         if done is None or zstd is None or image is None:
             continue
-        targets = (" (target <= 1.3x)", " (target <= 1.15x)") if name in (LAZY, CHUNKED) else ("", "")
+        targets = (" (target <= 1.3x)", " (target <= 1.15x)") if name in (LAZY, CHUNKED_FILES, CHUNKED) else ("", "")
         print(f"  {name} publish / zstd publish: {_ratio(done.seconds, zstd.seconds)}{targets[0]}; registry bytes "
               f"/ zstd's: {_ratio(image.bytes, results.zstd_bytes)}{targets[1]}")
     for layout in results.layouts:
