@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from support.chunked_images import fetched, push, two_images
+from support.chunked_images import MIB, fetched, push, two_images
 from support.registry import access_log
 from support.unavailable import _unavailable
 
@@ -34,7 +34,8 @@ def test_podman_pulls_zstd_chunked_layers_partially_and_runs_them(registry: str)
     podman = shutil.which("podman") or ""
     if not podman:
         _unavailable("podman is not installed (Debian: apt-get install podman)")
-    images = two_images()
+    big = os.urandom(10 * MIB)  # three chunks; the second copied ahead for the snapshotter (a TOC of its own)
+    images = {name: {**files, "data/big": big} for name, files in two_images().items()}
     state = Path(tempfile.mkdtemp(prefix="ib-podman-"))  # Podman refuses a runroot over 50 characters
     conf = state / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{state / "root"}"\nrunroot = "{state / "run"}"\n'
@@ -52,7 +53,8 @@ def test_podman_pulls_zstd_chunked_layers_partially_and_runs_them(registry: str)
     try:
         for name, files in images.items():
             image = f"{registry}/imagebuilder-test/podman-{name}:v1"
-            written = push(registry, f"imagebuilder-test/podman-{name}", files)
+            written = push(registry, f"imagebuilder-test/podman-{name}", files, copied={"/data/big": {1}})
+            assert written.copied_chunks == 1
             before = fetched(access_log(registry), written.digest)
             pulled = run("--log-level", "debug", "pull", "--tls-verify=false", image)
             assert f"Retrieved partial blob {written.digest}" in pulled.stderr, pulled.stderr[-3000:]

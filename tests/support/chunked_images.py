@@ -75,12 +75,15 @@ def _varied() -> list[tuple[tarfile.TarInfo, bytes]]:
              b"times\n")]
 
 
-def push(address: str, repository: str, files: dict[str, bytes], varied: bool = False) -> Written:
+def push(address: str, repository: str, files: dict[str, bytes], varied: bool = False,
+         copied: dict[str, set[int]] | None = None) -> Written:
     """The one-layer image of `files` (and `varied`: layer()) as publish pushes zstd:chunked:
-    the blob, then _put's config, manifests and index under :v1."""
+    the blob, then _put's config, manifests and index under :v1. `copied`: the chunks (of 4 MiB)
+    copied ahead, as a start profile with pages has them (the marker its one file before the landmark)."""
     ref = f"{address}/{repository}:v1"
     out = io.BytesIO()
-    written = write_estargz(io.BytesIO(layer(files, varied)), out, codec=ZSTD_CHUNKED, level=3, workers=2)
+    written = write_estargz(io.BytesIO(layer(files, varied)), out, ("/marker",) if copied else (), codec=ZSTD_CHUNKED,
+                            level=3, workers=2, copied=copied)
     registry = HttpRegistry()
     registry.upload_blob(ref, written.digest, io.BytesIO(out.getvalue()), written.size)
     config = {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
