@@ -46,6 +46,7 @@ from ..engine.export import ESTARGZ, ORDERED, ZSTD_CHUNKED, Compression
 from ..engine.progress import human_size
 from ..estargz.profile import TORCH_START, StartProfile, start_profile
 from ..estargz.saved import SavedImage, save_layers
+from ..estargz.toc import DEFAULT_CHUNK_SIZE
 from ..estargz.writer import Written, write_estargz
 from ..estargz.zstdchunked import DEFAULT_LEVEL as ZSTD_LEVEL
 from ..registry.manifests import OCI_INDEX, OCI_MANIFEST, REFERENCE_DIGEST, ZSTD_ANNOTATION
@@ -233,7 +234,7 @@ class EstargzPublisher:
 
     def _copied(self, profile: StartProfile | None) -> dict[str, frozenset[int]]:
         """The chunks to copy before the landmark: zstd:chunked's prefetch by chunk (writer.py)."""
-        return profile.copied() if profile is not None and self.codec == ZSTD_CHUNKED else {}
+        return profile.copied(DEFAULT_CHUNK_SIZE) if profile is not None and self.codec == ZSTD_CHUNKED else {}
 
     def _wait(self, future: Future[T], still: str) -> T:
         """The result of `future`, saying `still` every SAY_EVERY seconds until it is there."""
