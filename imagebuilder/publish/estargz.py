@@ -294,8 +294,7 @@ class EstargzPublisher:
     def _upload(self, ref: str, written: Written, path: Path, diff_id: str, copied: Mapping[str, frozenset[int]]) -> int:
         """The blob up (unless the registry has it), then kept for the next publish."""
         sent = _upload(self.registry, ref, written, path)
-        held = self.reuse.held(diff_id, copied) if self.reuse is not None else None
-        if self.reuse is not None and held is not None:
+        if self.reuse is not None and (held := self.reuse.held(diff_id, copied)) is not None:
             self.reuse.keep(layer_key(diff_id, self.codec, self.level, written.prioritized, held), written, ref)
         return sent
 
