@@ -20,36 +20,20 @@ the host's networking is set up or changed. ~5 s.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import urllib.request
 
 import pytest
 
-from imagebuilder.registry.manifests import OCI_INDEX, ZSTD_ANNOTATION
 from support.chunked_images import MIB, fetched, push, two_images
 from support.registry import access_log
-from support.unavailable import _unavailable
+from support.podman5 import run_podman5, zstd_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.beside_builds]
 
-TOOL_IMAGE = "imagebuilder-podman5:trixie"
-
-# Run by bash in the tool image with the images' references as its arguments: each pulled with
-# partial pulls on (the debug log's lines that say how), then run; the last one's layer saved.
+# Run by bash in the tool image (after support.podman5's PARTIAL_PULLS) with the images' references
+# as its arguments: each pulled (the debug log's lines that say how), then run; the last one's layer saved.
 PULLS = r"""
-mkdir -p /etc/containers
-cat >/etc/containers/storage.conf <<'EOF'
-[storage]
-driver = "overlay"
-graphroot = "/var/lib/containers/storage"
-runroot = "/run/containers/storage"
-[storage.options]
-pull_options = {enable_partial_images = "true", use_hard_links = "false"}
-EOF
-export PODMAN_IGNORE_CGROUPSV1_WARNING=1
 podman --version
 for image in "$@"; do
     podman --log-level debug pull --tls-verify=false "$image" >/dev/null 2>/tmp/pull.log \
@@ -65,19 +49,7 @@ for layer in /tmp/saved/*.tar; do echo "saved layer sha256:$(sha256sum <"$layer"
 """
 
 
-def _zstd_instance(address: str, repository: str) -> str:
-    """The digest of the index's entry marked zstd (containers/storage's annotations)."""
-    asked = urllib.request.Request(f"http://{address}/v2/{repository}/manifests/v1", headers={"Accept": OCI_INDEX})
-    with urllib.request.urlopen(asked, timeout=30) as answer:
-        index = json.load(answer)
-    marked = [entry["digest"] for entry in index["manifests"] if ZSTD_ANNOTATION in entry.get("annotations", {})]
-    assert len(marked) == 1, index
-    return str(marked[0])
-
-
 def test_podman5_pulls_zstd_chunked_layers_partially_with_their_tar_split(docker_engine, registry: str) -> None:
-    if not docker_engine.image_exists(TOOL_IMAGE):
-        _unavailable(f"{TOOL_IMAGE} is missing: .ci/setup --tests makes it (.ci/podman5-image.sh)")
     images = two_images()
     # Five chunks of 4 MiB; the second copied ahead for the snapshotter (a TOC of its own), and the
     # one the second image changes: containers/storage finds the others in the first image's file
@@ -88,19 +60,13 @@ def test_podman5_pulls_zstd_chunked_layers_partially_with_their_tar_split(docker
                           varied=True, copied={"/data/big": {1}}) for name, files in images.items()}
     assert all(layer.copied_chunks == 1 for layer in written.values())
     refs = [f"{registry}/imagebuilder-test/podman5-{name}:v1" for name in images]
-    container = f"imagebuilder-test-podman5-{os.getpid()}"
-    try:
-        done = subprocess.run(["docker", "run", "--rm", "--name", container, "--privileged", "--network", "host",
-                               "--volume", "/var/lib/containers", TOOL_IMAGE, "bash", "-euo", "pipefail", "-c", PULLS,
-                               "pulls", *refs], capture_output=True, text=True, timeout=300)
-    finally:
-        subprocess.run(["docker", "rm", "--force", "--volumes", container], capture_output=True, timeout=60, check=False)
+    done = run_podman5(docker_engine, PULLS, refs, timeout=300)
     out = done.stdout
     assert done.returncode == 0, f"{out[-3000:]}\n{done.stderr[-3000:]}"
     assert out.startswith("podman version 5."), out[:200]
     assert "without tar-split" not in out, out  # storage's fallback to a whole download
     for name, layer in written.items():
-        assert f"copying (only) instance {_zstd_instance(registry, f'imagebuilder-test/podman5-{name}')}" in out, out
+        assert f"copying (only) instance {zstd_instance(registry, f'imagebuilder-test/podman5-{name}')}" in out, out
         assert f"Retrieved partial blob {layer.digest}" in out, out
     assert [line for line in out.splitlines() if line.startswith("said ")] == [f"said {n}" for n in images]
     second = written["second"]

@@ -12,30 +12,19 @@ The tool image and its privileged container as in test_podman5_partial.py. ~40 s
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 from support.chunked_images import fetched
+from support.podman5 import run_podman5, zstd_instance
 from support.registry import access_log
 from support.torch_rootfs import push_tree, python_root, torch_packages
 from support.unavailable import _unavailable
-from test_podman5_partial import TOOL_IMAGE, _zstd_instance
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.beside_builds]
 
 PULLS = r"""
-mkdir -p /etc/containers
-cat >/etc/containers/storage.conf <<'EOF'
-[storage]
-driver = "overlay"
-graphroot = "/var/lib/containers/storage"
-runroot = "/run/containers/storage"
-[storage.options]
-pull_options = {enable_partial_images = "true", use_hard_links = "false"}
-EOF
-export PODMAN_IGNORE_CGROUPSV1_WARNING=1
 python=$1; shift
 for image in "$@"; do
     podman --log-level debug pull --tls-verify=false "$image" >/dev/null 2>/tmp/pull.log \
@@ -48,8 +37,6 @@ podman run --rm --network none --cgroup-manager cgroupfs --events-backend none "
 
 
 def test_podman5_pulls_a_torch_image_partially_and_imports_torch(docker_engine, registry: str) -> None:
-    if not docker_engine.image_exists(TOOL_IMAGE):
-        _unavailable(f"{TOOL_IMAGE} is missing: .ci/setup --tests makes it (.ci/podman5-image.sh)")
     try:
         import torch
     except ImportError:
@@ -59,18 +46,12 @@ def test_podman5_pulls_a_torch_image_partially_and_imports_torch(docker_engine, 
     written = {"python": push_tree(registry, "imagebuilder-test/podman5-python", root, [python]),
                "torch": push_tree(registry, "imagebuilder-test/podman5-torch", root + torch_packages(), [python])}
     refs = [f"{registry}/imagebuilder-test/podman5-{name}:v1" for name in written]
-    container = f"imagebuilder-test-podman5-torch-{os.getpid()}"
-    try:
-        done = subprocess.run(["docker", "run", "--rm", "--name", container, "--privileged", "--network", "host",
-                               "--volume", "/var/lib/containers", TOOL_IMAGE, "bash", "-euo", "pipefail", "-c", PULLS,
-                               "pulls", python, *refs], capture_output=True, text=True, timeout=600)
-    finally:
-        subprocess.run(["docker", "rm", "--force", "--volumes", container], capture_output=True, timeout=60, check=False)
+    done = run_podman5(docker_engine, PULLS, [python, *refs], timeout=600)
     out = done.stdout
     assert done.returncode == 0, f"{out[-3000:]}\n{done.stderr[-3000:]}"
     assert "without tar-split" not in out, out
     for name, layer in written.items():
-        assert f"copying (only) instance {_zstd_instance(registry, f'imagebuilder-test/podman5-{name}')}" in out, out
+        assert f"copying (only) instance {zstd_instance(registry, f'imagebuilder-test/podman5-{name}')}" in out, out
         assert f"Retrieved partial blob {layer.digest}" in out, out
     assert f"torch {torch.__version__} 3.0" in out.splitlines(), out[-2000:]
     layer = written["torch"]
