@@ -86,12 +86,18 @@ def push(address: str, repository: str, files: dict[str, bytes], varied: bool = 
                             level=3, workers=2, copied=copied)
     registry = HttpRegistry()
     registry.upload_blob(ref, written.digest, io.BytesIO(out.getvalue()), written.size)
+    put_image(ref, written, ["/bin/dash"], registry)
+    return written
+
+
+def put_image(ref: str, written: Written, command: list[str], registry: HttpRegistry) -> None:
+    """The one-layer image of the uploaded layer `written` under `ref`, running `command`: _put's
+    config, manifests and index, as publish puts them."""
     config = {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
-              "config": {"Cmd": ["/bin/dash"]}}
+              "config": {"Cmd": command}}
     saved = SavedImage(manifest={}, config=json.dumps(config).encode(), layers=(),
                        platform={"os": "linux", "architecture": "amd64"})
     _put(ref, [ref], saved, [written], None, registry)
-    return written
 
 
 def fetched(log: Path, digest: str) -> tuple[int, int]:

@@ -22,10 +22,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from imagebuilder.engine.export import ZSTD_CHUNKED
-from imagebuilder.estargz.saved import SavedImage
 from imagebuilder.estargz.writer import Written, write_estargz
-from imagebuilder.publish.estargz import _put
 from imagebuilder.registry.client import HttpRegistry
+
+from .chunked_images import put_image
 
 SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "site-packages",
            "dist-packages", "include", "share"}
@@ -117,9 +117,5 @@ def push_tree(address: str, repository: str, entries: Sequence[tuple[str, Path]]
         registry = HttpRegistry()
         with open(blob, "rb") as data:
             registry.upload_blob(ref, written.digest, data, written.size)
-    config = {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
-              "config": {"Cmd": list(command)}}
-    saved = SavedImage(manifest={}, config=json.dumps(config).encode(), layers=(),
-                       platform={"os": "linux", "architecture": "amd64"})
-    _put(ref, [ref], saved, [written], None, registry)
+    put_image(ref, written, list(command), registry)
     return written
